@@ -1,0 +1,252 @@
+//! The REST API (actix-web, JSON). Every `/v1` route needs `Authorization: Bearer
+//! <token>`; `/healthz` and `/metrics` are open (bind the API to a private address).
+//!
+//! Handlers parse and check input, then forward to the federation actor; they hold no
+//! policy. API JSON types are their own set, separate from wire and store types.
+
+use actix::Addr;
+use actix_web::{http::StatusCode, web, HttpRequest, HttpResponse, ResponseError};
+use serde::Deserialize;
+
+use crate::federation::*;
+
+pub struct ApiState {
+    pub federation: Addr<FederationActor>,
+    pub metrics: nephele_telemetry::Registry,
+}
+
+/// Largest model upload accepted.
+pub const MAX_MODEL_BYTES: usize = 512 * 1024 * 1024;
+
+#[derive(Debug, serde::Serialize)]
+struct ErrorBody<'a> {
+    error: &'a str,
+    message: String,
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+    fn error_response(&self) -> HttpResponse {
+        let kind = match self {
+            ApiError::BadRequest(_) => "bad_request",
+            ApiError::NotFound(_) => "not_found",
+            ApiError::Conflict(_) => "conflict",
+            ApiError::Unauthorized(_) => "unauthorized",
+            ApiError::Internal(_) => "internal",
+        };
+        HttpResponse::build(self.status_code()).json(ErrorBody {
+            error: kind,
+            message: self.to_string(),
+        })
+    }
+}
+
+fn mailbox(error: actix::MailboxError) -> ApiError {
+    ApiError::Internal(format!("control plane busy: {error}"))
+}
+
+async fn authorize(request: &HttpRequest, state: &ApiState) -> Result<String, ApiError> {
+    let header = request
+        .headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let token = header.strip_prefix("Bearer ").ok_or_else(|| {
+        ApiError::Unauthorized(
+            "missing bearer token: send `Authorization: Bearer <token>` (the admin token is printed on first start and kept in <data-dir>/admin-token)".into(),
+        )
+    })?;
+    state
+        .federation
+        .send(Authenticate(token.trim().to_string()))
+        .await
+        .map_err(mailbox)?
+        .ok_or_else(|| ApiError::Unauthorized("invalid API token".into()))
+}
+
+fn count(state: &ApiState, route: &'static str, ok: bool) {
+    state
+        .metrics
+        .counter(
+            "nephele_api_requests_total",
+            "REST API requests by route and outcome.",
+            &[("route", route), ("outcome", if ok { "ok" } else { "error" })],
+        )
+        .inc();
+}
+
+macro_rules! forward {
+    ($state:expr, $route:literal, $message:expr) => {{
+        let result = $state.federation.send($message).await.map_err(mailbox).and_then(|r| r);
+        count(&$state, $route, result.is_ok());
+        result
+    }};
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct TokenRequest {
+    pub region: Option<String>,
+    pub ttl_s: Option<u64>,
+}
+
+async fn create_token(
+    request: HttpRequest,
+    state: web::Data<ApiState>,
+    body: Option<web::Json<TokenRequest>>,
+) -> Result<HttpResponse, ApiError> {
+    authorize(&request, &state).await?;
+    let body = body.map(|b| b.into_inner()).unwrap_or_default();
+    let view = forward!(state, "create_token", CreateJoinToken {
+        region: body.region,
+        ttl_s: body.ttl_s
+    })?;
+    Ok(HttpResponse::Created().json(view))
+}
+
+async fn list_tokens(request: HttpRequest, state: web::Data<ApiState>) -> Result<HttpResponse, ApiError> {
+    authorize(&request, &state).await?;
+    Ok(HttpResponse::Ok().json(forward!(state, "list_tokens", ListJoinTokens)?))
+}
+
+async fn list_devices(request: HttpRequest, state: web::Data<ApiState>) -> Result<HttpResponse, ApiError> {
+    authorize(&request, &state).await?;
+    Ok(HttpResponse::Ok().json(forward!(state, "list_devices", ListDevices)?))
+}
+
+async fn delete_device(
+    request: HttpRequest,
+    state: web::Data<ApiState>,
+    name: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    authorize(&request, &state).await?;
+    forward!(state, "delete_device", DeleteDevice(name.into_inner()))?;
+    Ok(HttpResponse::NoContent().finish())
+}
+
+async fn put_model(
+    request: HttpRequest,
+    state: web::Data<ApiState>,
+    name: web::Path<String>,
+    body: web::Bytes,
+) -> Result<HttpResponse, ApiError> {
+    authorize(&request, &state).await?;
+    let name = name.into_inner();
+    nephele_domain::validate_name("model", &name).map_err(ApiError::BadRequest)?;
+    if body.is_empty() {
+        return Err(ApiError::BadRequest("empty body: send the ONNX file as the request body".into()));
+    }
+    let bytes = body.to_vec();
+    // Load it once with the same runtime the agents use, off the async threads, so a
+    // corrupt or unsupported model is refused here rather than on every device.
+    let check_name = name.clone();
+    let (bytes, model) = web::block(move || {
+        let model = nephele_runtime::Model::load_onnx(&check_name, &bytes);
+        (bytes, model)
+    })
+    .await
+    .map_err(|e| ApiError::Internal(e.to_string()))?;
+    let model = model.map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let view = forward!(state, "put_model", PutModel {
+        name,
+        bytes,
+        inputs: vec![model.input().clone()],
+        outputs: vec![model.output().clone()],
+    })?;
+    Ok(HttpResponse::Created().json(view))
+}
+
+async fn list_models(request: HttpRequest, state: web::Data<ApiState>) -> Result<HttpResponse, ApiError> {
+    authorize(&request, &state).await?;
+    Ok(HttpResponse::Ok().json(forward!(state, "list_models", ListModels)?))
+}
+
+async fn create_deployment(
+    request: HttpRequest,
+    state: web::Data<ApiState>,
+    body: web::Json<DeploymentSpec>,
+) -> Result<HttpResponse, ApiError> {
+    authorize(&request, &state).await?;
+    let status = forward!(state, "create_deployment", CreateDeployment(body.into_inner()))?;
+    Ok(HttpResponse::Created().json(status))
+}
+
+async fn list_deployments(request: HttpRequest, state: web::Data<ApiState>) -> Result<HttpResponse, ApiError> {
+    authorize(&request, &state).await?;
+    Ok(HttpResponse::Ok().json(forward!(state, "list_deployments", ListDeployments)?))
+}
+
+async fn get_deployment(
+    request: HttpRequest,
+    state: web::Data<ApiState>,
+    name: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    authorize(&request, &state).await?;
+    Ok(HttpResponse::Ok().json(forward!(state, "get_deployment", GetDeployment(name.into_inner()))?))
+}
+
+async fn delete_deployment(
+    request: HttpRequest,
+    state: web::Data<ApiState>,
+    name: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    authorize(&request, &state).await?;
+    forward!(state, "delete_deployment", DeleteDeployment(name.into_inner()))?;
+    Ok(HttpResponse::NoContent().finish())
+}
+
+async fn list_regions(request: HttpRequest, state: web::Data<ApiState>) -> Result<HttpResponse, ApiError> {
+    authorize(&request, &state).await?;
+    Ok(HttpResponse::Ok().json(forward!(state, "list_regions", ListRegions)?))
+}
+
+async fn metrics(state: web::Data<ApiState>) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4")
+        .body(state.metrics.render())
+}
+
+async fn healthz() -> HttpResponse {
+    HttpResponse::Ok().json(serde_json::json!({"status": "ok"}))
+}
+
+fn json_error(error: impl std::fmt::Display) -> actix_web::Error {
+    let message = error.to_string();
+    actix_web::error::InternalError::from_response(
+        message.clone(),
+        ApiError::BadRequest(format!("invalid JSON body: {message}")).error_response(),
+    )
+    .into()
+}
+
+/// All routes, for `App::configure`.
+pub fn routes(config: &mut web::ServiceConfig) {
+    config
+        .app_data(web::JsonConfig::default().limit(1024 * 1024).error_handler(|e, _| json_error(e)))
+        .app_data(web::PayloadConfig::default().limit(MAX_MODEL_BYTES))
+        .route("/healthz", web::get().to(healthz))
+        .route("/metrics", web::get().to(metrics))
+        .route("/v1/tokens", web::post().to(create_token))
+        .route("/v1/tokens", web::get().to(list_tokens))
+        .route("/v1/devices", web::get().to(list_devices))
+        .route("/v1/devices/{name}", web::delete().to(delete_device))
+        .route("/v1/models", web::get().to(list_models))
+        .route("/v1/models/{name}", web::put().to(put_model))
+        .route("/v1/models/{name}", web::post().to(put_model))
+        .route("/v1/deployments", web::post().to(create_deployment))
+        .route("/v1/deployments", web::get().to(list_deployments))
+        .route("/v1/deployments/{name}", web::get().to(get_deployment))
+        .route("/v1/deployments/{name}", web::delete().to(delete_deployment))
+        .route("/v1/regions", web::get().to(list_regions))
+        .default_service(web::to(|| async {
+            ApiError::NotFound("no such route; see the README's API section".into()).error_response()
+        }));
+}

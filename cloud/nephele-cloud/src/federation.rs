@@ -1,0 +1,1019 @@
+//! The federation actor: the single writer of the control plane's durable state.
+//!
+//! It owns the [`Store`], the cluster CA and the manifest-signing key. API handlers and
+//! gateway sessions send it messages; it validates, commits, and pushes each affected
+//! agent its whole desired state (level-triggered, so a resend is always safe). Routing
+//! of offloaded requests is the region actors' job, not this one's.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use actix::prelude::*;
+use nephele_domain::{AgentRole, FirmwareProfile, Labels, Selector};
+use nephele_net::{ClusterCa, PeerIdentity};
+use nephele_proto::{
+    Assignment, CloudMessage, DeploymentPhase, DesiredState, ErrorCode, ErrorFrame, Heartbeat,
+    Hello, JoinAccepted, JoinRequest, ModelManifest, ModelVariant, TensorSpec, Welcome,
+    PROTOCOL_VERSION,
+};
+use serde::Serialize;
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::config::CloudConfig;
+use crate::region::{PoolJoined, PoolLeft, RegionActor};
+use crate::store::{
+    ApiTokenRecord, DeploymentRecord, DeviceRecord, JoinTokenRecord, ModelRecord, Store, Table,
+};
+
+pub fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(ring::digest::digest(&ring::digest::SHA256, bytes).as_ref())
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn random_alnum(len: usize) -> String {
+    use rand::Rng as _;
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    let mut rng = rand::rng();
+    (0..len)
+        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
+        .collect()
+}
+
+/// Errors the REST API maps to HTTP statuses.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    Unauthorized(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl From<crate::store::StoreError> for ApiError {
+    fn from(error: crate::store::StoreError) -> Self {
+        ApiError::Internal(error.to_string())
+    }
+}
+
+/// A connected agent's session as the federation sees it.
+struct Session {
+    id: u64,
+    tx: UnboundedSender<CloudMessage>,
+    connected_at: Instant,
+    local_endpoint: String,
+}
+
+struct Telemetry {
+    received_at: Instant,
+    heartbeat: Heartbeat,
+}
+
+pub struct FederationActor {
+    config: CloudConfig,
+    store: Store,
+    ca: ClusterCa,
+    signing_key: ring::signature::Ed25519KeyPair,
+    regions: HashMap<String, Addr<RegionActor>>,
+    sessions: HashMap<String, Session>,
+    telemetry: HashMap<String, Telemetry>,
+    generation: u64,
+    next_session_id: u64,
+    metrics: nephele_telemetry::Registry,
+}
+
+impl FederationActor {
+    pub fn new(
+        config: CloudConfig,
+        store: Store,
+        ca: ClusterCa,
+        signing_key: ring::signature::Ed25519KeyPair,
+        regions: HashMap<String, Addr<RegionActor>>,
+        metrics: nephele_telemetry::Registry,
+    ) -> Self {
+        // Generations must grow across restarts too: start from the wall clock.
+        let generation = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(1);
+        FederationActor {
+            config,
+            store,
+            ca,
+            signing_key,
+            regions,
+            sessions: HashMap::new(),
+            telemetry: HashMap::new(),
+            generation,
+            next_session_id: 1,
+            metrics,
+        }
+    }
+
+    fn refuse(code: ErrorCode, message: impl Into<String>) -> ErrorFrame {
+        ErrorFrame::new(code, message)
+    }
+
+    fn join(&mut self, request: JoinRequest) -> Result<JoinAccepted, ErrorFrame> {
+        use ErrorCode::*;
+        if request.protocol_version != PROTOCOL_VERSION {
+            return Err(Self::refuse(
+                VersionMismatch,
+                format!(
+                    "agent speaks protocol {}, this control plane speaks {PROTOCOL_VERSION}; upgrade the older side",
+                    request.protocol_version
+                ),
+            ));
+        }
+        nephele_domain::validate_name("device", &request.name).map_err(|e| Self::refuse(BadRequest, e))?;
+        let role: AgentRole = request.role.parse().map_err(|e: String| Self::refuse(BadRequest, e))?;
+        let internal = |e: crate::store::StoreError| Self::refuse(Internal, e.to_string());
+        let mut token: JoinTokenRecord = self
+            .store
+            .get(Table::JoinTokens, &request.token_id)
+            .map_err(internal)?
+            .ok_or_else(|| Self::refuse(Unauthorized, "unknown join token; create one with `nephele token create`"))?;
+        if !constant_time_eq(
+            sha256_hex(request.token_secret.as_bytes()).as_bytes(),
+            token.secret_sha256.as_bytes(),
+        ) {
+            return Err(Self::refuse(Unauthorized, "join token secret does not match"));
+        }
+        if let Some(device) = &token.used_by {
+            return Err(Self::refuse(
+                Unauthorized,
+                format!("join token {} was already used by {device}; tokens are single-use, create a new one", token.id),
+            ));
+        }
+        if now_unix() > token.expires_unix {
+            return Err(Self::refuse(
+                Unauthorized,
+                format!("join token {} expired; create a new one", token.id),
+            ));
+        }
+        if self
+            .store
+            .get::<DeviceRecord>(Table::Devices, &request.name)
+            .map_err(internal)?
+            .is_some()
+        {
+            return Err(Self::refuse(
+                BadRequest,
+                format!(
+                    "a device named {} is already enrolled; pick another name or delete it first (`nephele device delete {}`)",
+                    request.name, request.name
+                ),
+            ));
+        }
+        let mut labels = Labels::new();
+        for (key, value) in &request.labels {
+            nephele_domain::labels::parse_label(&format!("{key}={value}"))
+                .map_err(|e| Self::refuse(BadRequest, e.to_string()))?;
+            labels.insert(key.clone(), value.clone());
+        }
+        labels.insert("nephele.io/role".into(), role.to_string());
+        labels.insert("nephele.io/region".into(), token.region.clone());
+        let certificate_der = self
+            .ca
+            .sign_agent_csr(&request.csr_der, &request.name, role.as_str())
+            .map_err(|e| Self::refuse(BadRequest, e.to_string()))?;
+        // Spend the token first: if anything after this fails the operator makes a new
+        // one, but a token can never enrol two devices.
+        token.used_by = Some(request.name.clone());
+        self.store.put(Table::JoinTokens, &token.id, &token).map_err(internal)?;
+        let device = DeviceRecord {
+            name: request.name.clone(),
+            role,
+            region: token.region.clone(),
+            labels,
+            cert_sha256: hex::encode(nephele_net::fingerprint(&certificate_der)),
+            joined_unix: now_unix(),
+            profile_name: String::new(),
+            profile_toml: String::new(),
+        };
+        self.store.put(Table::Devices, &device.name, &device).map_err(internal)?;
+        self.metrics
+            .counter("nephele_agents_joined_total", "Agents enrolled with a join token.", &[])
+            .inc();
+        tracing::info!(device = %device.name, role = %role, region = %device.region, "agent joined");
+        Ok(JoinAccepted {
+            agent_id: device.name,
+            region: device.region,
+            certificate_der,
+            ca_der: self.ca.cert_der().to_vec(),
+            manifest_signing_key: ring::signature::KeyPair::public_key(&self.signing_key)
+                .as_ref()
+                .to_vec(),
+        })
+    }
+
+    fn assignment_matches(device: &DeviceRecord, deployment: &DeploymentRecord) -> bool {
+        match device.role {
+            AgentRole::Edge => Selector::parse(&deployment.selector)
+                .map(|selector| selector.matches(&device_labels(device)))
+                .unwrap_or(false),
+            AgentRole::Pool => deployment.offload,
+        }
+    }
+
+    fn desired_for(&self, device: &DeviceRecord) -> Result<DesiredState, ApiError> {
+        let deployments: Vec<DeploymentRecord> = self.store.list(Table::Deployments)?;
+        let mut assignments = Vec::new();
+        for deployment in deployments {
+            if !Self::assignment_matches(device, &deployment) {
+                continue;
+            }
+            let Some(model) = self.store.get::<ModelRecord>(Table::Models, &deployment.model)? else {
+                continue;
+            };
+            assignments.push(Assignment {
+                deployment: deployment.name.clone(),
+                model: nephele_proto::SignedManifest {
+                    manifest: model.signed_manifest.clone(),
+                    signature: model.signature.clone(),
+                },
+                variant: "full".into(),
+                slo_ms: deployment.slo_ms,
+                offload: deployment.offload,
+                max_queue: deployment.max_queue,
+            });
+        }
+        Ok(DesiredState {
+            generation: self.generation,
+            assignments,
+        })
+    }
+
+    /// Pushes every connected agent its desired state after a change.
+    fn broadcast(&mut self) {
+        self.generation += 1;
+        let names: Vec<String> = self.sessions.keys().cloned().collect();
+        for name in names {
+            let Ok(Some(device)) = self.store.get::<DeviceRecord>(Table::Devices, &name) else {
+                continue;
+            };
+            match self.desired_for(&device) {
+                Ok(desired) => {
+                    if let Some(session) = self.sessions.get(&name) {
+                        let _ = session.tx.send(CloudMessage::DesiredState(desired));
+                    }
+                }
+                Err(error) => tracing::error!(device = %name, %error, "cannot compute desired state"),
+            }
+        }
+    }
+
+    fn update_connected_gauge(&self) {
+        self.metrics
+            .gauge("nephele_agents_connected", "Agents with a live QUIC session.", &[])
+            .set(self.sessions.len() as i64);
+    }
+}
+
+/// A device's labels plus the implicit ones every device has.
+fn device_labels(device: &DeviceRecord) -> Labels {
+    let mut labels = device.labels.clone();
+    labels.insert("nephele.io/role".into(), device.role.to_string());
+    labels.insert("nephele.io/region".into(), device.region.clone());
+    if !device.profile_name.is_empty() {
+        labels.insert("nephele.io/profile".into(), device.profile_name.clone());
+    }
+    labels.insert("nephele.io/name".into(), device.name.clone());
+    labels
+}
+
+impl Actor for FederationActor {
+    type Context = Context<Self>;
+}
+
+// ----------------------------------------------------------------------------------
+// Gateway messages
+// ----------------------------------------------------------------------------------
+
+#[derive(Message)]
+#[rtype(result = "Result<JoinAccepted, ErrorFrame>")]
+pub struct Join(pub JoinRequest);
+
+impl Handler<Join> for FederationActor {
+    type Result = Result<JoinAccepted, ErrorFrame>;
+    fn handle(&mut self, message: Join, _: &mut Self::Context) -> Self::Result {
+        let result = self.join(message.0);
+        if let Err(error) = &result {
+            self.metrics
+                .counter("nephele_joins_refused_total", "Join attempts refused.", &[])
+                .inc();
+            tracing::warn!(%error, "join refused");
+        }
+        result
+    }
+}
+
+#[derive(Message)]
+#[rtype(result = "Result<(u64, Welcome, DesiredState), ErrorFrame>")]
+pub struct AgentConnected {
+    pub identity: PeerIdentity,
+    pub hello: Hello,
+    pub tx: UnboundedSender<CloudMessage>,
+    pub connection: quinn::Connection,
+}
+
+impl Handler<AgentConnected> for FederationActor {
+    type Result = Result<(u64, Welcome, DesiredState), ErrorFrame>;
+    fn handle(&mut self, message: AgentConnected, _: &mut Self::Context) -> Self::Result {
+        use ErrorCode::*;
+        let AgentConnected {
+            identity,
+            hello,
+            tx,
+            connection,
+        } = message;
+        if hello.protocol_version != PROTOCOL_VERSION {
+            return Err(Self::refuse(
+                VersionMismatch,
+                format!("agent speaks protocol {}, control plane {PROTOCOL_VERSION}", hello.protocol_version),
+            ));
+        }
+        let mut device: DeviceRecord = self
+            .store
+            .get(Table::Devices, &identity.name)
+            .map_err(|e| Self::refuse(Internal, e.to_string()))?
+            .ok_or_else(|| Self::refuse(Unauthorized, format!("device {} is not enrolled (deleted?); join again with a new token", identity.name)))?;
+        if device.cert_sha256 != hex::encode(identity.cert_sha256) {
+            return Err(Self::refuse(Unauthorized, "this certificate was superseded or revoked; join again"));
+        }
+        if hello.role != device.role.as_str() {
+            return Err(Self::refuse(
+                BadRequest,
+                format!("device {} enrolled with role {}, but runs as {}; re-join to change roles", device.name, device.role, hello.role),
+            ));
+        }
+        let profile = FirmwareProfile::from_toml(&hello.profile_toml, None)
+            .map_err(|e| Self::refuse(BadRequest, format!("invalid firmware profile: {e}")))?;
+        if device.profile_name != hello.profile_name || device.profile_toml != hello.profile_toml {
+            device.profile_name = hello.profile_name.clone();
+            device.profile_toml = hello.profile_toml.clone();
+            self.store
+                .put(Table::Devices, &device.name, &device)
+                .map_err(|e| Self::refuse(Internal, e.to_string()))?;
+        }
+        let session_id = self.next_session_id;
+        self.next_session_id += 1;
+        // A reconnect replaces the old session; dropping its sender ends its writer.
+        self.sessions.insert(
+            device.name.clone(),
+            Session {
+                id: session_id,
+                tx,
+                connected_at: Instant::now(),
+                local_endpoint: hello.local_endpoint.clone(),
+            },
+        );
+        if device.role == AgentRole::Pool {
+            if let Some(region) = self.regions.get(&device.region) {
+                region.do_send(PoolJoined {
+                    name: device.name.clone(),
+                    session_id,
+                    connection,
+                    profile: profile.device.name.clone(),
+                });
+            }
+        }
+        self.update_connected_gauge();
+        tracing::info!(device = %device.name, role = %device.role, profile = %hello.profile_name, "agent connected");
+        let desired = self.desired_for(&device).map_err(|e| Self::refuse(Internal, e.to_string()))?;
+        Ok((
+            session_id,
+            Welcome {
+                agent_id: device.name.clone(),
+                region: device.region.clone(),
+                heartbeat_interval_ms: self.config.heartbeat_interval_ms,
+            },
+            desired,
+        ))
+    }
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct AgentHeartbeat {
+    pub name: String,
+    pub session_id: u64,
+    pub heartbeat: Heartbeat,
+}
+
+impl Handler<AgentHeartbeat> for FederationActor {
+    type Result = ();
+    fn handle(&mut self, message: AgentHeartbeat, _: &mut Self::Context) {
+        if self.sessions.get(&message.name).map(|s| s.id) != Some(message.session_id) {
+            return;
+        }
+        self.telemetry.insert(
+            message.name,
+            Telemetry {
+                received_at: Instant::now(),
+                heartbeat: message.heartbeat,
+            },
+        );
+    }
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct AgentDisconnected {
+    pub name: String,
+    pub session_id: u64,
+    pub reason: String,
+}
+
+impl Handler<AgentDisconnected> for FederationActor {
+    type Result = ();
+    fn handle(&mut self, message: AgentDisconnected, _: &mut Self::Context) {
+        if self.sessions.get(&message.name).map(|s| s.id) == Some(message.session_id) {
+            self.sessions.remove(&message.name);
+            tracing::info!(device = %message.name, reason = %message.reason, "agent disconnected");
+        }
+        for region in self.regions.values() {
+            region.do_send(PoolLeft {
+                name: message.name.clone(),
+                session_id: message.session_id,
+            });
+        }
+        self.update_connected_gauge();
+    }
+}
+
+// ----------------------------------------------------------------------------------
+// API messages and their JSON views
+// ----------------------------------------------------------------------------------
+
+#[derive(Debug, Serialize)]
+pub struct JoinTokenView {
+    pub id: String,
+    pub region: String,
+    pub expires_unix: u64,
+    pub used_by: Option<String>,
+    /// Only present in the response that created it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+}
+
+#[derive(Message)]
+#[rtype(result = "Result<JoinTokenView, ApiError>")]
+pub struct CreateJoinToken {
+    pub region: Option<String>,
+    pub ttl_s: Option<u64>,
+}
+
+impl Handler<CreateJoinToken> for FederationActor {
+    type Result = Result<JoinTokenView, ApiError>;
+    fn handle(&mut self, message: CreateJoinToken, _: &mut Self::Context) -> Self::Result {
+        let region = message
+            .region
+            .unwrap_or_else(|| self.config.default_region().to_string());
+        if !self.config.regions.iter().any(|r| r.name == region) {
+            return Err(ApiError::BadRequest(format!(
+                "unknown region {region:?}; configured regions: {}",
+                self.config.regions.iter().map(|r| r.name.as_str()).collect::<Vec<_>>().join(", ")
+            )));
+        }
+        let ttl_s = message.ttl_s.unwrap_or(self.config.join_token_ttl_s);
+        if ttl_s == 0 || ttl_s > 7 * 24 * 3600 {
+            return Err(ApiError::BadRequest("ttl_s must be between 1 and 604800 (7 days)".into()));
+        }
+        let id = random_alnum(8);
+        let secret = random_alnum(32);
+        let now = now_unix();
+        let record = JoinTokenRecord {
+            id: id.clone(),
+            secret_sha256: sha256_hex(secret.as_bytes()),
+            region: region.clone(),
+            created_unix: now,
+            expires_unix: now + ttl_s,
+            used_by: None,
+        };
+        self.store.put(Table::JoinTokens, &id, &record)?;
+        let token = nephele_net::JoinToken {
+            id: id.clone(),
+            secret,
+            ca_fingerprint: self.ca.fingerprint(),
+        };
+        Ok(JoinTokenView {
+            id,
+            region,
+            expires_unix: record.expires_unix,
+            used_by: None,
+            token: Some(token.to_string()),
+        })
+    }
+}
+
+#[derive(Message)]
+#[rtype(result = "Result<Vec<JoinTokenView>, ApiError>")]
+pub struct ListJoinTokens;
+
+impl Handler<ListJoinTokens> for FederationActor {
+    type Result = Result<Vec<JoinTokenView>, ApiError>;
+    fn handle(&mut self, _: ListJoinTokens, _: &mut Self::Context) -> Self::Result {
+        let records: Vec<JoinTokenRecord> = self.store.list(Table::JoinTokens)?;
+        Ok(records
+            .into_iter()
+            .map(|r| JoinTokenView {
+                id: r.id,
+                region: r.region,
+                expires_unix: r.expires_unix,
+                used_by: r.used_by,
+                token: None,
+            })
+            .collect())
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct AcceleratorView {
+    pub kind: String,
+    pub model: String,
+    pub count: u32,
+    pub peak_int8_tops: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DeviceView {
+    pub name: String,
+    pub role: String,
+    pub region: String,
+    pub profile: String,
+    pub labels: Labels,
+    pub accelerators: Vec<AcceleratorView>,
+    pub cpu_cores: u32,
+    pub memory_mb: u64,
+    pub online: bool,
+    /// `healthy` (heartbeats on time), `stale` (late heartbeats), `offline`.
+    pub health: String,
+    pub last_heartbeat_ms_ago: Option<u64>,
+    pub connected_for_s: Option<u64>,
+    pub rss_bytes: Option<u64>,
+    pub local_endpoint: Option<String>,
+    pub deployments: usize,
+}
+
+#[derive(Message)]
+#[rtype(result = "Result<Vec<DeviceView>, ApiError>")]
+pub struct ListDevices;
+
+impl FederationActor {
+    fn device_view(&self, device: &DeviceRecord) -> DeviceView {
+        let profile = FirmwareProfile::from_toml(&device.profile_toml, None).ok();
+        let session = self.sessions.get(&device.name);
+        let telemetry = self.telemetry.get(&device.name);
+        let heartbeat_age = telemetry.map(|t| t.received_at.elapsed().as_millis() as u64);
+        let interval = u64::from(self.config.heartbeat_interval_ms);
+        let health = match (session, heartbeat_age) {
+            (None, _) => "offline",
+            (Some(_), Some(age)) if age <= 3 * interval => "healthy",
+            (Some(s), None) if s.connected_at.elapsed().as_millis() as u64 <= 3 * interval => "healthy",
+            _ => "stale",
+        };
+        DeviceView {
+            name: device.name.clone(),
+            role: device.role.to_string(),
+            region: device.region.clone(),
+            profile: device.profile_name.clone(),
+            labels: device_labels(device),
+            accelerators: profile
+                .as_ref()
+                .map(|p| {
+                    p.accelerators
+                        .iter()
+                        .map(|a| AcceleratorView {
+                            kind: format!("{:?}", a.kind).to_lowercase(),
+                            model: a.model.clone(),
+                            count: a.count,
+                            peak_int8_tops: a
+                                .peak_tops
+                                .get(&nephele_domain::Precision::Int8)
+                                .copied()
+                                .unwrap_or(0.0),
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+            cpu_cores: profile.as_ref().map(|p| p.device.cpu_cores).unwrap_or(0),
+            memory_mb: profile.as_ref().map(|p| p.device.memory_mb).unwrap_or(0),
+            online: session.is_some(),
+            health: health.into(),
+            last_heartbeat_ms_ago: heartbeat_age,
+            connected_for_s: session.map(|s| s.connected_at.elapsed().as_secs()),
+            rss_bytes: telemetry.map(|t| t.heartbeat.rss_bytes),
+            local_endpoint: session.map(|s| s.local_endpoint.clone()),
+            deployments: telemetry.map(|t| t.heartbeat.deployments.len()).unwrap_or(0),
+        }
+    }
+}
+
+impl Handler<ListDevices> for FederationActor {
+    type Result = Result<Vec<DeviceView>, ApiError>;
+    fn handle(&mut self, _: ListDevices, _: &mut Self::Context) -> Self::Result {
+        let devices: Vec<DeviceRecord> = self.store.list(Table::Devices)?;
+        Ok(devices.iter().map(|d| self.device_view(d)).collect())
+    }
+}
+
+#[derive(Message)]
+#[rtype(result = "Result<(), ApiError>")]
+pub struct DeleteDevice(pub String);
+
+impl Handler<DeleteDevice> for FederationActor {
+    type Result = Result<(), ApiError>;
+    fn handle(&mut self, message: DeleteDevice, _: &mut Self::Context) -> Self::Result {
+        if !self.store.delete(Table::Devices, &message.0)? {
+            return Err(ApiError::NotFound(format!("no device named {}", message.0)));
+        }
+        // Dropping the session's sender ends its writer; the gateway then closes the
+        // connection, and the agent's certificate is refused from now on.
+        if let Some(session) = self.sessions.remove(&message.0) {
+            let _ = session.tx.send(CloudMessage::Refused(ErrorFrame::new(
+                ErrorCode::Unauthorized,
+                "this device was deleted from the fleet",
+            )));
+        }
+        self.telemetry.remove(&message.0);
+        self.update_connected_gauge();
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelView {
+    pub name: String,
+    pub sha256: String,
+    pub size: u64,
+    pub created_unix: u64,
+    pub inputs: Vec<nephele_runtime::TensorInfo>,
+    pub outputs: Vec<nephele_runtime::TensorInfo>,
+    pub variants: Vec<String>,
+}
+
+impl From<&ModelRecord> for ModelView {
+    fn from(record: &ModelRecord) -> Self {
+        ModelView {
+            name: record.name.clone(),
+            sha256: record.sha256.clone(),
+            size: record.size,
+            created_unix: record.created_unix,
+            inputs: record.inputs.clone(),
+            outputs: record.outputs.clone(),
+            variants: vec!["full".into()],
+        }
+    }
+}
+
+/// A model that the API already loaded once with the runtime, so it is known to parse.
+#[derive(Message)]
+#[rtype(result = "Result<ModelView, ApiError>")]
+pub struct PutModel {
+    pub name: String,
+    pub bytes: Vec<u8>,
+    pub inputs: Vec<nephele_runtime::TensorInfo>,
+    pub outputs: Vec<nephele_runtime::TensorInfo>,
+}
+
+impl Handler<PutModel> for FederationActor {
+    type Result = Result<ModelView, ApiError>;
+    fn handle(&mut self, message: PutModel, _: &mut Self::Context) -> Self::Result {
+        nephele_domain::validate_name("model", &message.name).map_err(ApiError::BadRequest)?;
+        let digest = ring::digest::digest(&ring::digest::SHA256, &message.bytes);
+        let mut sha256 = [0u8; 32];
+        sha256.copy_from_slice(digest.as_ref());
+        let sha_hex = hex::encode(sha256);
+        if let Some(existing) = self.store.get::<ModelRecord>(Table::Models, &message.name)? {
+            if existing.sha256 == sha_hex {
+                return Ok(ModelView::from(&existing));
+            }
+            return Err(ApiError::Conflict(format!(
+                "model {} already exists with different content; upload under a new name (e.g. {}-v2)",
+                message.name, message.name
+            )));
+        }
+        self.store.put_blob(&sha_hex, &message.bytes)?;
+        let spec = |info: &nephele_runtime::TensorInfo| TensorSpec {
+            name: info.name.clone(),
+            shape: info.shape.clone(),
+            dtype: "f32".into(),
+        };
+        let manifest = ModelManifest {
+            name: message.name.clone(),
+            format: "onnx".into(),
+            created_unix: now_unix(),
+            inputs: message.inputs.iter().map(spec).collect(),
+            outputs: message.outputs.iter().map(spec).collect(),
+            variants: vec![ModelVariant {
+                name: "full".into(),
+                precision: "fp32".into(),
+                sha256,
+                size: message.bytes.len() as u64,
+                accuracy: None,
+            }],
+        };
+        let manifest_bytes = nephele_proto::encode_payload(&manifest)
+            .map_err(|e| ApiError::Internal(e.to_string()))?;
+        let signature = self.signing_key.sign(&manifest_bytes).as_ref().to_vec();
+        let record = ModelRecord {
+            name: message.name.clone(),
+            sha256: sha_hex,
+            size: message.bytes.len() as u64,
+            created_unix: manifest.created_unix,
+            inputs: message.inputs,
+            outputs: message.outputs,
+            signed_manifest: manifest_bytes,
+            signature,
+        };
+        self.store.put(Table::Models, &record.name, &record)?;
+        tracing::info!(model = %record.name, sha256 = %record.sha256, size = record.size, "model stored");
+        Ok(ModelView::from(&record))
+    }
+}
+
+#[derive(Message)]
+#[rtype(result = "Result<Vec<ModelView>, ApiError>")]
+pub struct ListModels;
+
+impl Handler<ListModels> for FederationActor {
+    type Result = Result<Vec<ModelView>, ApiError>;
+    fn handle(&mut self, _: ListModels, _: &mut Self::Context) -> Self::Result {
+        let records: Vec<ModelRecord> = self.store.list(Table::Models)?;
+        Ok(records.iter().map(ModelView::from).collect())
+    }
+}
+
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeploymentSpec {
+    pub name: String,
+    pub model: String,
+    #[serde(default)]
+    pub selector: String,
+    #[serde(default = "default_slo_ms")]
+    pub slo_ms: u32,
+    #[serde(default = "default_true")]
+    pub offload: bool,
+    #[serde(default = "default_max_queue")]
+    pub max_queue: u32,
+}
+
+fn default_slo_ms() -> u32 {
+    50
+}
+fn default_true() -> bool {
+    true
+}
+fn default_max_queue() -> u32 {
+    64
+}
+
+#[derive(Message)]
+#[rtype(result = "Result<DeploymentStatus, ApiError>")]
+pub struct CreateDeployment(pub DeploymentSpec);
+
+impl Handler<CreateDeployment> for FederationActor {
+    type Result = Result<DeploymentStatus, ApiError>;
+    fn handle(&mut self, message: CreateDeployment, _: &mut Self::Context) -> Self::Result {
+        let spec = message.0;
+        nephele_domain::validate_name("deployment", &spec.name).map_err(ApiError::BadRequest)?;
+        Selector::parse(&spec.selector).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+        if spec.slo_ms == 0 || spec.slo_ms > 600_000 {
+            return Err(ApiError::BadRequest("slo_ms must be between 1 and 600000".into()));
+        }
+        if spec.max_queue == 0 || spec.max_queue > 100_000 {
+            return Err(ApiError::BadRequest("max_queue must be between 1 and 100000".into()));
+        }
+        if self.store.get::<ModelRecord>(Table::Models, &spec.model)?.is_none() {
+            return Err(ApiError::NotFound(format!(
+                "no model named {}; upload it first (`nephele model push`)",
+                spec.model
+            )));
+        }
+        if self.store.get::<DeploymentRecord>(Table::Deployments, &spec.name)?.is_some() {
+            return Err(ApiError::Conflict(format!("deployment {} already exists", spec.name)));
+        }
+        let record = DeploymentRecord {
+            name: spec.name.clone(),
+            model: spec.model,
+            selector: spec.selector,
+            slo_ms: spec.slo_ms,
+            offload: spec.offload,
+            max_queue: spec.max_queue,
+            created_unix: now_unix(),
+        };
+        self.store.put(Table::Deployments, &record.name, &record)?;
+        tracing::info!(deployment = %record.name, model = %record.model, selector = %record.selector, "deployment created");
+        self.broadcast();
+        self.deployment_status(&record)
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct DeviceDeploymentStatus {
+    pub device: String,
+    pub role: String,
+    pub profile: String,
+    pub online: bool,
+    pub phase: String,
+    pub ready: bool,
+    pub variant: String,
+    pub served_local: u64,
+    pub served_offloaded: u64,
+    pub failed: u64,
+    pub queue_len: u32,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DeploymentStatus {
+    pub name: String,
+    pub model: String,
+    pub selector: String,
+    pub slo_ms: u32,
+    pub offload: bool,
+    pub max_queue: u32,
+    pub desired_devices: usize,
+    pub ready_devices: usize,
+    pub devices: Vec<DeviceDeploymentStatus>,
+}
+
+impl FederationActor {
+    fn deployment_status(&self, deployment: &DeploymentRecord) -> Result<DeploymentStatus, ApiError> {
+        let devices: Vec<DeviceRecord> = self.store.list(Table::Devices)?;
+        let mut rows = Vec::new();
+        for device in devices.iter().filter(|d| Self::assignment_matches(d, deployment)) {
+            let telemetry = self
+                .telemetry
+                .get(&device.name)
+                .and_then(|t| t.heartbeat.deployments.iter().find(|d| d.deployment == deployment.name));
+            let phase = match telemetry.map(|t| &t.phase) {
+                None => "pending".to_string(),
+                Some(DeploymentPhase::Pending) => "pending".into(),
+                Some(DeploymentPhase::Downloading) => "downloading".into(),
+                Some(DeploymentPhase::Ready) => "ready".into(),
+                Some(DeploymentPhase::Failed(reason)) => format!("failed: {reason}"),
+            };
+            let online = self.sessions.contains_key(&device.name);
+            rows.push(DeviceDeploymentStatus {
+                device: device.name.clone(),
+                role: device.role.to_string(),
+                profile: device.profile_name.clone(),
+                online,
+                ready: online && phase == "ready",
+                phase,
+                variant: telemetry.map(|t| t.variant.clone()).unwrap_or_default(),
+                served_local: telemetry.map(|t| t.served_local).unwrap_or(0),
+                served_offloaded: telemetry.map(|t| t.served_offloaded).unwrap_or(0),
+                failed: telemetry.map(|t| t.failed).unwrap_or(0),
+                queue_len: telemetry.map(|t| t.queue_len).unwrap_or(0),
+                p50_ms: telemetry.map(|t| t.p50_us as f64 / 1000.0).unwrap_or(0.0),
+                p99_ms: telemetry.map(|t| t.p99_us as f64 / 1000.0).unwrap_or(0.0),
+            });
+        }
+        let edge_rows = rows.iter().filter(|r| r.role == "edge");
+        Ok(DeploymentStatus {
+            name: deployment.name.clone(),
+            model: deployment.model.clone(),
+            selector: deployment.selector.clone(),
+            slo_ms: deployment.slo_ms,
+            offload: deployment.offload,
+            max_queue: deployment.max_queue,
+            desired_devices: edge_rows.clone().count(),
+            ready_devices: edge_rows.filter(|r| r.ready).count(),
+            devices: rows,
+        })
+    }
+}
+
+#[derive(Message)]
+#[rtype(result = "Result<Vec<DeploymentStatus>, ApiError>")]
+pub struct ListDeployments;
+
+impl Handler<ListDeployments> for FederationActor {
+    type Result = Result<Vec<DeploymentStatus>, ApiError>;
+    fn handle(&mut self, _: ListDeployments, _: &mut Self::Context) -> Self::Result {
+        let records: Vec<DeploymentRecord> = self.store.list(Table::Deployments)?;
+        records.iter().map(|r| self.deployment_status(r)).collect()
+    }
+}
+
+#[derive(Message)]
+#[rtype(result = "Result<DeploymentStatus, ApiError>")]
+pub struct GetDeployment(pub String);
+
+impl Handler<GetDeployment> for FederationActor {
+    type Result = Result<DeploymentStatus, ApiError>;
+    fn handle(&mut self, message: GetDeployment, _: &mut Self::Context) -> Self::Result {
+        let record: DeploymentRecord = self
+            .store
+            .get(Table::Deployments, &message.0)?
+            .ok_or_else(|| ApiError::NotFound(format!("no deployment named {}", message.0)))?;
+        self.deployment_status(&record)
+    }
+}
+
+#[derive(Message)]
+#[rtype(result = "Result<(), ApiError>")]
+pub struct DeleteDeployment(pub String);
+
+impl Handler<DeleteDeployment> for FederationActor {
+    type Result = Result<(), ApiError>;
+    fn handle(&mut self, message: DeleteDeployment, _: &mut Self::Context) -> Self::Result {
+        if !self.store.delete(Table::Deployments, &message.0)? {
+            return Err(ApiError::NotFound(format!("no deployment named {}", message.0)));
+        }
+        tracing::info!(deployment = %message.0, "deployment deleted");
+        self.broadcast();
+        Ok(())
+    }
+}
+
+/// Checks an API bearer token; returns its role.
+#[derive(Message)]
+#[rtype(result = "Option<String>")]
+pub struct Authenticate(pub String);
+
+impl Handler<Authenticate> for FederationActor {
+    type Result = Option<String>;
+    fn handle(&mut self, message: Authenticate, _: &mut Self::Context) -> Self::Result {
+        let (id, _) = message.0.split_once('.')?;
+        let record: ApiTokenRecord = self.store.get(Table::ApiTokens, id).ok()??;
+        constant_time_eq(sha256_hex(message.0.as_bytes()).as_bytes(), record.sha256.as_bytes())
+            .then_some(record.role)
+    }
+}
+
+/// Creates the first admin API token if there is none. Returns it (once).
+pub fn ensure_admin_token(store: &Store) -> Result<Option<String>, crate::store::StoreError> {
+    let existing: Vec<ApiTokenRecord> = store.list(Table::ApiTokens)?;
+    if !existing.is_empty() {
+        return Ok(None);
+    }
+    let id = random_alnum(8);
+    let token = format!("{id}.{}", random_alnum(40));
+    store.put(
+        Table::ApiTokens,
+        &id,
+        &ApiTokenRecord {
+            id: id.clone(),
+            sha256: sha256_hex(token.as_bytes()),
+            role: "admin".into(),
+            tenant: "default".into(),
+            created_unix: now_unix(),
+        },
+    )?;
+    Ok(Some(token))
+}
+
+#[derive(Debug, Serialize)]
+pub struct RegionView {
+    pub name: String,
+    pub carbon_zone: Option<String>,
+    pub pools: Vec<crate::config::PoolConfig>,
+    pub devices: usize,
+    pub online: usize,
+}
+
+#[derive(Message)]
+#[rtype(result = "Result<Vec<RegionView>, ApiError>")]
+pub struct ListRegions;
+
+impl Handler<ListRegions> for FederationActor {
+    type Result = Result<Vec<RegionView>, ApiError>;
+    fn handle(&mut self, _: ListRegions, _: &mut Self::Context) -> Self::Result {
+        let devices: Vec<DeviceRecord> = self.store.list(Table::Devices)?;
+        Ok(self
+            .config
+            .regions
+            .iter()
+            .map(|region| {
+                let in_region: Vec<&DeviceRecord> = devices.iter().filter(|d| d.region == region.name).collect();
+                RegionView {
+                    name: region.name.clone(),
+                    carbon_zone: region.carbon_zone.clone(),
+                    pools: region.pools.clone(),
+                    devices: in_region.len(),
+                    online: in_region.iter().filter(|d| self.sessions.contains_key(&d.name)).count(),
+                }
+            })
+            .collect())
+    }
+}

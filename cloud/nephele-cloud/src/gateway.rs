@@ -1,0 +1,384 @@
+//! The QUIC gateway: accepts agent connections and turns streams into actor messages.
+//!
+//! | peer presented          | allowed                                                |
+//! |-------------------------|--------------------------------------------------------|
+//! | no certificate          | one join stream (`JoinRequest` → `JoinResponse`)       |
+//! | certificate from the CA | control stream (Hello, heartbeats) and request streams |
+//! | any other certificate   | nothing: the TLS handshake fails                       |
+//!
+//! A malformed or oversized frame on a request stream gets an error frame and closes
+//! that stream only; on the control stream it closes that agent's connection. Either
+//! way the reason is logged and counted, and no other agent is affected.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::Addr;
+use nephele_net::{peer_identity, read_frame, write_frame, NetError, PeerIdentity};
+use nephele_proto::{
+    AgentMessage, CloudMessage, ErrorCode, ErrorFrame, JoinRequest, JoinResponse, RequestBody,
+    StreamRequest, StreamResponse, CHUNK_BYTES, MAX_FRAME_BYTES, PROTOCOL_VERSION,
+};
+use nephele_telemetry::Registry;
+
+use crate::federation::{AgentConnected, AgentDisconnected, AgentHeartbeat, FederationActor, Join};
+use crate::region::{PickPool, PoolLease, RegionActor};
+
+/// Close codes on agent connections.
+pub const CLOSE_NORMAL: u32 = 0;
+pub const CLOSE_PROTOCOL_VIOLATION: u32 = 2;
+pub const CLOSE_REFUSED: u32 = 3;
+
+const CONTROL_FRAME_LIMIT: usize = 1024 * 1024;
+const JOIN_FRAME_LIMIT: usize = 64 * 1024;
+
+pub struct Gateway {
+    pub federation: Addr<FederationActor>,
+    pub regions: HashMap<String, Addr<RegionActor>>,
+    pub blob_dir: PathBuf,
+    pub metrics: Registry,
+}
+
+pub async fn run(endpoint: quinn::Endpoint, gateway: Arc<Gateway>) {
+    while let Some(incoming) = endpoint.accept().await {
+        let gateway = gateway.clone();
+        actix_rt::spawn(async move {
+            let remote = incoming.remote_address();
+            match incoming.await {
+                Ok(connection) => gateway.handle_connection(connection).await,
+                Err(error) => {
+                    gateway
+                        .metrics
+                        .counter("nephele_gateway_handshakes_failed_total", "QUIC/TLS handshakes that failed (e.g. a certificate not from the cluster CA).", &[])
+                        .inc();
+                    tracing::warn!(%remote, %error, "refused connection: handshake failed");
+                }
+            }
+        });
+    }
+}
+
+fn closed_reason(error: &NetError) -> String {
+    error.to_string()
+}
+
+impl Gateway {
+    async fn handle_connection(self: Arc<Self>, connection: quinn::Connection) {
+        match peer_identity(&connection) {
+            None => self.handle_join(connection).await,
+            Some(identity) => self.handle_session(connection, identity).await,
+        }
+    }
+
+    async fn handle_join(&self, connection: quinn::Connection) {
+        let remote = connection.remote_address();
+        let Ok(Ok((mut send, mut recv))) =
+            tokio::time::timeout(Duration::from_secs(10), connection.accept_bi()).await
+        else {
+            connection.close(CLOSE_REFUSED.into(), b"no join request");
+            return;
+        };
+        let request: JoinRequest = match read_frame(&mut recv, JOIN_FRAME_LIMIT).await {
+            Ok(Some(request)) => request,
+            Ok(None) => return,
+            Err(error) => {
+                tracing::warn!(%remote, %error, "closing unauthenticated connection: bad join request");
+                connection.close(CLOSE_PROTOCOL_VIOLATION.into(), format!("bad join request: {error}").as_bytes());
+                return;
+            }
+        };
+        let response = match self.federation.send(Join(request)).await {
+            Ok(Ok(accepted)) => JoinResponse::Accepted(accepted),
+            Ok(Err(refused)) => JoinResponse::Refused(refused),
+            Err(error) => JoinResponse::Refused(ErrorFrame::new(ErrorCode::Internal, error.to_string())),
+        };
+        let _ = write_frame(&mut send, &response).await;
+        let _ = send.finish();
+        // Let the agent read the answer and close; don't hold the connection forever.
+        let _ = tokio::time::timeout(Duration::from_secs(5), connection.closed()).await;
+    }
+
+    async fn handle_session(self: Arc<Self>, connection: quinn::Connection, identity: PeerIdentity) {
+        let name = identity.name.clone();
+        let role = identity.role.clone();
+        let Ok(Ok((mut control_send, mut control_recv))) =
+            tokio::time::timeout(Duration::from_secs(10), connection.accept_bi()).await
+        else {
+            connection.close(CLOSE_REFUSED.into(), b"no control stream");
+            return;
+        };
+        let hello = match read_frame::<AgentMessage>(&mut control_recv, CONTROL_FRAME_LIMIT).await {
+            Ok(Some(AgentMessage::Hello(hello))) => hello,
+            Ok(Some(_)) | Ok(None) => {
+                self.protocol_violation(&connection, &name, "the first frame on the control stream must be Hello");
+                return;
+            }
+            Err(error) => {
+                self.protocol_violation(&connection, &name, &closed_reason(&error));
+                return;
+            }
+        };
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<CloudMessage>();
+        let connected = self
+            .federation
+            .send(AgentConnected {
+                identity,
+                hello,
+                tx,
+                connection: connection.clone(),
+            })
+            .await;
+        let (session_id, welcome, desired) = match connected {
+            Ok(Ok(accepted)) => accepted,
+            Ok(Err(refused)) => {
+                tracing::warn!(device = %name, error = %refused, "session refused");
+                let _ = write_frame(&mut control_send, &CloudMessage::Refused(refused.clone())).await;
+                let _ = control_send.finish();
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                connection.close(CLOSE_REFUSED.into(), refused.message.as_bytes());
+                return;
+            }
+            Err(error) => {
+                connection.close(CLOSE_REFUSED.into(), error.to_string().as_bytes());
+                return;
+            }
+        };
+        let region = welcome.region.clone();
+        if write_frame(&mut control_send, &CloudMessage::Welcome(welcome)).await.is_err()
+            || write_frame(&mut control_send, &CloudMessage::DesiredState(desired)).await.is_err()
+        {
+            self.federation.do_send(AgentDisconnected {
+                name,
+                session_id,
+                reason: "control stream broke during the greeting".into(),
+            });
+            return;
+        }
+
+        let writer_connection = connection.clone();
+        let writer = actix_rt::spawn(async move {
+            while let Some(message) = rx.recv().await {
+                let refused = matches!(message, CloudMessage::Refused(_));
+                if write_frame(&mut control_send, &message).await.is_err() {
+                    return;
+                }
+                if refused {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    writer_connection.close(CLOSE_REFUSED.into(), b"device deleted");
+                    return;
+                }
+            }
+            // The federation replaced this session with a newer one.
+            writer_connection.close(CLOSE_NORMAL.into(), b"replaced by a newer session");
+        });
+
+        let acceptor_connection = connection.clone();
+        let acceptor_gateway = self.clone();
+        let acceptor_context = Arc::new(StreamContext {
+            device: name.clone(),
+            role,
+            region,
+        });
+        let acceptor = actix_rt::spawn(async move {
+            while let Ok((send, recv)) = acceptor_connection.accept_bi().await {
+                let gateway = acceptor_gateway.clone();
+                let context = acceptor_context.clone();
+                actix_rt::spawn(async move { gateway.handle_request_stream(send, recv, context).await });
+            }
+        });
+
+        let reason = loop {
+            match read_frame::<AgentMessage>(&mut control_recv, CONTROL_FRAME_LIMIT).await {
+                Ok(Some(AgentMessage::Heartbeat(heartbeat))) => self.federation.do_send(AgentHeartbeat {
+                    name: name.clone(),
+                    session_id,
+                    heartbeat,
+                }),
+                Ok(Some(AgentMessage::Hello(_))) => {
+                    let reason = "a second Hello on the control stream";
+                    self.protocol_violation(&connection, &name, reason);
+                    break reason.to_string();
+                }
+                Ok(None) => break "control stream finished".to_string(),
+                Err(error) if error.is_protocol_violation() => {
+                    let reason = closed_reason(&error);
+                    self.protocol_violation(&connection, &name, &reason);
+                    break reason;
+                }
+                Err(error) => break closed_reason(&error),
+            }
+        };
+        writer.abort();
+        acceptor.abort();
+        self.federation.do_send(AgentDisconnected {
+            name,
+            session_id,
+            reason,
+        });
+    }
+
+    fn protocol_violation(&self, connection: &quinn::Connection, device: &str, reason: &str) {
+        self.metrics
+            .counter("nephele_gateway_protocol_violations_total", "Frames refused as malformed, oversized or out of order.", &[("scope", "connection")])
+            .inc();
+        tracing::warn!(%device, %reason, "closing agent connection: protocol violation");
+        connection.close(CLOSE_PROTOCOL_VIOLATION.into(), format!("protocol violation: {reason}").as_bytes());
+    }
+
+    async fn handle_request_stream(
+        self: Arc<Self>,
+        mut send: quinn::SendStream,
+        mut recv: quinn::RecvStream,
+        context: Arc<StreamContext>,
+    ) {
+        let request = match read_frame::<StreamRequest>(&mut recv, MAX_FRAME_BYTES).await {
+            Ok(Some(request)) => request,
+            Ok(None) => return,
+            Err(error) => {
+                self.metrics
+                    .counter("nephele_gateway_protocol_violations_total", "Frames refused as malformed, oversized or out of order.", &[("scope", "stream")])
+                    .inc();
+                tracing::warn!(device = %context.device, %error, "closing request stream: bad frame");
+                let _ = write_frame(&mut send, &StreamResponse::Error(ErrorFrame::new(ErrorCode::BadRequest, error.to_string()))).await;
+                let _ = send.finish();
+                let _ = recv.stop(1u32.into());
+                return;
+            }
+        };
+        let response = if request.protocol_version != PROTOCOL_VERSION {
+            StreamResponse::Error(ErrorFrame::new(
+                ErrorCode::VersionMismatch,
+                format!("request uses protocol {}, gateway speaks {PROTOCOL_VERSION}", request.protocol_version),
+            ))
+        } else {
+            match request.body {
+                RequestBody::FetchChunk { sha256, offset, len } => self.read_chunk(sha256, offset, len).await,
+                RequestBody::Infer(infer) => self.offload(&context, infer).await,
+            }
+        };
+        let _ = write_frame(&mut send, &response).await;
+        let _ = send.finish();
+    }
+
+    async fn read_chunk(&self, sha256: [u8; 32], offset: u64, len: u32) -> StreamResponse {
+        use tokio::io::{AsyncReadExt as _, AsyncSeekExt as _};
+        if len == 0 || len > 4 * CHUNK_BYTES {
+            return StreamResponse::Error(ErrorFrame::new(ErrorCode::BadRequest, format!("chunk length must be 1..={}", 4 * CHUNK_BYTES)));
+        }
+        let path = self.blob_dir.join(hex::encode(sha256));
+        let result: std::io::Result<(u64, Vec<u8>)> = async {
+            let mut file = tokio::fs::File::open(&path).await?;
+            let total_size = file.metadata().await?.len();
+            if offset > total_size {
+                return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "offset beyond end of blob"));
+            }
+            file.seek(std::io::SeekFrom::Start(offset)).await?;
+            let want = (total_size - offset).min(u64::from(len)) as usize;
+            let mut data = vec![0u8; want];
+            file.read_exact(&mut data).await?;
+            Ok((total_size, data))
+        }
+        .await;
+        match result {
+            Ok((total_size, data)) => {
+                self.metrics
+                    .counter("nephele_gateway_blob_bytes_sent_total", "Model bytes sent to agents.", &[])
+                    .add(data.len() as u64);
+                StreamResponse::Chunk { total_size, data }
+            }
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                StreamResponse::Error(ErrorFrame::new(ErrorCode::NotFound, format!("no blob {}", hex::encode(sha256))))
+            }
+            Err(error) => StreamResponse::Error(ErrorFrame::new(ErrorCode::BadRequest, error.to_string())),
+        }
+    }
+
+    async fn pick_pool(&self, context: &StreamContext) -> Option<PoolLease> {
+        // The agent's own region first, then any other (federated spill-over).
+        let mut order: Vec<&String> = self.regions.keys().collect();
+        order.sort_by_key(|name| (**name != context.region, (*name).clone()));
+        for region in order {
+            let pick = PickPool {
+                exclude: Some(context.device.clone()),
+            };
+            if let Ok(Some(lease)) = self.regions[region].send(pick).await {
+                return Some(lease);
+            }
+        }
+        None
+    }
+
+    async fn offload(&self, context: &StreamContext, infer: nephele_proto::InferRequest) -> StreamResponse {
+        let started = Instant::now();
+        let deployment = infer.deployment.clone();
+        let Some(lease) = self.pick_pool(context).await else {
+            self.count_offload(&context.region, "no_replica");
+            return StreamResponse::Error(ErrorFrame::new(
+                ErrorCode::Unavailable,
+                format!("no pool replica is connected for region {}", context.region),
+            ));
+        };
+        let forwarded: Result<StreamResponse, NetError> = async {
+            let (mut pool_send, mut pool_recv) = lease
+                .connection
+                .open_bi()
+                .await
+                .map_err(|e| NetError::Connect(e.to_string()))?;
+            write_frame(
+                &mut pool_send,
+                &StreamRequest {
+                    protocol_version: PROTOCOL_VERSION,
+                    body: RequestBody::Infer(infer),
+                },
+            )
+            .await?;
+            let _ = pool_send.finish();
+            tokio::time::timeout(Duration::from_secs(30), read_frame(&mut pool_recv, MAX_FRAME_BYTES))
+                .await
+                .map_err(|_| NetError::Timeout("pool replica did not answer in 30 s"))?
+                .and_then(|frame| frame.ok_or_else(|| NetError::Read("pool replica closed the stream".into())))
+        }
+        .await;
+        match forwarded {
+            Ok(response) => {
+                let outcome = if matches!(response, StreamResponse::Inferred(_)) { "ok" } else { "error" };
+                self.count_offload(&context.region, outcome);
+                self.metrics
+                    .histogram(
+                        "nephele_offload_latency_seconds",
+                        "Gateway time for an offloaded request, pool round trip included.",
+                        &[("region", &context.region)],
+                        nephele_telemetry::LATENCY_BUCKETS,
+                    )
+                    .observe(started.elapsed().as_secs_f64());
+                response
+            }
+            Err(error) => {
+                self.count_offload(&context.region, "error");
+                tracing::warn!(device = %context.device, pool = %lease.name, %deployment, %error, "offload failed");
+                StreamResponse::Error(ErrorFrame::new(ErrorCode::Unavailable, format!("pool replica {} failed: {error}", lease.name)))
+            }
+        }
+    }
+
+    fn count_offload(&self, region: &str, outcome: &str) {
+        self.metrics
+            .counter("nephele_offloads_total", "Requests offloaded from agents to pool replicas, by outcome.", &[("region", region), ("outcome", outcome)])
+            .inc();
+    }
+}
+
+struct StreamContext {
+    device: String,
+    role: String,
+    region: String,
+}
+
+impl StreamContext {
+    #[allow(dead_code)]
+    fn is_pool(&self) -> bool {
+        self.role == "pool"
+    }
+}

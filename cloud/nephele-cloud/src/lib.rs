@@ -1,0 +1,226 @@
+//! The nephele control plane.
+//!
+//! `nephele-cloud` hosts the federation actor (single writer of durable state), one
+//! region actor per configured region (offload routing today; placement and autoscaling
+//! next), the QUIC gateway for agents, and the REST API. State lives in redb under the
+//! data dir, created on first start together with the cluster CA and the
+//! manifest-signing key.
+//!
+//! Architecture invariant: actors forward and commit; policy that can be pure lives in
+//! crates with no actix, tokio or quinn in them (`nephele-domain` today).
+
+pub mod api;
+pub mod config;
+pub mod federation;
+pub mod gateway;
+pub mod region;
+pub mod store;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use actix::Actor as _;
+use anyhow::{Context as _, Result};
+
+pub use config::CloudConfig;
+
+/// Command-line flags of `nephele-cloud` (also `nephele cloud`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct CloudArgs {
+    /// TOML configuration file (see deploy/cloud.example.toml). Without it, built-in
+    /// defaults: one region, API on 127.0.0.1:8080, QUIC on 127.0.0.1:7443.
+    #[arg(long, env = "NEPHELE_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Overrides `data_dir` from the config.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Overrides `api_listen` (port 0 picks a free port).
+    #[arg(long)]
+    pub api_listen: Option<SocketAddr>,
+    /// Overrides `quic_listen` (port 0 picks a free port).
+    #[arg(long)]
+    pub quic_listen: Option<SocketAddr>,
+    /// When ready, write {"api", "quic", "ca_fingerprint"} as JSON to this file (for
+    /// supervisors and tests that bind port 0).
+    #[arg(long)]
+    pub ready_file: Option<PathBuf>,
+    /// Print the effective configuration as TOML and exit.
+    #[arg(long)]
+    pub print_config: bool,
+}
+
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,quinn=warn,actix_server=warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Loads the configuration with flag overrides applied.
+pub fn load_config(args: &CloudArgs) -> Result<CloudConfig> {
+    let mut config = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read config file {}", path.display()))?;
+            CloudConfig::from_toml(&text)
+                .map_err(|e| anyhow::anyhow!("invalid config {}: {e}", path.display()))?
+        }
+        None => CloudConfig::default(),
+    };
+    if let Some(dir) = &args.data_dir {
+        config.data_dir = dir.clone();
+    }
+    if let Some(addr) = args.api_listen {
+        config.api_listen = addr;
+    }
+    if let Some(addr) = args.quic_listen {
+        config.quic_listen = addr;
+    }
+    Ok(config)
+}
+
+/// Entry point of the binary: runs until SIGINT/SIGTERM.
+pub fn run_cli(args: CloudArgs) -> Result<()> {
+    init_tracing();
+    let config = load_config(&args)?;
+    if args.print_config {
+        print!("{}", toml::to_string_pretty(&config)?);
+        return Ok(());
+    }
+    actix_rt::System::new().block_on(serve(config, args.ready_file))
+}
+
+#[cfg(unix)]
+fn restrict(path: &Path, mode: u32) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("cannot set permissions on {}", path.display()))
+}
+
+#[cfg(not(unix))]
+fn restrict(_: &Path, _: u32) -> Result<()> {
+    Ok(())
+}
+
+fn write_secret(path: &Path, bytes: &[u8]) -> Result<()> {
+    std::fs::write(path, bytes).with_context(|| format!("cannot write {}", path.display()))?;
+    restrict(path, 0o600)
+}
+
+/// Loads the cluster CA, or creates it on first start.
+fn load_or_create_ca(data_dir: &Path) -> Result<nephele_net::ClusterCa> {
+    let cert_path = data_dir.join("ca.pem");
+    let key_path = data_dir.join("ca.key");
+    if cert_path.exists() {
+        let cert = std::fs::read_to_string(&cert_path)?;
+        let key = std::fs::read_to_string(&key_path)
+            .with_context(|| format!("{} exists but {} does not", cert_path.display(), key_path.display()))?;
+        return nephele_net::ClusterCa::from_pem(&cert, &key).context("cluster CA files are unreadable");
+    }
+    let cluster_id: String = hex::encode(rand::random::<[u8; 4]>());
+    let ca = nephele_net::ClusterCa::generate(&cluster_id)?;
+    write_secret(&key_path, ca.key_pem.as_bytes())?;
+    std::fs::write(&cert_path, &ca.cert_pem)?;
+    tracing::info!(fingerprint = %hex::encode(ca.fingerprint()), "created cluster CA");
+    Ok(ca)
+}
+
+fn load_or_create_signing_key(data_dir: &Path) -> Result<ring::signature::Ed25519KeyPair> {
+    let path = data_dir.join("manifest-signing.pk8");
+    let pkcs8 = if path.exists() {
+        std::fs::read(&path)?
+    } else {
+        let rng = ring::rand::SystemRandom::new();
+        let document = ring::signature::Ed25519KeyPair::generate_pkcs8(&rng)
+            .map_err(|_| anyhow::anyhow!("cannot generate the manifest-signing key"))?;
+        write_secret(&path, document.as_ref())?;
+        document.as_ref().to_vec()
+    };
+    ring::signature::Ed25519KeyPair::from_pkcs8(&pkcs8)
+        .map_err(|_| anyhow::anyhow!("{} is not a valid Ed25519 PKCS#8 key", path.display()))
+}
+
+/// Runs the control plane inside an actix system until the API server stops.
+pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<()> {
+    config.validate().map_err(|e| anyhow::anyhow!("invalid config: {e}"))?;
+    let data_dir = config.data_dir.clone();
+    std::fs::create_dir_all(&data_dir)
+        .with_context(|| format!("cannot create data dir {}", data_dir.display()))?;
+    restrict(&data_dir, 0o700)?;
+    let ca = load_or_create_ca(&data_dir)?;
+    let ca_fingerprint = hex::encode(ca.fingerprint());
+    let signing_key = load_or_create_signing_key(&data_dir)?;
+    let store = store::Store::open(&data_dir)
+        .with_context(|| format!("cannot open state in {}", data_dir.display()))?;
+    if let Some(token) = federation::ensure_admin_token(&store)? {
+        let path = data_dir.join("admin-token");
+        write_secret(&path, token.as_bytes())?;
+        println!("nephele-cloud: created the admin API token (shown once; also saved to {}):\n  {token}", path.display());
+    }
+    let blob_dir = store.blob_dir().to_path_buf();
+
+    let (server_cert, server_key) = ca.issue_server(&config.server_names)?;
+    let quic_config = nephele_net::server_config(ca.cert_der(), &server_cert, &server_key)?;
+    let endpoint = quinn::Endpoint::server(quic_config, config.quic_listen)
+        .with_context(|| format!("cannot bind QUIC gateway on {} (UDP)", config.quic_listen))?;
+    let quic_addr = endpoint.local_addr()?;
+
+    let metrics = nephele_telemetry::Registry::new();
+    let mut regions = HashMap::new();
+    for region in &config.regions {
+        regions.insert(region.name.clone(), region::RegionActor::new(region.name.clone()).start());
+    }
+    let federation = federation::FederationActor::new(
+        config.clone(),
+        store,
+        ca,
+        signing_key,
+        regions.clone(),
+        metrics.clone(),
+    )
+    .start();
+
+    let gateway = Arc::new(gateway::Gateway {
+        federation: federation.clone(),
+        regions,
+        blob_dir,
+        metrics: metrics.clone(),
+    });
+    actix_rt::spawn(gateway::run(endpoint.clone(), gateway));
+
+    let state = actix_web::web::Data::new(api::ApiState {
+        federation,
+        metrics,
+    });
+    let server = actix_web::HttpServer::new(move || {
+        actix_web::App::new()
+            .app_data(state.clone())
+            .configure(api::routes)
+    })
+    .workers(2)
+    .bind(config.api_listen)
+    .with_context(|| format!("cannot bind the API on {}", config.api_listen))?;
+    let api_addr = server.addrs().first().copied().context("API bound no address")?;
+    let running = server.run();
+
+    if let Some(path) = ready_file {
+        let ready = serde_json::json!({
+            "api": api_addr.to_string(),
+            "quic": quic_addr.to_string(),
+            "ca_fingerprint": ca_fingerprint,
+            "data_dir": data_dir,
+        });
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, serde_json::to_vec_pretty(&ready)?)?;
+        std::fs::rename(&tmp, &path)?;
+    }
+    println!("nephele-cloud ready: API http://{api_addr}  QUIC {quic_addr}  CA sha256 {ca_fingerprint}");
+    running.await.context("API server failed")?;
+    endpoint.close(0u32.into(), b"control plane shutting down");
+    endpoint.wait_idle().await;
+    Ok(())
+}

@@ -1,0 +1,245 @@
+//! Durable control-plane state in an embedded redb database, plus content-addressed
+//! blobs (model files) as plain files beside it.
+//!
+//! Only the federation actor writes (single writer); values are JSON so the file can be
+//! inspected with ordinary tools during incidents.
+
+use std::path::{Path, PathBuf};
+
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+
+use nephele_domain::{AgentRole, Labels};
+
+const JOIN_TOKENS: TableDefinition<&str, &[u8]> = TableDefinition::new("join_tokens");
+const DEVICES: TableDefinition<&str, &[u8]> = TableDefinition::new("devices");
+const MODELS: TableDefinition<&str, &[u8]> = TableDefinition::new("models");
+const DEPLOYMENTS: TableDefinition<&str, &[u8]> = TableDefinition::new("deployments");
+const API_TOKENS: TableDefinition<&str, &[u8]> = TableDefinition::new("api_tokens");
+const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+
+#[derive(Debug, Clone, Copy)]
+pub enum Table {
+    JoinTokens,
+    Devices,
+    Models,
+    Deployments,
+    ApiTokens,
+    Meta,
+}
+
+impl Table {
+    fn definition(self) -> TableDefinition<'static, &'static str, &'static [u8]> {
+        match self {
+            Table::JoinTokens => JOIN_TOKENS,
+            Table::Devices => DEVICES,
+            Table::Models => MODELS,
+            Table::Deployments => DEPLOYMENTS,
+            Table::ApiTokens => API_TOKENS,
+            Table::Meta => META,
+        }
+    }
+    const ALL: [Table; 6] = [
+        Table::JoinTokens,
+        Table::Devices,
+        Table::Models,
+        Table::Deployments,
+        Table::ApiTokens,
+        Table::Meta,
+    ];
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("state store: {0}")]
+    Db(String),
+    #[error("state store: corrupt record {key:?}: {cause}")]
+    Corrupt { key: String, cause: String },
+    #[error("blob store: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+fn db_error(error: impl std::fmt::Display) -> StoreError {
+    StoreError::Db(error.to_string())
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JoinTokenRecord {
+    pub id: String,
+    pub secret_sha256: String,
+    pub region: String,
+    pub created_unix: u64,
+    pub expires_unix: u64,
+    pub used_by: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DeviceRecord {
+    pub name: String,
+    pub role: AgentRole,
+    pub region: String,
+    pub labels: Labels,
+    pub cert_sha256: String,
+    pub joined_unix: u64,
+    /// Last profile the agent announced (name and TOML), kept so offline devices still
+    /// show what they are.
+    pub profile_name: String,
+    pub profile_toml: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ModelRecord {
+    pub name: String,
+    pub sha256: String,
+    pub size: u64,
+    pub created_unix: u64,
+    pub inputs: Vec<nephele_runtime::TensorInfo>,
+    pub outputs: Vec<nephele_runtime::TensorInfo>,
+    pub signed_manifest: Vec<u8>,
+    pub signature: Vec<u8>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DeploymentRecord {
+    pub name: String,
+    pub model: String,
+    pub selector: String,
+    pub slo_ms: u32,
+    pub offload: bool,
+    pub max_queue: u32,
+    pub created_unix: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ApiTokenRecord {
+    pub id: String,
+    pub sha256: String,
+    pub role: String,
+    pub tenant: String,
+    pub created_unix: u64,
+}
+
+pub struct Store {
+    db: Database,
+    blob_dir: PathBuf,
+}
+
+impl Store {
+    pub fn open(data_dir: &Path) -> Result<Store, StoreError> {
+        let db = Database::create(data_dir.join("state.redb")).map_err(db_error)?;
+        let blob_dir = data_dir.join("blobs");
+        std::fs::create_dir_all(&blob_dir)?;
+        let txn = db.begin_write().map_err(db_error)?;
+        for table in Table::ALL {
+            txn.open_table(table.definition()).map_err(db_error)?;
+        }
+        txn.commit().map_err(db_error)?;
+        Ok(Store { db, blob_dir })
+    }
+
+    pub fn put<T: Serialize>(&self, table: Table, key: &str, value: &T) -> Result<(), StoreError> {
+        let bytes = serde_json::to_vec(value).map_err(db_error)?;
+        let txn = self.db.begin_write().map_err(db_error)?;
+        {
+            let mut open = txn.open_table(table.definition()).map_err(db_error)?;
+            open.insert(key, bytes.as_slice()).map_err(db_error)?;
+        }
+        txn.commit().map_err(db_error)
+    }
+
+    pub fn get<T: DeserializeOwned>(&self, table: Table, key: &str) -> Result<Option<T>, StoreError> {
+        let txn = self.db.begin_read().map_err(db_error)?;
+        let open = txn.open_table(table.definition()).map_err(db_error)?;
+        let Some(guard) = open.get(key).map_err(db_error)? else {
+            return Ok(None);
+        };
+        serde_json::from_slice(guard.value())
+            .map(Some)
+            .map_err(|e| StoreError::Corrupt {
+                key: key.to_string(),
+                cause: e.to_string(),
+            })
+    }
+
+    pub fn list<T: DeserializeOwned>(&self, table: Table) -> Result<Vec<T>, StoreError> {
+        let txn = self.db.begin_read().map_err(db_error)?;
+        let open = txn.open_table(table.definition()).map_err(db_error)?;
+        let mut out = Vec::new();
+        for entry in open.iter().map_err(db_error)? {
+            let (key, value) = entry.map_err(db_error)?;
+            out.push(serde_json::from_slice(value.value()).map_err(|e| StoreError::Corrupt {
+                key: key.value().to_string(),
+                cause: e.to_string(),
+            })?);
+        }
+        Ok(out)
+    }
+
+    pub fn delete(&self, table: Table, key: &str) -> Result<bool, StoreError> {
+        let txn = self.db.begin_write().map_err(db_error)?;
+        let existed = {
+            let mut open = txn.open_table(table.definition()).map_err(db_error)?;
+            let removed = open.remove(key).map_err(db_error)?.is_some();
+            removed
+        };
+        txn.commit().map_err(db_error)?;
+        Ok(existed)
+    }
+
+    pub fn blob_path(&self, sha256_hex: &str) -> PathBuf {
+        self.blob_dir.join(sha256_hex)
+    }
+
+    /// Writes a blob atomically (temp file, fsync, rename).
+    pub fn put_blob(&self, sha256_hex: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        use std::io::Write as _;
+        let final_path = self.blob_path(sha256_hex);
+        if final_path.exists() {
+            return Ok(());
+        }
+        let tmp = self.blob_dir.join(format!(".{sha256_hex}.tmp"));
+        let mut file = std::fs::File::create(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        std::fs::rename(tmp, final_path)?;
+        Ok(())
+    }
+
+    pub fn blob_dir(&self) -> &Path {
+        &self.blob_dir
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_survive_reopening() {
+        let dir = std::env::temp_dir().join(format!("nephele-store-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let record = DeploymentRecord {
+            name: "d".into(),
+            model: "m".into(),
+            selector: "a=b".into(),
+            slo_ms: 5,
+            offload: true,
+            max_queue: 8,
+            created_unix: 1,
+        };
+        {
+            let store = Store::open(&dir).unwrap();
+            store.put(Table::Deployments, "d", &record).unwrap();
+            store.put_blob("abc", b"bytes").unwrap();
+        }
+        let store = Store::open(&dir).unwrap();
+        let back: DeploymentRecord = store.get(Table::Deployments, "d").unwrap().unwrap();
+        assert_eq!(back.selector, "a=b");
+        assert_eq!(store.list::<DeploymentRecord>(Table::Deployments).unwrap().len(), 1);
+        assert!(store.delete(Table::Deployments, "d").unwrap());
+        assert!(!store.delete(Table::Deployments, "d").unwrap());
+        assert_eq!(std::fs::read(store.blob_path("abc")).unwrap(), b"bytes");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,251 @@
+//! A small blocking client of the REST API, and the CLI commands built on it.
+
+use anyhow::{bail, Context as _, Result};
+use serde_json::Value;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct ApiArgs {
+    /// Control plane API base URL.
+    #[arg(long, env = "NEPHELE_API", default_value = "http://127.0.0.1:8080", global = true)]
+    pub api: String,
+    /// API token (the admin token is printed on first start and saved in <data-dir>/admin-token).
+    #[arg(long, env = "NEPHELE_TOKEN", global = true, default_value = "")]
+    pub token: String,
+    /// Print JSON instead of a table.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+pub struct Api {
+    base: String,
+    token: String,
+    agent: ureq::Agent,
+}
+
+impl Api {
+    pub fn new(base: &str, token: &str) -> Api {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(std::time::Duration::from_secs(60)))
+            .build()
+            .into();
+        Api {
+            base: base.trim_end_matches('/').to_string(),
+            token: token.to_string(),
+            agent,
+        }
+    }
+
+    fn finish(&self, what: &str, response: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> Result<Value> {
+        let mut response = response.with_context(|| format!("cannot reach the API at {} ({what}); is nephele-cloud running?", self.base))?;
+        let status = response.status().as_u16();
+        let text = response.body_mut().read_to_string().unwrap_or_default();
+        let value: Value = if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap_or(Value::String(text)) };
+        if status >= 400 {
+            let message = value.get("message").and_then(|m| m.as_str()).map(str::to_string).unwrap_or_else(|| value.to_string());
+            bail!("{what} failed ({status}): {message}");
+        }
+        Ok(value)
+    }
+
+    fn auth(&self) -> String {
+        format!("Bearer {}", self.token)
+    }
+
+    pub fn get(&self, path: &str) -> Result<Value> {
+        let response = self.agent.get(format!("{}{path}", self.base)).header("authorization", self.auth()).call();
+        self.finish(&format!("GET {path}"), response)
+    }
+
+    pub fn post(&self, path: &str, body: &Value) -> Result<Value> {
+        let response = self.agent.post(format!("{}{path}", self.base)).header("authorization", self.auth()).send_json(body);
+        self.finish(&format!("POST {path}"), response)
+    }
+
+    pub fn put_bytes(&self, path: &str, bytes: &[u8]) -> Result<Value> {
+        let response = self
+            .agent
+            .put(format!("{}{path}", self.base))
+            .header("authorization", self.auth())
+            .header("content-type", "application/octet-stream")
+            .send(bytes);
+        self.finish(&format!("PUT {path}"), response)
+    }
+
+    pub fn delete(&self, path: &str) -> Result<Value> {
+        let response = self.agent.delete(format!("{}{path}", self.base)).header("authorization", self.auth()).call();
+        self.finish(&format!("DELETE {path}"), response)
+    }
+}
+
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum TokenCommand {
+    /// Create a single-use join token.
+    Create {
+        #[arg(long)]
+        region: Option<String>,
+        /// Lifetime in seconds (default from the config, 3600).
+        #[arg(long)]
+        ttl: Option<u64>,
+    },
+    /// List join tokens (never their secrets).
+    List,
+}
+
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum DeviceCommand {
+    List,
+    /// Remove a device; its certificate stops working at once.
+    Delete { name: String },
+}
+
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum ModelCommand {
+    /// Upload an ONNX file.
+    Push { name: String, file: std::path::PathBuf },
+    List,
+}
+
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum DeployCommand {
+    /// Deploy a model to the devices a label selector picks.
+    Create {
+        name: String,
+        #[arg(long)]
+        model: String,
+        /// e.g. `tier=edge,site!=lab` (empty: every edge device).
+        #[arg(long, default_value = "")]
+        selector: String,
+        #[arg(long, default_value_t = 50)]
+        slo_ms: u32,
+        #[arg(long, default_value_t = 64)]
+        max_queue: u32,
+        /// Never offload to the cloud pool.
+        #[arg(long)]
+        no_offload: bool,
+    },
+    List,
+    Status { name: String },
+    Delete { name: String },
+}
+
+fn print(json: bool, value: &Value, table: impl FnOnce(&Value)) {
+    if json {
+        println!("{}", serde_json::to_string_pretty(value).unwrap_or_default());
+    } else {
+        table(value);
+    }
+}
+
+fn s<'a>(value: &'a Value, key: &str) -> String {
+    match value.get(key) {
+        Some(Value::String(text)) => text.clone(),
+        Some(Value::Null) | None => "-".into(),
+        Some(other) => other.to_string(),
+    }
+}
+
+pub fn token(args: ApiArgs, command: TokenCommand) -> Result<()> {
+    let api = Api::new(&args.api, &args.token);
+    match command {
+        TokenCommand::Create { region, ttl } => {
+            let value = api.post("/v1/tokens", &serde_json::json!({"region": region, "ttl_s": ttl}))?;
+            print(args.json, &value, |v| {
+                println!("join token for region {} (single use, expires at unix {}):\n  {}", s(v, "region"), s(v, "expires_unix"), s(v, "token"));
+                println!("enrol a device with:\n  nephele-edge join --server HOST:PORT --token {}", s(v, "token"));
+            });
+        }
+        TokenCommand::List => {
+            let value = api.get("/v1/tokens")?;
+            print(args.json, &value, |v| {
+                println!("{:<10} {:<12} {:>12} {}", "ID", "REGION", "EXPIRES", "USED BY");
+                for t in v.as_array().into_iter().flatten() {
+                    println!("{:<10} {:<12} {:>12} {}", s(t, "id"), s(t, "region"), s(t, "expires_unix"), s(t, "used_by"));
+                }
+            });
+        }
+    }
+    Ok(())
+}
+
+pub fn device(args: ApiArgs, command: DeviceCommand) -> Result<()> {
+    let api = Api::new(&args.api, &args.token);
+    match command {
+        DeviceCommand::List => {
+            let value = api.get("/v1/devices")?;
+            print(args.json, &value, |v| {
+                println!("{:<14} {:<5} {:<10} {:<22} {:<8} {:>6} {:>9}", "NAME", "ROLE", "REGION", "PROFILE", "HEALTH", "CORES", "RSS MB");
+                for d in v.as_array().into_iter().flatten() {
+                    let rss = d.get("rss_bytes").and_then(|r| r.as_u64()).map(|r| format!("{:.1}", r as f64 / 1e6)).unwrap_or("-".into());
+                    println!("{:<14} {:<5} {:<10} {:<22} {:<8} {:>6} {:>9}", s(d, "name"), s(d, "role"), s(d, "region"), s(d, "profile"), s(d, "health"), s(d, "cpu_cores"), rss);
+                }
+            });
+        }
+        DeviceCommand::Delete { name } => {
+            api.delete(&format!("/v1/devices/{name}"))?;
+            println!("deleted device {name}");
+        }
+    }
+    Ok(())
+}
+
+pub fn model(args: ApiArgs, command: ModelCommand) -> Result<()> {
+    let api = Api::new(&args.api, &args.token);
+    match command {
+        ModelCommand::Push { name, file } => {
+            let bytes = std::fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?;
+            let value = api.put_bytes(&format!("/v1/models/{name}"), &bytes)?;
+            print(args.json, &value, |v| println!("model {} stored: sha256 {} ({} bytes)", s(v, "name"), s(v, "sha256"), s(v, "size")));
+        }
+        ModelCommand::List => {
+            let value = api.get("/v1/models")?;
+            print(args.json, &value, |v| {
+                println!("{:<20} {:>10} {}", "NAME", "BYTES", "SHA256");
+                for m in v.as_array().into_iter().flatten() {
+                    println!("{:<20} {:>10} {}", s(m, "name"), s(m, "size"), s(m, "sha256"));
+                }
+            });
+        }
+    }
+    Ok(())
+}
+
+fn print_deployment(d: &Value) {
+    println!(
+        "deployment {} (model {}, selector {:?}, SLO {} ms): {}/{} devices ready",
+        s(d, "name"), s(d, "model"), s(d, "selector"), s(d, "slo_ms"), s(d, "ready_devices"), s(d, "desired_devices")
+    );
+    println!("  {:<14} {:<5} {:<22} {:<12} {:>8} {:>9} {:>8} {:>8}", "DEVICE", "ROLE", "PROFILE", "PHASE", "LOCAL", "OFFLOADED", "P50 MS", "P99 MS");
+    for row in d.get("devices").and_then(|x| x.as_array()).into_iter().flatten() {
+        println!(
+            "  {:<14} {:<5} {:<22} {:<12} {:>8} {:>9} {:>8} {:>8}",
+            s(row, "device"), s(row, "role"), s(row, "profile"), s(row, "phase"), s(row, "served_local"), s(row, "served_offloaded"), s(row, "p50_ms"), s(row, "p99_ms")
+        );
+    }
+}
+
+pub fn deploy(args: ApiArgs, command: DeployCommand) -> Result<()> {
+    let api = Api::new(&args.api, &args.token);
+    match command {
+        DeployCommand::Create { name, model, selector, slo_ms, max_queue, no_offload } => {
+            let value = api.post(
+                "/v1/deployments",
+                &serde_json::json!({"name": name, "model": model, "selector": selector, "slo_ms": slo_ms, "max_queue": max_queue, "offload": !no_offload}),
+            )?;
+            print(args.json, &value, print_deployment);
+        }
+        DeployCommand::List => {
+            let value = api.get("/v1/deployments")?;
+            print(args.json, &value, |v| v.as_array().into_iter().flatten().for_each(print_deployment));
+        }
+        DeployCommand::Status { name } => {
+            let value = api.get(&format!("/v1/deployments/{name}"))?;
+            print(args.json, &value, print_deployment);
+        }
+        DeployCommand::Delete { name } => {
+            api.delete(&format!("/v1/deployments/{name}"))?;
+            println!("deleted deployment {name}");
+        }
+    }
+    Ok(())
+}

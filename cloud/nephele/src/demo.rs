@@ -1,0 +1,422 @@
+//! `nephele demo`: a whole fleet on loopback, from this one binary.
+//!
+//! Starts a control plane with two regions, three edge agents with different firmware
+//! profiles and one pool agent as real processes (real QUIC, real mutual TLS), enrols
+//! them with join tokens, pushes the project's digits model, deploys it to the edge
+//! devices, and sends each device a burst of the model's held-out samples. The smallest
+//! device gets more concurrent requests than its single inference slot can answer
+//! within the SLO, so part of its burst is offloaded to the pool.
+//!
+//! All agents share this machine's cores, so the demo gives each the inference slots
+//! its class would have relative to the others (`--workers`), not the host's.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _, Result};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::client::Api;
+
+const MODEL_ONNX: &[u8] = include_bytes!("../../../shared/models/digits-mlp/model.onnx");
+const HELDOUT_JSON: &str = include_str!("../../../shared/models/digits-mlp/heldout.json");
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct DemoArgs {
+    /// Print one JSON object instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    /// Leave the fleet running after the burst (Ctrl-C to stop).
+    #[arg(long)]
+    pub keep_running: bool,
+    /// Requests sent to each device (the smallest device gets twice as many).
+    #[arg(long, default_value_t = 360)]
+    pub requests: usize,
+    /// Keep the demo's data dirs and logs here instead of a temporary folder.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+}
+
+#[derive(Deserialize)]
+struct Heldout {
+    features: Vec<Vec<f32>>,
+    labels: Vec<usize>,
+}
+
+struct DeviceSpec {
+    name: &'static str,
+    profile: &'static str,
+    role: &'static str,
+    region: &'static str,
+    labels: &'static [&'static str],
+    workers: usize,
+    /// Concurrent clients in the burst.
+    concurrency: usize,
+    /// Multiple of `--requests` sent to this device.
+    burst_factor: usize,
+}
+
+const FLEET: &[DeviceSpec] = &[
+    DeviceSpec { name: "coral-1", profile: "coral-dev-board", role: "edge", region: "eu-west", labels: &["tier=edge", "site=plant"], workers: 1, concurrency: 32, burst_factor: 2 },
+    DeviceSpec { name: "pi-1", profile: "rpi5-hailo8l", role: "edge", region: "eu-west", labels: &["tier=edge", "site=lab"], workers: 1, concurrency: 4, burst_factor: 1 },
+    DeviceSpec { name: "jetson-1", profile: "jetson-orin-nano-8gb", role: "edge", region: "us-east", labels: &["tier=edge", "site=lab"], workers: 2, concurrency: 4, burst_factor: 1 },
+    DeviceSpec { name: "pool-1", profile: "gpu-4x-l4", role: "pool", region: "eu-west", labels: &[], workers: 2, concurrency: 0, burst_factor: 0 },
+];
+
+const CLOUD_CONFIG: &str = r#"
+api_listen = "127.0.0.1:0"
+quic_listen = "127.0.0.1:0"
+heartbeat_interval_ms = 500
+
+[[region]]
+name = "eu-west"
+carbon_zone = "DE"
+[[region.pool]]
+name = "l4"
+node_profile = "gpu-4x-l4"
+capacity_type = "spot"
+price_per_hour = 2.9
+max_nodes = 4
+
+[[region]]
+name = "us-east"
+carbon_zone = "US-MIDA-PJM"
+"#;
+
+/// Child processes, killed when dropped.
+struct Fleet {
+    children: Vec<(String, Child)>,
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for (_, child) in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn spawn(fleet: &mut Fleet, label: &str, args: &[String], log_dir: &Path) -> Result<()> {
+    let exe = std::env::current_exe().context("cannot find this executable")?;
+    let log = std::fs::File::create(log_dir.join(format!("{label}.log")))?;
+    let child = Command::new(exe)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .with_context(|| format!("cannot start {label}"))?;
+    fleet.children.push((label.to_string(), child));
+    Ok(())
+}
+
+fn wait_for_file(path: &Path, fleet: &mut Fleet, timeout: Duration) -> Result<Value> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            if let Ok(value) = serde_json::from_str(&text) {
+                return Ok(value);
+            }
+        }
+        for (label, child) in &mut fleet.children {
+            if let Ok(Some(status)) = child.try_wait() {
+                bail!("{label} exited early ({status}); see its log");
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("timed out waiting for {}", path.display());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct DeviceReport {
+    name: String,
+    profile: String,
+    region: String,
+    requests: usize,
+    local: usize,
+    offloaded: usize,
+    rejected: usize,
+    p50_ms: f64,
+    p99_ms: f64,
+    local_p50_ms: f64,
+    local_p99_ms: f64,
+    offloaded_p50_ms: f64,
+    offloaded_p99_ms: f64,
+    accuracy: f64,
+}
+
+fn quantile_ms(samples: &mut [f64], q: f64) -> f64 {
+    if samples.is_empty() {
+        return 0.0;
+    }
+    samples.sort_by(|a, b| a.total_cmp(b));
+    let rank = ((q * samples.len() as f64).ceil() as usize).clamp(1, samples.len());
+    (samples[rank - 1] * 1000.0).round() / 1000.0
+}
+
+fn argmax(values: &[f32]) -> usize {
+    values
+        .iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .map(|(i, _)| i)
+        .unwrap_or(0)
+}
+
+struct Sample {
+    latency_ms: f64,
+    cloud: bool,
+    correct: bool,
+}
+
+fn burst(endpoint: &str, heldout: &Heldout, total: usize, concurrency: usize) -> (Vec<Sample>, usize) {
+    let next = Arc::new(AtomicUsize::new(0));
+    let samples = Arc::new(Mutex::new(Vec::with_capacity(total)));
+    let rejected = Arc::new(AtomicUsize::new(0));
+    std::thread::scope(|scope| {
+        for _ in 0..concurrency.max(1) {
+            let next = next.clone();
+            let samples = samples.clone();
+            let rejected = rejected.clone();
+            scope.spawn(move || {
+                let agent: ureq::Agent = ureq::Agent::config_builder()
+                    .http_status_as_error(false)
+                    .timeout_global(Some(Duration::from_secs(30)))
+                    .build()
+                    .into();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= total {
+                        return;
+                    }
+                    let row = i % heldout.labels.len();
+                    let body = serde_json::json!({"shape": [1, 64], "data": heldout.features[row]});
+                    let started = Instant::now();
+                    let response = agent.post(format!("http://{endpoint}/v1/infer/digits")).send_json(&body);
+                    let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
+                    let Ok(mut response) = response else {
+                        rejected.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    };
+                    if response.status().as_u16() != 200 {
+                        rejected.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    let Ok(reply) = response.body_mut().read_json::<Value>() else {
+                        rejected.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    };
+                    let output: Vec<f32> = reply["data"]
+                        .as_array()
+                        .map(|a| a.iter().filter_map(|x| x.as_f64()).map(|x| x as f32).collect())
+                        .unwrap_or_default();
+                    samples.lock().unwrap_or_else(|p| p.into_inner()).push(Sample {
+                        latency_ms,
+                        cloud: reply["where"] == "cloud",
+                        correct: argmax(&output) == heldout.labels[row],
+                    });
+                }
+            });
+        }
+    });
+    let samples = std::mem::take(&mut *samples.lock().unwrap_or_else(|p| p.into_inner()));
+    (samples, rejected.load(Ordering::Relaxed))
+}
+
+fn progress(json: bool, message: &str) {
+    if !json {
+        eprintln!("[demo] {message}");
+    }
+}
+
+pub fn run(args: DemoArgs) -> Result<()> {
+    let started = Instant::now();
+    let heldout: Heldout = serde_json::from_str(HELDOUT_JSON).context("embedded held-out set")?;
+    let root = match &args.dir {
+        Some(dir) => dir.clone(),
+        None => std::env::temp_dir().join(format!("nephele-demo-{}", std::process::id())),
+    };
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root)?;
+    let mut fleet = Fleet { children: Vec::new() };
+
+    progress(args.json, &format!("starting the control plane (2 regions) in {}", root.display()));
+    std::fs::write(root.join("cloud.toml"), CLOUD_CONFIG)?;
+    let cloud_ready = root.join("cloud.ready");
+    spawn(
+        &mut fleet,
+        "cloud",
+        &[
+            "cloud".into(),
+            "--config".into(),
+            root.join("cloud.toml").display().to_string(),
+            "--data-dir".into(),
+            root.join("cloud-data").display().to_string(),
+            "--ready-file".into(),
+            cloud_ready.display().to_string(),
+        ],
+        &root,
+    )?;
+    let ready = wait_for_file(&cloud_ready, &mut fleet, Duration::from_secs(30))?;
+    let api_addr = ready["api"].as_str().context("ready file has no api")?.to_string();
+    let quic_addr = ready["quic"].as_str().context("ready file has no quic")?.to_string();
+    let admin_token = std::fs::read_to_string(root.join("cloud-data/admin-token"))?.trim().to_string();
+    let api = Api::new(&format!("http://{api_addr}"), &admin_token);
+
+    progress(args.json, "enrolling 3 edge agents and 1 pool agent with single-use join tokens");
+    for device in FLEET {
+        let token = api.post("/v1/tokens", &serde_json::json!({"region": device.region, "ttl_s": 600}))?;
+        let token = token["token"].as_str().context("no token in response")?.to_string();
+        let data_dir = root.join(device.name);
+        let mut join = vec![
+            "edge".to_string(), "join".into(),
+            "--server".into(), quic_addr.clone(),
+            "--token".into(), token,
+            "--data-dir".into(), data_dir.display().to_string(),
+            "--name".into(), device.name.into(),
+            "--role".into(), device.role.into(),
+            "--profile".into(), device.profile.into(),
+        ];
+        for label in device.labels {
+            join.push("--label".into());
+            join.push(label.to_string());
+        }
+        let output = Command::new(std::env::current_exe()?).args(&join).output()?;
+        if !output.status.success() {
+            bail!("join of {} failed: {}", device.name, String::from_utf8_lossy(&output.stderr));
+        }
+        let ready_file = root.join(format!("{}.ready", device.name));
+        spawn(
+            &mut fleet,
+            device.name,
+            &[
+                "edge".into(), "run".into(),
+                "--data-dir".into(), data_dir.display().to_string(),
+                "--listen".into(), "127.0.0.1:0".into(),
+                "--workers".into(), device.workers.to_string(),
+                "--ready-file".into(), ready_file.display().to_string(),
+            ],
+            &root,
+        )?;
+    }
+    let mut endpoints = Vec::new();
+    for device in FLEET {
+        let ready = wait_for_file(&root.join(format!("{}.ready", device.name)), &mut fleet, Duration::from_secs(30))?;
+        endpoints.push(ready["listen"].as_str().context("agent ready file")?.to_string());
+    }
+
+    progress(args.json, &format!("pushing the digits model ({} bytes ONNX) and deploying it to tier=edge", MODEL_ONNX.len()));
+    api.put_bytes("/v1/models/digits-mlp", MODEL_ONNX)?;
+    api.post(
+        "/v1/deployments",
+        &serde_json::json!({"name": "digits", "model": "digits-mlp", "selector": "tier=edge", "slo_ms": 2, "max_queue": 4, "offload": true}),
+    )?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let status = api.get("/v1/deployments/digits")?;
+        let pool_ready = status["devices"].as_array().into_iter().flatten().any(|d| d["role"] == "pool" && d["ready"] == true);
+        if status["ready_devices"] == status["desired_devices"] && status["desired_devices"].as_u64() == Some(3) && pool_ready {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("deployment did not become ready within 60 s: {status}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    progress(args.json, "deployment ready on 3 edge devices and the pool; driving the burst");
+
+    let mut reports = Vec::new();
+    for (device, endpoint) in FLEET.iter().zip(&endpoints) {
+        if device.role != "edge" {
+            continue;
+        }
+        let total = args.requests * device.burst_factor;
+        progress(args.json, &format!("{}: {total} requests, {} concurrent", device.name, device.concurrency));
+        let (samples, rejected) = burst(endpoint, &heldout, total, device.concurrency);
+        let mut all: Vec<f64> = samples.iter().map(|s| s.latency_ms).collect();
+        let mut local: Vec<f64> = samples.iter().filter(|s| !s.cloud).map(|s| s.latency_ms).collect();
+        let mut cloud: Vec<f64> = samples.iter().filter(|s| s.cloud).map(|s| s.latency_ms).collect();
+        let correct = samples.iter().filter(|s| s.correct).count();
+        reports.push(DeviceReport {
+            name: device.name.into(),
+            profile: device.profile.into(),
+            region: device.region.into(),
+            requests: total,
+            local: local.len(),
+            offloaded: cloud.len(),
+            rejected,
+            p50_ms: quantile_ms(&mut all, 0.5),
+            p99_ms: quantile_ms(&mut all, 0.99),
+            local_p50_ms: quantile_ms(&mut local, 0.5),
+            local_p99_ms: quantile_ms(&mut local, 0.99),
+            offloaded_p50_ms: quantile_ms(&mut cloud, 0.5),
+            offloaded_p99_ms: quantile_ms(&mut cloud, 0.99),
+            accuracy: if samples.is_empty() { 0.0 } else { ((correct as f64 / samples.len() as f64) * 10_000.0).round() / 10_000.0 },
+        });
+    }
+    // Let one more heartbeat carry the final counters to the control plane.
+    std::thread::sleep(Duration::from_millis(700));
+    let status = api.get("/v1/deployments/digits")?;
+    let devices = api.get("/v1/devices")?;
+
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string(&serde_json::json!({
+                "devices": reports,
+                "api": format!("http://{api_addr}"),
+                "elapsed_s": started.elapsed().as_secs_f64(),
+            }))?
+        );
+    } else {
+        println!();
+        println!("{:<10} {:<22} {:<8} {:>6} {:>9} {:>8} {:>8} {:>8} {:>10} {:>9}", "DEVICE", "PROFILE", "REGION", "LOCAL", "OFFLOADED", "REJECTED", "P50 MS", "P99 MS", "OFFL P50", "ACCURACY");
+        for r in &reports {
+            println!(
+                "{:<10} {:<22} {:<8} {:>6} {:>9} {:>8} {:>8.3} {:>8.3} {:>10.3} {:>8.2}%",
+                r.name, r.profile, r.region, r.local, r.offloaded, r.rejected, r.p50_ms, r.p99_ms, r.offloaded_p50_ms, r.accuracy * 100.0
+            );
+        }
+        println!();
+        println!("control plane view (from agent heartbeats):");
+        for row in status["devices"].as_array().into_iter().flatten() {
+            println!(
+                "  {:<10} {:<5} {:<22} phase={:<6} local={:<5} offloaded={:<5} p50={}ms p99={}ms",
+                row["device"].as_str().unwrap_or(""), row["role"].as_str().unwrap_or(""), row["profile"].as_str().unwrap_or(""),
+                row["phase"].as_str().unwrap_or(""), row["served_local"], row["served_offloaded"], row["p50_ms"], row["p99_ms"]
+            );
+        }
+        let rss: Vec<String> = devices
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|d| format!("{} {:.1} MB", d["name"].as_str().unwrap_or(""), d["rss_bytes"].as_f64().unwrap_or(0.0) / 1e6))
+            .collect();
+        println!("agent memory (RSS): {}", rss.join(", "));
+        println!();
+        println!("API: http://{api_addr}  (token in {})", root.join("cloud-data/admin-token").display());
+        println!("     try: curl -H \"Authorization: Bearer $(cat {})\" http://{api_addr}/v1/devices", root.join("cloud-data/admin-token").display());
+        println!("metrics: http://{api_addr}/metrics; agent endpoints: {}", endpoints.join(", "));
+        println!("logs: {}   finished in {:.1} s", root.display(), started.elapsed().as_secs_f64());
+    }
+
+    if args.keep_running {
+        eprintln!("[demo] fleet is running; press Ctrl-C to stop");
+        loop {
+            std::thread::sleep(Duration::from_secs(3600));
+        }
+    }
+    drop(fleet);
+    if args.dir.is_none() {
+        let _ = std::fs::remove_dir_all(&root);
+    }
+    Ok(())
+}

@@ -1,0 +1,76 @@
+//! `nephele`: the command line for people.
+//!
+//! It talks to the REST API (`token`, `device`, `model`, `deploy`), and it embeds both
+//! server roles (`nephele cloud …` = `nephele-cloud …`, `nephele edge …` =
+//! `nephele-edge …`, as k3s does) so that `nephele demo` can start a whole fleet of real
+//! processes from this one binary.
+
+mod client;
+mod demo;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "nephele", version, about = "Federated edge-cloud orchestrator for ML workloads")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start a control plane, agents and a pool on loopback, deploy a real model, drive a burst.
+    Demo(demo::DemoArgs),
+    /// Run the control plane (same as `nephele-cloud`).
+    Cloud(nephele_cloud::CloudArgs),
+    /// Run the agent (same as `nephele-edge`).
+    Edge {
+        #[command(subcommand)]
+        command: nephele_edge::EdgeCommand,
+    },
+    /// Join tokens for enrolling devices.
+    Token {
+        #[command(flatten)]
+        api: client::ApiArgs,
+        #[command(subcommand)]
+        command: client::TokenCommand,
+    },
+    /// Enrolled devices.
+    Device {
+        #[command(flatten)]
+        api: client::ApiArgs,
+        #[command(subcommand)]
+        command: client::DeviceCommand,
+    },
+    /// Models (ONNX).
+    Model {
+        #[command(flatten)]
+        api: client::ApiArgs,
+        #[command(subcommand)]
+        command: client::ModelCommand,
+    },
+    /// Deployments of models to devices.
+    Deploy {
+        #[command(flatten)]
+        api: client::ApiArgs,
+        #[command(subcommand)]
+        command: client::DeployCommand,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Demo(args) => demo::run(args),
+        Command::Cloud(args) => nephele_cloud::run_cli(args),
+        Command::Edge { command } => nephele_edge::run_cli(command),
+        Command::Token { api, command } => client::token(api, command),
+        Command::Device { api, command } => client::device(api, command),
+        Command::Model { api, command } => client::model(api, command),
+        Command::Deploy { api, command } => client::deploy(api, command),
+    };
+    if let Err(error) = result {
+        eprintln!("nephele: error: {error:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,480 @@
+//! `nephele-edge run`: the session driver and the reconciler.
+//!
+//! Session lifecycle (one QUIC connection at a time):
+//!
+//! | state        | on                          | next                                   |
+//! |--------------|-----------------------------|----------------------------------------|
+//! | connecting   | connected, Welcome received | serving; backoff reset to 200 ms        |
+//! | connecting   | failure or Refused          | waiting (backoff doubles, max 10 s, ±20%) |
+//! | serving      | DesiredState                | serving; reconciler gets the latest    |
+//! | serving      | connection lost / Refused   | waiting                                |
+//! | waiting      | backoff elapsed             | connecting                             |
+//!
+//! Local serving goes on in every state: a lost control plane only stops offload.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _, Result};
+use nephele_domain::FirmwareProfile;
+use nephele_net::{read_frame, write_frame};
+use nephele_proto::{
+    decode_payload, digest_hex, AgentMessage, CloudMessage, DeploymentPhase, DesiredState,
+    ErrorCode, ErrorFrame, Heartbeat, Hello, InferResponse, ModelManifest, RequestBody,
+    StreamRequest, StreamResponse, CHUNK_BYTES, MAX_FRAME_BYTES, PROTOCOL_VERSION,
+};
+use tokio::sync::watch;
+
+use crate::config::Enrolment;
+use crate::serving::{Deployment, Server};
+use crate::RunArgs;
+
+/// Resolves `--profile NAME` (built in, or a path to a TOML file), or detects the host.
+pub fn resolve_profile(name: Option<&String>) -> Result<(String, String, FirmwareProfile)> {
+    match name {
+        Some(name) if name.ends_with(".toml") => {
+            let text = std::fs::read_to_string(name).with_context(|| format!("cannot read profile {name}"))?;
+            let profile = FirmwareProfile::from_toml(&text, None)?;
+            Ok((profile.device.name.clone(), text, profile))
+        }
+        Some(name) => {
+            let Some(found) = nephele_domain::builtin_profiles::builtin(name) else {
+                bail!(
+                    "unknown firmware profile {name:?}; built-in profiles: {} (or pass a path to a .toml file)",
+                    nephele_domain::builtin_profiles::builtin_names().join(", ")
+                );
+            };
+            let text = nephele_domain::builtin_profiles::BUILTIN
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, t)| t.to_string())
+                .unwrap_or_default();
+            Ok((name.clone(), text, found?))
+        }
+        None => {
+            let cores = std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1);
+            let memory_mb = std::fs::read_to_string("/proc/meminfo")
+                .ok()
+                .and_then(|text| {
+                    text.lines()
+                        .find(|l| l.starts_with("MemTotal:"))
+                        .and_then(|l| l.split_whitespace().nth(1))
+                        .and_then(|kb| kb.parse::<u64>().ok())
+                })
+                .map(|kb| kb / 1024)
+                .unwrap_or(1024);
+            let profile = FirmwareProfile::detected(cores, memory_mb, std::env::consts::ARCH);
+            let text = toml::to_string(&profile)?;
+            Ok(("detected".into(), text, profile))
+        }
+    }
+}
+
+/// Resident set size of this process, from /proc (0 where unavailable).
+pub fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|text| text.split_whitespace().nth(1).and_then(|p| p.parse::<u64>().ok()))
+        .map(|pages| pages * 4096)
+        .unwrap_or(0)
+}
+
+pub struct Agent {
+    pub enrolment: Enrolment,
+    pub profile_name: String,
+    pub profile_toml: String,
+    pub server: Arc<Server>,
+    pub local_endpoint: String,
+    pub started: Instant,
+    pub applied_generation: AtomicU64,
+    pub cache_dir: PathBuf,
+}
+
+pub async fn run(args: RunArgs) -> Result<()> {
+    let enrolment = Enrolment::load(&args.data_dir)?;
+    if let Some(role) = &args.role {
+        if role != &enrolment.config.role {
+            bail!(
+                "this device enrolled with role {}, not {role}; re-run join with --role {role} --force to change it",
+                enrolment.config.role
+            );
+        }
+    }
+    let profile_choice = args.profile.clone().or_else(|| enrolment.config.profile.clone());
+    let (profile_name, profile_toml, profile) = resolve_profile(profile_choice.as_ref())?;
+    let host_cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let n_slots = args.workers.unwrap_or_else(|| (profile.device.cpu_cores as usize).min(host_cores)).max(1);
+    let metrics = nephele_telemetry::Registry::new();
+    let is_pool = enrolment.config.role == "pool";
+    let server = Arc::new(Server::new(enrolment.config.name.clone(), is_pool, n_slots, metrics.clone()));
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}; pick another --listen address", args.listen))?;
+    let local_addr = listener.local_addr()?;
+    let cache_dir = args.data_dir.join("models");
+    std::fs::create_dir_all(&cache_dir)?;
+    let agent = Arc::new(Agent {
+        profile_name: profile_name.clone(),
+        profile_toml,
+        server: server.clone(),
+        local_endpoint: local_addr.to_string(),
+        started: Instant::now(),
+        applied_generation: AtomicU64::new(0),
+        cache_dir,
+        enrolment,
+    });
+    tokio::spawn(crate::http::serve(listener, agent.clone()));
+    if let Some(path) = &args.ready_file {
+        let ready = serde_json::json!({"listen": local_addr.to_string(), "name": agent.enrolment.config.name});
+        crate::config::write_file(path, &serde_json::to_vec(&ready)?, 0o644)?;
+    }
+    println!(
+        "nephele-edge {} ({}, profile {}, {} inference slots) serving on http://{local_addr}",
+        agent.enrolment.config.name, agent.enrolment.config.role, profile_name, n_slots
+    );
+    let (desired_tx, desired_rx) = watch::channel::<Option<DesiredState>>(None);
+    tokio::spawn(reconciler(agent.clone(), desired_rx));
+    let session = tokio::spawn(session_loop(agent.clone(), desired_tx));
+    tokio::select! {
+        _ = shutdown_signal() => {
+            if let Some(connection) = server.connection.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                connection.close(0u32.into(), b"agent shutting down");
+            }
+            tracing::info!("shutting down");
+        }
+        result = session => { result?; }
+    }
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(term) => term,
+            Err(_) => return std::future::pending().await,
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+async fn session_loop(agent: Arc<Agent>, desired_tx: watch::Sender<Option<DesiredState>>) {
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        match run_session(&agent, &desired_tx).await {
+            Ok(reason) => {
+                tracing::warn!(%reason, "session ended; reconnecting");
+                backoff = Duration::from_millis(200);
+            }
+            Err(error) => tracing::warn!(error = %format!("{error:#}"), retry_in_ms = backoff.as_millis() as u64, "cannot reach the control plane"),
+        }
+        *agent.server.connection.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        let jitter = 0.8 + rand::random::<f64>() * 0.4;
+        tokio::time::sleep(backoff.mul_f64(jitter)).await;
+        backoff = (backoff * 2).min(Duration::from_secs(10));
+    }
+}
+
+/// One session: returns why it ended when it had been established, an error otherwise.
+async fn run_session(agent: &Arc<Agent>, desired_tx: &watch::Sender<Option<DesiredState>>) -> Result<String> {
+    let config = &agent.enrolment.config;
+    let addr = crate::enrol::resolve(&config.server).await?;
+    let endpoint = nephele_net::client_endpoint(addr)?;
+    let client_config = nephele_net::mtls_client_config(
+        &agent.enrolment.ca_der,
+        &agent.enrolment.cert_der,
+        &agent.enrolment.key_pkcs8_der,
+    )?;
+    let connection = tokio::time::timeout(
+        Duration::from_secs(10),
+        endpoint.connect_with(client_config, addr, nephele_net::SERVER_NAME)?,
+    )
+    .await
+    .context("connect timed out")?
+    .context("QUIC/TLS connection failed")?;
+    let (mut send, mut recv) = connection.open_bi().await?;
+    let cached: Vec<[u8; 32]> = agent
+        .server
+        .deployments
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .values()
+        .map(|d| d.model_digest)
+        .collect();
+    write_frame(
+        &mut send,
+        &AgentMessage::Hello(Hello {
+            protocol_version: PROTOCOL_VERSION,
+            agent_version: env!("CARGO_PKG_VERSION").into(),
+            role: config.role.clone(),
+            profile_name: agent.profile_name.clone(),
+            profile_toml: agent.profile_toml.clone(),
+            models_cached: cached,
+            local_endpoint: agent.local_endpoint.clone(),
+        }),
+    )
+    .await?;
+    let welcome = match tokio::time::timeout(Duration::from_secs(10), read_frame::<CloudMessage>(&mut recv, MAX_FRAME_BYTES))
+        .await
+        .context("no Welcome within 10 s")??
+    {
+        Some(CloudMessage::Welcome(welcome)) => welcome,
+        Some(CloudMessage::Refused(error)) => bail!("the control plane refused this agent: {}", error.message),
+        Some(other) => bail!("unexpected first message {other:?}"),
+        None => bail!("the control plane closed the control stream"),
+    };
+    tracing::info!(region = %welcome.region, server = %addr, "connected to the control plane");
+    *agent.server.connection.lock().unwrap_or_else(|p| p.into_inner()) = Some(connection.clone());
+    agent
+        .server
+        .metrics
+        .counter("nephele_agent_sessions_total", "Sessions established with the control plane.", &[])
+        .inc();
+
+    // Requests the region sends us (pool role) arrive on streams the cloud opens.
+    let acceptor = {
+        let connection = connection.clone();
+        let agent = agent.clone();
+        tokio::spawn(async move {
+            while let Ok((send, recv)) = connection.accept_bi().await {
+                let agent = agent.clone();
+                tokio::spawn(async move { serve_cloud_stream(agent, send, recv).await });
+            }
+        })
+    };
+
+    let mut heartbeat = tokio::time::interval(Duration::from_millis(u64::from(welcome.heartbeat_interval_ms.max(100))));
+    let mut seq = 0u64;
+    let reason = loop {
+        tokio::select! {
+            frame = read_frame::<CloudMessage>(&mut recv, MAX_FRAME_BYTES) => match frame {
+                Ok(Some(CloudMessage::DesiredState(desired))) => {
+                    let _ = desired_tx.send(Some(desired));
+                }
+                Ok(Some(CloudMessage::Refused(error))) => break format!("refused: {}", error.message),
+                Ok(Some(CloudMessage::Welcome(_))) => break "protocol violation: a second Welcome".into(),
+                Ok(None) => break "the control plane finished the control stream".into(),
+                Err(error) => break format!("control stream: {error}"),
+            },
+            _ = heartbeat.tick() => {
+                seq += 1;
+                let beat = AgentMessage::Heartbeat(Heartbeat {
+                    seq,
+                    uptime_ms: agent.started.elapsed().as_millis() as u64,
+                    applied_generation: agent.applied_generation.load(Ordering::Relaxed),
+                    rss_bytes: rss_bytes(),
+                    deployments: agent.server.telemetry(),
+                });
+                if let Err(error) = write_frame(&mut send, &beat).await {
+                    break format!("heartbeat: {error}");
+                }
+            }
+        }
+    };
+    acceptor.abort();
+    connection.close(0u32.into(), b"session ended");
+    Ok(reason)
+}
+
+async fn serve_cloud_stream(agent: Arc<Agent>, mut send: quinn::SendStream, mut recv: quinn::RecvStream) {
+    let response = match read_frame::<StreamRequest>(&mut recv, MAX_FRAME_BYTES).await {
+        Ok(Some(request)) if request.protocol_version != PROTOCOL_VERSION => StreamResponse::Error(ErrorFrame::new(
+            ErrorCode::VersionMismatch,
+            format!("agent speaks protocol {PROTOCOL_VERSION}"),
+        )),
+        Ok(Some(StreamRequest { body: RequestBody::Infer(infer), .. })) => {
+            match agent.server.serve(&infer.deployment, infer.input).await {
+                Ok(answer) => StreamResponse::Inferred(InferResponse {
+                    request_id: infer.request_id,
+                    output: answer.output,
+                    computed_by: answer.computed_by,
+                    compute_us: answer.latency.as_micros() as u64,
+                }),
+                Err(error) => StreamResponse::Error(ErrorFrame::new(ErrorCode::Unavailable, error.to_string())),
+            }
+        }
+        Ok(Some(_)) => StreamResponse::Error(ErrorFrame::new(ErrorCode::BadRequest, "agents serve only inference requests")),
+        Ok(None) => return,
+        Err(error) => {
+            tracing::warn!(%error, "bad request stream from the control plane");
+            StreamResponse::Error(ErrorFrame::new(ErrorCode::BadRequest, error.to_string()))
+        }
+    };
+    let _ = write_frame(&mut send, &response).await;
+    let _ = send.finish();
+}
+
+/// Applies the latest desired state, one at a time; a newer state supersedes an older
+/// one that has not been applied yet.
+async fn reconciler(agent: Arc<Agent>, mut desired_rx: watch::Receiver<Option<DesiredState>>) {
+    while desired_rx.changed().await.is_ok() {
+        let Some(desired) = desired_rx.borrow_and_update().clone() else {
+            continue;
+        };
+        reconcile(&agent, &desired).await;
+        agent.applied_generation.store(desired.generation, Ordering::Relaxed);
+    }
+}
+
+fn set_phase(agent: &Agent, deployment: &str, phase: DeploymentPhase) {
+    agent
+        .server
+        .phases
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(deployment.to_string(), phase);
+}
+
+async fn reconcile(agent: &Arc<Agent>, desired: &DesiredState) {
+    let server = &agent.server;
+    let wanted: HashSet<String> = desired.assignments.iter().map(|a| a.deployment.clone()).collect();
+    {
+        let mut deployments = server.deployments.write().unwrap_or_else(|p| p.into_inner());
+        deployments.retain(|name, _| {
+            let keep = wanted.contains(name);
+            if !keep {
+                tracing::info!(deployment = %name, "deployment removed");
+            }
+            keep
+        });
+    }
+    server.phases.lock().unwrap_or_else(|p| p.into_inner()).retain(|name, _| wanted.contains(name));
+
+    for assignment in &desired.assignments {
+        let name = assignment.deployment.clone();
+        let verified = verify_manifest(&agent.enrolment.signing_key, assignment);
+        let (manifest, variant) = match verified {
+            Ok(found) => found,
+            Err(error) => {
+                tracing::error!(deployment = %name, %error, "refusing deployment");
+                set_phase(agent, &name, DeploymentPhase::Failed(error));
+                continue;
+            }
+        };
+        if let Some(existing) = server.deployment(&name) {
+            if existing.model_digest == variant.sha256 {
+                *existing.params.write().unwrap_or_else(|p| p.into_inner()) = assignment.clone();
+                continue;
+            }
+        }
+        set_phase(agent, &name, DeploymentPhase::Downloading);
+        let bytes = match fetch_model(agent, &variant.sha256, variant.size).await {
+            Ok(bytes) => bytes,
+            Err(error) => {
+                let message = format!("{error:#}");
+                tracing::warn!(deployment = %name, error = %message, "model download failed; will retry on the next desired state");
+                set_phase(agent, &name, DeploymentPhase::Failed(message));
+                continue;
+            }
+        };
+        let model_name = manifest.name.clone();
+        let loaded = tokio::task::spawn_blocking(move || nephele_runtime::Model::load_onnx(&model_name, &bytes)).await;
+        match loaded {
+            Ok(Ok(model)) => {
+                let deployment = Arc::new(Deployment::new(assignment.clone(), model, variant.sha256, variant.name.clone()));
+                server.deployments.write().unwrap_or_else(|p| p.into_inner()).insert(name.clone(), deployment);
+                server.phases.lock().unwrap_or_else(|p| p.into_inner()).remove(&name);
+                tracing::info!(deployment = %name, model = %manifest.name, variant = %variant.name, "deployment ready");
+            }
+            Ok(Err(error)) => {
+                tracing::error!(deployment = %name, %error, "model failed to load");
+                set_phase(agent, &name, DeploymentPhase::Failed(error.to_string()));
+            }
+            Err(error) => set_phase(agent, &name, DeploymentPhase::Failed(error.to_string())),
+        }
+    }
+}
+
+/// Checks the manifest's Ed25519 signature, then decodes it and finds the variant.
+fn verify_manifest(
+    signing_key: &[u8],
+    assignment: &nephele_proto::Assignment,
+) -> Result<(ModelManifest, nephele_proto::ModelVariant), String> {
+    let key = ring::signature::UnparsedPublicKey::new(&ring::signature::ED25519, signing_key);
+    key.verify(&assignment.model.manifest, &assignment.model.signature)
+        .map_err(|_| "model manifest signature is invalid; refusing to run it".to_string())?;
+    let manifest: ModelManifest = decode_payload(&assignment.model.manifest).map_err(|e| format!("manifest: {e}"))?;
+    let variant = manifest
+        .variants
+        .iter()
+        .find(|v| v.name == assignment.variant)
+        .cloned()
+        .ok_or_else(|| format!("manifest has no variant {:?}", assignment.variant))?;
+    Ok((manifest, variant))
+}
+
+fn sha256(bytes: &[u8]) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    out.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, bytes).as_ref());
+    out
+}
+
+/// Returns the verified bytes of a blob, from the cache or fetched in chunks (each on
+/// its own stream; a cut resumes from the last whole chunk on the next attempt).
+async fn fetch_model(agent: &Arc<Agent>, digest: &[u8; 32], size: u64) -> Result<Vec<u8>> {
+    let hex = digest_hex(digest);
+    let cache_path = agent.cache_dir.join(&hex);
+    if let Ok(bytes) = tokio::fs::read(&cache_path).await {
+        if sha256(&bytes) == *digest {
+            return Ok(bytes);
+        }
+        tracing::warn!(blob = %hex, "cached model is corrupt; fetching it again");
+    }
+    let partial_path = agent.cache_dir.join(format!("{hex}.partial"));
+    let mut bytes = tokio::fs::read(&partial_path).await.unwrap_or_default();
+    bytes.truncate((bytes.len() as u64 / u64::from(CHUNK_BYTES) * u64::from(CHUNK_BYTES)) as usize);
+    let connection = agent
+        .server
+        .connection
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
+        .context("not connected to the control plane")?;
+    while (bytes.len() as u64) < size {
+        let (mut send, mut recv) = connection.open_bi().await?;
+        write_frame(
+            &mut send,
+            &StreamRequest {
+                protocol_version: PROTOCOL_VERSION,
+                body: RequestBody::FetchChunk {
+                    sha256: *digest,
+                    offset: bytes.len() as u64,
+                    len: CHUNK_BYTES,
+                },
+            },
+        )
+        .await?;
+        let _ = send.finish();
+        match read_frame::<StreamResponse>(&mut recv, MAX_FRAME_BYTES).await?.context("no chunk")? {
+            StreamResponse::Chunk { total_size, data } => {
+                if total_size != size || data.is_empty() {
+                    bail!("blob {hex} is {total_size} bytes at the control plane but the manifest says {size}");
+                }
+                bytes.extend_from_slice(&data);
+                tokio::fs::write(&partial_path, &bytes).await?;
+            }
+            StreamResponse::Error(error) => bail!("control plane: {}", error.message),
+            StreamResponse::Inferred(_) => bail!("unexpected answer to a chunk request"),
+        }
+    }
+    if sha256(&bytes) != *digest {
+        let _ = tokio::fs::remove_file(&partial_path).await;
+        bail!("downloaded model {hex} does not match its sha256; discarded");
+    }
+    crate::config::write_file(&cache_path, &bytes, 0o644)?;
+    let _ = tokio::fs::remove_file(&partial_path).await;
+    agent
+        .server
+        .metrics
+        .counter("nephele_agent_model_bytes_downloaded_total", "Model bytes downloaded from the control plane.", &[])
+        .add(size);
+    Ok(bytes)
+}

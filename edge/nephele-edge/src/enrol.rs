@@ -1,0 +1,124 @@
+//! `nephele-edge join`: enrolment with a join token.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::{bail, Context as _, Result};
+use nephele_net::{read_frame, write_frame, JoinToken};
+use nephele_proto::{JoinRequest, JoinResponse, PROTOCOL_VERSION};
+
+use crate::config::{write_file, AgentConfig};
+use crate::JoinArgs;
+
+pub async fn resolve(server: &str) -> Result<std::net::SocketAddr> {
+    tokio::net::lookup_host(server)
+        .await
+        .with_context(|| format!("cannot resolve {server:?}; expected HOST:PORT of the control plane's QUIC gateway"))?
+        .next()
+        .with_context(|| format!("{server:?} resolved to no address"))
+}
+
+fn default_name() -> String {
+    std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|h| h.trim().to_lowercase().replace(['_', '.'], "-"))
+        .filter(|h| nephele_domain::validate_name("device", h).is_ok())
+        .unwrap_or_else(|| "edge-device".into())
+}
+
+pub async fn join(args: JoinArgs) -> Result<()> {
+    let token = JoinToken::parse(&args.token)?;
+    let name = args.name.clone().unwrap_or_else(default_name);
+    nephele_domain::validate_name("device", &name).map_err(anyhow::Error::msg)?;
+    let _: nephele_domain::AgentRole = args.role.parse().map_err(anyhow::Error::msg)?;
+    if let Some(profile) = &args.profile {
+        crate::agent::resolve_profile(Some(profile))?;
+    }
+    let mut labels = BTreeMap::new();
+    for label in &args.labels {
+        let (key, value) = nephele_domain::labels::parse_label(label)?;
+        labels.insert(key, value);
+    }
+    let data_dir = &args.data_dir;
+    if data_dir.join("agent.toml").exists() && !args.force {
+        bail!(
+            "{} already holds an enrolment; use --force to replace it or pick another --data-dir",
+            data_dir.display()
+        );
+    }
+    std::fs::create_dir_all(data_dir).with_context(|| format!("cannot create {}", data_dir.display()))?;
+
+    let (key_pem, csr_der) = nephele_net::pki::agent_csr(&name)?;
+    let addr = resolve(&args.server).await?;
+    let endpoint = nephele_net::client_endpoint(addr)?;
+    let client_config = nephele_net::join_client_config(token.ca_fingerprint)?;
+    let connection = tokio::time::timeout(
+        Duration::from_secs(15),
+        endpoint.connect_with(client_config, addr, nephele_net::SERVER_NAME)?,
+    )
+    .await
+    .with_context(|| format!("no answer from {addr} within 15 s; is the control plane's QUIC port reachable (UDP)?"))?
+    .with_context(|| format!("cannot establish a secure connection to {addr} (if the CA does not match the token, the token is for another cluster)"))?;
+    let (mut send, mut recv) = connection.open_bi().await.context("cannot open the join stream")?;
+    write_frame(
+        &mut send,
+        &JoinRequest {
+            protocol_version: PROTOCOL_VERSION,
+            token_id: token.id.clone(),
+            token_secret: token.secret.clone(),
+            name: name.clone(),
+            role: args.role.clone(),
+            csr_der,
+            labels: labels.clone(),
+        },
+    )
+    .await?;
+    let _ = send.finish();
+    let response: JoinResponse = tokio::time::timeout(Duration::from_secs(15), read_frame(&mut recv, 1024 * 1024))
+        .await
+        .context("the control plane did not answer the join request within 15 s")??
+        .context("the control plane closed the join stream without an answer")?;
+    connection.close(0u32.into(), b"joined");
+    endpoint.wait_idle().await;
+    let accepted = match response {
+        JoinResponse::Accepted(accepted) => accepted,
+        JoinResponse::Refused(error) => bail!("the control plane refused to enrol {name}: {}", error.message),
+    };
+    if nephele_net::fingerprint(&accepted.ca_der) != token.ca_fingerprint {
+        bail!("the CA the control plane sent does not match the token's fingerprint; refusing it");
+    }
+    write_file(&data_dir.join("agent.key"), key_pem.as_bytes(), 0o600)?;
+    write_file(
+        &data_dir.join("agent.pem"),
+        nephele_net::pki::der_to_pem("CERTIFICATE", &accepted.certificate_der).as_bytes(),
+        0o644,
+    )?;
+    write_file(
+        &data_dir.join("ca.pem"),
+        nephele_net::pki::der_to_pem("CERTIFICATE", &accepted.ca_der).as_bytes(),
+        0o644,
+    )?;
+    write_file(
+        &data_dir.join("manifest-signing.pub"),
+        hex::encode(&accepted.manifest_signing_key).as_bytes(),
+        0o644,
+    )?;
+    let config = AgentConfig {
+        server: args.server.clone(),
+        name: accepted.agent_id.clone(),
+        region: accepted.region.clone(),
+        role: args.role.clone(),
+        profile: args.profile.clone(),
+        labels,
+    };
+    write_file(&data_dir.join("agent.toml"), toml::to_string_pretty(&config)?.as_bytes(), 0o644)?;
+    println!(
+        "enrolled {} (role {}, region {}) with {}; start it with `nephele-edge run --data-dir {}`",
+        accepted.agent_id,
+        args.role,
+        accepted.region,
+        args.server,
+        data_dir.display()
+    );
+    Ok(())
+}

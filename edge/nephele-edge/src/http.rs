@@ -1,0 +1,177 @@
+//! The agent's local HTTP endpoint for applications on the device.
+//!
+//! | route                          | does                                               |
+//! |--------------------------------|----------------------------------------------------|
+//! | `POST /v1/infer/{deployment}`  | `{"shape": [1, 64], "data": [...]}` → output, where it was computed |
+//! | `GET /v1/status`               | agent, connection and deployments as JSON          |
+//! | `GET /metrics`                 | Prometheus text                                    |
+//! | `GET /healthz`                 | 200 when the process is up                         |
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use http_body_util::{BodyExt as _, Full, Limited};
+use hyper::body::{Bytes, Incoming};
+use hyper::{Method, Request, Response, StatusCode};
+use serde::{Deserialize, Serialize};
+
+use crate::agent::Agent;
+use crate::serving::{Location, ServeError};
+
+/// Largest request body accepted.
+pub const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InferBody {
+    pub shape: Vec<u32>,
+    pub data: Vec<f32>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct InferReply {
+    pub shape: Vec<u32>,
+    pub data: Vec<f32>,
+    pub computed_by: String,
+    #[serde(rename = "where")]
+    pub location: Location,
+    pub latency_ms: f64,
+}
+
+pub async fn serve(listener: tokio::net::TcpListener, agent: Arc<Agent>) {
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                tracing::warn!(%error, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let agent = agent.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |request| handle(request, agent.clone()));
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+fn json<T: Serialize>(status: StatusCode, body: &T) -> Response<Full<Bytes>> {
+    let bytes = serde_json::to_vec(body).unwrap_or_else(|_| b"{}".to_vec());
+    let mut response = Response::new(Full::new(Bytes::from(bytes)));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert("content-type", hyper::header::HeaderValue::from_static("application/json"));
+    response
+}
+
+fn error(status: StatusCode, message: impl std::fmt::Display) -> Response<Full<Bytes>> {
+    json(status, &serde_json::json!({"error": status.canonical_reason().unwrap_or(""), "message": message.to_string()}))
+}
+
+async fn handle(request: Request<Incoming>, agent: Arc<Agent>) -> Result<Response<Full<Bytes>>, Infallible> {
+    let path = request.uri().path().to_string();
+    let response = match (request.method(), path.as_str()) {
+        (&Method::GET, "/healthz") => json(StatusCode::OK, &serde_json::json!({"status": "ok"})),
+        (&Method::GET, "/metrics") => {
+            agent
+                .server
+                .metrics
+                .gauge("nephele_agent_resident_memory_bytes", "Resident set size of the agent.", &[])
+                .set(crate::agent::rss_bytes() as i64);
+            let connected = agent.server.connection.lock().map(|c| c.is_some()).unwrap_or(false);
+            agent
+                .server
+                .metrics
+                .gauge("nephele_agent_connected", "1 while a session with the control plane is up.", &[])
+                .set(i64::from(connected));
+            let mut response = Response::new(Full::new(Bytes::from(agent.server.metrics.render())));
+            response
+                .headers_mut()
+                .insert("content-type", hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"));
+            response
+        }
+        (&Method::GET, "/v1/status") => status(&agent),
+        (&Method::POST, route) if route.starts_with("/v1/infer/") => {
+            let deployment = route.trim_start_matches("/v1/infer/").to_string();
+            infer(request, agent, &deployment).await
+        }
+        _ => error(StatusCode::NOT_FOUND, format!("no route {path}; see /v1/status, /v1/infer/{{deployment}}, /metrics")),
+    };
+    Ok(response)
+}
+
+fn status(agent: &Agent) -> Response<Full<Bytes>> {
+    let connected = agent.server.connection.lock().map(|c| c.is_some()).unwrap_or(false);
+    json(
+        StatusCode::OK,
+        &serde_json::json!({
+            "name": agent.enrolment.config.name,
+            "role": agent.enrolment.config.role,
+            "region": agent.enrolment.config.region,
+            "profile": agent.profile_name,
+            "connected": connected,
+            "inference_slots": agent.server.n_slots,
+            "rss_bytes": crate::agent::rss_bytes(),
+            "deployments": agent.server.telemetry().iter().map(|t| serde_json::json!({
+                "name": t.deployment,
+                "phase": match &t.phase {
+                    nephele_proto::DeploymentPhase::Pending => "pending".to_string(),
+                    nephele_proto::DeploymentPhase::Downloading => "downloading".to_string(),
+                    nephele_proto::DeploymentPhase::Ready => "ready".to_string(),
+                    nephele_proto::DeploymentPhase::Failed(reason) => format!("failed: {reason}"),
+                },
+                "variant": t.variant,
+                "served_local": t.served_local,
+                "served_offloaded": t.served_offloaded,
+                "failed": t.failed,
+                "queue_len": t.queue_len,
+                "p50_ms": t.p50_us as f64 / 1000.0,
+                "p99_ms": t.p99_us as f64 / 1000.0,
+            })).collect::<Vec<_>>(),
+        }),
+    )
+}
+
+async fn infer(request: Request<Incoming>, agent: Arc<Agent>, deployment: &str) -> Response<Full<Bytes>> {
+    let body = match Limited::new(request.into_body(), MAX_BODY_BYTES).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) => return error(StatusCode::PAYLOAD_TOO_LARGE, format!("request body rejected: {e} (limit {MAX_BODY_BYTES} bytes)")),
+    };
+    let parsed: InferBody = match serde_json::from_slice(&body) {
+        Ok(parsed) => parsed,
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("invalid JSON: {e}; expected {{\"shape\": [1, N], \"data\": [...]}}")),
+    };
+    let input = nephele_proto::Tensor {
+        shape: parsed.shape,
+        data: parsed.data,
+    };
+    match agent.server.serve(deployment, input).await {
+        Ok(answer) => json(
+            StatusCode::OK,
+            &InferReply {
+                shape: answer.output.shape,
+                data: answer.output.data,
+                computed_by: answer.computed_by,
+                location: answer.location,
+                latency_ms: answer.latency.as_secs_f64() * 1000.0,
+            },
+        ),
+        Err(ServeError::NotFound(name)) => error(StatusCode::NOT_FOUND, format!("deployment {name} is not assigned to this device")),
+        Err(e @ ServeError::NotReady(..)) => error(StatusCode::SERVICE_UNAVAILABLE, e),
+        Err(e @ ServeError::BadInput(_)) => error(StatusCode::BAD_REQUEST, e),
+        Err(e @ ServeError::Overloaded { retry_after_ms, .. }) => {
+            let mut response = error(StatusCode::TOO_MANY_REQUESTS, &e);
+            let seconds = retry_after_ms.div_ceil(1000).max(1);
+            if let Ok(value) = hyper::header::HeaderValue::from_str(&seconds.to_string()) {
+                response.headers_mut().insert("retry-after", value);
+            }
+            response
+        }
+        Err(e @ ServeError::Failed(_)) => error(StatusCode::INTERNAL_SERVER_ERROR, e),
+    }
+}

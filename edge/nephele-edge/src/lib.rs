@@ -1,0 +1,117 @@
+//! The nephele agent, for devices (`edge` role) and cloud GPU nodes (`pool` role).
+//!
+//! `join` enrols the device with a single-use token and keeps its key, certificate and
+//! the cluster CA in the data dir. `run` keeps one mutual-TLS QUIC session to the
+//! control plane (reconnecting with backoff), reconciles the desired state it receives,
+//! serves inference on a local HTTP endpoint, and offloads what it cannot serve within
+//! the deployment's SLO. A `pool` agent serves the requests its region forwards.
+//!
+//! Deliberately absent: actix-web, the scheduler, anything the control plane alone needs.
+
+pub mod agent;
+pub mod config;
+pub mod enrol;
+pub mod http;
+pub mod serving;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Result;
+
+pub const DEFAULT_DATA_DIR: &str = "/var/lib/nephele-edge";
+
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum EdgeCommand {
+    /// Enrol this device with a join token (once).
+    Join(JoinArgs),
+    /// Run the agent (after `join`).
+    Run(RunArgs),
+    /// List the firmware profiles built into this binary.
+    Profiles,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct JoinArgs {
+    /// Control plane QUIC address, HOST:PORT.
+    #[arg(long)]
+    pub server: String,
+    /// Join token from `nephele token create` (or POST /v1/tokens).
+    #[arg(long, env = "NEPHELE_JOIN_TOKEN")]
+    pub token: String,
+    #[arg(long, default_value = DEFAULT_DATA_DIR)]
+    pub data_dir: PathBuf,
+    /// Device name (lowercase letters, digits, '-'); defaults to the host name.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// `edge` for devices, `pool` for cloud GPU nodes.
+    #[arg(long, default_value = "edge")]
+    pub role: String,
+    /// Firmware profile name (see `nephele-edge profiles`); detected when omitted.
+    #[arg(long)]
+    pub profile: Option<String>,
+    /// Labels for deployment selectors, KEY=VALUE (repeatable).
+    #[arg(long = "label")]
+    pub labels: Vec<String>,
+    /// Replace an existing enrolment in the data dir.
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    #[arg(long, default_value = DEFAULT_DATA_DIR)]
+    pub data_dir: PathBuf,
+    /// Must match the role the device enrolled with, when given.
+    #[arg(long)]
+    pub role: Option<String>,
+    /// Overrides the profile chosen at join.
+    #[arg(long)]
+    pub profile: Option<String>,
+    /// Local endpoint for applications (inference, /metrics, /v1/status).
+    #[arg(long, default_value = "127.0.0.1:8700")]
+    pub listen: SocketAddr,
+    /// Concurrent inference slots; defaults to min(profile CPU cores, host cores).
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// When ready, write {"listen", "name"} as JSON to this file.
+    #[arg(long)]
+    pub ready_file: Option<PathBuf>,
+}
+
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,quinn=warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Entry point of the binary.
+pub fn run_cli(command: EdgeCommand) -> Result<()> {
+    init_tracing();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    match command {
+        EdgeCommand::Join(args) => runtime.block_on(enrol::join(args)),
+        EdgeCommand::Run(args) => runtime.block_on(agent::run(args)),
+        EdgeCommand::Profiles => {
+            for (name, text) in nephele_domain::builtin_profiles::BUILTIN {
+                match nephele_domain::FirmwareProfile::from_toml(text, Some(name)) {
+                    Ok(profile) => println!(
+                        "{name:<24} {:<6} {:>6} cores {:>8} MB  {}",
+                        format!("{:?}", profile.device.class).to_lowercase(),
+                        profile.device.cpu_cores,
+                        profile.device.memory_mb,
+                        profile.device.display_name
+                    ),
+                    Err(error) => println!("{name:<24} invalid: {error}"),
+                }
+            }
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,223 @@
+//! The inference runtime the edge and pool roles share.
+//!
+//! Today it has one backend, tract, for ONNX models with f32 inputs and outputs. A model
+//! is prepared once (typed, optimised, its batch dimension fixed to 1 so the plan is
+//! static) and then run from any number of threads. Loading never takes the caller
+//! down: corrupt, truncated or unsupported models give a [`RuntimeError`] naming the
+//! model and the cause, including when the parser itself panics.
+//!
+//! Not here (yet): batching, candle, int8 and split variants. Those build on
+//! [`Model::infer`] without changing its contract.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use tract_onnx::prelude::*;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("model {model}: cannot load: {cause}")]
+    Load { model: String, cause: String },
+    #[error("model {model}: unsupported: {cause}")]
+    Unsupported { model: String, cause: String },
+    #[error("model {model}: bad input: {cause}")]
+    BadInput { model: String, cause: String },
+    #[error("model {model}: inference failed: {cause}")]
+    Run { model: String, cause: String },
+}
+
+/// Name and shape of a model input or output; `-1` marks the symbolic batch dimension.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TensorInfo {
+    pub name: String,
+    pub shape: Vec<i64>,
+}
+
+/// A loaded, optimised model, cheap to clone and safe to share between threads.
+#[derive(Clone)]
+pub struct Model {
+    name: String,
+    plan: Arc<TypedRunnableModel>,
+    input: TensorInfo,
+    output: TensorInfo,
+    /// Number of values in one input row (the input shape without its batch dimension).
+    row_len: usize,
+}
+
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model")
+            .field("name", &self.name)
+            .field("input", &self.input)
+            .field("output", &self.output)
+            .finish()
+    }
+}
+
+fn dims_of(fact: &TypedFact) -> Vec<i64> {
+    fact.shape
+        .iter()
+        .map(|dim| dim.to_i64().unwrap_or(-1))
+        .collect()
+}
+
+impl Model {
+    /// Loads an ONNX model from bytes. `name` is used in errors and logs.
+    pub fn load_onnx(name: &str, bytes: &[u8]) -> Result<Model, RuntimeError> {
+        match catch_unwind(AssertUnwindSafe(|| Self::load_onnx_inner(name, bytes))) {
+            Ok(result) => result,
+            Err(_) => Err(RuntimeError::Load {
+                model: name.to_string(),
+                cause: "the ONNX parser panicked on this file (it is corrupt or unsupported)"
+                    .into(),
+            }),
+        }
+    }
+
+    fn load_onnx_inner(name: &str, bytes: &[u8]) -> Result<Model, RuntimeError> {
+        let load = |cause: String| RuntimeError::Load {
+            model: name.to_string(),
+            cause,
+        };
+        let unsupported = |cause: String| RuntimeError::Unsupported {
+            model: name.to_string(),
+            cause,
+        };
+        let mut reader = bytes;
+        let inference = tract_onnx::onnx()
+            .model_for_read(&mut reader)
+            .map_err(|e| load(format!("{e:#}")))?;
+        if inference.inputs.len() != 1 || inference.outputs.len() != 1 {
+            return Err(unsupported(format!(
+                "{} inputs and {} outputs; one of each is supported",
+                inference.inputs.len(),
+                inference.outputs.len()
+            )));
+        }
+        let typed = inference
+            .clone()
+            .into_typed()
+            .map_err(|e| load(format!("{e:#}")))?;
+        let input_fact = typed.input_fact(0).map_err(|e| load(format!("{e:#}")))?;
+        if input_fact.datum_type != f32::datum_type() {
+            return Err(unsupported(format!(
+                "input type {:?}; only f32 is supported",
+                input_fact.datum_type
+            )));
+        }
+        let input_shape = dims_of(input_fact);
+        let output_shape = dims_of(typed.output_fact(0).map_err(|e| load(format!("{e:#}")))?);
+        if input_shape.is_empty() || input_shape[1..].iter().any(|d| *d < 0) {
+            return Err(unsupported(format!(
+                "input shape {input_shape:?}: only the first (batch) dimension may be symbolic"
+            )));
+        }
+        let input_name = typed.node(typed.inputs[0].node).name.clone();
+        let output_name = typed.node(typed.outputs[0].node).name.clone();
+        let mut concrete: Vec<usize> = input_shape.iter().map(|d| (*d).max(1) as usize).collect();
+        concrete[0] = 1;
+        let row_len = concrete.iter().product();
+        let plan = inference
+            .with_input_fact(0, f32::fact(&concrete).into())
+            .and_then(|model| model.into_optimized())
+            .and_then(|model| model.into_runnable())
+            .map_err(|e| load(format!("{e:#}")))?;
+        Ok(Model {
+            name: name.to_string(),
+            plan,
+            input: TensorInfo {
+                name: input_name,
+                shape: input_shape,
+            },
+            output: TensorInfo {
+                name: output_name,
+                shape: output_shape,
+            },
+            row_len,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn input(&self) -> &TensorInfo {
+        &self.input
+    }
+
+    pub fn output(&self) -> &TensorInfo {
+        &self.output
+    }
+
+    /// Runs the model on `data` laid out as `shape`: either the input shape with a batch
+    /// dimension first, or one row without it. Returns the output shape (with the batch
+    /// dimension) and values.
+    pub fn infer(&self, shape: &[usize], data: &[f32]) -> Result<(Vec<usize>, Vec<f32>), RuntimeError> {
+        let bad = |cause: String| RuntimeError::BadInput {
+            model: self.name.clone(),
+            cause,
+        };
+        let row_shape: Vec<usize> = self.input.shape[1..].iter().map(|d| *d as usize).collect();
+        let batch = if shape == row_shape.as_slice() {
+            1
+        } else if shape.len() == self.input.shape.len() && shape[1..] == row_shape[..] {
+            shape[0]
+        } else {
+            return Err(bad(format!(
+                "shape {shape:?} does not match the model input {:?} (batch first)",
+                self.input.shape
+            )));
+        };
+        if data.len() != batch * self.row_len {
+            return Err(bad(format!(
+                "{} values given for shape {shape:?}, which needs {}",
+                data.len(),
+                batch * self.row_len
+            )));
+        }
+        if batch == 0 {
+            return Err(bad("empty batch".into()));
+        }
+        let mut out_shape = Vec::new();
+        let mut out = Vec::new();
+        let mut one_row_shape = vec![1usize];
+        one_row_shape.extend_from_slice(&row_shape);
+        for row in data.chunks(self.row_len) {
+            let tensor = Tensor::from_shape(&one_row_shape, row).map_err(|e| bad(format!("{e:#}")))?;
+            let result = self
+                .plan
+                .run(tvec!(tensor.into()))
+                .map_err(|e| RuntimeError::Run {
+                    model: self.name.clone(),
+                    cause: format!("{e:#}"),
+                })?;
+            let view = result[0].to_array_view::<f32>().map_err(|e| RuntimeError::Run {
+                model: self.name.clone(),
+                cause: format!("{e:#}"),
+            })?;
+            if out_shape.is_empty() {
+                out_shape = view.shape().to_vec();
+            }
+            out.extend(view.iter().copied());
+        }
+        if let Some(first) = out_shape.first_mut() {
+            *first = batch;
+        }
+        Ok((out_shape, out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn corrupt_and_truncated_models_are_refused_with_the_model_name() {
+        for bytes in [&b"not an onnx file at all"[..], &[0xff; 7][..], &[][..]] {
+            match Model::load_onnx("broken", bytes) {
+                Err(error) => assert!(error.to_string().contains("model broken"), "{error}"),
+                Ok(_) => panic!("garbage loaded as a model"),
+            }
+        }
+    }
+}

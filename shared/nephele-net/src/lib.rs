@@ -1,0 +1,19 @@
+//! Networking both sides share: the cluster CA and certificates (rcgen), join tokens,
+//! rustls configurations for mutual TLS, quinn endpoints, and framed message IO on
+//! QUIC streams.
+//!
+//! Policy (who may join, which deployments an agent gets) is not here; this crate only
+//! moves bytes securely and reports who is on the other end.
+
+pub mod framing;
+pub mod pki;
+pub mod tls;
+pub mod token;
+
+pub use framing::{read_frame, write_frame, NetError};
+pub use pki::{fingerprint, ClusterCa, PkiError};
+pub use tls::{
+    client_endpoint, join_client_config, mtls_client_config, peer_identity, server_config,
+    PeerIdentity, SERVER_NAME,
+};
+pub use token::{JoinToken, TokenError};

@@ -1,0 +1,241 @@
+//! rustls configurations for the three kinds of connection, and quinn endpoints.
+//!
+//! | connection            | server authenticated by                 | client authenticated by |
+//! |-----------------------|-----------------------------------------|-------------------------|
+//! | join (no cert yet)    | CA fingerprint from the join token      | the token's secret      |
+//! | agent session         | cluster CA                              | agent cert from the CA  |
+//!
+//! The server accepts connections without a client certificate only so that agents can
+//! join; such connections may send nothing but a `JoinRequest` (enforced by the
+//! control plane's gateway). A client certificate that is not signed by the cluster CA
+//! fails the TLS handshake itself.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::WebPkiServerVerifier;
+use rustls::crypto::CryptoProvider;
+use rustls::server::WebPkiClientVerifier;
+use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
+
+use crate::pki::PkiError;
+
+/// The name agents expect in the control plane's certificate, whatever address they
+/// dial (like `kubernetes.default` for a Kubernetes API server).
+pub const SERVER_NAME: &str = "nephele-cloud";
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn transport() -> Arc<quinn::TransportConfig> {
+    let mut transport = quinn::TransportConfig::default();
+    transport.keep_alive_interval(Some(Duration::from_secs(3)));
+    transport.max_idle_timeout(Some(
+        quinn::IdleTimeout::try_from(Duration::from_secs(15)).unwrap_or(quinn::VarInt::from_u32(15_000).into()),
+    ));
+    transport.max_concurrent_bidi_streams(1024u32.into());
+    transport.max_concurrent_uni_streams(0u32.into());
+    Arc::new(transport)
+}
+
+fn tls_error(error: impl std::fmt::Display) -> PkiError {
+    PkiError::Invalid(format!("TLS configuration: {error}"))
+}
+
+fn roots(ca_der: &[u8]) -> Result<Arc<RootCertStore>, PkiError> {
+    let mut roots = RootCertStore::empty();
+    roots
+        .add(CertificateDer::from(ca_der.to_vec()))
+        .map_err(tls_error)?;
+    Ok(Arc::new(roots))
+}
+
+/// The control plane's QUIC server configuration: mutual TLS with the cluster CA, with
+/// certificate-less connections allowed for joining.
+pub fn server_config(
+    ca_der: &[u8],
+    cert_der: &[u8],
+    key_pkcs8_der: &[u8],
+) -> Result<quinn::ServerConfig, PkiError> {
+    let verifier = WebPkiClientVerifier::builder_with_provider(roots(ca_der)?, provider())
+        .allow_unauthenticated()
+        .build()
+        .map_err(tls_error)?;
+    let chain = vec![
+        CertificateDer::from(cert_der.to_vec()),
+        CertificateDer::from(ca_der.to_vec()),
+    ];
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key_pkcs8_der.to_vec()));
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(tls_error)?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)
+        .map_err(tls_error)?;
+    tls.alpn_protocols = vec![nephele_proto::ALPN.to_vec()];
+    let quic = quinn::crypto::rustls::QuicServerConfig::try_from(tls).map_err(tls_error)?;
+    let mut config = quinn::ServerConfig::with_crypto(Arc::new(quic));
+    config.transport_config(transport());
+    Ok(config)
+}
+
+/// Client configuration for an enrolled agent: trusts only the cluster CA and presents
+/// the agent's certificate.
+pub fn mtls_client_config(
+    ca_der: &[u8],
+    cert_der: &[u8],
+    key_pkcs8_der: &[u8],
+) -> Result<quinn::ClientConfig, PkiError> {
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key_pkcs8_der.to_vec()));
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(tls_error)?
+        .with_root_certificates(roots(ca_der)?)
+        .with_client_auth_cert(vec![CertificateDer::from(cert_der.to_vec())], key)
+        .map_err(tls_error)?;
+    tls.alpn_protocols = vec![nephele_proto::ALPN.to_vec()];
+    finish_client(tls)
+}
+
+/// Client configuration for joining: the server is trusted when its chain ends in a CA
+/// whose sha256 equals `ca_fingerprint` and the leaf verifies against that CA.
+pub fn join_client_config(ca_fingerprint: [u8; 32]) -> Result<quinn::ClientConfig, PkiError> {
+    let verifier = Arc::new(PinnedCaVerifier {
+        ca_fingerprint,
+        provider: provider(),
+    });
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(tls_error)?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![nephele_proto::ALPN.to_vec()];
+    finish_client(tls)
+}
+
+fn finish_client(tls: rustls::ClientConfig) -> Result<quinn::ClientConfig, PkiError> {
+    let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(tls_error)?;
+    let mut config = quinn::ClientConfig::new(Arc::new(quic));
+    config.transport_config(transport());
+    Ok(config)
+}
+
+/// A QUIC client endpoint on an ephemeral port of the right address family.
+pub fn client_endpoint(server: SocketAddr) -> std::io::Result<quinn::Endpoint> {
+    let bind: SocketAddr = if server.is_ipv6() {
+        "[::]:0".parse().map_err(std::io::Error::other)?
+    } else {
+        "0.0.0.0:0".parse().map_err(std::io::Error::other)?
+    };
+    quinn::Endpoint::client(bind)
+}
+
+#[derive(Debug)]
+struct PinnedCaVerifier {
+    ca_fingerprint: [u8; 32],
+    provider: Arc<CryptoProvider>,
+}
+
+impl ServerCertVerifier for PinnedCaVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let ca = intermediates
+            .iter()
+            .find(|cert| crate::pki::fingerprint(cert) == self.ca_fingerprint)
+            .ok_or_else(|| {
+                rustls::Error::General(
+                    "the server's CA does not match the fingerprint in the join token".into(),
+                )
+            })?;
+        let mut roots = RootCertStore::empty();
+        roots
+            .add(ca.clone().into_owned())
+            .map_err(|e| rustls::Error::General(format!("pinned CA unusable: {e}")))?;
+        let inner = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), self.provider.clone())
+            .build()
+            .map_err(|e| rustls::Error::General(e.to_string()))?;
+        inner.verify_server_cert(end_entity, &[], server_name, ocsp_response, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// Who is on the other end of an authenticated agent connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerIdentity {
+    pub name: String,
+    pub role: String,
+    /// sha256 of the certificate, to tell a current certificate from a superseded one.
+    pub cert_sha256: [u8; 32],
+}
+
+/// Reads the agent identity from the certificate the peer presented, if any. The TLS
+/// layer has already verified the chain against the cluster CA.
+pub fn peer_identity(connection: &quinn::Connection) -> Option<PeerIdentity> {
+    let certs = connection
+        .peer_identity()?
+        .downcast::<Vec<CertificateDer<'static>>>()
+        .ok()?;
+    parse_identity(certs.first()?)
+}
+
+/// Agent name (CN) and role (OU) of an agent certificate.
+pub fn parse_identity(cert_der: &[u8]) -> Option<PeerIdentity> {
+    let (_, cert) = x509_parser::parse_x509_certificate(cert_der).ok()?;
+    let subject = cert.subject();
+    let name = subject.iter_common_name().next()?.as_str().ok()?.to_string();
+    let role = subject
+        .iter_organizational_unit()
+        .next()?
+        .as_str()
+        .ok()?
+        .to_string();
+    Some(PeerIdentity {
+        name,
+        role,
+        cert_sha256: crate::pki::fingerprint(cert_der),
+    })
+}

@@ -1,0 +1,284 @@
+//! Message types. Changing a field's type or order changes the encoding: the golden
+//! byte tests in `tests/golden.rs` fail, and [`crate::PROTOCOL_VERSION`] must be bumped.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// A sha256 digest, identifying content-addressed blobs (models and variants).
+pub type Digest = [u8; 32];
+
+/// Short hex form of a digest for logs and file names.
+pub fn digest_hex(digest: &Digest) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+// ---------------------------------------------------------------------------------
+// Enrolment
+// ---------------------------------------------------------------------------------
+
+/// First and only frame from an agent on the join stream of an unauthenticated
+/// connection.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JoinRequest {
+    pub protocol_version: u32,
+    /// The secret part of the join token (the CA fingerprint part stays on the device).
+    pub token_id: String,
+    pub token_secret: String,
+    /// Requested device name; the control plane refuses duplicates.
+    pub name: String,
+    pub role: String,
+    /// A PKCS#10 certificate signing request for the agent's own key pair (DER).
+    pub csr_der: Vec<u8>,
+    pub labels: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum JoinResponse {
+    Accepted(JoinAccepted),
+    Refused(ErrorFrame),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JoinAccepted {
+    pub agent_id: String,
+    pub region: String,
+    /// The agent's client certificate, signed by the cluster CA (DER).
+    pub certificate_der: Vec<u8>,
+    /// The cluster CA certificate (DER); its sha256 equals the token's fingerprint.
+    pub ca_der: Vec<u8>,
+    /// Ed25519 public key that signs model manifests.
+    pub manifest_signing_key: Vec<u8>,
+}
+
+// ---------------------------------------------------------------------------------
+// Control stream
+// ---------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum AgentMessage {
+    Hello(Hello),
+    Heartbeat(Heartbeat),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Hello {
+    pub protocol_version: u32,
+    pub agent_version: String,
+    pub role: String,
+    /// Profile name (a file in `firmware-profiles/`, or `detected`).
+    pub profile_name: String,
+    /// The full profile as TOML; the control plane validates it.
+    pub profile_toml: String,
+    /// Models already in the agent's cache, by content hash.
+    pub models_cached: Vec<Digest>,
+    /// Where applications on the device reach the agent, e.g. `127.0.0.1:8700`.
+    pub local_endpoint: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum CloudMessage {
+    Welcome(Welcome),
+    DesiredState(DesiredState),
+    /// The control plane refuses the session; it closes the connection after this.
+    Refused(ErrorFrame),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Welcome {
+    pub agent_id: String,
+    pub region: String,
+    pub heartbeat_interval_ms: u32,
+}
+
+/// The whole desired state of one agent. Level-triggered: each message replaces the
+/// previous one, so a repeated or lost message does no harm.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DesiredState {
+    pub generation: u64,
+    pub assignments: Vec<Assignment>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Assignment {
+    pub deployment: String,
+    pub model: SignedManifest,
+    /// Which variant of the manifest to run, e.g. `full`.
+    pub variant: String,
+    /// Latency objective of one request, end to end on the device.
+    pub slo_ms: u32,
+    /// Whether requests the device cannot serve in time may go to the region's pool.
+    pub offload: bool,
+    /// Local queue bound; requests beyond it are offloaded (or refused without offload).
+    pub max_queue: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Heartbeat {
+    pub seq: u64,
+    pub uptime_ms: u64,
+    /// The `DesiredState::generation` the agent has applied.
+    pub applied_generation: u64,
+    pub rss_bytes: u64,
+    pub deployments: Vec<DeploymentTelemetry>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum DeploymentPhase {
+    Pending,
+    Downloading,
+    Ready,
+    Failed(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeploymentTelemetry {
+    pub deployment: String,
+    pub phase: DeploymentPhase,
+    pub variant: String,
+    pub served_local: u64,
+    pub served_offloaded: u64,
+    pub failed: u64,
+    pub queue_len: u32,
+    pub p50_us: u64,
+    pub p99_us: u64,
+}
+
+// ---------------------------------------------------------------------------------
+// Models
+// ---------------------------------------------------------------------------------
+
+/// A manifest as signed by the control plane: the exact bincode bytes of a
+/// [`ModelManifest`] and an Ed25519 signature over them. Agents verify before decoding.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SignedManifest {
+    pub manifest: Vec<u8>,
+    pub signature: Vec<u8>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelManifest {
+    pub name: String,
+    pub format: String,
+    pub created_unix: u64,
+    pub inputs: Vec<TensorSpec>,
+    pub outputs: Vec<TensorSpec>,
+    pub variants: Vec<ModelVariant>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TensorSpec {
+    pub name: String,
+    /// Dimensions; `-1` for a symbolic one (the batch).
+    pub shape: Vec<i64>,
+    pub dtype: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelVariant {
+    /// `full` today; `int8`, `split-head`, `split-tail` follow.
+    pub name: String,
+    pub precision: String,
+    pub sha256: Digest,
+    pub size: u64,
+    /// Accuracy on the model's validation data, when known.
+    pub accuracy: Option<f32>,
+}
+
+// ---------------------------------------------------------------------------------
+// Request streams
+// ---------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StreamRequest {
+    pub protocol_version: u32,
+    pub body: RequestBody,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum RequestBody {
+    /// A byte range of a content-addressed blob.
+    FetchChunk { sha256: Digest, offset: u64, len: u32 },
+    /// One inference request for a deployment.
+    Infer(InferRequest),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InferRequest {
+    pub deployment: String,
+    pub request_id: u64,
+    pub input: Tensor,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum StreamResponse {
+    Chunk { total_size: u64, data: Vec<u8> },
+    Inferred(InferResponse),
+    Error(ErrorFrame),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InferResponse {
+    pub request_id: u64,
+    pub output: Tensor,
+    /// Name of the agent that computed it.
+    pub computed_by: String,
+    pub compute_us: u64,
+}
+
+/// A dense f32 tensor in row-major order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Tensor {
+    pub shape: Vec<u32>,
+    pub data: Vec<f32>,
+}
+
+impl Tensor {
+    /// Checks that `data` holds exactly the elements `shape` describes.
+    pub fn validate(&self) -> Result<(), String> {
+        let elements = self
+            .shape
+            .iter()
+            .try_fold(1u64, |acc, dim| acc.checked_mul(u64::from(*dim)));
+        match elements {
+            Some(n) if n == self.data.len() as u64 => Ok(()),
+            Some(n) => Err(format!(
+                "tensor shape {:?} needs {n} values but {} were given",
+                self.shape,
+                self.data.len()
+            )),
+            None => Err(format!("tensor shape {:?} overflows", self.shape)),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ErrorCode {
+    BadRequest,
+    Unauthorized,
+    NotFound,
+    Unavailable,
+    Overloaded,
+    Internal,
+    VersionMismatch,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorFrame {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl ErrorFrame {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        ErrorFrame {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorFrame {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}: {}", self.code, self.message)
+    }
+}

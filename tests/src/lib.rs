@@ -1,1 +1,343 @@
-//! placeholder
+//! Harness for end-to-end tests: starts the real `nephele-cloud` and `nephele-edge`
+//! binaries (built from this workspace, same profile as the tests) on loopback with
+//! port 0, waits for their ready files, and kills them on drop.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _, Result};
+use serde_json::Value;
+
+pub const MODEL_ONNX: &[u8] = include_bytes!("../../shared/models/digits-mlp/model.onnx");
+pub const HELDOUT_JSON: &str = include_str!("../../shared/models/digits-mlp/heldout.json");
+
+/// Directory holding the workspace's binaries for the profile these tests run in.
+fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test> → target/<profile>
+    exe.parent().and_then(Path::parent).expect("target dir").to_path_buf()
+}
+
+/// Path of a workspace binary, building it first (once per test process) so that
+/// `cargo test` alone is enough.
+pub fn bin(name: &str) -> PathBuf {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let release = bin_dir().ends_with("release");
+        let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        command.args(["build", "--bin", "nephele-cloud", "--bin", "nephele-edge"]);
+        if release {
+            command.arg("--release");
+        }
+        let status = command.status().expect("run cargo build");
+        assert!(status.success(), "building the binaries failed");
+    });
+    bin_dir().join(name)
+}
+
+pub fn temp_dir(label: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "nephele-e2e-{label}-{}-{}",
+        std::process::id(),
+        Instant::now().elapsed().as_nanos() ^ rand_suffix()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+fn rand_suffix() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
+
+fn wait_ready(path: &Path, child: &mut Child, log: &Path) -> Result<Value> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            if let Ok(value) = serde_json::from_str(&text) {
+                return Ok(value);
+            }
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            bail!("process exited early ({status}):\n{}", std::fs::read_to_string(log).unwrap_or_default());
+        }
+        if Instant::now() > deadline {
+            bail!("timed out waiting for {}", path.display());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn spawn_logged(binary: &str, args: &[String], log: &Path) -> Result<Child> {
+    let file = std::fs::File::create(log)?;
+    Command::new(bin(binary))
+        .args(args)
+        .env("RUST_LOG", "info,quinn=warn")
+        .stdin(Stdio::null())
+        .stdout(file.try_clone()?)
+        .stderr(file)
+        .spawn()
+        .with_context(|| format!("start {binary}"))
+}
+
+pub struct Cloud {
+    pub dir: PathBuf,
+    pub api: String,
+    pub quic: String,
+    pub token: String,
+    child: Child,
+    starts: usize,
+}
+
+pub const TWO_REGIONS: &str = r#"
+heartbeat_interval_ms = 300
+[[region]]
+name = "eu-west"
+[[region.pool]]
+name = "l4"
+node_profile = "gpu-4x-l4"
+[[region]]
+name = "us-east"
+"#;
+
+impl Cloud {
+    pub fn start(label: &str) -> Result<Cloud> {
+        let dir = temp_dir(label);
+        std::fs::write(dir.join("cloud.toml"), TWO_REGIONS)?;
+        let mut cloud = Cloud {
+            dir,
+            api: String::new(),
+            quic: String::new(),
+            token: String::new(),
+            child: Command::new("true").spawn()?,
+            starts: 0,
+        };
+        cloud.launch("127.0.0.1:0", "127.0.0.1:0")?;
+        Ok(cloud)
+    }
+
+    fn launch(&mut self, api: &str, quic: &str) -> Result<()> {
+        self.starts += 1;
+        let ready = self.dir.join("cloud.ready");
+        let _ = std::fs::remove_file(&ready);
+        let log = self.log_path();
+        let args: Vec<String> = vec![
+            "--config".into(), self.dir.join("cloud.toml").display().to_string(),
+            "--data-dir".into(), self.dir.join("data").display().to_string(),
+            "--api-listen".into(), api.into(),
+            "--quic-listen".into(), quic.into(),
+            "--ready-file".into(), ready.display().to_string(),
+        ];
+        self.child = spawn_logged("nephele-cloud", &args, &log)?;
+        let value = wait_ready(&ready, &mut self.child, &log)?;
+        self.api = format!("http://{}", value["api"].as_str().context("api")?);
+        self.quic = value["quic"].as_str().context("quic")?.to_string();
+        self.token = std::fs::read_to_string(self.dir.join("data/admin-token"))?.trim().to_string();
+        Ok(())
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.join(format!("cloud-{}.log", self.starts))
+    }
+
+    /// All log output of every start so far.
+    pub fn logs(&self) -> String {
+        (1..=self.starts)
+            .map(|n| std::fs::read_to_string(self.dir.join(format!("cloud-{n}.log"))).unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Restarts on the same ports and data dir.
+    pub fn restart(&mut self) -> Result<()> {
+        self.stop();
+        let api = self.api.trim_start_matches("http://").to_string();
+        let quic = self.quic.clone();
+        self.launch(&api, &quic)
+    }
+
+    pub fn client(&self) -> Http {
+        Http::new(Some(self.token.clone()))
+    }
+
+    pub fn get(&self, path: &str) -> Result<Value> {
+        self.client().request("GET", &format!("{}{path}", self.api), None)
+    }
+
+    pub fn post(&self, path: &str, body: &Value) -> Result<Value> {
+        self.client().request("POST", &format!("{}{path}", self.api), Some(body))
+    }
+
+    pub fn put_model(&self, name: &str, bytes: &[u8]) -> Result<(u16, Value)> {
+        self.client().raw("PUT", &format!("{}/v1/models/{name}", self.api), bytes)
+    }
+
+    pub fn join_token(&self, region: &str, ttl_s: u64) -> Result<String> {
+        let value = self.post("/v1/tokens", &serde_json::json!({"region": region, "ttl_s": ttl_s}))?;
+        Ok(value["token"].as_str().context("token")?.to_string())
+    }
+
+    /// Waits until `check` holds for GET `path`, or fails with the last value.
+    pub fn wait_for(&self, path: &str, what: &str, check: impl Fn(&Value) -> bool) -> Result<Value> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let value = self.get(path)?;
+            if check(&value) {
+                return Ok(value);
+            }
+            if Instant::now() > deadline {
+                bail!("timed out waiting for {what}; last {path}: {value:#}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Cloud {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Runs `nephele-edge join`; returns (success, combined output).
+pub fn join(cloud: &Cloud, data_dir: &Path, name: &str, token: &str, extra: &[&str]) -> Result<(bool, String)> {
+    let mut args: Vec<String> = vec![
+        "join".into(), "--server".into(), cloud.quic.clone(), "--token".into(), token.into(),
+        "--data-dir".into(), data_dir.display().to_string(), "--name".into(), name.into(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let output = Command::new(bin("nephele-edge")).args(&args).output()?;
+    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    Ok((output.status.success(), text))
+}
+
+pub struct Edge {
+    pub name: String,
+    pub dir: PathBuf,
+    pub endpoint: String,
+    child: Child,
+}
+
+impl Edge {
+    /// Enrols (with a fresh token) and runs an agent.
+    pub fn start(cloud: &Cloud, name: &str, region: &str, join_args: &[&str], run_args: &[&str]) -> Result<Edge> {
+        let dir = cloud.dir.join(name);
+        let token = cloud.join_token(region, 600)?;
+        let (ok, output) = join(cloud, &dir, name, &token, join_args)?;
+        if !ok {
+            bail!("join {name} failed: {output}");
+        }
+        let ready = dir.join("ready.json");
+        let mut args: Vec<String> = vec![
+            "run".into(), "--data-dir".into(), dir.display().to_string(),
+            "--listen".into(), "127.0.0.1:0".into(), "--ready-file".into(), ready.display().to_string(),
+        ];
+        args.extend(run_args.iter().map(|s| s.to_string()));
+        let log = dir.join("agent.log");
+        let mut child = spawn_logged("nephele-edge", &args, &log)?;
+        let value = wait_ready(&ready, &mut child, &log)?;
+        Ok(Edge {
+            name: name.into(),
+            endpoint: format!("http://{}", value["listen"].as_str().context("listen")?),
+            dir,
+            child,
+        })
+    }
+
+    pub fn infer(&self, deployment: &str, row: &[f32]) -> Result<(u16, Value)> {
+        let body = serde_json::json!({"shape": [1, row.len()], "data": row});
+        let client = Http::new(None);
+        client.raw_json("POST", &format!("{}/v1/infer/{deployment}", self.endpoint), &body)
+    }
+
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(self.dir.join("agent.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Edge {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub struct Http {
+    agent: ureq::Agent,
+    token: Option<String>,
+}
+
+impl Http {
+    pub fn new(token: Option<String>) -> Http {
+        Http {
+            agent: ureq::Agent::config_builder()
+                .http_status_as_error(false)
+                .timeout_global(Some(Duration::from_secs(30)))
+                .build()
+                .into(),
+            token,
+        }
+    }
+
+    fn auth(&self) -> String {
+        format!("Bearer {}", self.token.clone().unwrap_or_default())
+    }
+
+    pub fn raw_json(&self, method: &str, url: &str, body: &Value) -> Result<(u16, Value)> {
+        let request = match method {
+            "POST" => self.agent.post(url),
+            _ => self.agent.put(url),
+        };
+        let mut response = request.header("authorization", self.auth()).send_json(body)?;
+        let status = response.status().as_u16();
+        let text = response.body_mut().read_to_string()?;
+        Ok((status, serde_json::from_str(&text).unwrap_or(Value::String(text))))
+    }
+
+    pub fn raw(&self, method: &str, url: &str, bytes: &[u8]) -> Result<(u16, Value)> {
+        let request = match method {
+            "POST" => self.agent.post(url),
+            _ => self.agent.put(url),
+        };
+        let mut response = request.header("authorization", self.auth()).send(bytes)?;
+        let status = response.status().as_u16();
+        let text = response.body_mut().read_to_string()?;
+        Ok((status, serde_json::from_str(&text).unwrap_or(Value::String(text))))
+    }
+
+    pub fn request(&self, method: &str, url: &str, body: Option<&Value>) -> Result<Value> {
+        let mut response = match (method, body) {
+            ("GET", _) => self.agent.get(url).header("authorization", self.auth()).call()?,
+            ("DELETE", _) => self.agent.delete(url).header("authorization", self.auth()).call()?,
+            (_, Some(body)) => self.agent.post(url).header("authorization", self.auth()).send_json(body)?,
+            (_, None) => self.agent.post(url).header("authorization", self.auth()).send_empty()?,
+        };
+        let status = response.status().as_u16();
+        let text = response.body_mut().read_to_string()?;
+        let value: Value = if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap_or(Value::String(text)) };
+        if status >= 400 {
+            bail!("{method} {url} → {status}: {value}");
+        }
+        Ok(value)
+    }
+}
+
+#[derive(serde::Deserialize)]
+pub struct Heldout {
+    pub features: Vec<Vec<f32>>,
+    pub labels: Vec<usize>,
+}
+
+pub fn heldout() -> Heldout {
+    serde_json::from_str(HELDOUT_JSON).expect("held-out set")
+}

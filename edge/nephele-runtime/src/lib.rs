@@ -191,7 +191,7 @@ impl Model {
                     model: self.name.clone(),
                     cause: format!("{e:#}"),
                 })?;
-            let view = result[0].to_array_view::<f32>().map_err(|e| RuntimeError::Run {
+            let view = result[0].to_plain_array_view::<f32>().map_err(|e| RuntimeError::Run {
                 model: self.name.clone(),
                 cause: format!("{e:#}"),
             })?;

@@ -1,0 +1,291 @@
+//! End-to-end tests: real `nephele-cloud` and `nephele-edge` processes on loopback,
+//! real QUIC with mutual TLS, the real digits model run by tract.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use nephele_e2e::{heldout, join, Cloud, Edge, MODEL_ONNX};
+use serde_json::Value;
+
+fn outputs(value: &Value) -> Vec<f32> {
+    value["data"]
+        .as_array()
+        .expect("data array")
+        .iter()
+        .map(|x| x.as_f64().expect("number") as f32)
+        .collect()
+}
+
+fn push_and_deploy(cloud: &Cloud, deployment: Value) {
+    let (status, body) = cloud.put_model("digits-mlp", MODEL_ONNX).expect("upload");
+    assert!(status == 201, "upload failed: {status} {body}");
+    cloud.post("/v1/deployments", &deployment).expect("deploy");
+}
+
+#[test]
+fn join_tokens_are_single_use_and_expire() {
+    let cloud = Cloud::start("tokens").expect("cloud");
+    let token = cloud.join_token("eu-west", 600).unwrap();
+    let (ok, output) = join(&cloud, &cloud.dir.join("a"), "dev-a", &token, &[]).unwrap();
+    assert!(ok, "first use must enrol: {output}");
+    assert!(cloud.dir.join("a/agent.key").exists() && cloud.dir.join("a/agent.pem").exists());
+
+    let (ok, output) = join(&cloud, &cloud.dir.join("b"), "dev-b", &token, &[]).unwrap();
+    assert!(!ok, "a reused token must be refused");
+    assert!(output.contains("already used"), "{output}");
+
+    let short = cloud.join_token("eu-west", 1).unwrap();
+    std::thread::sleep(Duration::from_millis(2100));
+    let (ok, output) = join(&cloud, &cloud.dir.join("c"), "dev-c", &short, &[]).unwrap();
+    assert!(!ok, "an expired token must be refused");
+    assert!(output.contains("expired"), "{output}");
+
+    // A token whose CA fingerprint is not this cluster's: the agent refuses the server.
+    let mut forged = cloud.join_token("eu-west", 600).unwrap();
+    let last = forged.pop().unwrap();
+    forged.push(if last == '0' { '1' } else { '0' });
+    let (ok, output) = join(&cloud, &cloud.dir.join("d"), "dev-d", &forged, &[]).unwrap();
+    assert!(!ok, "a server whose CA does not match the token must be refused: {output}");
+
+    let (ok, output) = join(&cloud, &cloud.dir.join("e"), "dev-e", "nph1.garbage", &[]).unwrap();
+    assert!(!ok && output.contains("malformed join token"), "{output}");
+
+    let devices = cloud.get("/v1/devices").unwrap();
+    let names: Vec<&str> = devices.as_array().unwrap().iter().map(|d| d["name"].as_str().unwrap()).collect();
+    assert_eq!(names, vec!["dev-a"]);
+}
+
+/// Opens a QUIC connection to the gateway with the given client config.
+fn connect(
+    runtime: &tokio::runtime::Runtime,
+    cloud: &Cloud,
+    config: quinn::ClientConfig,
+) -> Result<quinn::Connection, String> {
+    runtime.block_on(async {
+        let addr: std::net::SocketAddr = cloud.quic.parse().unwrap();
+        let endpoint = nephele_net::client_endpoint(addr).unwrap();
+        let connecting = endpoint.connect_with(config, addr, nephele_net::SERVER_NAME).map_err(|e| e.to_string())?;
+        let connection = connecting.await.map_err(|e| e.to_string())?;
+        // The server verifies client certificates after the client finishes its side of
+        // the handshake; a refused certificate shows up as a closed connection.
+        let probe = async {
+            let (mut send, mut recv) = connection.open_bi().await.map_err(|e| e.to_string())?;
+            send.write_all(&[0, 0, 0, 1, 0]).await.map_err(|e| e.to_string())?;
+            let _ = send.finish();
+            let mut buf = Vec::new();
+            let _ = tokio::time::timeout(Duration::from_secs(5), async {
+                let mut chunk = [0u8; 1024];
+                while let Ok(Some(n)) = recv.read(&mut chunk).await {
+                    buf.extend_from_slice(&chunk[..n]);
+                }
+            })
+            .await;
+            Ok::<_, String>(())
+        };
+        let _ = probe.await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        match connection.close_reason() {
+            Some(reason) => Err(reason.to_string()),
+            None => Ok(connection),
+        }
+    })
+}
+
+#[test]
+fn clients_without_a_valid_certificate_are_refused() {
+    let cloud = Cloud::start("certs").expect("cloud");
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let ca_pem = std::fs::read_to_string(cloud.dir.join("data/ca.pem")).unwrap();
+    let ca_der = nephele_net::pki::pem_to_der(&ca_pem).unwrap();
+
+    // A certificate from another CA: the TLS handshake fails.
+    let other_ca = nephele_net::ClusterCa::generate("attacker").unwrap();
+    let (key_pem, csr) = nephele_net::pki::agent_csr("intruder").unwrap();
+    let forged_cert = other_ca.sign_agent_csr(&csr, "intruder", "edge").unwrap();
+    let key_der = nephele_net::pki::pem_to_der(&key_pem).unwrap();
+    let config = nephele_net::mtls_client_config(&ca_der, &forged_cert, &key_der).unwrap();
+    let result = connect(&runtime, &cloud, config);
+    assert!(result.is_err(), "a certificate from another CA must be refused");
+
+    // No certificate at all: only a join request is allowed; a Hello is refused.
+    let fingerprint = nephele_net::fingerprint(&ca_der);
+    let config = nephele_net::join_client_config(fingerprint).unwrap();
+    let result = connect(&runtime, &cloud, config);
+    assert!(result.is_err(), "a certificate-less connection that does not join must be closed");
+
+    std::thread::sleep(Duration::from_millis(300));
+    let logs = cloud.logs();
+    assert!(logs.contains("handshake failed"), "the refusal is logged with its reason:\n{logs}");
+    assert!(logs.contains("bad join request"), "{logs}");
+    let metrics = cloud.client().request("GET", &format!("{}/metrics", cloud.api), None).unwrap();
+    assert!(metrics.as_str().unwrap_or("").contains("nephele_gateway_handshakes_failed_total 1"), "{metrics}");
+}
+
+#[test]
+fn a_fleet_deploys_serves_offloads_and_survives_bad_frames() {
+    let cloud = Cloud::start("fleet").expect("cloud");
+    let lab = Edge::start(&cloud, "lab-1", "eu-west", &["--profile", "rpi5-8gb", "--label", "site=lab"], &["--workers", "1"]).unwrap();
+    let plant = Edge::start(&cloud, "plant-1", "us-east", &["--profile", "jetson-orin-nano-8gb", "--label", "site=plant"], &[]).unwrap();
+    let pool = Edge::start(&cloud, "pool-1", "eu-west", &["--role", "pool", "--profile", "gpu-4x-l4"], &[]).unwrap();
+
+    cloud
+        .wait_for("/v1/devices", "3 healthy devices", |v| {
+            v.as_array().map(|a| a.len() == 3 && a.iter().all(|d| d["health"] == "healthy")).unwrap_or(false)
+        })
+        .unwrap();
+    let devices = cloud.get("/v1/devices").unwrap();
+    let lab_view = devices.as_array().unwrap().iter().find(|d| d["name"] == "lab-1").unwrap();
+    assert_eq!(lab_view["profile"], "rpi5-8gb");
+    assert_eq!(lab_view["cpu_cores"], 4);
+
+    // A corrupt model is refused at upload with a clear error.
+    let (status, body) = cloud.put_model("broken", &MODEL_ONNX[..MODEL_ONNX.len() / 2]).unwrap();
+    assert_eq!(status, 400, "{body}");
+    assert!(body["message"].as_str().unwrap().contains("model broken"), "{body}");
+
+    push_and_deploy(
+        &cloud,
+        serde_json::json!({"name": "digits", "model": "digits-mlp", "selector": "site=lab", "slo_ms": 1, "max_queue": 1}),
+    );
+    let status = cloud
+        .wait_for("/v1/deployments/digits", "digits ready on lab-1 and the pool", |v| {
+            v["ready_devices"] == 1 && v["devices"].as_array().map(|d| d.iter().all(|r| r["ready"] == true)).unwrap_or(false)
+        })
+        .unwrap();
+    let selected: Vec<&str> = status["devices"].as_array().unwrap().iter().map(|d| d["device"].as_str().unwrap()).collect();
+    assert_eq!(selected, vec!["lab-1", "pool-1"], "only the selected edge device (and the pool) get the model");
+    let (code, _) = plant.infer("digits", &[0.0; 64]).unwrap();
+    assert_eq!(code, 404, "the unselected device does not serve the deployment");
+
+    // Answers equal running the same ONNX file directly with tract.
+    let reference = nephele_runtime::Model::load_onnx("reference", MODEL_ONNX).unwrap();
+    let data = heldout();
+    for row in data.features.iter().take(40) {
+        let (code, reply) = lab.infer("digits", row).unwrap();
+        assert_eq!(code, 200, "{reply}");
+        let (_, expected) = reference.infer(&[1, 64], row).unwrap();
+        assert_eq!(outputs(&reply), expected, "agent output must equal tract's");
+    }
+
+    // Overload: 16 concurrent clients on one inference slot with a 1-request queue.
+    let lab_endpoint = Arc::new(lab.endpoint.clone());
+    let features = Arc::new(data.features.clone());
+    let mut handles = Vec::new();
+    for client in 0..16 {
+        let features = features.clone();
+        let endpoint = lab_endpoint.clone();
+        handles.push(std::thread::spawn(move || {
+            let http = nephele_e2e::Http::new(None);
+            let mut replies = Vec::new();
+            for i in 0..25 {
+                let row = &features[(client * 25 + i) % features.len()];
+                let body = serde_json::json!({"shape": [1, 64], "data": row});
+                let (code, reply) = http.raw_json("POST", &format!("{endpoint}/v1/infer/digits"), &body).unwrap();
+                replies.push((code, reply, row.clone()));
+            }
+            replies
+        }));
+    }
+    let mut cloud_answers = 0;
+    let mut answered = 0;
+    for handle in handles {
+        for (code, reply, row) in handle.join().unwrap() {
+            if code == 429 {
+                continue;
+            }
+            assert_eq!(code, 200, "{reply}");
+            answered += 1;
+            let (_, expected) = reference.infer(&[1, 64], &row).unwrap();
+            assert_eq!(outputs(&reply), expected, "offloaded answers are correct too");
+            if reply["where"] == "cloud" {
+                assert_eq!(reply["computed_by"], "pool-1");
+                cloud_answers += 1;
+            }
+        }
+    }
+    assert!(answered >= 300, "most of the burst is answered: {answered}/400");
+    assert!(cloud_answers > 0, "some of the burst must be offloaded to the pool");
+
+    // Hostile frames from an enrolled agent: an oversized frame on a request stream is
+    // refused on that stream; garbage on a control stream closes that connection only.
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let read_pem = |name: &str| nephele_net::pki::pem_to_der(&std::fs::read_to_string(lab.dir.join(name)).unwrap()).unwrap();
+    let config = nephele_net::mtls_client_config(&read_pem("ca.pem"), &read_pem("agent.pem"), &read_pem("agent.key")).unwrap();
+    let quic: std::net::SocketAddr = cloud.quic.parse().unwrap();
+    runtime.block_on(async {
+        let endpoint = nephele_net::client_endpoint(quic).unwrap();
+        let connection = endpoint.connect_with(config, quic, nephele_net::SERVER_NAME).unwrap().await.unwrap();
+        // Request stream with a 4 GiB length prefix.
+        let (mut send, mut recv) = connection.open_bi().await.unwrap();
+        send.write_all(&u32::MAX.to_be_bytes()).await.unwrap();
+        let reply: Option<nephele_proto::StreamResponse> = nephele_net::read_frame(&mut recv, 1 << 20).await.unwrap();
+        match reply {
+            Some(nephele_proto::StreamResponse::Error(error)) => assert!(error.message.contains("exceeds"), "{error}"),
+            other => panic!("expected an error frame, got {other:?}"),
+        }
+        // The connection itself is still open after a bad stream.
+        assert!(connection.close_reason().is_none());
+        // Garbage as the first control frame: the gateway closes this connection.
+        let (mut send, _recv) = connection.open_bi().await.unwrap();
+        send.write_all(&[0, 0, 0, 3, 0xff, 0xfe, 0xfd]).await.unwrap();
+        let reason = tokio::time::timeout(Duration::from_secs(5), connection.closed()).await.expect("closed");
+        assert!(reason.to_string().contains("protocol violation"), "{reason}");
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let logs = cloud.logs();
+    assert!(logs.contains("closing request stream: bad frame"), "{logs}");
+    assert!(logs.contains("protocol violation"), "{logs}");
+    // Other agents keep working.
+    let (code, reply) = plant.infer("digits", &data.features[0]).unwrap();
+    assert_eq!(code, 404, "{reply}");
+    let (code, reply) = lab.infer("digits", &data.features[0]).unwrap();
+    assert_eq!(code, 200, "{reply}");
+    let pool_status: Value = nephele_e2e::Http::new(None).request("GET", &format!("{}/v1/status", pool.endpoint), None).unwrap();
+    assert_eq!(pool_status["connected"], true);
+
+    // Metrics on both sides.
+    let cloud_metrics = cloud.client().request("GET", &format!("{}/metrics", cloud.api), None).unwrap();
+    let text = cloud_metrics.as_str().unwrap_or("");
+    assert!(text.contains("nephele_offloads_total{outcome=\"ok\",region=\"eu-west\"}"), "{text}");
+    assert!(text.contains("nephele_agents_connected"), "{text}");
+    let agent_metrics = nephele_e2e::Http::new(None).request("GET", &format!("{}/metrics", lab.endpoint), None).unwrap();
+    let text = agent_metrics.as_str().unwrap_or("");
+    assert!(text.contains("nephele_agent_request_latency_seconds_bucket"), "{text}");
+    assert!(text.contains("outcome=\"cloud\""), "{text}");
+    drop(pool);
+}
+
+#[test]
+fn agents_reconnect_after_the_control_plane_restarts() {
+    let mut cloud = Cloud::start("restart").expect("cloud");
+    let edge = Edge::start(&cloud, "edge-1", "eu-west", &["--label", "tier=edge"], &[]).unwrap();
+    push_and_deploy(&cloud, serde_json::json!({"name": "digits", "model": "digits-mlp", "selector": "tier=edge"}));
+    cloud
+        .wait_for("/v1/deployments/digits", "ready", |v| v["ready_devices"] == 1)
+        .unwrap();
+    let row = heldout().features[3].clone();
+    let (code, before) = edge.infer("digits", &row).unwrap();
+    assert_eq!(code, 200);
+
+    cloud.stop();
+    // The device keeps serving locally while the control plane is down.
+    let (code, during) = edge.infer("digits", &row).unwrap();
+    assert_eq!(code, 200, "{during}");
+    assert_eq!(outputs(&during), outputs(&before));
+
+    cloud.restart().unwrap();
+    let devices = cloud
+        .wait_for("/v1/devices", "edge-1 back online", |v| {
+            v.as_array().map(|a| a.iter().any(|d| d["name"] == "edge-1" && d["online"] == true)).unwrap_or(false)
+        })
+        .unwrap();
+    assert_eq!(devices.as_array().unwrap().len(), 1);
+    let status = cloud
+        .wait_for("/v1/deployments/digits", "ready after restart", |v| v["ready_devices"] == 1)
+        .unwrap();
+    assert_eq!(status["model"], "digits-mlp");
+    let (code, after) = edge.infer("digits", &row).unwrap();
+    assert_eq!(code, 200);
+    assert_eq!(outputs(&after), outputs(&before));
+    assert!(edge.logs().contains("connected to the control plane"));
+}

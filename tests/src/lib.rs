@@ -27,7 +27,20 @@ pub fn bin(name: &str) -> PathBuf {
     BUILT.get_or_init(|| {
         let release = bin_dir().ends_with("release");
         let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-        command.args(["build", "--bin", "nephele-cloud", "--bin", "nephele-edge"]);
+        // The test process's environment carries variables cargo sets for tests
+        // (CARGO_PKG_*, OUT_DIR, library paths, …) that build scripts such as ring's
+        // track; passing them on would recompile half the tree. Keep only the basics.
+        command.env_clear();
+        for key in ["PATH", "HOME", "CARGO_HOME", "RUSTUP_HOME", "RUSTUP_TOOLCHAIN", "CARGO_TARGET_DIR", "TMPDIR", "USER", "CI"] {
+            if let Some(value) = std::env::var_os(key) {
+                command.env(key, value);
+            }
+        }
+        command
+            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+            // Same target selection as `cargo test --workspace`, so that feature
+            // unification matches and nothing is compiled twice: this only links the bins.
+            .args(["build", "--workspace", "--all-targets"]);
         if release {
             command.arg("--release");
         }

@@ -208,13 +208,32 @@ fn a_fleet_deploys_serves_offloads_and_survives_bad_frames() {
 
     // Hostile frames from an enrolled agent: an oversized frame on a request stream is
     // refused on that stream; garbage on a control stream closes that connection only.
+    let rogue_dir = cloud.dir.join("rogue-1");
+    let token = cloud.join_token("eu-west", 600).unwrap();
+    let (ok, output) = join(&cloud, &rogue_dir, "rogue-1", &token, &[]).unwrap();
+    assert!(ok, "{output}");
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
-    let read_pem = |name: &str| nephele_net::pki::pem_to_der(&std::fs::read_to_string(lab.dir.join(name)).unwrap()).unwrap();
+    let read_pem = |name: &str| nephele_net::pki::pem_to_der(&std::fs::read_to_string(rogue_dir.join(name)).unwrap()).unwrap();
     let config = nephele_net::mtls_client_config(&read_pem("ca.pem"), &read_pem("agent.pem"), &read_pem("agent.key")).unwrap();
     let quic: std::net::SocketAddr = cloud.quic.parse().unwrap();
     runtime.block_on(async {
         let endpoint = nephele_net::client_endpoint(quic).unwrap();
         let connection = endpoint.connect_with(config, quic, nephele_net::SERVER_NAME).unwrap().await.unwrap();
+        let (mut control_send, mut control_recv) = connection.open_bi().await.unwrap();
+        let profile_toml = nephele_domain::builtin_profiles::BUILTIN.iter().find(|(n, _)| *n == "rpi5-8gb").unwrap().1;
+        nephele_net::write_frame(&mut control_send, &nephele_proto::AgentMessage::Hello(nephele_proto::Hello {
+            protocol_version: nephele_proto::PROTOCOL_VERSION,
+            agent_version: "test".into(),
+            role: "edge".into(),
+            profile_name: "rpi5-8gb".into(),
+            profile_toml: profile_toml.into(),
+            models_cached: vec![],
+            local_endpoint: "127.0.0.1:1".into(),
+        }))
+        .await
+        .unwrap();
+        let welcome: Option<nephele_proto::CloudMessage> = nephele_net::read_frame(&mut control_recv, 1 << 20).await.unwrap();
+        assert!(matches!(welcome, Some(nephele_proto::CloudMessage::Welcome(_))), "{welcome:?}");
         // Request stream with a 4 GiB length prefix.
         let (mut send, mut recv) = connection.open_bi().await.unwrap();
         send.write_all(&u32::MAX.to_be_bytes()).await.unwrap();
@@ -225,9 +244,8 @@ fn a_fleet_deploys_serves_offloads_and_survives_bad_frames() {
         }
         // The connection itself is still open after a bad stream.
         assert!(connection.close_reason().is_none());
-        // Garbage as the first control frame: the gateway closes this connection.
-        let (mut send, _recv) = connection.open_bi().await.unwrap();
-        send.write_all(&[0, 0, 0, 3, 0xff, 0xfe, 0xfd]).await.unwrap();
+        // Garbage on the control stream: the gateway closes this connection.
+        control_send.write_all(&[0, 0, 0, 3, 0xff, 0xfe, 0xfd]).await.unwrap();
         let reason = tokio::time::timeout(Duration::from_secs(5), connection.closed()).await.expect("closed");
         assert!(reason.to_string().contains("protocol violation"), "{reason}");
     });
@@ -246,7 +264,7 @@ fn a_fleet_deploys_serves_offloads_and_survives_bad_frames() {
     // Metrics on both sides.
     let cloud_metrics = cloud.client().request("GET", &format!("{}/metrics", cloud.api), None).unwrap();
     let text = cloud_metrics.as_str().unwrap_or("");
-    assert!(text.contains("nephele_offloads_total{outcome=\"ok\",region=\"eu-west\"}"), "{text}");
+    assert!(text.contains("nephele_offloads_total{region=\"eu-west\",outcome=\"ok\"}"), "{text}");
     assert!(text.contains("nephele_agents_connected"), "{text}");
     let agent_metrics = nephele_e2e::Http::new(None).request("GET", &format!("{}/metrics", lab.endpoint), None).unwrap();
     let text = agent_metrics.as_str().unwrap_or("");

@@ -17,7 +17,10 @@ pub const HELDOUT_JSON: &str = include_str!("../../shared/models/digits-mlp/held
 fn bin_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     // target/<profile>/deps/<test> → target/<profile>
-    exe.parent().and_then(Path::parent).expect("target dir").to_path_buf()
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .to_path_buf()
 }
 
 /// Path of a workspace binary, building it first (once per test process) so that
@@ -31,7 +34,17 @@ pub fn bin(name: &str) -> PathBuf {
         // (CARGO_PKG_*, OUT_DIR, library paths, …) that build scripts such as ring's
         // track; passing them on would recompile half the tree. Keep only the basics.
         command.env_clear();
-        for key in ["PATH", "HOME", "CARGO_HOME", "RUSTUP_HOME", "RUSTUP_TOOLCHAIN", "CARGO_TARGET_DIR", "TMPDIR", "USER", "CI"] {
+        for key in [
+            "PATH",
+            "HOME",
+            "CARGO_HOME",
+            "RUSTUP_HOME",
+            "RUSTUP_TOOLCHAIN",
+            "CARGO_TARGET_DIR",
+            "TMPDIR",
+            "USER",
+            "CI",
+        ] {
             if let Some(value) = std::env::var_os(key) {
                 command.env(key, value);
             }
@@ -77,7 +90,10 @@ fn wait_ready(path: &Path, child: &mut Child, log: &Path) -> Result<Value> {
             }
         }
         if let Ok(Some(status)) = child.try_wait() {
-            bail!("process exited early ({status}):\n{}", std::fs::read_to_string(log).unwrap_or_default());
+            bail!(
+                "process exited early ({status}):\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
         }
         if Instant::now() > deadline {
             bail!("timed out waiting for {}", path.display());
@@ -140,17 +156,24 @@ impl Cloud {
         let _ = std::fs::remove_file(&ready);
         let log = self.log_path();
         let args: Vec<String> = vec![
-            "--config".into(), self.dir.join("cloud.toml").display().to_string(),
-            "--data-dir".into(), self.dir.join("data").display().to_string(),
-            "--api-listen".into(), api.into(),
-            "--quic-listen".into(), quic.into(),
-            "--ready-file".into(), ready.display().to_string(),
+            "--config".into(),
+            self.dir.join("cloud.toml").display().to_string(),
+            "--data-dir".into(),
+            self.dir.join("data").display().to_string(),
+            "--api-listen".into(),
+            api.into(),
+            "--quic-listen".into(),
+            quic.into(),
+            "--ready-file".into(),
+            ready.display().to_string(),
         ];
         self.child = spawn_logged("nephele-cloud", &args, &log)?;
         let value = wait_ready(&ready, &mut self.child, &log)?;
         self.api = format!("http://{}", value["api"].as_str().context("api")?);
         self.quic = value["quic"].as_str().context("quic")?.to_string();
-        self.token = std::fs::read_to_string(self.dir.join("data/admin-token"))?.trim().to_string();
+        self.token = std::fs::read_to_string(self.dir.join("data/admin-token"))?
+            .trim()
+            .to_string();
         Ok(())
     }
 
@@ -161,7 +184,9 @@ impl Cloud {
     /// All log output of every start so far.
     pub fn logs(&self) -> String {
         (1..=self.starts)
-            .map(|n| std::fs::read_to_string(self.dir.join(format!("cloud-{n}.log"))).unwrap_or_default())
+            .map(|n| {
+                std::fs::read_to_string(self.dir.join(format!("cloud-{n}.log"))).unwrap_or_default()
+            })
             .collect::<Vec<_>>()
             .join("\n")
     }
@@ -184,24 +209,35 @@ impl Cloud {
     }
 
     pub fn get(&self, path: &str) -> Result<Value> {
-        self.client().request("GET", &format!("{}{path}", self.api), None)
+        self.client()
+            .request("GET", &format!("{}{path}", self.api), None)
     }
 
     pub fn post(&self, path: &str, body: &Value) -> Result<Value> {
-        self.client().request("POST", &format!("{}{path}", self.api), Some(body))
+        self.client()
+            .request("POST", &format!("{}{path}", self.api), Some(body))
     }
 
     pub fn put_model(&self, name: &str, bytes: &[u8]) -> Result<(u16, Value)> {
-        self.client().raw("PUT", &format!("{}/v1/models/{name}", self.api), bytes)
+        self.client()
+            .raw("PUT", &format!("{}/v1/models/{name}", self.api), bytes)
     }
 
     pub fn join_token(&self, region: &str, ttl_s: u64) -> Result<String> {
-        let value = self.post("/v1/tokens", &serde_json::json!({"region": region, "ttl_s": ttl_s}))?;
+        let value = self.post(
+            "/v1/tokens",
+            &serde_json::json!({"region": region, "ttl_s": ttl_s}),
+        )?;
         Ok(value["token"].as_str().context("token")?.to_string())
     }
 
     /// Waits until `check` holds for GET `path`, or fails with the last value.
-    pub fn wait_for(&self, path: &str, what: &str, check: impl Fn(&Value) -> bool) -> Result<Value> {
+    pub fn wait_for(
+        &self,
+        path: &str,
+        what: &str,
+        check: impl Fn(&Value) -> bool,
+    ) -> Result<Value> {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let value = self.get(path)?;
@@ -223,14 +259,31 @@ impl Drop for Cloud {
 }
 
 /// Runs `nephele-edge join`; returns (success, combined output).
-pub fn join(cloud: &Cloud, data_dir: &Path, name: &str, token: &str, extra: &[&str]) -> Result<(bool, String)> {
+pub fn join(
+    cloud: &Cloud,
+    data_dir: &Path,
+    name: &str,
+    token: &str,
+    extra: &[&str],
+) -> Result<(bool, String)> {
     let mut args: Vec<String> = vec![
-        "join".into(), "--server".into(), cloud.quic.clone(), "--token".into(), token.into(),
-        "--data-dir".into(), data_dir.display().to_string(), "--name".into(), name.into(),
+        "join".into(),
+        "--server".into(),
+        cloud.quic.clone(),
+        "--token".into(),
+        token.into(),
+        "--data-dir".into(),
+        data_dir.display().to_string(),
+        "--name".into(),
+        name.into(),
     ];
     args.extend(extra.iter().map(|s| s.to_string()));
     let output = Command::new(bin("nephele-edge")).args(&args).output()?;
-    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
     Ok((output.status.success(), text))
 }
 
@@ -243,7 +296,13 @@ pub struct Edge {
 
 impl Edge {
     /// Enrols (with a fresh token) and runs an agent.
-    pub fn start(cloud: &Cloud, name: &str, region: &str, join_args: &[&str], run_args: &[&str]) -> Result<Edge> {
+    pub fn start(
+        cloud: &Cloud,
+        name: &str,
+        region: &str,
+        join_args: &[&str],
+        run_args: &[&str],
+    ) -> Result<Edge> {
         let dir = cloud.dir.join(name);
         let token = cloud.join_token(region, 600)?;
         let (ok, output) = join(cloud, &dir, name, &token, join_args)?;
@@ -252,8 +311,13 @@ impl Edge {
         }
         let ready = dir.join("ready.json");
         let mut args: Vec<String> = vec![
-            "run".into(), "--data-dir".into(), dir.display().to_string(),
-            "--listen".into(), "127.0.0.1:0".into(), "--ready-file".into(), ready.display().to_string(),
+            "run".into(),
+            "--data-dir".into(),
+            dir.display().to_string(),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--ready-file".into(),
+            ready.display().to_string(),
         ];
         args.extend(run_args.iter().map(|s| s.to_string()));
         let log = dir.join("agent.log");
@@ -270,7 +334,11 @@ impl Edge {
     pub fn infer(&self, deployment: &str, row: &[f32]) -> Result<(u16, Value)> {
         let body = serde_json::json!({"shape": [1, row.len()], "data": row});
         let client = Http::new(None);
-        client.raw_json("POST", &format!("{}/v1/infer/{deployment}", self.endpoint), &body)
+        client.raw_json(
+            "POST",
+            &format!("{}/v1/infer/{deployment}", self.endpoint),
+            &body,
+        )
     }
 
     pub fn logs(&self) -> String {
@@ -311,10 +379,15 @@ impl Http {
             "POST" => self.agent.post(url),
             _ => self.agent.put(url),
         };
-        let mut response = request.header("authorization", self.auth()).send_json(body)?;
+        let mut response = request
+            .header("authorization", self.auth())
+            .send_json(body)?;
         let status = response.status().as_u16();
         let text = response.body_mut().read_to_string()?;
-        Ok((status, serde_json::from_str(&text).unwrap_or(Value::String(text))))
+        Ok((
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        ))
     }
 
     pub fn raw(&self, method: &str, url: &str, bytes: &[u8]) -> Result<(u16, Value)> {
@@ -325,19 +398,42 @@ impl Http {
         let mut response = request.header("authorization", self.auth()).send(bytes)?;
         let status = response.status().as_u16();
         let text = response.body_mut().read_to_string()?;
-        Ok((status, serde_json::from_str(&text).unwrap_or(Value::String(text))))
+        Ok((
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        ))
     }
 
     pub fn request(&self, method: &str, url: &str, body: Option<&Value>) -> Result<Value> {
         let mut response = match (method, body) {
-            ("GET", _) => self.agent.get(url).header("authorization", self.auth()).call()?,
-            ("DELETE", _) => self.agent.delete(url).header("authorization", self.auth()).call()?,
-            (_, Some(body)) => self.agent.post(url).header("authorization", self.auth()).send_json(body)?,
-            (_, None) => self.agent.post(url).header("authorization", self.auth()).send_empty()?,
+            ("GET", _) => self
+                .agent
+                .get(url)
+                .header("authorization", self.auth())
+                .call()?,
+            ("DELETE", _) => self
+                .agent
+                .delete(url)
+                .header("authorization", self.auth())
+                .call()?,
+            (_, Some(body)) => self
+                .agent
+                .post(url)
+                .header("authorization", self.auth())
+                .send_json(body)?,
+            (_, None) => self
+                .agent
+                .post(url)
+                .header("authorization", self.auth())
+                .send_empty()?,
         };
         let status = response.status().as_u16();
         let text = response.body_mut().read_to_string()?;
-        let value: Value = if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap_or(Value::String(text)) };
+        let value: Value = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap_or(Value::String(text))
+        };
         if status >= 400 {
             bail!("{method} {url} → {status}: {value}");
         }

@@ -1,6 +1,8 @@
 //! End-to-end tests: real `nephele-cloud` and `nephele-edge` processes on loopback,
 //! real QUIC with mutual TLS, the real digits model run by tract.
 
+#![allow(clippy::unwrap_used)]
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -45,13 +47,21 @@ fn join_tokens_are_single_use_and_expire() {
     let last = forged.pop().unwrap();
     forged.push(if last == '0' { '1' } else { '0' });
     let (ok, output) = join(&cloud, &cloud.dir.join("d"), "dev-d", &forged, &[]).unwrap();
-    assert!(!ok, "a server whose CA does not match the token must be refused: {output}");
+    assert!(
+        !ok,
+        "a server whose CA does not match the token must be refused: {output}"
+    );
 
     let (ok, output) = join(&cloud, &cloud.dir.join("e"), "dev-e", "nph1.garbage", &[]).unwrap();
     assert!(!ok && output.contains("malformed join token"), "{output}");
 
     let devices = cloud.get("/v1/devices").unwrap();
-    let names: Vec<&str> = devices.as_array().unwrap().iter().map(|d| d["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = devices
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["name"].as_str().unwrap())
+        .collect();
     assert_eq!(names, vec!["dev-a"]);
 }
 
@@ -64,13 +74,17 @@ fn connect(
     runtime.block_on(async {
         let addr: std::net::SocketAddr = cloud.quic.parse().unwrap();
         let endpoint = nephele_net::client_endpoint(addr).unwrap();
-        let connecting = endpoint.connect_with(config, addr, nephele_net::SERVER_NAME).map_err(|e| e.to_string())?;
+        let connecting = endpoint
+            .connect_with(config, addr, nephele_net::SERVER_NAME)
+            .map_err(|e| e.to_string())?;
         let connection = connecting.await.map_err(|e| e.to_string())?;
         // The server verifies client certificates after the client finishes its side of
         // the handshake; a refused certificate shows up as a closed connection.
         let probe = async {
             let (mut send, mut recv) = connection.open_bi().await.map_err(|e| e.to_string())?;
-            send.write_all(&[0, 0, 0, 1, 0]).await.map_err(|e| e.to_string())?;
+            send.write_all(&[0, 0, 0, 1, 0])
+                .await
+                .map_err(|e| e.to_string())?;
             let _ = send.finish();
             let mut buf = Vec::new();
             let _ = tokio::time::timeout(Duration::from_secs(5), async {
@@ -94,7 +108,10 @@ fn connect(
 #[test]
 fn clients_without_a_valid_certificate_are_refused() {
     let cloud = Cloud::start("certs").expect("cloud");
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let ca_pem = std::fs::read_to_string(cloud.dir.join("data/ca.pem")).unwrap();
     let ca_der = nephele_net::pki::pem_to_der(&ca_pem).unwrap();
 
@@ -105,57 +122,128 @@ fn clients_without_a_valid_certificate_are_refused() {
     let key_der = nephele_net::pki::pem_to_der(&key_pem).unwrap();
     let config = nephele_net::mtls_client_config(&ca_der, &forged_cert, &key_der).unwrap();
     let result = connect(&runtime, &cloud, config);
-    assert!(result.is_err(), "a certificate from another CA must be refused");
+    assert!(
+        result.is_err(),
+        "a certificate from another CA must be refused"
+    );
 
     // No certificate at all: only a join request is allowed; a Hello is refused.
     let fingerprint = nephele_net::fingerprint(&ca_der);
     let config = nephele_net::join_client_config(fingerprint).unwrap();
     let result = connect(&runtime, &cloud, config);
-    assert!(result.is_err(), "a certificate-less connection that does not join must be closed");
+    assert!(
+        result.is_err(),
+        "a certificate-less connection that does not join must be closed"
+    );
 
     std::thread::sleep(Duration::from_millis(300));
     let logs = cloud.logs();
-    assert!(logs.contains("handshake failed"), "the refusal is logged with its reason:\n{logs}");
+    assert!(
+        logs.contains("handshake failed"),
+        "the refusal is logged with its reason:\n{logs}"
+    );
     assert!(logs.contains("bad join request"), "{logs}");
-    let metrics = cloud.client().request("GET", &format!("{}/metrics", cloud.api), None).unwrap();
-    assert!(metrics.as_str().unwrap_or("").contains("nephele_gateway_handshakes_failed_total 1"), "{metrics}");
+    let metrics = cloud
+        .client()
+        .request("GET", &format!("{}/metrics", cloud.api), None)
+        .unwrap();
+    assert!(
+        metrics
+            .as_str()
+            .unwrap_or("")
+            .contains("nephele_gateway_handshakes_failed_total 1"),
+        "{metrics}"
+    );
 }
 
 #[test]
 fn a_fleet_deploys_serves_offloads_and_survives_bad_frames() {
     let cloud = Cloud::start("fleet").expect("cloud");
-    let lab = Edge::start(&cloud, "lab-1", "eu-west", &["--profile", "rpi5-8gb", "--label", "site=lab"], &["--workers", "1"]).unwrap();
-    let plant = Edge::start(&cloud, "plant-1", "us-east", &["--profile", "jetson-orin-nano-8gb", "--label", "site=plant"], &[]).unwrap();
-    let pool = Edge::start(&cloud, "pool-1", "eu-west", &["--role", "pool", "--profile", "gpu-4x-l4"], &[]).unwrap();
+    let lab = Edge::start(
+        &cloud,
+        "lab-1",
+        "eu-west",
+        &["--profile", "rpi5-8gb", "--label", "site=lab"],
+        &["--workers", "1"],
+    )
+    .unwrap();
+    let plant = Edge::start(
+        &cloud,
+        "plant-1",
+        "us-east",
+        &["--profile", "jetson-orin-nano-8gb", "--label", "site=plant"],
+        &[],
+    )
+    .unwrap();
+    let pool = Edge::start(
+        &cloud,
+        "pool-1",
+        "eu-west",
+        &["--role", "pool", "--profile", "gpu-4x-l4"],
+        &[],
+    )
+    .unwrap();
 
     cloud
         .wait_for("/v1/devices", "3 healthy devices", |v| {
-            v.as_array().map(|a| a.len() == 3 && a.iter().all(|d| d["health"] == "healthy")).unwrap_or(false)
+            v.as_array()
+                .map(|a| a.len() == 3 && a.iter().all(|d| d["health"] == "healthy"))
+                .unwrap_or(false)
         })
         .unwrap();
     let devices = cloud.get("/v1/devices").unwrap();
-    let lab_view = devices.as_array().unwrap().iter().find(|d| d["name"] == "lab-1").unwrap();
+    let lab_view = devices
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == "lab-1")
+        .unwrap();
     assert_eq!(lab_view["profile"], "rpi5-8gb");
     assert_eq!(lab_view["cpu_cores"], 4);
 
     // A corrupt model is refused at upload with a clear error.
-    let (status, body) = cloud.put_model("broken", &MODEL_ONNX[..MODEL_ONNX.len() / 2]).unwrap();
+    let (status, body) = cloud
+        .put_model("broken", &MODEL_ONNX[..MODEL_ONNX.len() / 2])
+        .unwrap();
     assert_eq!(status, 400, "{body}");
-    assert!(body["message"].as_str().unwrap().contains("model broken"), "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("model broken"),
+        "{body}"
+    );
 
     push_and_deploy(
         &cloud,
         serde_json::json!({"name": "digits", "model": "digits-mlp", "selector": "site=lab", "slo_ms": 1, "max_queue": 1}),
     );
     let status = cloud
-        .wait_for("/v1/deployments/digits", "digits ready on lab-1 and the pool", |v| {
-            v["ready_devices"] == 1 && v["devices"].as_array().map(|d| d.iter().all(|r| r["ready"] == true)).unwrap_or(false)
-        })
+        .wait_for(
+            "/v1/deployments/digits",
+            "digits ready on lab-1 and the pool",
+            |v| {
+                v["ready_devices"] == 1
+                    && v["devices"]
+                        .as_array()
+                        .map(|d| d.iter().all(|r| r["ready"] == true))
+                        .unwrap_or(false)
+            },
+        )
         .unwrap();
-    let selected: Vec<&str> = status["devices"].as_array().unwrap().iter().map(|d| d["device"].as_str().unwrap()).collect();
-    assert_eq!(selected, vec!["lab-1", "pool-1"], "only the selected edge device (and the pool) get the model");
+    let selected: Vec<&str> = status["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["device"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        selected,
+        vec!["lab-1", "pool-1"],
+        "only the selected edge device (and the pool) get the model"
+    );
     let (code, _) = plant.infer("digits", &[0.0; 64]).unwrap();
-    assert_eq!(code, 404, "the unselected device does not serve the deployment");
+    assert_eq!(
+        code, 404,
+        "the unselected device does not serve the deployment"
+    );
 
     // Answers equal running the same ONNX file directly with tract.
     let reference = nephele_runtime::Model::load_onnx("reference", MODEL_ONNX).unwrap();
@@ -180,7 +268,9 @@ fn a_fleet_deploys_serves_offloads_and_survives_bad_frames() {
             for i in 0..25 {
                 let row = &features[(client * 25 + i) % features.len()];
                 let body = serde_json::json!({"shape": [1, 64], "data": row});
-                let (code, reply) = http.raw_json("POST", &format!("{endpoint}/v1/infer/digits"), &body).unwrap();
+                let (code, reply) = http
+                    .raw_json("POST", &format!("{endpoint}/v1/infer/digits"), &body)
+                    .unwrap();
                 replies.push((code, reply, row.clone()));
             }
             replies
@@ -196,15 +286,25 @@ fn a_fleet_deploys_serves_offloads_and_survives_bad_frames() {
             assert_eq!(code, 200, "{reply}");
             answered += 1;
             let (_, expected) = reference.infer(&[1, 64], &row).unwrap();
-            assert_eq!(outputs(&reply), expected, "offloaded answers are correct too");
+            assert_eq!(
+                outputs(&reply),
+                expected,
+                "offloaded answers are correct too"
+            );
             if reply["where"] == "cloud" {
                 assert_eq!(reply["computed_by"], "pool-1");
                 cloud_answers += 1;
             }
         }
     }
-    assert!(answered >= 300, "most of the burst is answered: {answered}/400");
-    assert!(cloud_answers > 0, "some of the burst must be offloaded to the pool");
+    assert!(
+        answered >= 300,
+        "most of the burst is answered: {answered}/400"
+    );
+    assert!(
+        cloud_answers > 0,
+        "some of the burst must be offloaded to the pool"
+    );
 
     // Hostile frames from an enrolled agent: an oversized frame on a request stream is
     // refused on that stream; garbage on a control stream closes that connection only.
@@ -212,42 +312,81 @@ fn a_fleet_deploys_serves_offloads_and_survives_bad_frames() {
     let token = cloud.join_token("eu-west", 600).unwrap();
     let (ok, output) = join(&cloud, &rogue_dir, "rogue-1", &token, &[]).unwrap();
     assert!(ok, "{output}");
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
-    let read_pem = |name: &str| nephele_net::pki::pem_to_der(&std::fs::read_to_string(rogue_dir.join(name)).unwrap()).unwrap();
-    let config = nephele_net::mtls_client_config(&read_pem("ca.pem"), &read_pem("agent.pem"), &read_pem("agent.key")).unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let read_pem = |name: &str| {
+        nephele_net::pki::pem_to_der(&std::fs::read_to_string(rogue_dir.join(name)).unwrap())
+            .unwrap()
+    };
+    let config = nephele_net::mtls_client_config(
+        &read_pem("ca.pem"),
+        &read_pem("agent.pem"),
+        &read_pem("agent.key"),
+    )
+    .unwrap();
     let quic: std::net::SocketAddr = cloud.quic.parse().unwrap();
     runtime.block_on(async {
         let endpoint = nephele_net::client_endpoint(quic).unwrap();
-        let connection = endpoint.connect_with(config, quic, nephele_net::SERVER_NAME).unwrap().await.unwrap();
+        let connection = endpoint
+            .connect_with(config, quic, nephele_net::SERVER_NAME)
+            .unwrap()
+            .await
+            .unwrap();
         let (mut control_send, mut control_recv) = connection.open_bi().await.unwrap();
-        let profile_toml = nephele_domain::builtin_profiles::BUILTIN.iter().find(|(n, _)| *n == "rpi5-8gb").unwrap().1;
-        nephele_net::write_frame(&mut control_send, &nephele_proto::AgentMessage::Hello(nephele_proto::Hello {
-            protocol_version: nephele_proto::PROTOCOL_VERSION,
-            agent_version: "test".into(),
-            role: "edge".into(),
-            profile_name: "rpi5-8gb".into(),
-            profile_toml: profile_toml.into(),
-            models_cached: vec![],
-            local_endpoint: "127.0.0.1:1".into(),
-        }))
+        let profile_toml = nephele_domain::builtin_profiles::BUILTIN
+            .iter()
+            .find(|(n, _)| *n == "rpi5-8gb")
+            .unwrap()
+            .1;
+        nephele_net::write_frame(
+            &mut control_send,
+            &nephele_proto::AgentMessage::Hello(nephele_proto::Hello {
+                protocol_version: nephele_proto::PROTOCOL_VERSION,
+                agent_version: "test".into(),
+                role: "edge".into(),
+                profile_name: "rpi5-8gb".into(),
+                profile_toml: profile_toml.into(),
+                models_cached: vec![],
+                local_endpoint: "127.0.0.1:1".into(),
+            }),
+        )
         .await
         .unwrap();
-        let welcome: Option<nephele_proto::CloudMessage> = nephele_net::read_frame(&mut control_recv, 1 << 20).await.unwrap();
-        assert!(matches!(welcome, Some(nephele_proto::CloudMessage::Welcome(_))), "{welcome:?}");
+        let welcome: Option<nephele_proto::CloudMessage> =
+            nephele_net::read_frame(&mut control_recv, 1 << 20)
+                .await
+                .unwrap();
+        assert!(
+            matches!(welcome, Some(nephele_proto::CloudMessage::Welcome(_))),
+            "{welcome:?}"
+        );
         // Request stream with a 4 GiB length prefix.
         let (mut send, mut recv) = connection.open_bi().await.unwrap();
         send.write_all(&u32::MAX.to_be_bytes()).await.unwrap();
-        let reply: Option<nephele_proto::StreamResponse> = nephele_net::read_frame(&mut recv, 1 << 20).await.unwrap();
+        let reply: Option<nephele_proto::StreamResponse> =
+            nephele_net::read_frame(&mut recv, 1 << 20).await.unwrap();
         match reply {
-            Some(nephele_proto::StreamResponse::Error(error)) => assert!(error.message.contains("exceeds"), "{error}"),
+            Some(nephele_proto::StreamResponse::Error(error)) => {
+                assert!(error.message.contains("exceeds"), "{error}")
+            }
             other => panic!("expected an error frame, got {other:?}"),
         }
         // The connection itself is still open after a bad stream.
         assert!(connection.close_reason().is_none());
         // Garbage on the control stream: the gateway closes this connection.
-        control_send.write_all(&[0, 0, 0, 3, 0xff, 0xfe, 0xfd]).await.unwrap();
-        let reason = tokio::time::timeout(Duration::from_secs(5), connection.closed()).await.expect("closed");
-        assert!(reason.to_string().contains("protocol violation"), "{reason}");
+        control_send
+            .write_all(&[0, 0, 0, 3, 0xff, 0xfe, 0xfd])
+            .await
+            .unwrap();
+        let reason = tokio::time::timeout(Duration::from_secs(5), connection.closed())
+            .await
+            .expect("closed");
+        assert!(
+            reason.to_string().contains("protocol violation"),
+            "{reason}"
+        );
     });
     std::thread::sleep(Duration::from_millis(300));
     let logs = cloud.logs();
@@ -258,17 +397,30 @@ fn a_fleet_deploys_serves_offloads_and_survives_bad_frames() {
     assert_eq!(code, 404, "{reply}");
     let (code, reply) = lab.infer("digits", &data.features[0]).unwrap();
     assert_eq!(code, 200, "{reply}");
-    let pool_status: Value = nephele_e2e::Http::new(None).request("GET", &format!("{}/v1/status", pool.endpoint), None).unwrap();
+    let pool_status: Value = nephele_e2e::Http::new(None)
+        .request("GET", &format!("{}/v1/status", pool.endpoint), None)
+        .unwrap();
     assert_eq!(pool_status["connected"], true);
 
     // Metrics on both sides.
-    let cloud_metrics = cloud.client().request("GET", &format!("{}/metrics", cloud.api), None).unwrap();
+    let cloud_metrics = cloud
+        .client()
+        .request("GET", &format!("{}/metrics", cloud.api), None)
+        .unwrap();
     let text = cloud_metrics.as_str().unwrap_or("");
-    assert!(text.contains("nephele_offloads_total{region=\"eu-west\",outcome=\"ok\"}"), "{text}");
+    assert!(
+        text.contains("nephele_offloads_total{region=\"eu-west\",outcome=\"ok\"}"),
+        "{text}"
+    );
     assert!(text.contains("nephele_agents_connected"), "{text}");
-    let agent_metrics = nephele_e2e::Http::new(None).request("GET", &format!("{}/metrics", lab.endpoint), None).unwrap();
+    let agent_metrics = nephele_e2e::Http::new(None)
+        .request("GET", &format!("{}/metrics", lab.endpoint), None)
+        .unwrap();
     let text = agent_metrics.as_str().unwrap_or("");
-    assert!(text.contains("nephele_agent_request_latency_seconds_bucket"), "{text}");
+    assert!(
+        text.contains("nephele_agent_request_latency_seconds_bucket"),
+        "{text}"
+    );
     assert!(text.contains("outcome=\"cloud\""), "{text}");
     drop(pool);
 }
@@ -277,9 +429,14 @@ fn a_fleet_deploys_serves_offloads_and_survives_bad_frames() {
 fn agents_reconnect_after_the_control_plane_restarts() {
     let mut cloud = Cloud::start("restart").expect("cloud");
     let edge = Edge::start(&cloud, "edge-1", "eu-west", &["--label", "tier=edge"], &[]).unwrap();
-    push_and_deploy(&cloud, serde_json::json!({"name": "digits", "model": "digits-mlp", "selector": "tier=edge"}));
+    push_and_deploy(
+        &cloud,
+        serde_json::json!({"name": "digits", "model": "digits-mlp", "selector": "tier=edge"}),
+    );
     cloud
-        .wait_for("/v1/deployments/digits", "ready", |v| v["ready_devices"] == 1)
+        .wait_for("/v1/deployments/digits", "ready", |v| {
+            v["ready_devices"] == 1
+        })
         .unwrap();
     let row = heldout().features[3].clone();
     let (code, before) = edge.infer("digits", &row).unwrap();
@@ -294,12 +451,19 @@ fn agents_reconnect_after_the_control_plane_restarts() {
     cloud.restart().unwrap();
     let devices = cloud
         .wait_for("/v1/devices", "edge-1 back online", |v| {
-            v.as_array().map(|a| a.iter().any(|d| d["name"] == "edge-1" && d["online"] == true)).unwrap_or(false)
+            v.as_array()
+                .map(|a| {
+                    a.iter()
+                        .any(|d| d["name"] == "edge-1" && d["online"] == true)
+                })
+                .unwrap_or(false)
         })
         .unwrap();
     assert_eq!(devices.as_array().unwrap().len(), 1);
     let status = cloud
-        .wait_for("/v1/deployments/digits", "ready after restart", |v| v["ready_devices"] == 1)
+        .wait_for("/v1/deployments/digits", "ready after restart", |v| {
+            v["ready_devices"] == 1
+        })
         .unwrap();
     assert_eq!(status["model"], "digits-mlp");
     let (code, after) = edge.infer("digits", &row).unwrap();

@@ -78,14 +78,22 @@ fn count(state: &ApiState, route: &'static str, ok: bool) {
         .counter(
             "nephele_api_requests_total",
             "REST API requests by route and outcome.",
-            &[("route", route), ("outcome", if ok { "ok" } else { "error" })],
+            &[
+                ("route", route),
+                ("outcome", if ok { "ok" } else { "error" }),
+            ],
         )
         .inc();
 }
 
 macro_rules! forward {
     ($state:expr, $route:literal, $message:expr) => {{
-        let result = $state.federation.send($message).await.map_err(mailbox).and_then(|r| r);
+        let result = $state
+            .federation
+            .send($message)
+            .await
+            .map_err(mailbox)
+            .and_then(|r| r);
         count(&$state, $route, result.is_ok());
         result
     }};
@@ -105,19 +113,29 @@ async fn create_token(
 ) -> Result<HttpResponse, ApiError> {
     authorize(&request, &state).await?;
     let body = body.map(|b| b.into_inner()).unwrap_or_default();
-    let view = forward!(state, "create_token", CreateJoinToken {
-        region: body.region,
-        ttl_s: body.ttl_s
-    })?;
+    let view = forward!(
+        state,
+        "create_token",
+        CreateJoinToken {
+            region: body.region,
+            ttl_s: body.ttl_s
+        }
+    )?;
     Ok(HttpResponse::Created().json(view))
 }
 
-async fn list_tokens(request: HttpRequest, state: web::Data<ApiState>) -> Result<HttpResponse, ApiError> {
+async fn list_tokens(
+    request: HttpRequest,
+    state: web::Data<ApiState>,
+) -> Result<HttpResponse, ApiError> {
     authorize(&request, &state).await?;
     Ok(HttpResponse::Ok().json(forward!(state, "list_tokens", ListJoinTokens)?))
 }
 
-async fn list_devices(request: HttpRequest, state: web::Data<ApiState>) -> Result<HttpResponse, ApiError> {
+async fn list_devices(
+    request: HttpRequest,
+    state: web::Data<ApiState>,
+) -> Result<HttpResponse, ApiError> {
     authorize(&request, &state).await?;
     Ok(HttpResponse::Ok().json(forward!(state, "list_devices", ListDevices)?))
 }
@@ -142,7 +160,9 @@ async fn put_model(
     let name = name.into_inner();
     nephele_domain::validate_name("model", &name).map_err(ApiError::BadRequest)?;
     if body.is_empty() {
-        return Err(ApiError::BadRequest("empty body: send the ONNX file as the request body".into()));
+        return Err(ApiError::BadRequest(
+            "empty body: send the ONNX file as the request body".into(),
+        ));
     }
     let bytes = body.to_vec();
     // Load it once with the same runtime the agents use, off the async threads, so a
@@ -155,16 +175,23 @@ async fn put_model(
     .await
     .map_err(|e| ApiError::Internal(e.to_string()))?;
     let model = model.map_err(|e| ApiError::BadRequest(e.to_string()))?;
-    let view = forward!(state, "put_model", PutModel {
-        name,
-        bytes,
-        inputs: vec![model.input().clone()],
-        outputs: vec![model.output().clone()],
-    })?;
+    let view = forward!(
+        state,
+        "put_model",
+        PutModel {
+            name,
+            bytes,
+            inputs: vec![model.input().clone()],
+            outputs: vec![model.output().clone()],
+        }
+    )?;
     Ok(HttpResponse::Created().json(view))
 }
 
-async fn list_models(request: HttpRequest, state: web::Data<ApiState>) -> Result<HttpResponse, ApiError> {
+async fn list_models(
+    request: HttpRequest,
+    state: web::Data<ApiState>,
+) -> Result<HttpResponse, ApiError> {
     authorize(&request, &state).await?;
     Ok(HttpResponse::Ok().json(forward!(state, "list_models", ListModels)?))
 }
@@ -175,11 +202,18 @@ async fn create_deployment(
     body: web::Json<DeploymentSpec>,
 ) -> Result<HttpResponse, ApiError> {
     authorize(&request, &state).await?;
-    let status = forward!(state, "create_deployment", CreateDeployment(body.into_inner()))?;
+    let status = forward!(
+        state,
+        "create_deployment",
+        CreateDeployment(body.into_inner())
+    )?;
     Ok(HttpResponse::Created().json(status))
 }
 
-async fn list_deployments(request: HttpRequest, state: web::Data<ApiState>) -> Result<HttpResponse, ApiError> {
+async fn list_deployments(
+    request: HttpRequest,
+    state: web::Data<ApiState>,
+) -> Result<HttpResponse, ApiError> {
     authorize(&request, &state).await?;
     Ok(HttpResponse::Ok().json(forward!(state, "list_deployments", ListDeployments)?))
 }
@@ -190,7 +224,11 @@ async fn get_deployment(
     name: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     authorize(&request, &state).await?;
-    Ok(HttpResponse::Ok().json(forward!(state, "get_deployment", GetDeployment(name.into_inner()))?))
+    Ok(HttpResponse::Ok().json(forward!(
+        state,
+        "get_deployment",
+        GetDeployment(name.into_inner())
+    )?))
 }
 
 async fn delete_deployment(
@@ -199,11 +237,18 @@ async fn delete_deployment(
     name: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     authorize(&request, &state).await?;
-    forward!(state, "delete_deployment", DeleteDeployment(name.into_inner()))?;
+    forward!(
+        state,
+        "delete_deployment",
+        DeleteDeployment(name.into_inner())
+    )?;
     Ok(HttpResponse::NoContent().finish())
 }
 
-async fn list_regions(request: HttpRequest, state: web::Data<ApiState>) -> Result<HttpResponse, ApiError> {
+async fn list_regions(
+    request: HttpRequest,
+    state: web::Data<ApiState>,
+) -> Result<HttpResponse, ApiError> {
     authorize(&request, &state).await?;
     Ok(HttpResponse::Ok().json(forward!(state, "list_regions", ListRegions)?))
 }
@@ -230,7 +275,11 @@ fn json_error(error: impl std::fmt::Display) -> actix_web::Error {
 /// All routes, for `App::configure`.
 pub fn routes(config: &mut web::ServiceConfig) {
     config
-        .app_data(web::JsonConfig::default().limit(1024 * 1024).error_handler(|e, _| json_error(e)))
+        .app_data(
+            web::JsonConfig::default()
+                .limit(1024 * 1024)
+                .error_handler(|e, _| json_error(e)),
+        )
         .app_data(web::PayloadConfig::default().limit(MAX_MODEL_BYTES))
         .route("/healthz", web::get().to(healthz))
         .route("/metrics", web::get().to(metrics))
@@ -244,9 +293,13 @@ pub fn routes(config: &mut web::ServiceConfig) {
         .route("/v1/deployments", web::post().to(create_deployment))
         .route("/v1/deployments", web::get().to(list_deployments))
         .route("/v1/deployments/{name}", web::get().to(get_deployment))
-        .route("/v1/deployments/{name}", web::delete().to(delete_deployment))
+        .route(
+            "/v1/deployments/{name}",
+            web::delete().to(delete_deployment),
+        )
         .route("/v1/regions", web::get().to(list_regions))
         .default_service(web::to(|| async {
-            ApiError::NotFound("no such route; see the README's API section".into()).error_response()
+            ApiError::NotFound("no such route; see the README's API section".into())
+                .error_response()
         }));
 }

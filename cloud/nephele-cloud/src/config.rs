@@ -112,7 +112,10 @@ impl CloudConfig {
     }
 
     pub fn default_region(&self) -> &str {
-        self.regions.first().map(|r| r.name.as_str()).unwrap_or("default")
+        self.regions
+            .first()
+            .map(|r| r.name.as_str())
+            .unwrap_or("default")
     }
 }
 

@@ -139,19 +139,31 @@ impl FederationActor {
                 ),
             ));
         }
-        nephele_domain::validate_name("device", &request.name).map_err(|e| Self::refuse(BadRequest, e))?;
-        let role: AgentRole = request.role.parse().map_err(|e: String| Self::refuse(BadRequest, e))?;
+        nephele_domain::validate_name("device", &request.name)
+            .map_err(|e| Self::refuse(BadRequest, e))?;
+        let role: AgentRole = request
+            .role
+            .parse()
+            .map_err(|e: String| Self::refuse(BadRequest, e))?;
         let internal = |e: crate::store::StoreError| Self::refuse(Internal, e.to_string());
         let mut token: JoinTokenRecord = self
             .store
             .get(Table::JoinTokens, &request.token_id)
             .map_err(internal)?
-            .ok_or_else(|| Self::refuse(Unauthorized, "unknown join token; create one with `nephele token create`"))?;
+            .ok_or_else(|| {
+                Self::refuse(
+                    Unauthorized,
+                    "unknown join token; create one with `nephele token create`",
+                )
+            })?;
         if !constant_time_eq(
             sha256_hex(request.token_secret.as_bytes()).as_bytes(),
             token.secret_sha256.as_bytes(),
         ) {
-            return Err(Self::refuse(Unauthorized, "join token secret does not match"));
+            return Err(Self::refuse(
+                Unauthorized,
+                "join token secret does not match",
+            ));
         }
         if let Some(device) = &token.used_by {
             return Err(Self::refuse(
@@ -194,7 +206,9 @@ impl FederationActor {
         // Spend the token first: if anything after this fails the operator makes a new
         // one, but a token can never enrol two devices.
         token.used_by = Some(request.name.clone());
-        self.store.put(Table::JoinTokens, &token.id, &token).map_err(internal)?;
+        self.store
+            .put(Table::JoinTokens, &token.id, &token)
+            .map_err(internal)?;
         let device = DeviceRecord {
             name: request.name.clone(),
             role,
@@ -205,9 +219,15 @@ impl FederationActor {
             profile_name: String::new(),
             profile_toml: String::new(),
         };
-        self.store.put(Table::Devices, &device.name, &device).map_err(internal)?;
+        self.store
+            .put(Table::Devices, &device.name, &device)
+            .map_err(internal)?;
         self.metrics
-            .counter("nephele_agents_joined_total", "Agents enrolled with a join token.", &[])
+            .counter(
+                "nephele_agents_joined_total",
+                "Agents enrolled with a join token.",
+                &[],
+            )
             .inc();
         tracing::info!(device = %device.name, role = %role, region = %device.region, "agent joined");
         Ok(JoinAccepted {
@@ -237,7 +257,10 @@ impl FederationActor {
             if !Self::assignment_matches(device, &deployment) {
                 continue;
             }
-            let Some(model) = self.store.get::<ModelRecord>(Table::Models, &deployment.model)? else {
+            let Some(model) = self
+                .store
+                .get::<ModelRecord>(Table::Models, &deployment.model)?
+            else {
                 continue;
             };
             assignments.push(Assignment {
@@ -272,14 +295,20 @@ impl FederationActor {
                         let _ = session.tx.send(CloudMessage::DesiredState(desired));
                     }
                 }
-                Err(error) => tracing::error!(device = %name, %error, "cannot compute desired state"),
+                Err(error) => {
+                    tracing::error!(device = %name, %error, "cannot compute desired state")
+                }
             }
         }
     }
 
     fn update_connected_gauge(&self) {
         self.metrics
-            .gauge("nephele_agents_connected", "Agents with a live QUIC session.", &[])
+            .gauge(
+                "nephele_agents_connected",
+                "Agents with a live QUIC session.",
+                &[],
+            )
             .set(self.sessions.len() as i64);
     }
 }
@@ -344,21 +373,38 @@ impl Handler<AgentConnected> for FederationActor {
         if hello.protocol_version != PROTOCOL_VERSION {
             return Err(Self::refuse(
                 VersionMismatch,
-                format!("agent speaks protocol {}, control plane {PROTOCOL_VERSION}", hello.protocol_version),
+                format!(
+                    "agent speaks protocol {}, control plane {PROTOCOL_VERSION}",
+                    hello.protocol_version
+                ),
             ));
         }
         let mut device: DeviceRecord = self
             .store
             .get(Table::Devices, &identity.name)
             .map_err(|e| Self::refuse(Internal, e.to_string()))?
-            .ok_or_else(|| Self::refuse(Unauthorized, format!("device {} is not enrolled (deleted?); join again with a new token", identity.name)))?;
+            .ok_or_else(|| {
+                Self::refuse(
+                    Unauthorized,
+                    format!(
+                        "device {} is not enrolled (deleted?); join again with a new token",
+                        identity.name
+                    ),
+                )
+            })?;
         if device.cert_sha256 != hex::encode(identity.cert_sha256) {
-            return Err(Self::refuse(Unauthorized, "this certificate was superseded or revoked; join again"));
+            return Err(Self::refuse(
+                Unauthorized,
+                "this certificate was superseded or revoked; join again",
+            ));
         }
         if hello.role != device.role.as_str() {
             return Err(Self::refuse(
                 BadRequest,
-                format!("device {} enrolled with role {}, but runs as {}; re-join to change roles", device.name, device.role, hello.role),
+                format!(
+                    "device {} enrolled with role {}, but runs as {}; re-join to change roles",
+                    device.name, device.role, hello.role
+                ),
             ));
         }
         let profile = FirmwareProfile::from_toml(&hello.profile_toml, None)
@@ -394,7 +440,9 @@ impl Handler<AgentConnected> for FederationActor {
         }
         self.update_connected_gauge();
         tracing::info!(device = %device.name, role = %device.role, profile = %hello.profile_name, "agent connected");
-        let desired = self.desired_for(&device).map_err(|e| Self::refuse(Internal, e.to_string()))?;
+        let desired = self
+            .desired_for(&device)
+            .map_err(|e| Self::refuse(Internal, e.to_string()))?;
         Ok((
             session_id,
             Welcome {
@@ -487,12 +535,19 @@ impl Handler<CreateJoinToken> for FederationActor {
         if !self.config.regions.iter().any(|r| r.name == region) {
             return Err(ApiError::BadRequest(format!(
                 "unknown region {region:?}; configured regions: {}",
-                self.config.regions.iter().map(|r| r.name.as_str()).collect::<Vec<_>>().join(", ")
+                self.config
+                    .regions
+                    .iter()
+                    .map(|r| r.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )));
         }
         let ttl_s = message.ttl_s.unwrap_or(self.config.join_token_ttl_s);
         if ttl_s == 0 || ttl_s > 7 * 24 * 3600 {
-            return Err(ApiError::BadRequest("ttl_s must be between 1 and 604800 (7 days)".into()));
+            return Err(ApiError::BadRequest(
+                "ttl_s must be between 1 and 604800 (7 days)".into(),
+            ));
         }
         let id = random_alnum(8);
         let secret = random_alnum(32);
@@ -584,7 +639,9 @@ impl FederationActor {
         let health = match (session, heartbeat_age) {
             (None, _) => "offline",
             (Some(_), Some(age)) if age <= 3 * interval => "healthy",
-            (Some(s), None) if s.connected_at.elapsed().as_millis() as u64 <= 3 * interval => "healthy",
+            (Some(s), None) if s.connected_at.elapsed().as_millis() as u64 <= 3 * interval => {
+                "healthy"
+            }
             _ => "stale",
         };
         DeviceView {
@@ -619,7 +676,9 @@ impl FederationActor {
             connected_for_s: session.map(|s| s.connected_at.elapsed().as_secs()),
             rss_bytes: telemetry.map(|t| t.heartbeat.rss_bytes),
             local_endpoint: session.map(|s| s.local_endpoint.clone()),
-            deployments: telemetry.map(|t| t.heartbeat.deployments.len()).unwrap_or(0),
+            deployments: telemetry
+                .map(|t| t.heartbeat.deployments.len())
+                .unwrap_or(0),
         }
     }
 }
@@ -699,7 +758,10 @@ impl Handler<PutModel> for FederationActor {
         let mut sha256 = [0u8; 32];
         sha256.copy_from_slice(digest.as_ref());
         let sha_hex = hex::encode(sha256);
-        if let Some(existing) = self.store.get::<ModelRecord>(Table::Models, &message.name)? {
+        if let Some(existing) = self
+            .store
+            .get::<ModelRecord>(Table::Models, &message.name)?
+        {
             if existing.sha256 == sha_hex {
                 return Ok(ModelView::from(&existing));
             }
@@ -795,19 +857,34 @@ impl Handler<CreateDeployment> for FederationActor {
         nephele_domain::validate_name("deployment", &spec.name).map_err(ApiError::BadRequest)?;
         Selector::parse(&spec.selector).map_err(|e| ApiError::BadRequest(e.to_string()))?;
         if spec.slo_ms == 0 || spec.slo_ms > 600_000 {
-            return Err(ApiError::BadRequest("slo_ms must be between 1 and 600000".into()));
+            return Err(ApiError::BadRequest(
+                "slo_ms must be between 1 and 600000".into(),
+            ));
         }
         if spec.max_queue == 0 || spec.max_queue > 100_000 {
-            return Err(ApiError::BadRequest("max_queue must be between 1 and 100000".into()));
+            return Err(ApiError::BadRequest(
+                "max_queue must be between 1 and 100000".into(),
+            ));
         }
-        if self.store.get::<ModelRecord>(Table::Models, &spec.model)?.is_none() {
+        if self
+            .store
+            .get::<ModelRecord>(Table::Models, &spec.model)?
+            .is_none()
+        {
             return Err(ApiError::NotFound(format!(
                 "no model named {}; upload it first (`nephele model push`)",
                 spec.model
             )));
         }
-        if self.store.get::<DeploymentRecord>(Table::Deployments, &spec.name)?.is_some() {
-            return Err(ApiError::Conflict(format!("deployment {} already exists", spec.name)));
+        if self
+            .store
+            .get::<DeploymentRecord>(Table::Deployments, &spec.name)?
+            .is_some()
+        {
+            return Err(ApiError::Conflict(format!(
+                "deployment {} already exists",
+                spec.name
+            )));
         }
         let record = DeploymentRecord {
             name: spec.name.clone(),
@@ -856,14 +933,22 @@ pub struct DeploymentStatus {
 }
 
 impl FederationActor {
-    fn deployment_status(&self, deployment: &DeploymentRecord) -> Result<DeploymentStatus, ApiError> {
+    fn deployment_status(
+        &self,
+        deployment: &DeploymentRecord,
+    ) -> Result<DeploymentStatus, ApiError> {
         let devices: Vec<DeviceRecord> = self.store.list(Table::Devices)?;
         let mut rows = Vec::new();
-        for device in devices.iter().filter(|d| Self::assignment_matches(d, deployment)) {
-            let telemetry = self
-                .telemetry
-                .get(&device.name)
-                .and_then(|t| t.heartbeat.deployments.iter().find(|d| d.deployment == deployment.name));
+        for device in devices
+            .iter()
+            .filter(|d| Self::assignment_matches(d, deployment))
+        {
+            let telemetry = self.telemetry.get(&device.name).and_then(|t| {
+                t.heartbeat
+                    .deployments
+                    .iter()
+                    .find(|d| d.deployment == deployment.name)
+            });
             let phase = match telemetry.map(|t| &t.phase) {
                 None => "pending".to_string(),
                 Some(DeploymentPhase::Pending) => "pending".into(),
@@ -938,7 +1023,10 @@ impl Handler<DeleteDeployment> for FederationActor {
     type Result = Result<(), ApiError>;
     fn handle(&mut self, message: DeleteDeployment, _: &mut Self::Context) -> Self::Result {
         if !self.store.delete(Table::Deployments, &message.0)? {
-            return Err(ApiError::NotFound(format!("no deployment named {}", message.0)));
+            return Err(ApiError::NotFound(format!(
+                "no deployment named {}",
+                message.0
+            )));
         }
         tracing::info!(deployment = %message.0, "deployment deleted");
         self.broadcast();
@@ -956,8 +1044,11 @@ impl Handler<Authenticate> for FederationActor {
     fn handle(&mut self, message: Authenticate, _: &mut Self::Context) -> Self::Result {
         let (id, _) = message.0.split_once('.')?;
         let record: ApiTokenRecord = self.store.get(Table::ApiTokens, id).ok()??;
-        constant_time_eq(sha256_hex(message.0.as_bytes()).as_bytes(), record.sha256.as_bytes())
-            .then_some(record.role)
+        constant_time_eq(
+            sha256_hex(message.0.as_bytes()).as_bytes(),
+            record.sha256.as_bytes(),
+        )
+        .then_some(record.role)
     }
 }
 
@@ -1005,13 +1096,17 @@ impl Handler<ListRegions> for FederationActor {
             .regions
             .iter()
             .map(|region| {
-                let in_region: Vec<&DeviceRecord> = devices.iter().filter(|d| d.region == region.name).collect();
+                let in_region: Vec<&DeviceRecord> =
+                    devices.iter().filter(|d| d.region == region.name).collect();
                 RegionView {
                     name: region.name.clone(),
                     carbon_zone: region.carbon_zone.clone(),
                     pools: region.pools.clone(),
                     devices: in_region.len(),
-                    online: in_region.iter().filter(|d| self.sessions.contains_key(&d.name)).count(),
+                    online: in_region
+                        .iter()
+                        .filter(|d| self.sessions.contains_key(&d.name))
+                        .count(),
                 }
             })
             .collect())

@@ -85,14 +85,19 @@ impl Gateway {
             Ok(None) => return,
             Err(error) => {
                 tracing::warn!(%remote, %error, "closing unauthenticated connection: bad join request");
-                connection.close(CLOSE_PROTOCOL_VIOLATION.into(), format!("bad join request: {error}").as_bytes());
+                connection.close(
+                    CLOSE_PROTOCOL_VIOLATION.into(),
+                    format!("bad join request: {error}").as_bytes(),
+                );
                 return;
             }
         };
         let response = match self.federation.send(Join(request)).await {
             Ok(Ok(accepted)) => JoinResponse::Accepted(accepted),
             Ok(Err(refused)) => JoinResponse::Refused(refused),
-            Err(error) => JoinResponse::Refused(ErrorFrame::new(ErrorCode::Internal, error.to_string())),
+            Err(error) => {
+                JoinResponse::Refused(ErrorFrame::new(ErrorCode::Internal, error.to_string()))
+            }
         };
         let _ = write_frame(&mut send, &response).await;
         let _ = send.finish();
@@ -100,9 +105,12 @@ impl Gateway {
         let _ = tokio::time::timeout(Duration::from_secs(5), connection.closed()).await;
     }
 
-    async fn handle_session(self: Arc<Self>, connection: quinn::Connection, identity: PeerIdentity) {
+    async fn handle_session(
+        self: Arc<Self>,
+        connection: quinn::Connection,
+        identity: PeerIdentity,
+    ) {
         let name = identity.name.clone();
-        let role = identity.role.clone();
         let Ok(Ok((mut control_send, mut control_recv))) =
             tokio::time::timeout(Duration::from_secs(10), connection.accept_bi()).await
         else {
@@ -112,7 +120,11 @@ impl Gateway {
         let hello = match read_frame::<AgentMessage>(&mut control_recv, CONTROL_FRAME_LIMIT).await {
             Ok(Some(AgentMessage::Hello(hello))) => hello,
             Ok(Some(_)) | Ok(None) => {
-                self.protocol_violation(&connection, &name, "the first frame on the control stream must be Hello");
+                self.protocol_violation(
+                    &connection,
+                    &name,
+                    "the first frame on the control stream must be Hello",
+                );
                 return;
             }
             Err(error) => {
@@ -134,7 +146,8 @@ impl Gateway {
             Ok(Ok(accepted)) => accepted,
             Ok(Err(refused)) => {
                 tracing::warn!(device = %name, error = %refused, "session refused");
-                let _ = write_frame(&mut control_send, &CloudMessage::Refused(refused.clone())).await;
+                let _ =
+                    write_frame(&mut control_send, &CloudMessage::Refused(refused.clone())).await;
                 let _ = control_send.finish();
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 connection.close(CLOSE_REFUSED.into(), refused.message.as_bytes());
@@ -146,8 +159,12 @@ impl Gateway {
             }
         };
         let region = welcome.region.clone();
-        if write_frame(&mut control_send, &CloudMessage::Welcome(welcome)).await.is_err()
-            || write_frame(&mut control_send, &CloudMessage::DesiredState(desired)).await.is_err()
+        if write_frame(&mut control_send, &CloudMessage::Welcome(welcome))
+            .await
+            .is_err()
+            || write_frame(&mut control_send, &CloudMessage::DesiredState(desired))
+                .await
+                .is_err()
         {
             self.federation.do_send(AgentDisconnected {
                 name,
@@ -178,24 +195,27 @@ impl Gateway {
         let acceptor_gateway = self.clone();
         let acceptor_context = Arc::new(StreamContext {
             device: name.clone(),
-            role,
             region,
         });
         let acceptor = actix_rt::spawn(async move {
             while let Ok((send, recv)) = acceptor_connection.accept_bi().await {
                 let gateway = acceptor_gateway.clone();
                 let context = acceptor_context.clone();
-                actix_rt::spawn(async move { gateway.handle_request_stream(send, recv, context).await });
+                actix_rt::spawn(
+                    async move { gateway.handle_request_stream(send, recv, context).await },
+                );
             }
         });
 
         let reason = loop {
             match read_frame::<AgentMessage>(&mut control_recv, CONTROL_FRAME_LIMIT).await {
-                Ok(Some(AgentMessage::Heartbeat(heartbeat))) => self.federation.do_send(AgentHeartbeat {
-                    name: name.clone(),
-                    session_id,
-                    heartbeat,
-                }),
+                Ok(Some(AgentMessage::Heartbeat(heartbeat))) => {
+                    self.federation.do_send(AgentHeartbeat {
+                        name: name.clone(),
+                        session_id,
+                        heartbeat,
+                    })
+                }
                 Ok(Some(AgentMessage::Hello(_))) => {
                     let reason = "a second Hello on the control stream";
                     self.protocol_violation(&connection, &name, reason);
@@ -221,10 +241,17 @@ impl Gateway {
 
     fn protocol_violation(&self, connection: &quinn::Connection, device: &str, reason: &str) {
         self.metrics
-            .counter("nephele_gateway_protocol_violations_total", "Frames refused as malformed, oversized or out of order.", &[("scope", "connection")])
+            .counter(
+                "nephele_gateway_protocol_violations_total",
+                "Frames refused as malformed, oversized or out of order.",
+                &[("scope", "connection")],
+            )
             .inc();
         tracing::warn!(%device, %reason, "closing agent connection: protocol violation");
-        connection.close(CLOSE_PROTOCOL_VIOLATION.into(), format!("protocol violation: {reason}").as_bytes());
+        connection.close(
+            CLOSE_PROTOCOL_VIOLATION.into(),
+            format!("protocol violation: {reason}").as_bytes(),
+        );
     }
 
     async fn handle_request_stream(
@@ -238,10 +265,21 @@ impl Gateway {
             Ok(None) => return,
             Err(error) => {
                 self.metrics
-                    .counter("nephele_gateway_protocol_violations_total", "Frames refused as malformed, oversized or out of order.", &[("scope", "stream")])
+                    .counter(
+                        "nephele_gateway_protocol_violations_total",
+                        "Frames refused as malformed, oversized or out of order.",
+                        &[("scope", "stream")],
+                    )
                     .inc();
                 tracing::warn!(device = %context.device, %error, "closing request stream: bad frame");
-                let _ = write_frame(&mut send, &StreamResponse::Error(ErrorFrame::new(ErrorCode::BadRequest, error.to_string()))).await;
+                let _ = write_frame(
+                    &mut send,
+                    &StreamResponse::Error(ErrorFrame::new(
+                        ErrorCode::BadRequest,
+                        error.to_string(),
+                    )),
+                )
+                .await;
                 let _ = send.finish();
                 let _ = recv.stop(1u32.into());
                 return;
@@ -250,11 +288,18 @@ impl Gateway {
         let response = if request.protocol_version != PROTOCOL_VERSION {
             StreamResponse::Error(ErrorFrame::new(
                 ErrorCode::VersionMismatch,
-                format!("request uses protocol {}, gateway speaks {PROTOCOL_VERSION}", request.protocol_version),
+                format!(
+                    "request uses protocol {}, gateway speaks {PROTOCOL_VERSION}",
+                    request.protocol_version
+                ),
             ))
         } else {
             match request.body {
-                RequestBody::FetchChunk { sha256, offset, len } => self.read_chunk(sha256, offset, len).await,
+                RequestBody::FetchChunk {
+                    sha256,
+                    offset,
+                    len,
+                } => self.read_chunk(sha256, offset, len).await,
                 RequestBody::Infer(infer) => self.offload(&context, infer).await,
             }
         };
@@ -265,14 +310,20 @@ impl Gateway {
     async fn read_chunk(&self, sha256: [u8; 32], offset: u64, len: u32) -> StreamResponse {
         use tokio::io::{AsyncReadExt as _, AsyncSeekExt as _};
         if len == 0 || len > 4 * CHUNK_BYTES {
-            return StreamResponse::Error(ErrorFrame::new(ErrorCode::BadRequest, format!("chunk length must be 1..={}", 4 * CHUNK_BYTES)));
+            return StreamResponse::Error(ErrorFrame::new(
+                ErrorCode::BadRequest,
+                format!("chunk length must be 1..={}", 4 * CHUNK_BYTES),
+            ));
         }
         let path = self.blob_dir.join(hex::encode(sha256));
         let result: std::io::Result<(u64, Vec<u8>)> = async {
             let mut file = tokio::fs::File::open(&path).await?;
             let total_size = file.metadata().await?.len();
             if offset > total_size {
-                return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "offset beyond end of blob"));
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    "offset beyond end of blob",
+                ));
             }
             file.seek(std::io::SeekFrom::Start(offset)).await?;
             let want = (total_size - offset).min(u64::from(len)) as usize;
@@ -284,14 +335,23 @@ impl Gateway {
         match result {
             Ok((total_size, data)) => {
                 self.metrics
-                    .counter("nephele_gateway_blob_bytes_sent_total", "Model bytes sent to agents.", &[])
+                    .counter(
+                        "nephele_gateway_blob_bytes_sent_total",
+                        "Model bytes sent to agents.",
+                        &[],
+                    )
                     .add(data.len() as u64);
                 StreamResponse::Chunk { total_size, data }
             }
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-                StreamResponse::Error(ErrorFrame::new(ErrorCode::NotFound, format!("no blob {}", hex::encode(sha256))))
+                StreamResponse::Error(ErrorFrame::new(
+                    ErrorCode::NotFound,
+                    format!("no blob {}", hex::encode(sha256)),
+                ))
             }
-            Err(error) => StreamResponse::Error(ErrorFrame::new(ErrorCode::BadRequest, error.to_string())),
+            Err(error) => {
+                StreamResponse::Error(ErrorFrame::new(ErrorCode::BadRequest, error.to_string()))
+            }
         }
     }
 
@@ -310,7 +370,11 @@ impl Gateway {
         None
     }
 
-    async fn offload(&self, context: &StreamContext, infer: nephele_proto::InferRequest) -> StreamResponse {
+    async fn offload(
+        &self,
+        context: &StreamContext,
+        infer: nephele_proto::InferRequest,
+    ) -> StreamResponse {
         let started = Instant::now();
         let deployment = infer.deployment.clone();
         let Some(lease) = self.pick_pool(context).await else {
@@ -335,15 +399,24 @@ impl Gateway {
             )
             .await?;
             let _ = pool_send.finish();
-            tokio::time::timeout(Duration::from_secs(30), read_frame(&mut pool_recv, MAX_FRAME_BYTES))
-                .await
-                .map_err(|_| NetError::Timeout("pool replica did not answer in 30 s"))?
-                .and_then(|frame| frame.ok_or_else(|| NetError::Read("pool replica closed the stream".into())))
+            tokio::time::timeout(
+                Duration::from_secs(30),
+                read_frame(&mut pool_recv, MAX_FRAME_BYTES),
+            )
+            .await
+            .map_err(|_| NetError::Timeout("pool replica did not answer in 30 s"))?
+            .and_then(|frame| {
+                frame.ok_or_else(|| NetError::Read("pool replica closed the stream".into()))
+            })
         }
         .await;
         match forwarded {
             Ok(response) => {
-                let outcome = if matches!(response, StreamResponse::Inferred(_)) { "ok" } else { "error" };
+                let outcome = if matches!(response, StreamResponse::Inferred(_)) {
+                    "ok"
+                } else {
+                    "error"
+                };
                 self.count_offload(&context.region, outcome);
                 self.metrics
                     .histogram(
@@ -358,27 +431,26 @@ impl Gateway {
             Err(error) => {
                 self.count_offload(&context.region, "error");
                 tracing::warn!(device = %context.device, pool = %lease.name, %deployment, %error, "offload failed");
-                StreamResponse::Error(ErrorFrame::new(ErrorCode::Unavailable, format!("pool replica {} failed: {error}", lease.name)))
+                StreamResponse::Error(ErrorFrame::new(
+                    ErrorCode::Unavailable,
+                    format!("pool replica {} failed: {error}", lease.name),
+                ))
             }
         }
     }
 
     fn count_offload(&self, region: &str, outcome: &str) {
         self.metrics
-            .counter("nephele_offloads_total", "Requests offloaded from agents to pool replicas, by outcome.", &[("region", region), ("outcome", outcome)])
+            .counter(
+                "nephele_offloads_total",
+                "Requests offloaded from agents to pool replicas, by outcome.",
+                &[("region", region), ("outcome", outcome)],
+            )
             .inc();
     }
 }
 
 struct StreamContext {
     device: String,
-    role: String,
     region: String,
-}
-
-impl StreamContext {
-    #[allow(dead_code)]
-    fn is_pool(&self) -> bool {
-        self.role == "pool"
-    }
 }

@@ -52,8 +52,9 @@ pub struct CloudArgs {
 }
 
 pub fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,quinn=warn,actix_server=warn"));
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new("info,quinn=warn,actix_server=warn")
+    });
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -117,9 +118,15 @@ fn load_or_create_ca(data_dir: &Path) -> Result<nephele_net::ClusterCa> {
     let key_path = data_dir.join("ca.key");
     if cert_path.exists() {
         let cert = std::fs::read_to_string(&cert_path)?;
-        let key = std::fs::read_to_string(&key_path)
-            .with_context(|| format!("{} exists but {} does not", cert_path.display(), key_path.display()))?;
-        return nephele_net::ClusterCa::from_pem(&cert, &key).context("cluster CA files are unreadable");
+        let key = std::fs::read_to_string(&key_path).with_context(|| {
+            format!(
+                "{} exists but {} does not",
+                cert_path.display(),
+                key_path.display()
+            )
+        })?;
+        return nephele_net::ClusterCa::from_pem(&cert, &key)
+            .context("cluster CA files are unreadable");
     }
     let cluster_id: String = hex::encode(rand::random::<[u8; 4]>());
     let ca = nephele_net::ClusterCa::generate(&cluster_id)?;
@@ -146,7 +153,9 @@ fn load_or_create_signing_key(data_dir: &Path) -> Result<ring::signature::Ed2551
 
 /// Runs the control plane inside an actix system until the API server stops.
 pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<()> {
-    config.validate().map_err(|e| anyhow::anyhow!("invalid config: {e}"))?;
+    config
+        .validate()
+        .map_err(|e| anyhow::anyhow!("invalid config: {e}"))?;
     let data_dir = config.data_dir.clone();
     std::fs::create_dir_all(&data_dir)
         .with_context(|| format!("cannot create data dir {}", data_dir.display()))?;
@@ -159,7 +168,10 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
     if let Some(token) = federation::ensure_admin_token(&store)? {
         let path = data_dir.join("admin-token");
         write_secret(&path, token.as_bytes())?;
-        println!("nephele-cloud: created the admin API token (shown once; also saved to {}):\n  {token}", path.display());
+        println!(
+            "nephele-cloud: created the admin API token (shown once; also saved to {}):\n  {token}",
+            path.display()
+        );
     }
     let blob_dir = store.blob_dir().to_path_buf();
 
@@ -172,7 +184,10 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
     let metrics = nephele_telemetry::Registry::new();
     let mut regions = HashMap::new();
     for region in &config.regions {
-        regions.insert(region.name.clone(), region::RegionActor::new(region.name.clone()).start());
+        regions.insert(
+            region.name.clone(),
+            region::RegionActor::new(region.name.clone()).start(),
+        );
     }
     let federation = federation::FederationActor::new(
         config.clone(),
@@ -204,7 +219,11 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
     .workers(2)
     .bind(config.api_listen)
     .with_context(|| format!("cannot bind the API on {}", config.api_listen))?;
-    let api_addr = server.addrs().first().copied().context("API bound no address")?;
+    let api_addr = server
+        .addrs()
+        .first()
+        .copied()
+        .context("API bound no address")?;
     let running = server.run();
 
     if let Some(path) = ready_file {
@@ -218,7 +237,9 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
         std::fs::write(&tmp, serde_json::to_vec_pretty(&ready)?)?;
         std::fs::rename(&tmp, &path)?;
     }
-    println!("nephele-cloud ready: API http://{api_addr}  QUIC {quic_addr}  CA sha256 {ca_fingerprint}");
+    println!(
+        "nephele-cloud ready: API http://{api_addr}  QUIC {quic_addr}  CA sha256 {ca_fingerprint}"
+    );
     running.await.context("API server failed")?;
     endpoint.close(0u32.into(), b"control plane shutting down");
     endpoint.wait_idle().await;

@@ -99,12 +99,15 @@ pub struct PickPool {
 impl Handler<PickPool> for RegionActor {
     type Result = Option<PoolLease>;
     fn handle(&mut self, message: PickPool, _: &mut Self::Context) -> Self::Result {
-        self.pools.retain(|_, member| member.connection.close_reason().is_none());
+        self.pools
+            .retain(|_, member| member.connection.close_reason().is_none());
         let (name, member) = self
             .pools
             .iter()
             .filter(|(name, _)| Some(*name) != message.exclude.as_ref())
-            .min_by_key(|(name, member)| (member.outstanding.load(Ordering::Relaxed), (*name).clone()))?;
+            .min_by_key(|(name, member)| {
+                (member.outstanding.load(Ordering::Relaxed), (*name).clone())
+            })?;
         member.outstanding.fetch_add(1, Ordering::Relaxed);
         let _ = &member.profile;
         Some(PoolLease {

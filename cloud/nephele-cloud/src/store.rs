@@ -147,7 +147,11 @@ impl Store {
         txn.commit().map_err(db_error)
     }
 
-    pub fn get<T: DeserializeOwned>(&self, table: Table, key: &str) -> Result<Option<T>, StoreError> {
+    pub fn get<T: DeserializeOwned>(
+        &self,
+        table: Table,
+        key: &str,
+    ) -> Result<Option<T>, StoreError> {
         let txn = self.db.begin_read().map_err(db_error)?;
         let open = txn.open_table(table.definition()).map_err(db_error)?;
         let Some(guard) = open.get(key).map_err(db_error)? else {
@@ -167,10 +171,12 @@ impl Store {
         let mut out = Vec::new();
         for entry in open.iter().map_err(db_error)? {
             let (key, value) = entry.map_err(db_error)?;
-            out.push(serde_json::from_slice(value.value()).map_err(|e| StoreError::Corrupt {
-                key: key.value().to_string(),
-                cause: e.to_string(),
-            })?);
+            out.push(
+                serde_json::from_slice(value.value()).map_err(|e| StoreError::Corrupt {
+                    key: key.value().to_string(),
+                    cause: e.to_string(),
+                })?,
+            );
         }
         Ok(out)
     }
@@ -236,7 +242,13 @@ mod tests {
         let store = Store::open(&dir).unwrap();
         let back: DeploymentRecord = store.get(Table::Deployments, "d").unwrap().unwrap();
         assert_eq!(back.selector, "a=b");
-        assert_eq!(store.list::<DeploymentRecord>(Table::Deployments).unwrap().len(), 1);
+        assert_eq!(
+            store
+                .list::<DeploymentRecord>(Table::Deployments)
+                .unwrap()
+                .len(),
+            1
+        );
         assert!(store.delete(Table::Deployments, "d").unwrap());
         assert!(!store.delete(Table::Deployments, "d").unwrap());
         assert_eq!(std::fs::read(store.blob_path("abc")).unwrap(), b"bytes");

@@ -6,7 +6,12 @@ use serde_json::Value;
 #[derive(Debug, Clone, clap::Args)]
 pub struct ApiArgs {
     /// Control plane API base URL.
-    #[arg(long, env = "NEPHELE_API", default_value = "http://127.0.0.1:8080", global = true)]
+    #[arg(
+        long,
+        env = "NEPHELE_API",
+        default_value = "http://127.0.0.1:8080",
+        global = true
+    )]
     pub api: String,
     /// API token (the admin token is printed on first start and saved in <data-dir>/admin-token).
     #[arg(long, env = "NEPHELE_TOKEN", global = true, default_value = "")]
@@ -36,13 +41,30 @@ impl Api {
         }
     }
 
-    fn finish(&self, what: &str, response: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> Result<Value> {
-        let mut response = response.with_context(|| format!("cannot reach the API at {} ({what}); is nephele-cloud running?", self.base))?;
+    fn finish(
+        &self,
+        what: &str,
+        response: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+    ) -> Result<Value> {
+        let mut response = response.with_context(|| {
+            format!(
+                "cannot reach the API at {} ({what}); is nephele-cloud running?",
+                self.base
+            )
+        })?;
         let status = response.status().as_u16();
         let text = response.body_mut().read_to_string().unwrap_or_default();
-        let value: Value = if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap_or(Value::String(text)) };
+        let value: Value = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap_or(Value::String(text))
+        };
         if status >= 400 {
-            let message = value.get("message").and_then(|m| m.as_str()).map(str::to_string).unwrap_or_else(|| value.to_string());
+            let message = value
+                .get("message")
+                .and_then(|m| m.as_str())
+                .map(str::to_string)
+                .unwrap_or_else(|| value.to_string());
             bail!("{what} failed ({status}): {message}");
         }
         Ok(value)
@@ -53,12 +75,20 @@ impl Api {
     }
 
     pub fn get(&self, path: &str) -> Result<Value> {
-        let response = self.agent.get(format!("{}{path}", self.base)).header("authorization", self.auth()).call();
+        let response = self
+            .agent
+            .get(format!("{}{path}", self.base))
+            .header("authorization", self.auth())
+            .call();
         self.finish(&format!("GET {path}"), response)
     }
 
     pub fn post(&self, path: &str, body: &Value) -> Result<Value> {
-        let response = self.agent.post(format!("{}{path}", self.base)).header("authorization", self.auth()).send_json(body);
+        let response = self
+            .agent
+            .post(format!("{}{path}", self.base))
+            .header("authorization", self.auth())
+            .send_json(body);
         self.finish(&format!("POST {path}"), response)
     }
 
@@ -73,7 +103,11 @@ impl Api {
     }
 
     pub fn delete(&self, path: &str) -> Result<Value> {
-        let response = self.agent.delete(format!("{}{path}", self.base)).header("authorization", self.auth()).call();
+        let response = self
+            .agent
+            .delete(format!("{}{path}", self.base))
+            .header("authorization", self.auth())
+            .call();
         self.finish(&format!("DELETE {path}"), response)
     }
 }
@@ -96,13 +130,18 @@ pub enum TokenCommand {
 pub enum DeviceCommand {
     List,
     /// Remove a device; its certificate stops working at once.
-    Delete { name: String },
+    Delete {
+        name: String,
+    },
 }
 
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum ModelCommand {
     /// Upload an ONNX file.
-    Push { name: String, file: std::path::PathBuf },
+    Push {
+        name: String,
+        file: std::path::PathBuf,
+    },
     List,
 }
 
@@ -125,19 +164,26 @@ pub enum DeployCommand {
         no_offload: bool,
     },
     List,
-    Status { name: String },
-    Delete { name: String },
+    Status {
+        name: String,
+    },
+    Delete {
+        name: String,
+    },
 }
 
 fn print(json: bool, value: &Value, table: impl FnOnce(&Value)) {
     if json {
-        println!("{}", serde_json::to_string_pretty(value).unwrap_or_default());
+        println!(
+            "{}",
+            serde_json::to_string_pretty(value).unwrap_or_default()
+        );
     } else {
         table(value);
     }
 }
 
-fn s<'a>(value: &'a Value, key: &str) -> String {
+fn s(value: &Value, key: &str) -> String {
     match value.get(key) {
         Some(Value::String(text)) => text.clone(),
         Some(Value::Null) | None => "-".into(),
@@ -149,18 +195,35 @@ pub fn token(args: ApiArgs, command: TokenCommand) -> Result<()> {
     let api = Api::new(&args.api, &args.token);
     match command {
         TokenCommand::Create { region, ttl } => {
-            let value = api.post("/v1/tokens", &serde_json::json!({"region": region, "ttl_s": ttl}))?;
+            let value = api.post(
+                "/v1/tokens",
+                &serde_json::json!({"region": region, "ttl_s": ttl}),
+            )?;
             print(args.json, &value, |v| {
-                println!("join token for region {} (single use, expires at unix {}):\n  {}", s(v, "region"), s(v, "expires_unix"), s(v, "token"));
-                println!("enrol a device with:\n  nephele-edge join --server HOST:PORT --token {}", s(v, "token"));
+                println!(
+                    "join token for region {} (single use, expires at unix {}):\n  {}",
+                    s(v, "region"),
+                    s(v, "expires_unix"),
+                    s(v, "token")
+                );
+                println!(
+                    "enrol a device with:\n  nephele-edge join --server HOST:PORT --token {}",
+                    s(v, "token")
+                );
             });
         }
         TokenCommand::List => {
             let value = api.get("/v1/tokens")?;
             print(args.json, &value, |v| {
-                println!("{:<10} {:<12} {:>12} {}", "ID", "REGION", "EXPIRES", "USED BY");
+                println!("{:<10} {:<12} {:>12} USED BY", "ID", "REGION", "EXPIRES");
                 for t in v.as_array().into_iter().flatten() {
-                    println!("{:<10} {:<12} {:>12} {}", s(t, "id"), s(t, "region"), s(t, "expires_unix"), s(t, "used_by"));
+                    println!(
+                        "{:<10} {:<12} {:>12} {}",
+                        s(t, "id"),
+                        s(t, "region"),
+                        s(t, "expires_unix"),
+                        s(t, "used_by")
+                    );
                 }
             });
         }
@@ -174,10 +237,26 @@ pub fn device(args: ApiArgs, command: DeviceCommand) -> Result<()> {
         DeviceCommand::List => {
             let value = api.get("/v1/devices")?;
             print(args.json, &value, |v| {
-                println!("{:<14} {:<5} {:<10} {:<22} {:<8} {:>6} {:>9}", "NAME", "ROLE", "REGION", "PROFILE", "HEALTH", "CORES", "RSS MB");
+                println!(
+                    "{:<14} {:<5} {:<10} {:<22} {:<8} {:>6} {:>9}",
+                    "NAME", "ROLE", "REGION", "PROFILE", "HEALTH", "CORES", "RSS MB"
+                );
                 for d in v.as_array().into_iter().flatten() {
-                    let rss = d.get("rss_bytes").and_then(|r| r.as_u64()).map(|r| format!("{:.1}", r as f64 / 1e6)).unwrap_or("-".into());
-                    println!("{:<14} {:<5} {:<10} {:<22} {:<8} {:>6} {:>9}", s(d, "name"), s(d, "role"), s(d, "region"), s(d, "profile"), s(d, "health"), s(d, "cpu_cores"), rss);
+                    let rss = d
+                        .get("rss_bytes")
+                        .and_then(|r| r.as_u64())
+                        .map(|r| format!("{:.1}", r as f64 / 1e6))
+                        .unwrap_or("-".into());
+                    println!(
+                        "{:<14} {:<5} {:<10} {:<22} {:<8} {:>6} {:>9}",
+                        s(d, "name"),
+                        s(d, "role"),
+                        s(d, "region"),
+                        s(d, "profile"),
+                        s(d, "health"),
+                        s(d, "cpu_cores"),
+                        rss
+                    );
                 }
             });
         }
@@ -193,16 +272,29 @@ pub fn model(args: ApiArgs, command: ModelCommand) -> Result<()> {
     let api = Api::new(&args.api, &args.token);
     match command {
         ModelCommand::Push { name, file } => {
-            let bytes = std::fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?;
+            let bytes =
+                std::fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?;
             let value = api.put_bytes(&format!("/v1/models/{name}"), &bytes)?;
-            print(args.json, &value, |v| println!("model {} stored: sha256 {} ({} bytes)", s(v, "name"), s(v, "sha256"), s(v, "size")));
+            print(args.json, &value, |v| {
+                println!(
+                    "model {} stored: sha256 {} ({} bytes)",
+                    s(v, "name"),
+                    s(v, "sha256"),
+                    s(v, "size")
+                )
+            });
         }
         ModelCommand::List => {
             let value = api.get("/v1/models")?;
             print(args.json, &value, |v| {
-                println!("{:<20} {:>10} {}", "NAME", "BYTES", "SHA256");
+                println!("{:<20} {:>10} SHA256", "NAME", "BYTES");
                 for m in v.as_array().into_iter().flatten() {
-                    println!("{:<20} {:>10} {}", s(m, "name"), s(m, "size"), s(m, "sha256"));
+                    println!(
+                        "{:<20} {:>10} {}",
+                        s(m, "name"),
+                        s(m, "size"),
+                        s(m, "sha256")
+                    );
                 }
             });
         }
@@ -213,13 +305,33 @@ pub fn model(args: ApiArgs, command: ModelCommand) -> Result<()> {
 fn print_deployment(d: &Value) {
     println!(
         "deployment {} (model {}, selector {:?}, SLO {} ms): {}/{} devices ready",
-        s(d, "name"), s(d, "model"), s(d, "selector"), s(d, "slo_ms"), s(d, "ready_devices"), s(d, "desired_devices")
+        s(d, "name"),
+        s(d, "model"),
+        s(d, "selector"),
+        s(d, "slo_ms"),
+        s(d, "ready_devices"),
+        s(d, "desired_devices")
     );
-    println!("  {:<14} {:<5} {:<22} {:<12} {:>8} {:>9} {:>8} {:>8}", "DEVICE", "ROLE", "PROFILE", "PHASE", "LOCAL", "OFFLOADED", "P50 MS", "P99 MS");
-    for row in d.get("devices").and_then(|x| x.as_array()).into_iter().flatten() {
+    println!(
+        "  {:<14} {:<5} {:<22} {:<12} {:>8} {:>9} {:>8} {:>8}",
+        "DEVICE", "ROLE", "PROFILE", "PHASE", "LOCAL", "OFFLOADED", "P50 MS", "P99 MS"
+    );
+    for row in d
+        .get("devices")
+        .and_then(|x| x.as_array())
+        .into_iter()
+        .flatten()
+    {
         println!(
             "  {:<14} {:<5} {:<22} {:<12} {:>8} {:>9} {:>8} {:>8}",
-            s(row, "device"), s(row, "role"), s(row, "profile"), s(row, "phase"), s(row, "served_local"), s(row, "served_offloaded"), s(row, "p50_ms"), s(row, "p99_ms")
+            s(row, "device"),
+            s(row, "role"),
+            s(row, "profile"),
+            s(row, "phase"),
+            s(row, "served_local"),
+            s(row, "served_offloaded"),
+            s(row, "p50_ms"),
+            s(row, "p99_ms")
         );
     }
 }
@@ -227,7 +339,14 @@ fn print_deployment(d: &Value) {
 pub fn deploy(args: ApiArgs, command: DeployCommand) -> Result<()> {
     let api = Api::new(&args.api, &args.token);
     match command {
-        DeployCommand::Create { name, model, selector, slo_ms, max_queue, no_offload } => {
+        DeployCommand::Create {
+            name,
+            model,
+            selector,
+            slo_ms,
+            max_queue,
+            no_offload,
+        } => {
             let value = api.post(
                 "/v1/deployments",
                 &serde_json::json!({"name": name, "model": model, "selector": selector, "slo_ms": slo_ms, "max_queue": max_queue, "offload": !no_offload}),
@@ -236,7 +355,12 @@ pub fn deploy(args: ApiArgs, command: DeployCommand) -> Result<()> {
         }
         DeployCommand::List => {
             let value = api.get("/v1/deployments")?;
-            print(args.json, &value, |v| v.as_array().into_iter().flatten().for_each(print_deployment));
+            print(args.json, &value, |v| {
+                v.as_array()
+                    .into_iter()
+                    .flatten()
+                    .for_each(print_deployment)
+            });
         }
         DeployCommand::Status { name } => {
             let value = api.get(&format!("/v1/deployments/{name}"))?;

@@ -61,10 +61,46 @@ struct DeviceSpec {
 }
 
 const FLEET: &[DeviceSpec] = &[
-    DeviceSpec { name: "coral-1", profile: "coral-dev-board", role: "edge", region: "eu-west", labels: &["tier=edge", "site=plant"], workers: 1, concurrency: 32, burst_factor: 2 },
-    DeviceSpec { name: "pi-1", profile: "rpi5-hailo8l", role: "edge", region: "eu-west", labels: &["tier=edge", "site=lab"], workers: 1, concurrency: 4, burst_factor: 1 },
-    DeviceSpec { name: "jetson-1", profile: "jetson-orin-nano-8gb", role: "edge", region: "us-east", labels: &["tier=edge", "site=lab"], workers: 2, concurrency: 4, burst_factor: 1 },
-    DeviceSpec { name: "pool-1", profile: "gpu-4x-l4", role: "pool", region: "eu-west", labels: &[], workers: 2, concurrency: 0, burst_factor: 0 },
+    DeviceSpec {
+        name: "coral-1",
+        profile: "coral-dev-board",
+        role: "edge",
+        region: "eu-west",
+        labels: &["tier=edge", "site=plant"],
+        workers: 1,
+        concurrency: 32,
+        burst_factor: 2,
+    },
+    DeviceSpec {
+        name: "pi-1",
+        profile: "rpi5-hailo8l",
+        role: "edge",
+        region: "eu-west",
+        labels: &["tier=edge", "site=lab"],
+        workers: 1,
+        concurrency: 4,
+        burst_factor: 1,
+    },
+    DeviceSpec {
+        name: "jetson-1",
+        profile: "jetson-orin-nano-8gb",
+        role: "edge",
+        region: "us-east",
+        labels: &["tier=edge", "site=lab"],
+        workers: 2,
+        concurrency: 4,
+        burst_factor: 1,
+    },
+    DeviceSpec {
+        name: "pool-1",
+        profile: "gpu-4x-l4",
+        role: "pool",
+        region: "eu-west",
+        labels: &[],
+        workers: 2,
+        concurrency: 0,
+        burst_factor: 0,
+    },
 ];
 
 const CLOUD_CONFIG: &str = r#"
@@ -177,7 +213,12 @@ struct Sample {
     correct: bool,
 }
 
-fn burst(endpoint: &str, heldout: &Heldout, total: usize, concurrency: usize) -> (Vec<Sample>, usize) {
+fn burst(
+    endpoint: &str,
+    heldout: &Heldout,
+    total: usize,
+    concurrency: usize,
+) -> (Vec<Sample>, usize) {
     let next = Arc::new(AtomicUsize::new(0));
     let samples = Arc::new(Mutex::new(Vec::with_capacity(total)));
     let rejected = Arc::new(AtomicUsize::new(0));
@@ -200,7 +241,9 @@ fn burst(endpoint: &str, heldout: &Heldout, total: usize, concurrency: usize) ->
                     let row = i % heldout.labels.len();
                     let body = serde_json::json!({"shape": [1, 64], "data": heldout.features[row]});
                     let started = Instant::now();
-                    let response = agent.post(format!("http://{endpoint}/v1/infer/digits")).send_json(&body);
+                    let response = agent
+                        .post(format!("http://{endpoint}/v1/infer/digits"))
+                        .send_json(&body);
                     let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
                     let Ok(mut response) = response else {
                         rejected.fetch_add(1, Ordering::Relaxed);
@@ -216,13 +259,21 @@ fn burst(endpoint: &str, heldout: &Heldout, total: usize, concurrency: usize) ->
                     };
                     let output: Vec<f32> = reply["data"]
                         .as_array()
-                        .map(|a| a.iter().filter_map(|x| x.as_f64()).map(|x| x as f32).collect())
+                        .map(|a| {
+                            a.iter()
+                                .filter_map(|x| x.as_f64())
+                                .map(|x| x as f32)
+                                .collect()
+                        })
                         .unwrap_or_default();
-                    samples.lock().unwrap_or_else(|p| p.into_inner()).push(Sample {
-                        latency_ms,
-                        cloud: reply["where"] == "cloud",
-                        correct: argmax(&output) == heldout.labels[row],
-                    });
+                    samples
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(Sample {
+                            latency_ms,
+                            cloud: reply["where"] == "cloud",
+                            correct: argmax(&output) == heldout.labels[row],
+                        });
                 }
             });
         }
@@ -246,9 +297,17 @@ pub fn run(args: DemoArgs) -> Result<()> {
     };
     let _ = std::fs::remove_dir_all(&root);
     std::fs::create_dir_all(&root)?;
-    let mut fleet = Fleet { children: Vec::new() };
+    let mut fleet = Fleet {
+        children: Vec::new(),
+    };
 
-    progress(args.json, &format!("starting the control plane (2 regions) in {}", root.display()));
+    progress(
+        args.json,
+        &format!(
+            "starting the control plane (2 regions) in {}",
+            root.display()
+        ),
+    );
     std::fs::write(root.join("cloud.toml"), CLOUD_CONFIG)?;
     let cloud_ready = root.join("cloud.ready");
     spawn(
@@ -266,54 +325,104 @@ pub fn run(args: DemoArgs) -> Result<()> {
         &root,
     )?;
     let ready = wait_for_file(&cloud_ready, &mut fleet, Duration::from_secs(30))?;
-    let api_addr = ready["api"].as_str().context("ready file has no api")?.to_string();
-    let quic_addr = ready["quic"].as_str().context("ready file has no quic")?.to_string();
-    let admin_token = std::fs::read_to_string(root.join("cloud-data/admin-token"))?.trim().to_string();
+    let api_addr = ready["api"]
+        .as_str()
+        .context("ready file has no api")?
+        .to_string();
+    let quic_addr = ready["quic"]
+        .as_str()
+        .context("ready file has no quic")?
+        .to_string();
+    let admin_token = std::fs::read_to_string(root.join("cloud-data/admin-token"))?
+        .trim()
+        .to_string();
     let api = Api::new(&format!("http://{api_addr}"), &admin_token);
 
-    progress(args.json, "enrolling 3 edge agents and 1 pool agent with single-use join tokens");
+    progress(
+        args.json,
+        "enrolling 3 edge agents and 1 pool agent with single-use join tokens",
+    );
     for device in FLEET {
-        let token = api.post("/v1/tokens", &serde_json::json!({"region": device.region, "ttl_s": 600}))?;
-        let token = token["token"].as_str().context("no token in response")?.to_string();
+        let token = api.post(
+            "/v1/tokens",
+            &serde_json::json!({"region": device.region, "ttl_s": 600}),
+        )?;
+        let token = token["token"]
+            .as_str()
+            .context("no token in response")?
+            .to_string();
         let data_dir = root.join(device.name);
         let mut join = vec![
-            "edge".to_string(), "join".into(),
-            "--server".into(), quic_addr.clone(),
-            "--token".into(), token,
-            "--data-dir".into(), data_dir.display().to_string(),
-            "--name".into(), device.name.into(),
-            "--role".into(), device.role.into(),
-            "--profile".into(), device.profile.into(),
+            "edge".to_string(),
+            "join".into(),
+            "--server".into(),
+            quic_addr.clone(),
+            "--token".into(),
+            token,
+            "--data-dir".into(),
+            data_dir.display().to_string(),
+            "--name".into(),
+            device.name.into(),
+            "--role".into(),
+            device.role.into(),
+            "--profile".into(),
+            device.profile.into(),
         ];
         for label in device.labels {
             join.push("--label".into());
             join.push(label.to_string());
         }
-        let output = Command::new(std::env::current_exe()?).args(&join).output()?;
+        let output = Command::new(std::env::current_exe()?)
+            .args(&join)
+            .output()?;
         if !output.status.success() {
-            bail!("join of {} failed: {}", device.name, String::from_utf8_lossy(&output.stderr));
+            bail!(
+                "join of {} failed: {}",
+                device.name,
+                String::from_utf8_lossy(&output.stderr)
+            );
         }
         let ready_file = root.join(format!("{}.ready", device.name));
         spawn(
             &mut fleet,
             device.name,
             &[
-                "edge".into(), "run".into(),
-                "--data-dir".into(), data_dir.display().to_string(),
-                "--listen".into(), "127.0.0.1:0".into(),
-                "--workers".into(), device.workers.to_string(),
-                "--ready-file".into(), ready_file.display().to_string(),
+                "edge".into(),
+                "run".into(),
+                "--data-dir".into(),
+                data_dir.display().to_string(),
+                "--listen".into(),
+                "127.0.0.1:0".into(),
+                "--workers".into(),
+                device.workers.to_string(),
+                "--ready-file".into(),
+                ready_file.display().to_string(),
             ],
             &root,
         )?;
     }
     let mut endpoints = Vec::new();
     for device in FLEET {
-        let ready = wait_for_file(&root.join(format!("{}.ready", device.name)), &mut fleet, Duration::from_secs(30))?;
-        endpoints.push(ready["listen"].as_str().context("agent ready file")?.to_string());
+        let ready = wait_for_file(
+            &root.join(format!("{}.ready", device.name)),
+            &mut fleet,
+            Duration::from_secs(30),
+        )?;
+        endpoints.push(
+            ready["listen"]
+                .as_str()
+                .context("agent ready file")?
+                .to_string(),
+        );
     }
 
-    progress(args.json, &format!("pushing the digits model ({} bytes ONNX) and deploying it to tier=edge", MODEL_ONNX.len()));
+    progress(
+        args.json,
+        &format!(
+            "pushing the digits model ({} bytes ONNX) and deploying it to tier=edge",
+            MODEL_ONNX.len()
+        ),
+    );
     api.put_bytes("/v1/models/digits-mlp", MODEL_ONNX)?;
     api.post(
         "/v1/deployments",
@@ -322,8 +431,15 @@ pub fn run(args: DemoArgs) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let status = api.get("/v1/deployments/digits")?;
-        let pool_ready = status["devices"].as_array().into_iter().flatten().any(|d| d["role"] == "pool" && d["ready"] == true);
-        if status["ready_devices"] == status["desired_devices"] && status["desired_devices"].as_u64() == Some(3) && pool_ready {
+        let pool_ready = status["devices"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|d| d["role"] == "pool" && d["ready"] == true);
+        if status["ready_devices"] == status["desired_devices"]
+            && status["desired_devices"].as_u64() == Some(3)
+            && pool_ready
+        {
             break;
         }
         if Instant::now() > deadline {
@@ -331,7 +447,10 @@ pub fn run(args: DemoArgs) -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    progress(args.json, "deployment ready on 3 edge devices and the pool; driving the burst");
+    progress(
+        args.json,
+        "deployment ready on 3 edge devices and the pool; driving the burst",
+    );
 
     let mut reports = Vec::new();
     for (device, endpoint) in FLEET.iter().zip(&endpoints) {
@@ -339,11 +458,25 @@ pub fn run(args: DemoArgs) -> Result<()> {
             continue;
         }
         let total = args.requests * device.burst_factor;
-        progress(args.json, &format!("{}: {total} requests, {} concurrent", device.name, device.concurrency));
+        progress(
+            args.json,
+            &format!(
+                "{}: {total} requests, {} concurrent",
+                device.name, device.concurrency
+            ),
+        );
         let (samples, rejected) = burst(endpoint, &heldout, total, device.concurrency);
         let mut all: Vec<f64> = samples.iter().map(|s| s.latency_ms).collect();
-        let mut local: Vec<f64> = samples.iter().filter(|s| !s.cloud).map(|s| s.latency_ms).collect();
-        let mut cloud: Vec<f64> = samples.iter().filter(|s| s.cloud).map(|s| s.latency_ms).collect();
+        let mut local: Vec<f64> = samples
+            .iter()
+            .filter(|s| !s.cloud)
+            .map(|s| s.latency_ms)
+            .collect();
+        let mut cloud: Vec<f64> = samples
+            .iter()
+            .filter(|s| s.cloud)
+            .map(|s| s.latency_ms)
+            .collect();
         let correct = samples.iter().filter(|s| s.correct).count();
         reports.push(DeviceReport {
             name: device.name.into(),
@@ -359,7 +492,11 @@ pub fn run(args: DemoArgs) -> Result<()> {
             local_p99_ms: quantile_ms(&mut local, 0.99),
             offloaded_p50_ms: quantile_ms(&mut cloud, 0.5),
             offloaded_p99_ms: quantile_ms(&mut cloud, 0.99),
-            accuracy: if samples.is_empty() { 0.0 } else { ((correct as f64 / samples.len() as f64) * 10_000.0).round() / 10_000.0 },
+            accuracy: if samples.is_empty() {
+                0.0
+            } else {
+                ((correct as f64 / samples.len() as f64) * 10_000.0).round() / 10_000.0
+            },
         });
     }
     // Let one more heartbeat carry the final counters to the control plane.
@@ -378,11 +515,32 @@ pub fn run(args: DemoArgs) -> Result<()> {
         );
     } else {
         println!();
-        println!("{:<10} {:<22} {:<8} {:>6} {:>9} {:>8} {:>8} {:>8} {:>10} {:>9}", "DEVICE", "PROFILE", "REGION", "LOCAL", "OFFLOADED", "REJECTED", "P50 MS", "P99 MS", "OFFL P50", "ACCURACY");
+        println!(
+            "{:<10} {:<22} {:<8} {:>6} {:>9} {:>8} {:>8} {:>8} {:>10} {:>9}",
+            "DEVICE",
+            "PROFILE",
+            "REGION",
+            "LOCAL",
+            "OFFLOADED",
+            "REJECTED",
+            "P50 MS",
+            "P99 MS",
+            "OFFL P50",
+            "ACCURACY"
+        );
         for r in &reports {
             println!(
                 "{:<10} {:<22} {:<8} {:>6} {:>9} {:>8} {:>8.3} {:>8.3} {:>10.3} {:>8.2}%",
-                r.name, r.profile, r.region, r.local, r.offloaded, r.rejected, r.p50_ms, r.p99_ms, r.offloaded_p50_ms, r.accuracy * 100.0
+                r.name,
+                r.profile,
+                r.region,
+                r.local,
+                r.offloaded,
+                r.rejected,
+                r.p50_ms,
+                r.p99_ms,
+                r.offloaded_p50_ms,
+                r.accuracy * 100.0
             );
         }
         println!();
@@ -390,22 +548,47 @@ pub fn run(args: DemoArgs) -> Result<()> {
         for row in status["devices"].as_array().into_iter().flatten() {
             println!(
                 "  {:<10} {:<5} {:<22} phase={:<6} local={:<5} offloaded={:<5} p50={}ms p99={}ms",
-                row["device"].as_str().unwrap_or(""), row["role"].as_str().unwrap_or(""), row["profile"].as_str().unwrap_or(""),
-                row["phase"].as_str().unwrap_or(""), row["served_local"], row["served_offloaded"], row["p50_ms"], row["p99_ms"]
+                row["device"].as_str().unwrap_or(""),
+                row["role"].as_str().unwrap_or(""),
+                row["profile"].as_str().unwrap_or(""),
+                row["phase"].as_str().unwrap_or(""),
+                row["served_local"],
+                row["served_offloaded"],
+                row["p50_ms"],
+                row["p99_ms"]
             );
         }
         let rss: Vec<String> = devices
             .as_array()
             .into_iter()
             .flatten()
-            .map(|d| format!("{} {:.1} MB", d["name"].as_str().unwrap_or(""), d["rss_bytes"].as_f64().unwrap_or(0.0) / 1e6))
+            .map(|d| {
+                format!(
+                    "{} {:.1} MB",
+                    d["name"].as_str().unwrap_or(""),
+                    d["rss_bytes"].as_f64().unwrap_or(0.0) / 1e6
+                )
+            })
             .collect();
         println!("agent memory (RSS): {}", rss.join(", "));
         println!();
-        println!("API: http://{api_addr}  (token in {})", root.join("cloud-data/admin-token").display());
-        println!("     try: curl -H \"Authorization: Bearer $(cat {})\" http://{api_addr}/v1/devices", root.join("cloud-data/admin-token").display());
-        println!("metrics: http://{api_addr}/metrics; agent endpoints: {}", endpoints.join(", "));
-        println!("logs: {}   finished in {:.1} s", root.display(), started.elapsed().as_secs_f64());
+        println!(
+            "API: http://{api_addr}  (token in {})",
+            root.join("cloud-data/admin-token").display()
+        );
+        println!(
+            "     try: curl -H \"Authorization: Bearer $(cat {})\" http://{api_addr}/v1/devices",
+            root.join("cloud-data/admin-token").display()
+        );
+        println!(
+            "metrics: http://{api_addr}/metrics; agent endpoints: {}",
+            endpoints.join(", ")
+        );
+        println!(
+            "logs: {}   finished in {:.1} s",
+            root.display(),
+            started.elapsed().as_secs_f64()
+        );
     }
 
     if args.keep_running {

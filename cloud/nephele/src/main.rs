@@ -11,7 +11,11 @@ mod demo;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "nephele", version, about = "Federated edge-cloud orchestrator for ML workloads")]
+#[command(
+    name = "nephele",
+    version,
+    about = "Federated edge-cloud orchestrator for ML workloads"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -36,7 +36,8 @@ use crate::RunArgs;
 pub fn resolve_profile(name: Option<&String>) -> Result<(String, String, FirmwareProfile)> {
     match name {
         Some(name) if name.ends_with(".toml") => {
-            let text = std::fs::read_to_string(name).with_context(|| format!("cannot read profile {name}"))?;
+            let text = std::fs::read_to_string(name)
+                .with_context(|| format!("cannot read profile {name}"))?;
             let profile = FirmwareProfile::from_toml(&text, None)?;
             Ok((profile.device.name.clone(), text, profile))
         }
@@ -55,7 +56,9 @@ pub fn resolve_profile(name: Option<&String>) -> Result<(String, String, Firmwar
             Ok((name.clone(), text, found?))
         }
         None => {
-            let cores = std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1);
+            let cores = std::thread::available_parallelism()
+                .map(|n| n.get() as u32)
+                .unwrap_or(1);
             let memory_mb = std::fs::read_to_string("/proc/meminfo")
                 .ok()
                 .and_then(|text| {
@@ -77,7 +80,11 @@ pub fn resolve_profile(name: Option<&String>) -> Result<(String, String, Firmwar
 pub fn rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/statm")
         .ok()
-        .and_then(|text| text.split_whitespace().nth(1).and_then(|p| p.parse::<u64>().ok()))
+        .and_then(|text| {
+            text.split_whitespace()
+                .nth(1)
+                .and_then(|p| p.parse::<u64>().ok())
+        })
         .map(|pages| pages * 4096)
         .unwrap_or(0)
 }
@@ -103,16 +110,34 @@ pub async fn run(args: RunArgs) -> Result<()> {
             );
         }
     }
-    let profile_choice = args.profile.clone().or_else(|| enrolment.config.profile.clone());
+    let profile_choice = args
+        .profile
+        .clone()
+        .or_else(|| enrolment.config.profile.clone());
     let (profile_name, profile_toml, profile) = resolve_profile(profile_choice.as_ref())?;
-    let host_cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    let n_slots = args.workers.unwrap_or_else(|| (profile.device.cpu_cores as usize).min(host_cores)).max(1);
+    let host_cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let n_slots = args
+        .workers
+        .unwrap_or_else(|| (profile.device.cpu_cores as usize).min(host_cores))
+        .max(1);
     let metrics = nephele_telemetry::Registry::new();
     let is_pool = enrolment.config.role == "pool";
-    let server = Arc::new(Server::new(enrolment.config.name.clone(), is_pool, n_slots, metrics.clone()));
+    let server = Arc::new(Server::new(
+        enrolment.config.name.clone(),
+        is_pool,
+        n_slots,
+        metrics.clone(),
+    ));
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
-        .with_context(|| format!("cannot listen on {}; pick another --listen address", args.listen))?;
+        .with_context(|| {
+            format!(
+                "cannot listen on {}; pick another --listen address",
+                args.listen
+            )
+        })?;
     let local_addr = listener.local_addr()?;
     let cache_dir = args.data_dir.join("models");
     std::fs::create_dir_all(&cache_dir)?;
@@ -153,10 +178,11 @@ pub async fn run(args: RunArgs) -> Result<()> {
 async fn shutdown_signal() {
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(term) => term,
-            Err(_) => return std::future::pending().await,
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(_) => return std::future::pending().await,
+            };
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}
@@ -174,9 +200,15 @@ async fn session_loop(agent: Arc<Agent>, desired_tx: watch::Sender<Option<Desire
                 tracing::warn!(%reason, "session ended; reconnecting");
                 backoff = Duration::from_millis(200);
             }
-            Err(error) => tracing::warn!(error = %format!("{error:#}"), retry_in_ms = backoff.as_millis() as u64, "cannot reach the control plane"),
+            Err(error) => {
+                tracing::warn!(error = %format!("{error:#}"), retry_in_ms = backoff.as_millis() as u64, "cannot reach the control plane")
+            }
         }
-        *agent.server.connection.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        *agent
+            .server
+            .connection
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = None;
         let jitter = 0.8 + rand::random::<f64>() * 0.4;
         tokio::time::sleep(backoff.mul_f64(jitter)).await;
         backoff = (backoff * 2).min(Duration::from_secs(10));
@@ -184,7 +216,10 @@ async fn session_loop(agent: Arc<Agent>, desired_tx: watch::Sender<Option<Desire
 }
 
 /// One session: returns why it ended when it had been established, an error otherwise.
-async fn run_session(agent: &Arc<Agent>, desired_tx: &watch::Sender<Option<DesiredState>>) -> Result<String> {
+async fn run_session(
+    agent: &Arc<Agent>,
+    desired_tx: &watch::Sender<Option<DesiredState>>,
+) -> Result<String> {
     let config = &agent.enrolment.config;
     let addr = crate::enrol::resolve(&config.server).await?;
     let endpoint = nephele_net::client_endpoint(addr)?;
@@ -222,21 +257,34 @@ async fn run_session(agent: &Arc<Agent>, desired_tx: &watch::Sender<Option<Desir
         }),
     )
     .await?;
-    let welcome = match tokio::time::timeout(Duration::from_secs(10), read_frame::<CloudMessage>(&mut recv, MAX_FRAME_BYTES))
-        .await
-        .context("no Welcome within 10 s")??
+    let welcome = match tokio::time::timeout(
+        Duration::from_secs(10),
+        read_frame::<CloudMessage>(&mut recv, MAX_FRAME_BYTES),
+    )
+    .await
+    .context("no Welcome within 10 s")??
     {
         Some(CloudMessage::Welcome(welcome)) => welcome,
-        Some(CloudMessage::Refused(error)) => bail!("the control plane refused this agent: {}", error.message),
+        Some(CloudMessage::Refused(error)) => {
+            bail!("the control plane refused this agent: {}", error.message)
+        }
         Some(other) => bail!("unexpected first message {other:?}"),
         None => bail!("the control plane closed the control stream"),
     };
     tracing::info!(region = %welcome.region, server = %addr, "connected to the control plane");
-    *agent.server.connection.lock().unwrap_or_else(|p| p.into_inner()) = Some(connection.clone());
+    *agent
+        .server
+        .connection
+        .lock()
+        .unwrap_or_else(|p| p.into_inner()) = Some(connection.clone());
     agent
         .server
         .metrics
-        .counter("nephele_agent_sessions_total", "Sessions established with the control plane.", &[])
+        .counter(
+            "nephele_agent_sessions_total",
+            "Sessions established with the control plane.",
+            &[],
+        )
         .inc();
 
     // Requests the region sends us (pool role) arrive on streams the cloud opens.
@@ -251,7 +299,9 @@ async fn run_session(agent: &Arc<Agent>, desired_tx: &watch::Sender<Option<Desir
         })
     };
 
-    let mut heartbeat = tokio::time::interval(Duration::from_millis(u64::from(welcome.heartbeat_interval_ms.max(100))));
+    let mut heartbeat = tokio::time::interval(Duration::from_millis(u64::from(
+        welcome.heartbeat_interval_ms.max(100),
+    )));
     let mut seq = 0u64;
     let reason = loop {
         tokio::select! {
@@ -284,24 +334,36 @@ async fn run_session(agent: &Arc<Agent>, desired_tx: &watch::Sender<Option<Desir
     Ok(reason)
 }
 
-async fn serve_cloud_stream(agent: Arc<Agent>, mut send: quinn::SendStream, mut recv: quinn::RecvStream) {
+async fn serve_cloud_stream(
+    agent: Arc<Agent>,
+    mut send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
+) {
     let response = match read_frame::<StreamRequest>(&mut recv, MAX_FRAME_BYTES).await {
-        Ok(Some(request)) if request.protocol_version != PROTOCOL_VERSION => StreamResponse::Error(ErrorFrame::new(
-            ErrorCode::VersionMismatch,
-            format!("agent speaks protocol {PROTOCOL_VERSION}"),
-        )),
-        Ok(Some(StreamRequest { body: RequestBody::Infer(infer), .. })) => {
-            match agent.server.serve(&infer.deployment, infer.input).await {
-                Ok(answer) => StreamResponse::Inferred(InferResponse {
-                    request_id: infer.request_id,
-                    output: answer.output,
-                    computed_by: answer.computed_by,
-                    compute_us: answer.latency.as_micros() as u64,
-                }),
-                Err(error) => StreamResponse::Error(ErrorFrame::new(ErrorCode::Unavailable, error.to_string())),
-            }
+        Ok(Some(request)) if request.protocol_version != PROTOCOL_VERSION => {
+            StreamResponse::Error(ErrorFrame::new(
+                ErrorCode::VersionMismatch,
+                format!("agent speaks protocol {PROTOCOL_VERSION}"),
+            ))
         }
-        Ok(Some(_)) => StreamResponse::Error(ErrorFrame::new(ErrorCode::BadRequest, "agents serve only inference requests")),
+        Ok(Some(StreamRequest {
+            body: RequestBody::Infer(infer),
+            ..
+        })) => match agent.server.serve(&infer.deployment, infer.input).await {
+            Ok(answer) => StreamResponse::Inferred(InferResponse {
+                request_id: infer.request_id,
+                output: answer.output,
+                computed_by: answer.computed_by,
+                compute_us: answer.latency.as_micros() as u64,
+            }),
+            Err(error) => {
+                StreamResponse::Error(ErrorFrame::new(ErrorCode::Unavailable, error.to_string()))
+            }
+        },
+        Ok(Some(_)) => StreamResponse::Error(ErrorFrame::new(
+            ErrorCode::BadRequest,
+            "agents serve only inference requests",
+        )),
         Ok(None) => return,
         Err(error) => {
             tracing::warn!(%error, "bad request stream from the control plane");
@@ -320,7 +382,9 @@ async fn reconciler(agent: Arc<Agent>, mut desired_rx: watch::Receiver<Option<De
             continue;
         };
         reconcile(&agent, &desired).await;
-        agent.applied_generation.store(desired.generation, Ordering::Relaxed);
+        agent
+            .applied_generation
+            .store(desired.generation, Ordering::Relaxed);
     }
 }
 
@@ -335,9 +399,16 @@ fn set_phase(agent: &Agent, deployment: &str, phase: DeploymentPhase) {
 
 async fn reconcile(agent: &Arc<Agent>, desired: &DesiredState) {
     let server = &agent.server;
-    let wanted: HashSet<String> = desired.assignments.iter().map(|a| a.deployment.clone()).collect();
+    let wanted: HashSet<String> = desired
+        .assignments
+        .iter()
+        .map(|a| a.deployment.clone())
+        .collect();
     {
-        let mut deployments = server.deployments.write().unwrap_or_else(|p| p.into_inner());
+        let mut deployments = server
+            .deployments
+            .write()
+            .unwrap_or_else(|p| p.into_inner());
         deployments.retain(|name, _| {
             let keep = wanted.contains(name);
             if !keep {
@@ -346,7 +417,11 @@ async fn reconcile(agent: &Arc<Agent>, desired: &DesiredState) {
             keep
         });
     }
-    server.phases.lock().unwrap_or_else(|p| p.into_inner()).retain(|name, _| wanted.contains(name));
+    server
+        .phases
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .retain(|name, _| wanted.contains(name));
 
     for assignment in &desired.assignments {
         let name = assignment.deployment.clone();
@@ -376,12 +451,28 @@ async fn reconcile(agent: &Arc<Agent>, desired: &DesiredState) {
             }
         };
         let model_name = manifest.name.clone();
-        let loaded = tokio::task::spawn_blocking(move || nephele_runtime::Model::load_onnx(&model_name, &bytes)).await;
+        let loaded = tokio::task::spawn_blocking(move || {
+            nephele_runtime::Model::load_onnx(&model_name, &bytes)
+        })
+        .await;
         match loaded {
             Ok(Ok(model)) => {
-                let deployment = Arc::new(Deployment::new(assignment.clone(), model, variant.sha256, variant.name.clone()));
-                server.deployments.write().unwrap_or_else(|p| p.into_inner()).insert(name.clone(), deployment);
-                server.phases.lock().unwrap_or_else(|p| p.into_inner()).remove(&name);
+                let deployment = Arc::new(Deployment::new(
+                    assignment.clone(),
+                    model,
+                    variant.sha256,
+                    variant.name.clone(),
+                ));
+                server
+                    .deployments
+                    .write()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(name.clone(), deployment);
+                server
+                    .phases
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&name);
                 tracing::info!(deployment = %name, model = %manifest.name, variant = %variant.name, "deployment ready");
             }
             Ok(Err(error)) => {
@@ -401,7 +492,8 @@ fn verify_manifest(
     let key = ring::signature::UnparsedPublicKey::new(&ring::signature::ED25519, signing_key);
     key.verify(&assignment.model.manifest, &assignment.model.signature)
         .map_err(|_| "model manifest signature is invalid; refusing to run it".to_string())?;
-    let manifest: ModelManifest = decode_payload(&assignment.model.manifest).map_err(|e| format!("manifest: {e}"))?;
+    let manifest: ModelManifest =
+        decode_payload(&assignment.model.manifest).map_err(|e| format!("manifest: {e}"))?;
     let variant = manifest
         .variants
         .iter()
@@ -453,7 +545,10 @@ async fn fetch_model(agent: &Arc<Agent>, digest: &[u8; 32], size: u64) -> Result
         )
         .await?;
         let _ = send.finish();
-        match read_frame::<StreamResponse>(&mut recv, MAX_FRAME_BYTES).await?.context("no chunk")? {
+        match read_frame::<StreamResponse>(&mut recv, MAX_FRAME_BYTES)
+            .await?
+            .context("no chunk")?
+        {
             StreamResponse::Chunk { total_size, data } => {
                 if total_size != size || data.is_empty() {
                     bail!("blob {hex} is {total_size} bytes at the control plane but the manifest says {size}");
@@ -474,7 +569,11 @@ async fn fetch_model(agent: &Arc<Agent>, digest: &[u8; 32], size: u64) -> Result
     agent
         .server
         .metrics
-        .counter("nephele_agent_model_bytes_downloaded_total", "Model bytes downloaded from the control plane.", &[])
+        .counter(
+            "nephele_agent_model_bytes_downloaded_total",
+            "Model bytes downloaded from the control plane.",
+            &[],
+        )
         .add(size);
     Ok(bytes)
 }

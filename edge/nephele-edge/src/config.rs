@@ -66,7 +66,8 @@ impl Enrolment {
             let path = data_dir.join(name);
             let text = std::fs::read_to_string(&path)
                 .with_context(|| format!("cannot read {}; re-run join", path.display()))?;
-            nephele_net::pki::pem_to_der(&text).with_context(|| format!("{} is not valid PEM", path.display()))
+            nephele_net::pki::pem_to_der(&text)
+                .with_context(|| format!("{} is not valid PEM", path.display()))
         };
         let signing_hex = std::fs::read_to_string(data_dir.join("manifest-signing.pub"))
             .context("cannot read manifest-signing.pub; re-run join")?;
@@ -75,7 +76,8 @@ impl Enrolment {
             ca_der: read_pem("ca.pem")?,
             cert_der: read_pem("agent.pem")?,
             key_pkcs8_der: read_pem("agent.key")?,
-            signing_key: hex::decode(signing_hex.trim()).context("manifest-signing.pub is not hex")?,
+            signing_key: hex::decode(signing_hex.trim())
+                .context("manifest-signing.pub is not hex")?,
             data_dir: data_dir.to_path_buf(),
         })
     }

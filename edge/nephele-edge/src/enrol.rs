@@ -13,7 +13,11 @@ use crate::JoinArgs;
 pub async fn resolve(server: &str) -> Result<std::net::SocketAddr> {
     tokio::net::lookup_host(server)
         .await
-        .with_context(|| format!("cannot resolve {server:?}; expected HOST:PORT of the control plane's QUIC gateway"))?
+        .with_context(|| {
+            format!(
+                "cannot resolve {server:?}; expected HOST:PORT of the control plane's QUIC gateway"
+            )
+        })?
         .next()
         .with_context(|| format!("{server:?} resolved to no address"))
 }
@@ -46,7 +50,8 @@ pub async fn join(args: JoinArgs) -> Result<()> {
             data_dir.display()
         );
     }
-    std::fs::create_dir_all(data_dir).with_context(|| format!("cannot create {}", data_dir.display()))?;
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("cannot create {}", data_dir.display()))?;
 
     let (key_pem, csr_der) = nephele_net::pki::agent_csr(&name)?;
     let addr = resolve(&args.server).await?;
@@ -59,7 +64,10 @@ pub async fn join(args: JoinArgs) -> Result<()> {
     .await
     .with_context(|| format!("no answer from {addr} within 15 s; is the control plane's QUIC port reachable (UDP)?"))?
     .with_context(|| format!("cannot establish a secure connection to {addr} (if the CA does not match the token, the token is for another cluster)"))?;
-    let (mut send, mut recv) = connection.open_bi().await.context("cannot open the join stream")?;
+    let (mut send, mut recv) = connection
+        .open_bi()
+        .await
+        .context("cannot open the join stream")?;
     write_frame(
         &mut send,
         &JoinRequest {
@@ -74,15 +82,19 @@ pub async fn join(args: JoinArgs) -> Result<()> {
     )
     .await?;
     let _ = send.finish();
-    let response: JoinResponse = tokio::time::timeout(Duration::from_secs(15), read_frame(&mut recv, 1024 * 1024))
-        .await
-        .context("the control plane did not answer the join request within 15 s")??
-        .context("the control plane closed the join stream without an answer")?;
+    let response: JoinResponse =
+        tokio::time::timeout(Duration::from_secs(15), read_frame(&mut recv, 1024 * 1024))
+            .await
+            .context("the control plane did not answer the join request within 15 s")??
+            .context("the control plane closed the join stream without an answer")?;
     connection.close(0u32.into(), b"joined");
     endpoint.wait_idle().await;
     let accepted = match response {
         JoinResponse::Accepted(accepted) => accepted,
-        JoinResponse::Refused(error) => bail!("the control plane refused to enrol {name}: {}", error.message),
+        JoinResponse::Refused(error) => bail!(
+            "the control plane refused to enrol {name}: {}",
+            error.message
+        ),
     };
     if nephele_net::fingerprint(&accepted.ca_der) != token.ca_fingerprint {
         bail!("the CA the control plane sent does not match the token's fingerprint; refusing it");
@@ -111,7 +123,11 @@ pub async fn join(args: JoinArgs) -> Result<()> {
         profile: args.profile.clone(),
         labels,
     };
-    write_file(&data_dir.join("agent.toml"), toml::to_string_pretty(&config)?.as_bytes(), 0o644)?;
+    write_file(
+        &data_dir.join("agent.toml"),
+        toml::to_string_pretty(&config)?.as_bytes(),
+        0o644,
+    )?;
     println!(
         "enrolled {} (role {}, region {}) with {}; start it with `nephele-edge run --data-dir {}`",
         accepted.agent_id,

@@ -63,17 +63,24 @@ fn json<T: Serialize>(status: StatusCode, body: &T) -> Response<Full<Bytes>> {
     let bytes = serde_json::to_vec(body).unwrap_or_else(|_| b"{}".to_vec());
     let mut response = Response::new(Full::new(Bytes::from(bytes)));
     *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert("content-type", hyper::header::HeaderValue::from_static("application/json"));
+    response.headers_mut().insert(
+        "content-type",
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
     response
 }
 
 fn error(status: StatusCode, message: impl std::fmt::Display) -> Response<Full<Bytes>> {
-    json(status, &serde_json::json!({"error": status.canonical_reason().unwrap_or(""), "message": message.to_string()}))
+    json(
+        status,
+        &serde_json::json!({"error": status.canonical_reason().unwrap_or(""), "message": message.to_string()}),
+    )
 }
 
-async fn handle(request: Request<Incoming>, agent: Arc<Agent>) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn handle(
+    request: Request<Incoming>,
+    agent: Arc<Agent>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
     let path = request.uri().path().to_string();
     let response = match (request.method(), path.as_str()) {
         (&Method::GET, "/healthz") => json(StatusCode::OK, &serde_json::json!({"status": "ok"})),
@@ -81,18 +88,32 @@ async fn handle(request: Request<Incoming>, agent: Arc<Agent>) -> Result<Respons
             agent
                 .server
                 .metrics
-                .gauge("nephele_agent_resident_memory_bytes", "Resident set size of the agent.", &[])
+                .gauge(
+                    "nephele_agent_resident_memory_bytes",
+                    "Resident set size of the agent.",
+                    &[],
+                )
                 .set(crate::agent::rss_bytes() as i64);
-            let connected = agent.server.connection.lock().map(|c| c.is_some()).unwrap_or(false);
+            let connected = agent
+                .server
+                .connection
+                .lock()
+                .map(|c| c.is_some())
+                .unwrap_or(false);
             agent
                 .server
                 .metrics
-                .gauge("nephele_agent_connected", "1 while a session with the control plane is up.", &[])
+                .gauge(
+                    "nephele_agent_connected",
+                    "1 while a session with the control plane is up.",
+                    &[],
+                )
                 .set(i64::from(connected));
             let mut response = Response::new(Full::new(Bytes::from(agent.server.metrics.render())));
-            response
-                .headers_mut()
-                .insert("content-type", hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"));
+            response.headers_mut().insert(
+                "content-type",
+                hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"),
+            );
             response
         }
         (&Method::GET, "/v1/status") => status(&agent),
@@ -100,13 +121,21 @@ async fn handle(request: Request<Incoming>, agent: Arc<Agent>) -> Result<Respons
             let deployment = route.trim_start_matches("/v1/infer/").to_string();
             infer(request, agent, &deployment).await
         }
-        _ => error(StatusCode::NOT_FOUND, format!("no route {path}; see /v1/status, /v1/infer/{{deployment}}, /metrics")),
+        _ => error(
+            StatusCode::NOT_FOUND,
+            format!("no route {path}; see /v1/status, /v1/infer/{{deployment}}, /metrics"),
+        ),
     };
     Ok(response)
 }
 
 fn status(agent: &Agent) -> Response<Full<Bytes>> {
-    let connected = agent.server.connection.lock().map(|c| c.is_some()).unwrap_or(false);
+    let connected = agent
+        .server
+        .connection
+        .lock()
+        .map(|c| c.is_some())
+        .unwrap_or(false);
     json(
         StatusCode::OK,
         &serde_json::json!({
@@ -137,14 +166,31 @@ fn status(agent: &Agent) -> Response<Full<Bytes>> {
     )
 }
 
-async fn infer(request: Request<Incoming>, agent: Arc<Agent>, deployment: &str) -> Response<Full<Bytes>> {
-    let body = match Limited::new(request.into_body(), MAX_BODY_BYTES).collect().await {
+async fn infer(
+    request: Request<Incoming>,
+    agent: Arc<Agent>,
+    deployment: &str,
+) -> Response<Full<Bytes>> {
+    let body = match Limited::new(request.into_body(), MAX_BODY_BYTES)
+        .collect()
+        .await
+    {
         Ok(collected) => collected.to_bytes(),
-        Err(e) => return error(StatusCode::PAYLOAD_TOO_LARGE, format!("request body rejected: {e} (limit {MAX_BODY_BYTES} bytes)")),
+        Err(e) => {
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("request body rejected: {e} (limit {MAX_BODY_BYTES} bytes)"),
+            )
+        }
     };
     let parsed: InferBody = match serde_json::from_slice(&body) {
         Ok(parsed) => parsed,
-        Err(e) => return error(StatusCode::BAD_REQUEST, format!("invalid JSON: {e}; expected {{\"shape\": [1, N], \"data\": [...]}}")),
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("invalid JSON: {e}; expected {{\"shape\": [1, N], \"data\": [...]}}"),
+            )
+        }
     };
     let input = nephele_proto::Tensor {
         shape: parsed.shape,
@@ -161,7 +207,10 @@ async fn infer(request: Request<Incoming>, agent: Arc<Agent>, deployment: &str) 
                 latency_ms: answer.latency.as_secs_f64() * 1000.0,
             },
         ),
-        Err(ServeError::NotFound(name)) => error(StatusCode::NOT_FOUND, format!("deployment {name} is not assigned to this device")),
+        Err(ServeError::NotFound(name)) => error(
+            StatusCode::NOT_FOUND,
+            format!("deployment {name} is not assigned to this device"),
+        ),
         Err(e @ ServeError::NotReady(..)) => error(StatusCode::SERVICE_UNAVAILABLE, e),
         Err(e @ ServeError::BadInput(_)) => error(StatusCode::BAD_REQUEST, e),
         Err(e @ ServeError::Overloaded { retry_after_ms, .. }) => {

@@ -40,7 +40,12 @@ pub struct Deployment {
 }
 
 impl Deployment {
-    pub fn new(assignment: Assignment, model: nephele_runtime::Model, model_digest: [u8; 32], variant: String) -> Self {
+    pub fn new(
+        assignment: Assignment,
+        model: nephele_runtime::Model,
+        model_digest: [u8; 32],
+        variant: String,
+    ) -> Self {
         Deployment {
             name: assignment.deployment.clone(),
             model,
@@ -57,7 +62,10 @@ impl Deployment {
     }
 
     fn params(&self) -> Assignment {
-        self.params.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.params
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     pub fn telemetry(&self) -> DeploymentTelemetry {
@@ -101,7 +109,10 @@ pub enum ServeError {
     #[error("bad input: {0}")]
     BadInput(String),
     #[error("overloaded: the local queue for {deployment} is full and offload is not possible; retry after {retry_after_ms} ms")]
-    Overloaded { deployment: String, retry_after_ms: u64 },
+    Overloaded {
+        deployment: String,
+        retry_after_ms: u64,
+    },
     #[error("inference failed: {0}")]
     Failed(String),
 }
@@ -137,7 +148,11 @@ impl Server {
     }
 
     pub fn deployment(&self, name: &str) -> Option<Arc<Deployment>> {
-        self.deployments.read().unwrap_or_else(|p| p.into_inner()).get(name).cloned()
+        self.deployments
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .cloned()
     }
 
     fn connection(&self) -> Option<quinn::Connection> {
@@ -152,9 +167,17 @@ impl Server {
     pub async fn serve(&self, deployment_name: &str, input: Tensor) -> Result<Answer, ServeError> {
         let started = Instant::now();
         let Some(deployment) = self.deployment(deployment_name) else {
-            let phase = self.phases.lock().unwrap_or_else(|p| p.into_inner()).get(deployment_name).cloned();
+            let phase = self
+                .phases
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(deployment_name)
+                .cloned();
             return Err(match phase {
-                Some(phase) => ServeError::NotReady(deployment_name.to_string(), format!("{phase:?}").to_lowercase()),
+                Some(phase) => ServeError::NotReady(
+                    deployment_name.to_string(),
+                    format!("{phase:?}").to_lowercase(),
+                ),
                 None => ServeError::NotFound(deployment_name.to_string()),
             });
         };
@@ -169,7 +192,9 @@ impl Server {
             self.run_local(&deployment, input).await
         } else {
             let offloaded = match (params.offload, self.connection()) {
-                (true, Some(connection)) => Some(self.offload(&connection, &deployment, input.clone()).await),
+                (true, Some(connection)) => {
+                    Some(self.offload(&connection, &deployment, input.clone()).await)
+                }
                 _ => None,
             };
             match offloaded {
@@ -177,12 +202,17 @@ impl Server {
                 other => {
                     if let Some(Err(error)) = other {
                         self.metrics
-                            .counter("nephele_agent_offload_failures_total", "Offloads that failed and fell back to local.", &[("deployment", &deployment.name)])
+                            .counter(
+                                "nephele_agent_offload_failures_total",
+                                "Offloads that failed and fell back to local.",
+                                &[("deployment", &deployment.name)],
+                            )
                             .inc();
                         tracing::debug!(deployment = %deployment.name, %error, "offload failed; serving locally");
                     }
                     if queue_full {
-                        let retry_after_ms = (u64::from(queued) * service_us / self.n_slots as u64 / 1000).max(1);
+                        let retry_after_ms =
+                            (u64::from(queued) * service_us / self.n_slots as u64 / 1000).max(1);
                         deployment.failed.fetch_add(1, Ordering::Relaxed);
                         self.count(&deployment.name, "rejected");
                         return Err(ServeError::Overloaded {
@@ -199,7 +229,11 @@ impl Server {
         })?;
         answer.latency = started.elapsed();
         let latency_us = answer.latency.as_micros() as u64;
-        deployment.latencies.lock().unwrap_or_else(|p| p.into_inner()).record(latency_us);
+        deployment
+            .latencies
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .record(latency_us);
         let location = match answer.location {
             Location::Local => "local",
             Location::Cloud => "cloud",
@@ -218,17 +252,33 @@ impl Server {
 
     fn count(&self, deployment: &str, outcome: &str) {
         self.metrics
-            .counter("nephele_agent_requests_total", "Inference requests by where they were served.", &[("deployment", deployment), ("outcome", outcome)])
+            .counter(
+                "nephele_agent_requests_total",
+                "Inference requests by where they were served.",
+                &[("deployment", deployment), ("outcome", outcome)],
+            )
             .inc();
     }
 
-    async fn run_local(&self, deployment: &Arc<Deployment>, input: Tensor) -> Result<Answer, ServeError> {
+    async fn run_local(
+        &self,
+        deployment: &Arc<Deployment>,
+        input: Tensor,
+    ) -> Result<Answer, ServeError> {
         deployment.queued.fetch_add(1, Ordering::Relaxed);
         self.metrics
-            .gauge("nephele_agent_queue_length", "Requests queued or running locally.", &[("deployment", &deployment.name)])
+            .gauge(
+                "nephele_agent_queue_length",
+                "Requests queued or running locally.",
+                &[("deployment", &deployment.name)],
+            )
             .add(1);
         let result = async {
-            let _permit = self.slots.acquire().await.map_err(|e| ServeError::Failed(e.to_string()))?;
+            let _permit = self
+                .slots
+                .acquire()
+                .await
+                .map_err(|e| ServeError::Failed(e.to_string()))?;
             let model = deployment.model.clone();
             let compute_started = Instant::now();
             let shape: Vec<usize> = input.shape.iter().map(|d| *d as usize).collect();
@@ -236,19 +286,31 @@ impl Server {
                 .await
                 .map_err(|e| ServeError::Failed(e.to_string()))?
                 .map_err(|e| match e {
-                    nephele_runtime::RuntimeError::BadInput { cause, .. } => ServeError::BadInput(cause),
+                    nephele_runtime::RuntimeError::BadInput { cause, .. } => {
+                        ServeError::BadInput(cause)
+                    }
                     other => ServeError::Failed(other.to_string()),
                 })?;
             let sample = compute_started.elapsed().as_micros() as u64;
             let previous = deployment.ewma_service_us.load(Ordering::Relaxed);
-            let next = if previous == 0 { sample } else { (previous * 7 + sample) / 8 };
-            deployment.ewma_service_us.store(next.max(1), Ordering::Relaxed);
+            let next = if previous == 0 {
+                sample
+            } else {
+                (previous * 7 + sample) / 8
+            };
+            deployment
+                .ewma_service_us
+                .store(next.max(1), Ordering::Relaxed);
             Ok(output)
         }
         .await;
         deployment.queued.fetch_sub(1, Ordering::Relaxed);
         self.metrics
-            .gauge("nephele_agent_queue_length", "Requests queued or running locally.", &[("deployment", &deployment.name)])
+            .gauge(
+                "nephele_agent_queue_length",
+                "Requests queued or running locally.",
+                &[("deployment", &deployment.name)],
+            )
             .add(-1);
         let (shape, data) = result?;
         deployment.served_local.fetch_add(1, Ordering::Relaxed);
@@ -263,7 +325,12 @@ impl Server {
         })
     }
 
-    async fn offload(&self, connection: &quinn::Connection, deployment: &Arc<Deployment>, input: Tensor) -> Result<Answer, String> {
+    async fn offload(
+        &self,
+        connection: &quinn::Connection,
+        deployment: &Arc<Deployment>,
+        input: Tensor,
+    ) -> Result<Answer, String> {
         let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
         let slo = Duration::from_millis(u64::from(deployment.params().slo_ms));
         let exchange = async {
@@ -301,7 +368,9 @@ impl Server {
                 })
             }
             StreamResponse::Error(error) => Err(error.to_string()),
-            StreamResponse::Chunk { .. } => Err("unexpected chunk in answer to an inference request".into()),
+            StreamResponse::Chunk { .. } => {
+                Err("unexpected chunk in answer to an inference request".into())
+            }
         }
     }
 

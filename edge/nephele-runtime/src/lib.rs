@@ -152,7 +152,11 @@ impl Model {
     /// Runs the model on `data` laid out as `shape`: either the input shape with a batch
     /// dimension first, or one row without it. Returns the output shape (with the batch
     /// dimension) and values.
-    pub fn infer(&self, shape: &[usize], data: &[f32]) -> Result<(Vec<usize>, Vec<f32>), RuntimeError> {
+    pub fn infer(
+        &self,
+        shape: &[usize],
+        data: &[f32],
+    ) -> Result<(Vec<usize>, Vec<f32>), RuntimeError> {
         let bad = |cause: String| RuntimeError::BadInput {
             model: self.name.clone(),
             cause,
@@ -183,7 +187,8 @@ impl Model {
         let mut one_row_shape = vec![1usize];
         one_row_shape.extend_from_slice(&row_shape);
         for row in data.chunks(self.row_len) {
-            let tensor = Tensor::from_shape(&one_row_shape, row).map_err(|e| bad(format!("{e:#}")))?;
+            let tensor =
+                Tensor::from_shape(&one_row_shape, row).map_err(|e| bad(format!("{e:#}")))?;
             let result = self
                 .plan
                 .run(tvec!(tensor.into()))
@@ -191,10 +196,12 @@ impl Model {
                     model: self.name.clone(),
                     cause: format!("{e:#}"),
                 })?;
-            let view = result[0].to_plain_array_view::<f32>().map_err(|e| RuntimeError::Run {
-                model: self.name.clone(),
-                cause: format!("{e:#}"),
-            })?;
+            let view = result[0]
+                .to_plain_array_view::<f32>()
+                .map_err(|e| RuntimeError::Run {
+                    model: self.name.clone(),
+                    cause: format!("{e:#}"),
+                })?;
             if out_shape.is_empty() {
                 out_shape = view.shape().to_vec();
             }

@@ -120,7 +120,11 @@ mod tests {
 
     fn check(selector: &str, device: &[(&str, &str)], expected: bool) {
         let parsed = Selector::parse(selector).expect("selector parses");
-        assert_eq!(parsed.matches(&labels(device)), expected, "{selector} on {device:?}");
+        assert_eq!(
+            parsed.matches(&labels(device)),
+            expected,
+            "{selector} on {device:?}"
+        );
     }
 
     #[test]

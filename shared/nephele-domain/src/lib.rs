@@ -45,7 +45,9 @@ impl std::str::FromStr for AgentRole {
         match text {
             "edge" => Ok(AgentRole::Edge),
             "pool" => Ok(AgentRole::Pool),
-            other => Err(format!("unknown role {other:?}: expected \"edge\" or \"pool\"")),
+            other => Err(format!(
+                "unknown role {other:?}: expected \"edge\" or \"pool\""
+            )),
         }
     }
 }
@@ -63,7 +65,11 @@ pub fn validate_name(kind: &str, name: &str) -> Result<(), String> {
     let ok_chars = name
         .bytes()
         .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-    if name.is_empty() || name.len() > 63 || !ok_chars || name.starts_with('-') || name.ends_with('-')
+    if name.is_empty()
+        || name.len() > 63
+        || !ok_chars
+        || name.starts_with('-')
+        || name.ends_with('-')
     {
         return Err(format!(
             "invalid {kind} name {name:?}: use 1-63 characters of a-z, 0-9 and '-', not starting or ending with '-'"
@@ -81,7 +87,16 @@ mod tests {
         for good in ["a", "rpi5-01", "eu-west", "x".repeat(63).as_str()] {
             assert!(validate_name("device", good).is_ok(), "{good}");
         }
-        for bad in ["", "-a", "a-", "A", "a_b", "a.b", "x".repeat(64).as_str(), "é"] {
+        for bad in [
+            "",
+            "-a",
+            "a-",
+            "A",
+            "a_b",
+            "a.b",
+            "x".repeat(64).as_str(),
+            "é",
+        ] {
             assert!(validate_name("device", bad).is_err(), "{bad}");
         }
     }

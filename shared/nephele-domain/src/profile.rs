@@ -155,7 +155,9 @@ impl FirmwareProfile {
                     )));
                 }
                 if !(*tops > 0.0 && tops.is_finite()) {
-                    return Err(self.invalid(format!("{what}: peak_tops {precision:?} must be > 0")));
+                    return Err(
+                        self.invalid(format!("{what}: peak_tops {precision:?} must be > 0"))
+                    );
                 }
             }
             if !accel.mig.is_empty() && accel.kind != AcceleratorKind::Gpu {
@@ -168,8 +170,7 @@ impl FirmwareProfile {
                         mig.name, accel.memory_mb
                     )));
                 }
-                if !(1..=7).contains(&mig.compute_slices) || !(1..=7).contains(&mig.max_instances)
-                {
+                if !(1..=7).contains(&mig.compute_slices) || !(1..=7).contains(&mig.max_instances) {
                     return Err(self.invalid(format!(
                         "{what}: MIG {} compute_slices and max_instances must be 1..=7",
                         mig.name
@@ -284,21 +285,36 @@ int8 = 0.4
         let cases = [
             (PI.replace("fp32 = 0.1\n", ""), "no peak_tops"),
             (PI.replace("cpu_cores = 4", "cpu_cores = 0"), "cpu_cores"),
-            (PI.replace("name = \"pi\"", "name = \"Pi!\""), "invalid profile name"),
+            (
+                PI.replace("name = \"pi\"", "name = \"Pi!\""),
+                "invalid profile name",
+            ),
             (PI.replace("class = \"edge\"", "class = \"cloud\""), "GPU"),
             (PI.replace("arch = \"aarch64\"", "arch = \"mips\""), "arch"),
-            (PI.replace("vendor = \"v\"", "vendor = \"v\"\ncolour = 1"), "unknown field"),
+            (
+                PI.replace("vendor = \"v\"", "vendor = \"v\"\ncolour = 1"),
+                "unknown field",
+            ),
         ];
         for (text, expected) in cases {
-            let error = FirmwareProfile::from_toml(&text, None).expect_err(expected).to_string();
-            assert!(error.contains(expected), "{error} should mention {expected}");
+            let error = FirmwareProfile::from_toml(&text, None)
+                .expect_err(expected)
+                .to_string();
+            assert!(
+                error.contains(expected),
+                "{error} should mention {expected}"
+            );
         }
-        let error = FirmwareProfile::from_toml(PI, Some("other")).unwrap_err().to_string();
+        let error = FirmwareProfile::from_toml(PI, Some("other"))
+            .unwrap_err()
+            .to_string();
         assert!(error.contains("file name"), "{error}");
     }
 
     #[test]
     fn detected_profiles_are_valid() {
-        FirmwareProfile::detected(2, 4096, "x86_64").validate().expect("valid");
+        FirmwareProfile::detected(2, 4096, "x86_64")
+            .validate()
+            .expect("valid");
     }
 }

@@ -49,17 +49,23 @@ pub async fn read_frame<T: DeserializeOwned>(
         match recv.read(&mut prefix[filled..]).await {
             Ok(Some(n)) => filled += n,
             Ok(None) if filled == 0 => return Ok(None),
-            Ok(None) => return Err(FrameError::Malformed("stream ended inside a length prefix".into()).into()),
+            Ok(None) => {
+                return Err(
+                    FrameError::Malformed("stream ended inside a length prefix".into()).into(),
+                )
+            }
             Err(error) => return Err(NetError::Read(error.to_string())),
         }
     }
     let len = FrameDecoder::check_len(prefix, max_frame.min(MAX_FRAME_BYTES))?;
     let mut payload = vec![0u8; len];
-    recv.read_exact(&mut payload).await.map_err(|error| match error {
-        quinn::ReadExactError::FinishedEarly(_) => {
-            NetError::Frame(FrameError::Malformed("stream ended inside a frame".into()))
-        }
-        quinn::ReadExactError::ReadError(error) => NetError::Read(error.to_string()),
-    })?;
+    recv.read_exact(&mut payload)
+        .await
+        .map_err(|error| match error {
+            quinn::ReadExactError::FinishedEarly(_) => {
+                NetError::Frame(FrameError::Malformed("stream ended inside a frame".into()))
+            }
+            quinn::ReadExactError::ReadError(error) => NetError::Read(error.to_string()),
+        })?;
     Ok(Some(decode_payload(&payload)?))
 }

@@ -220,6 +220,9 @@ mod tests {
         assert!(ca.sign_agent_csr(b"garbage", "x", "edge").is_err());
         let reloaded = ClusterCa::from_pem(&ca.cert_pem, &ca.key_pem).expect("reload");
         assert_eq!(reloaded.fingerprint(), ca.fingerprint());
-        assert_eq!(pem_to_der(&der_to_pem("CERTIFICATE", ca.cert_der())).unwrap(), ca.cert_der().to_vec());
+        assert_eq!(
+            pem_to_der(&der_to_pem("CERTIFICATE", ca.cert_der())).unwrap(),
+            ca.cert_der().to_vec()
+        );
     }
 }

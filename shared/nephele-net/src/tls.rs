@@ -35,7 +35,8 @@ fn transport() -> Arc<quinn::TransportConfig> {
     let mut transport = quinn::TransportConfig::default();
     transport.keep_alive_interval(Some(Duration::from_secs(3)));
     transport.max_idle_timeout(Some(
-        quinn::IdleTimeout::try_from(Duration::from_secs(15)).unwrap_or(quinn::VarInt::from_u32(15_000).into()),
+        quinn::IdleTimeout::try_from(Duration::from_secs(15))
+            .unwrap_or(quinn::VarInt::from_u32(15_000).into()),
     ));
     transport.max_concurrent_bidi_streams(1024u32.into());
     transport.max_concurrent_uni_streams(0u32.into());
@@ -162,9 +163,10 @@ impl ServerCertVerifier for PinnedCaVerifier {
         roots
             .add(ca.clone().into_owned())
             .map_err(|e| rustls::Error::General(format!("pinned CA unusable: {e}")))?;
-        let inner = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), self.provider.clone())
-            .build()
-            .map_err(|e| rustls::Error::General(e.to_string()))?;
+        let inner =
+            WebPkiServerVerifier::builder_with_provider(Arc::new(roots), self.provider.clone())
+                .build()
+                .map_err(|e| rustls::Error::General(e.to_string()))?;
         inner.verify_server_cert(end_entity, &[], server_name, ocsp_response, now)
     }
 
@@ -226,7 +228,12 @@ pub fn peer_identity(connection: &quinn::Connection) -> Option<PeerIdentity> {
 pub fn parse_identity(cert_der: &[u8]) -> Option<PeerIdentity> {
     let (_, cert) = x509_parser::parse_x509_certificate(cert_der).ok()?;
     let subject = cert.subject();
-    let name = subject.iter_common_name().next()?.as_str().ok()?.to_string();
+    let name = subject
+        .iter_common_name()
+        .next()?
+        .as_str()
+        .ok()?
+        .to_string();
     let role = subject
         .iter_organizational_unit()
         .next()?

@@ -26,11 +26,15 @@ impl JoinToken {
         }
         let id = parts.next().ok_or(TokenError::Malformed("no id"))?;
         let secret = parts.next().ok_or(TokenError::Malformed("no secret"))?;
-        let fingerprint_hex = parts.next().ok_or(TokenError::Malformed("no CA fingerprint"))?;
+        let fingerprint_hex = parts
+            .next()
+            .ok_or(TokenError::Malformed("no CA fingerprint"))?;
         if parts.next().is_some() {
             return Err(TokenError::Malformed("too many parts"));
         }
-        let alnum = |s: &str| !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric());
+        let alnum = |s: &str| {
+            !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric())
+        };
         if !alnum(id) || !alnum(secret) {
             return Err(TokenError::Malformed("id and secret must be alphanumeric"));
         }

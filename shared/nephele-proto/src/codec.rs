@@ -100,14 +100,19 @@ impl FrameDecoder {
     }
 
     /// Returns the next whole message, `Ok(None)` when more bytes are needed.
-    pub fn next<T: DeserializeOwned>(&mut self) -> Result<Option<T>, FrameError> {
+    pub fn next_frame<T: DeserializeOwned>(&mut self) -> Result<Option<T>, FrameError> {
         if self.poisoned {
             return Err(FrameError::Malformed("decoder already failed".into()));
         }
         if self.buffer.len() < 4 {
             return Ok(None);
         }
-        let prefix = [self.buffer[0], self.buffer[1], self.buffer[2], self.buffer[3]];
+        let prefix = [
+            self.buffer[0],
+            self.buffer[1],
+            self.buffer[2],
+            self.buffer[3],
+        ];
         let len = Self::check_len(prefix, self.max_frame).inspect_err(|_| self.poisoned = true)?;
         if self.buffer.len() < 4 + len {
             return Ok(None);

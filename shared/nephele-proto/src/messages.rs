@@ -197,7 +197,11 @@ pub struct StreamRequest {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum RequestBody {
     /// A byte range of a content-addressed blob.
-    FetchChunk { sha256: Digest, offset: u64, len: u32 },
+    FetchChunk {
+        sha256: Digest,
+        offset: u64,
+        len: u32,
+    },
     /// One inference request for a deployment.
     Infer(InferRequest),
 }

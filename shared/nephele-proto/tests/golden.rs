@@ -2,6 +2,8 @@
 //! planes of different versions. If a change here is intended, bump PROTOCOL_VERSION and
 //! re-bless with `NEPHELE_BLESS=1 cargo test --release -p nephele-proto --test golden`.
 
+#![allow(clippy::unwrap_used)]
+
 use std::collections::BTreeMap;
 
 use nephele_proto::*;
@@ -22,16 +24,33 @@ fn manifest() -> ModelManifest {
         name: "m".into(),
         format: "onnx".into(),
         created_unix: 1_700_000_000,
-        inputs: vec![TensorSpec { name: "input".into(), shape: vec![-1, 64], dtype: "f32".into() }],
-        outputs: vec![TensorSpec { name: "logits".into(), shape: vec![-1, 10], dtype: "f32".into() }],
-        variants: vec![ModelVariant { name: "full".into(), precision: "fp32".into(), sha256: [0xab; 32], size: 70_000, accuracy: Some(0.98) }],
+        inputs: vec![TensorSpec {
+            name: "input".into(),
+            shape: vec![-1, 64],
+            dtype: "f32".into(),
+        }],
+        outputs: vec![TensorSpec {
+            name: "logits".into(),
+            shape: vec![-1, 10],
+            dtype: "f32".into(),
+        }],
+        variants: vec![ModelVariant {
+            name: "full".into(),
+            precision: "fp32".into(),
+            sha256: [0xab; 32],
+            size: 70_000,
+            accuracy: Some(0.98),
+        }],
     }
 }
 
 fn assignment() -> Assignment {
     Assignment {
         deployment: "d".into(),
-        model: SignedManifest { manifest: vec![1, 2, 3], signature: vec![9; 4] },
+        model: SignedManifest {
+            manifest: vec![1, 2, 3],
+            signature: vec![9; 4],
+        },
         variant: "full".into(),
         slo_ms: 5,
         offload: true,
@@ -43,53 +62,158 @@ fn assignment() -> Assignment {
 fn samples() -> Vec<(&'static str, Vec<u8>)> {
     let e = |m: &dyn erased::Encode| m.encode();
     vec![
-        ("JoinRequest", e(&JoinRequest {
-            protocol_version: PROTOCOL_VERSION,
-            token_id: "id".into(),
-            token_secret: "s".into(),
-            name: "pi-1".into(),
-            role: "edge".into(),
-            csr_der: vec![0x30, 0x01],
-            labels: BTreeMap::from([("site".to_string(), "lab".to_string())]),
-        })),
-        ("JoinResponse::Accepted", e(&JoinResponse::Accepted(JoinAccepted {
-            agent_id: "pi-1".into(),
-            region: "eu".into(),
-            certificate_der: vec![1],
-            ca_der: vec![2],
-            manifest_signing_key: vec![3; 4],
-        }))),
+        (
+            "JoinRequest",
+            e(&JoinRequest {
+                protocol_version: PROTOCOL_VERSION,
+                token_id: "id".into(),
+                token_secret: "s".into(),
+                name: "pi-1".into(),
+                role: "edge".into(),
+                csr_der: vec![0x30, 0x01],
+                labels: BTreeMap::from([("site".to_string(), "lab".to_string())]),
+            }),
+        ),
+        (
+            "JoinResponse::Accepted",
+            e(&JoinResponse::Accepted(JoinAccepted {
+                agent_id: "pi-1".into(),
+                region: "eu".into(),
+                certificate_der: vec![1],
+                ca_der: vec![2],
+                manifest_signing_key: vec![3; 4],
+            })),
+        ),
         ("JoinResponse::Refused", e(&JoinResponse::Refused(error()))),
-        ("AgentMessage::Hello", e(&AgentMessage::Hello(Hello {
-            protocol_version: PROTOCOL_VERSION,
-            agent_version: "0.1.0".into(),
-            role: "edge".into(),
-            profile_name: "rpi5-8gb".into(),
-            profile_toml: "x".into(),
-            models_cached: vec![[7; 32]],
-            local_endpoint: "127.0.0.1:8700".into(),
-        }))),
-        ("AgentMessage::Heartbeat", e(&AgentMessage::Heartbeat(Heartbeat {
-            seq: 3,
-            uptime_ms: 1000,
-            applied_generation: 42,
-            rss_bytes: 9_000_000,
-            deployments: vec![
-                DeploymentTelemetry { deployment: "d".into(), phase: DeploymentPhase::Ready, variant: "full".into(), served_local: 10, served_offloaded: 2, failed: 0, queue_len: 1, p50_us: 120, p99_us: 900 },
-                DeploymentTelemetry { deployment: "e".into(), phase: DeploymentPhase::Failed("bad".into()), variant: String::new(), served_local: 0, served_offloaded: 0, failed: 0, queue_len: 0, p50_us: 0, p99_us: 0 },
-                DeploymentTelemetry { deployment: "f".into(), phase: DeploymentPhase::Pending, variant: String::new(), served_local: 0, served_offloaded: 0, failed: 0, queue_len: 0, p50_us: 0, p99_us: 0 },
-                DeploymentTelemetry { deployment: "g".into(), phase: DeploymentPhase::Downloading, variant: String::new(), served_local: 0, served_offloaded: 0, failed: 0, queue_len: 0, p50_us: 0, p99_us: 0 },
-            ],
-        }))),
-        ("CloudMessage::Welcome", e(&CloudMessage::Welcome(Welcome { agent_id: "pi-1".into(), region: "eu".into(), heartbeat_interval_ms: 1000 }))),
-        ("CloudMessage::DesiredState", e(&CloudMessage::DesiredState(DesiredState { generation: 7, assignments: vec![assignment()] }))),
+        (
+            "AgentMessage::Hello",
+            e(&AgentMessage::Hello(Hello {
+                protocol_version: PROTOCOL_VERSION,
+                agent_version: "0.1.0".into(),
+                role: "edge".into(),
+                profile_name: "rpi5-8gb".into(),
+                profile_toml: "x".into(),
+                models_cached: vec![[7; 32]],
+                local_endpoint: "127.0.0.1:8700".into(),
+            })),
+        ),
+        (
+            "AgentMessage::Heartbeat",
+            e(&AgentMessage::Heartbeat(Heartbeat {
+                seq: 3,
+                uptime_ms: 1000,
+                applied_generation: 42,
+                rss_bytes: 9_000_000,
+                deployments: vec![
+                    DeploymentTelemetry {
+                        deployment: "d".into(),
+                        phase: DeploymentPhase::Ready,
+                        variant: "full".into(),
+                        served_local: 10,
+                        served_offloaded: 2,
+                        failed: 0,
+                        queue_len: 1,
+                        p50_us: 120,
+                        p99_us: 900,
+                    },
+                    DeploymentTelemetry {
+                        deployment: "e".into(),
+                        phase: DeploymentPhase::Failed("bad".into()),
+                        variant: String::new(),
+                        served_local: 0,
+                        served_offloaded: 0,
+                        failed: 0,
+                        queue_len: 0,
+                        p50_us: 0,
+                        p99_us: 0,
+                    },
+                    DeploymentTelemetry {
+                        deployment: "f".into(),
+                        phase: DeploymentPhase::Pending,
+                        variant: String::new(),
+                        served_local: 0,
+                        served_offloaded: 0,
+                        failed: 0,
+                        queue_len: 0,
+                        p50_us: 0,
+                        p99_us: 0,
+                    },
+                    DeploymentTelemetry {
+                        deployment: "g".into(),
+                        phase: DeploymentPhase::Downloading,
+                        variant: String::new(),
+                        served_local: 0,
+                        served_offloaded: 0,
+                        failed: 0,
+                        queue_len: 0,
+                        p50_us: 0,
+                        p99_us: 0,
+                    },
+                ],
+            })),
+        ),
+        (
+            "CloudMessage::Welcome",
+            e(&CloudMessage::Welcome(Welcome {
+                agent_id: "pi-1".into(),
+                region: "eu".into(),
+                heartbeat_interval_ms: 1000,
+            })),
+        ),
+        (
+            "CloudMessage::DesiredState",
+            e(&CloudMessage::DesiredState(DesiredState {
+                generation: 7,
+                assignments: vec![assignment()],
+            })),
+        ),
         ("CloudMessage::Refused", e(&CloudMessage::Refused(error()))),
         ("ModelManifest", e(&manifest())),
-        ("StreamRequest::FetchChunk", e(&StreamRequest { protocol_version: PROTOCOL_VERSION, body: RequestBody::FetchChunk { sha256: [1; 32], offset: 262_144, len: CHUNK_BYTES } })),
-        ("StreamRequest::Infer", e(&StreamRequest { protocol_version: PROTOCOL_VERSION, body: RequestBody::Infer(InferRequest { deployment: "d".into(), request_id: 99, input: tensor() }) })),
-        ("StreamResponse::Chunk", e(&StreamResponse::Chunk { total_size: 3, data: vec![1, 2, 3] })),
-        ("StreamResponse::Inferred", e(&StreamResponse::Inferred(InferResponse { request_id: 99, output: tensor(), computed_by: "pool-1".into(), compute_us: 250 }))),
-        ("StreamResponse::Error", e(&StreamResponse::Error(ErrorFrame::new(ErrorCode::VersionMismatch, "v")))),
+        (
+            "StreamRequest::FetchChunk",
+            e(&StreamRequest {
+                protocol_version: PROTOCOL_VERSION,
+                body: RequestBody::FetchChunk {
+                    sha256: [1; 32],
+                    offset: 262_144,
+                    len: CHUNK_BYTES,
+                },
+            }),
+        ),
+        (
+            "StreamRequest::Infer",
+            e(&StreamRequest {
+                protocol_version: PROTOCOL_VERSION,
+                body: RequestBody::Infer(InferRequest {
+                    deployment: "d".into(),
+                    request_id: 99,
+                    input: tensor(),
+                }),
+            }),
+        ),
+        (
+            "StreamResponse::Chunk",
+            e(&StreamResponse::Chunk {
+                total_size: 3,
+                data: vec![1, 2, 3],
+            }),
+        ),
+        (
+            "StreamResponse::Inferred",
+            e(&StreamResponse::Inferred(InferResponse {
+                request_id: 99,
+                output: tensor(),
+                computed_by: "pool-1".into(),
+                compute_us: 250,
+            })),
+        ),
+        (
+            "StreamResponse::Error",
+            e(&StreamResponse::Error(ErrorFrame::new(
+                ErrorCode::VersionMismatch,
+                "v",
+            ))),
+        ),
     ]
 }
 
@@ -128,10 +252,13 @@ fn every_sample_round_trips() {
     // Byte by byte: a frame split anywhere is reassembled.
     for byte in &frame[..frame.len() - 1] {
         decoder.push(std::slice::from_ref(byte));
-        assert_eq!(decoder.next::<ModelManifest>().unwrap(), None);
+        assert_eq!(decoder.next_frame::<ModelManifest>().unwrap(), None);
     }
     decoder.push(&frame[frame.len() - 1..]);
-    assert_eq!(decoder.next::<ModelManifest>().unwrap(), Some(manifest()));
+    assert_eq!(
+        decoder.next_frame::<ModelManifest>().unwrap(),
+        Some(manifest())
+    );
     assert_eq!(decoder.pending(), 0);
     let bytes = encode_payload(&assignment()).unwrap();
     assert_eq!(decode_payload::<Assignment>(&bytes).unwrap(), assignment());
@@ -141,11 +268,20 @@ fn every_sample_round_trips() {
 fn oversized_and_trailing_frames_are_refused() {
     let mut decoder = FrameDecoder::new(16);
     decoder.push(&17u32.to_be_bytes());
-    assert!(matches!(decoder.next::<Tensor>(), Err(FrameError::TooLarge { len: 17, max: 16 })));
-    assert!(decoder.next::<Tensor>().is_err(), "a failed decoder stays failed");
+    assert!(matches!(
+        decoder.next_frame::<Tensor>(),
+        Err(FrameError::TooLarge { len: 17, max: 16 })
+    ));
+    assert!(
+        decoder.next_frame::<Tensor>().is_err(),
+        "a failed decoder stays failed"
+    );
     let mut bytes = encode_payload(&tensor()).unwrap();
     bytes.push(0);
-    assert!(matches!(decode_payload::<Tensor>(&bytes), Err(FrameError::TrailingBytes(1))));
+    assert!(matches!(
+        decode_payload::<Tensor>(&bytes),
+        Err(FrameError::TrailingBytes(1))
+    ));
 }
 
 proptest::proptest! {
@@ -158,7 +294,7 @@ proptest::proptest! {
         let _ = decode_payload::<JoinRequest>(&bytes);
         let mut decoder = FrameDecoder::new(1024);
         decoder.push(&bytes);
-        while let Ok(Some(_)) = decoder.next::<AgentMessage>() {}
+        while let Ok(Some(_)) = decoder.next_frame::<AgentMessage>() {}
     }
 
     #[test]
@@ -175,6 +311,16 @@ proptest::proptest! {
 #[test]
 fn tensors_validate_their_shape() {
     assert!(tensor().validate().is_ok());
-    assert!(Tensor { shape: vec![2, 2], data: vec![0.0; 3] }.validate().is_err());
-    assert!(Tensor { shape: vec![u32::MAX, u32::MAX, u32::MAX], data: vec![] }.validate().is_err());
+    assert!(Tensor {
+        shape: vec![2, 2],
+        data: vec![0.0; 3]
+    }
+    .validate()
+    .is_err());
+    assert!(Tensor {
+        shape: vec![u32::MAX, u32::MAX, u32::MAX],
+        data: vec![]
+    }
+    .validate()
+    .is_err());
 }

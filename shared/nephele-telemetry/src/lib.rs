@@ -151,7 +151,13 @@ impl Registry {
     }
 
     pub fn gauge(&self, name: &str, help: &str, labels: &[(&str, &str)]) -> Arc<Gauge> {
-        match self.get_or_insert(name, help, "gauge", labels, || Metric::Gauge(Arc::default())) {
+        match self.get_or_insert(
+            name,
+            help,
+            "gauge",
+            labels,
+            || Metric::Gauge(Arc::default()),
+        ) {
             Some(Metric::Gauge(g)) => g,
             _ => Arc::default(),
         }
@@ -205,7 +211,8 @@ impl Registry {
                             fmt_labels(labels, Some("+Inf")),
                             state.count
                         );
-                        let _ = writeln!(out, "{name}_sum{} {}", fmt_labels(labels, None), state.sum);
+                        let _ =
+                            writeln!(out, "{name}_sum{} {}", fmt_labels(labels, None), state.sum);
                         let _ = writeln!(
                             out,
                             "{name}_count{} {}",
@@ -314,7 +321,10 @@ mod tests {
             "nephele_latency_seconds_bucket{le=\"+Inf\"} 3",
             "nephele_latency_seconds_count 3",
         ] {
-            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
         }
     }
 

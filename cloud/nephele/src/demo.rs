@@ -187,6 +187,9 @@ struct DeviceReport {
     offloaded_p50_ms: f64,
     offloaded_p99_ms: f64,
     accuracy: f64,
+    /// Agent resident memory before any model was deployed, and after the burst.
+    rss_idle_mb: f64,
+    rss_model_mb: f64,
 }
 
 fn quantile_ms(samples: &mut [f64], q: f64) -> f64 {
@@ -416,6 +419,18 @@ pub fn run(args: DemoArgs) -> Result<()> {
         );
     }
 
+    let agent_rss = |endpoint: &str| -> f64 {
+        let http = Api::new(&format!("http://{endpoint}"), "");
+        let rss = http
+            .get("/v1/status")
+            .ok()
+            .and_then(|v| v["rss_bytes"].as_f64())
+            .unwrap_or(0.0);
+        (rss / 1e6 * 10.0).round() / 10.0
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let rss_idle: Vec<f64> = endpoints.iter().map(|e| agent_rss(e)).collect();
+
     progress(
         args.json,
         &format!(
@@ -453,7 +468,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
     );
 
     let mut reports = Vec::new();
-    for (device, endpoint) in FLEET.iter().zip(&endpoints) {
+    for ((device, endpoint), rss_idle_mb) in FLEET.iter().zip(&endpoints).zip(&rss_idle) {
         if device.role != "edge" {
             continue;
         }
@@ -497,6 +512,8 @@ pub fn run(args: DemoArgs) -> Result<()> {
             } else {
                 ((correct as f64 / samples.len() as f64) * 10_000.0).round() / 10_000.0
             },
+            rss_idle_mb: *rss_idle_mb,
+            rss_model_mb: agent_rss(endpoint),
         });
     }
     // Let one more heartbeat carry the final counters to the control plane.

@@ -533,7 +533,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
     } else {
         println!();
         println!(
-            "{:<10} {:<22} {:<8} {:>6} {:>9} {:>8} {:>8} {:>8} {:>10} {:>9}",
+            "{:<10} {:<22} {:<8} {:>6} {:>9} {:>8} {:>7} {:>7} {:>9} {:>9} {:>8} {:>8} {:>9}",
             "DEVICE",
             "PROFILE",
             "REGION",
@@ -542,24 +542,29 @@ pub fn run(args: DemoArgs) -> Result<()> {
             "REJECTED",
             "P50 MS",
             "P99 MS",
+            "LOCAL P50",
+            "LOCAL P99",
             "OFFL P50",
+            "OFFL P99",
             "ACCURACY"
         );
         for r in &reports {
             println!(
-                "{:<10} {:<22} {:<8} {:>6} {:>9} {:>8} {:>8.3} {:>8.3} {:>10.3} {:>8.2}%",
-                r.name,
-                r.profile,
-                r.region,
-                r.local,
-                r.offloaded,
-                r.rejected,
-                r.p50_ms,
-                r.p99_ms,
-                r.offloaded_p50_ms,
-                r.accuracy * 100.0
+                "{:<10} {:<22} {:<8} {:>6} {:>9} {:>8} {:>7.3} {:>7.3} {:>9.3} {:>9.3} {:>8.3} {:>8.3} {:>8.2}%",
+                r.name, r.profile, r.region, r.local, r.offloaded, r.rejected, r.p50_ms, r.p99_ms,
+                r.local_p50_ms, r.local_p99_ms, r.offloaded_p50_ms, r.offloaded_p99_ms, r.accuracy * 100.0
             );
         }
+        let memory: Vec<String> = reports
+            .iter()
+            .map(|r| {
+                format!(
+                    "{} {:.1} MB idle, {:.1} MB with the model",
+                    r.name, r.rss_idle_mb, r.rss_model_mb
+                )
+            })
+            .collect();
+        println!("edge agent memory (RSS): {}", memory.join("; "));
         println!();
         println!("control plane view (from agent heartbeats):");
         for row in status["devices"].as_array().into_iter().flatten() {
@@ -575,19 +580,11 @@ pub fn run(args: DemoArgs) -> Result<()> {
                 row["p99_ms"]
             );
         }
-        let rss: Vec<String> = devices
+        let online = devices
             .as_array()
-            .into_iter()
-            .flatten()
-            .map(|d| {
-                format!(
-                    "{} {:.1} MB",
-                    d["name"].as_str().unwrap_or(""),
-                    d["rss_bytes"].as_f64().unwrap_or(0.0) / 1e6
-                )
-            })
-            .collect();
-        println!("agent memory (RSS): {}", rss.join(", "));
+            .map(|a| a.iter().filter(|d| d["online"] == true).count())
+            .unwrap_or(0);
+        println!("{online} agents online");
         println!();
         println!(
             "API: http://{api_addr}  (token in {})",

@@ -55,6 +55,42 @@ fn join_tokens_are_single_use_and_expire() {
     let (ok, output) = join(&cloud, &cloud.dir.join("e"), "dev-e", "nph1.garbage", &[]).unwrap();
     assert!(!ok && output.contains("malformed join token"), "{output}");
 
+    // Invalid API payloads get a 4xx with a message, and change nothing.
+    let http = cloud.client();
+    for (path, body) in [
+        ("/v1/tokens", serde_json::json!({"ttl_s": "soon"})),
+        ("/v1/tokens", serde_json::json!({"region": "mars"})),
+        (
+            "/v1/deployments",
+            serde_json::json!({"name": "x", "model": "nope"}),
+        ),
+        (
+            "/v1/deployments",
+            serde_json::json!({"name": "Bad Name", "model": "m"}),
+        ),
+        (
+            "/v1/deployments",
+            serde_json::json!({"name": "x", "model": "m", "colour": "red"}),
+        ),
+    ] {
+        let (status, reply) = http
+            .raw_json("POST", &format!("{}{path}", cloud.api), &body)
+            .unwrap();
+        assert!(
+            (400..500).contains(&status),
+            "{path} {body} → {status} {reply}"
+        );
+        assert!(
+            reply["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{reply}"
+        );
+    }
+    let unauthorized = nephele_e2e::Http::new(Some("nope.nope".into()))
+        .request("GET", &format!("{}/v1/devices", cloud.api), None)
+        .unwrap_err()
+        .to_string();
+    assert!(unauthorized.contains("401"), "{unauthorized}");
+
     let devices = cloud.get("/v1/devices").unwrap();
     let names: Vec<&str> = devices
         .as_array()

@@ -109,10 +109,19 @@ pub struct TokenRequest {
 async fn create_token(
     request: HttpRequest,
     state: web::Data<ApiState>,
-    body: Option<web::Json<TokenRequest>>,
+    body: web::Bytes,
 ) -> Result<HttpResponse, ApiError> {
     authorize(&request, &state).await?;
-    let body = body.map(|b| b.into_inner()).unwrap_or_default();
+    // An empty body means defaults; anything else must be a valid request.
+    let body: TokenRequest = if body.iter().all(u8::is_ascii_whitespace) {
+        TokenRequest::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|e| {
+            ApiError::BadRequest(format!(
+                "invalid JSON body: {e}; expected {{\"region\"?, \"ttl_s\"?}}"
+            ))
+        })?
+    };
     let view = forward!(
         state,
         "create_token",

@@ -151,6 +151,25 @@ mod tests {
         assert!(parse_label("=lab").is_err());
     }
 
+    proptest::proptest! {
+        #[test]
+        fn parsed_selectors_print_and_parse_back(
+            terms in proptest::collection::vec(("[a-z][a-z0-9./_-]{0,8}", "[a-z0-9._-]{0,6}", 0u8..4), 0..5)
+        ) {
+            let text: Vec<String> = terms
+                .iter()
+                .map(|(k, v, kind)| match kind {
+                    0 => format!("{k}={v}"),
+                    1 => format!("{k}!={v}"),
+                    2 => k.clone(),
+                    _ => format!("!{k}"),
+                })
+                .collect();
+            let selector = Selector::parse(&text.join(",")).unwrap();
+            proptest::prop_assert_eq!(Selector::parse(&selector.to_string()).unwrap(), selector);
+        }
+    }
+
     #[test]
     fn display_round_trips() {
         let text = "a=b,c!=d,e,!f";

@@ -91,6 +91,49 @@ fn join_tokens_are_single_use_and_expire() {
         .to_string();
     assert!(unauthorized.contains("401"), "{unauthorized}");
 
+    // The install script enrols a device into a staging root, unit file included.
+    let root = cloud.dir.join("install-root");
+    let token = cloud.join_token("us-east", 600).unwrap();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/install-edge.sh");
+    let output = std::process::Command::new("bash")
+        .arg(script)
+        .args([
+            "--root",
+            root.to_str().unwrap(),
+            "--no-start",
+            "--name",
+            "installed-1",
+            "--profile",
+            "rpi5-8gb",
+        ])
+        .args([
+            "--label",
+            "site=lab",
+            "--server",
+            &cloud.quic,
+            "--token",
+            &token,
+        ])
+        .arg("--binary")
+        .arg(nephele_e2e::bin("nephele-edge"))
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "install-edge.sh failed: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let agent_toml = std::fs::read_to_string(root.join("var/lib/nephele-edge/agent.toml")).unwrap();
+    assert!(
+        agent_toml.contains("installed-1") && agent_toml.contains("us-east"),
+        "{agent_toml}"
+    );
+    assert!(root
+        .join("etc/systemd/system/nephele-edge.service")
+        .exists());
+    assert!(root.join("usr/local/bin/nephele-edge").exists());
+
     let devices = cloud.get("/v1/devices").unwrap();
     let names: Vec<&str> = devices
         .as_array()
@@ -98,7 +141,7 @@ fn join_tokens_are_single_use_and_expire() {
         .iter()
         .map(|d| d["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, vec!["dev-a"]);
+    assert_eq!(names, vec!["dev-a", "installed-1"]);
 }
 
 /// Opens a QUIC connection to the gateway with the given client config.

@@ -59,7 +59,12 @@ const RUNTIMES: &[&str] = &[
 
 #[test]
 fn pure_crates_have_no_runtime_in_their_dependency_tree() {
-    for package in ["nephele-domain", "nephele-proto", "nephele-telemetry"] {
+    for package in [
+        "nephele-domain",
+        "nephele-proto",
+        "nephele-telemetry",
+        "nephele-placement",
+    ] {
         assert_free_of(package, RUNTIMES);
     }
 }

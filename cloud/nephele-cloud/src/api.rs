@@ -268,6 +268,18 @@ async fn metrics(state: web::Data<ApiState>) -> HttpResponse {
         .body(state.metrics.render())
 }
 
+/// A read-only dashboard: one static page that calls the API with the token the user
+/// enters (kept in the browser's local storage).
+async fn dashboard() -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/html; charset=utf-8")
+        .insert_header((
+            "content-security-policy",
+            "default-src 'self'; script-src 'unsafe-inline' 'self'; style-src 'unsafe-inline'",
+        ))
+        .body(include_str!("dashboard.html"))
+}
+
 async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(serde_json::json!({"status": "ok"}))
 }
@@ -290,6 +302,7 @@ pub fn routes(config: &mut web::ServiceConfig) {
                 .error_handler(|e, _| json_error(e)),
         )
         .app_data(web::PayloadConfig::default().limit(MAX_MODEL_BYTES))
+        .route("/", web::get().to(dashboard))
         .route("/healthz", web::get().to(healthz))
         .route("/metrics", web::get().to(metrics))
         .route("/v1/tokens", web::post().to(create_token))

@@ -587,8 +587,13 @@ pub fn run(args: DemoArgs) -> Result<()> {
         println!("{online} agents online");
         println!();
         println!(
-            "API: http://{api_addr}  (token in {})",
-            root.join("cloud-data/admin-token").display()
+            "dashboard: http://{api_addr}/   API: http://{api_addr}/v1  (token in {}{})",
+            root.join("cloud-data/admin-token").display(),
+            if args.keep_running {
+                ""
+            } else {
+                "; add --keep-running to keep them up"
+            }
         );
         println!(
             "     try: curl -H \"Authorization: Bearer $(cat {})\" http://{api_addr}/v1/devices",

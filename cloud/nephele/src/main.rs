@@ -7,6 +7,7 @@
 
 mod client;
 mod demo;
+mod sim;
 
 use clap::{Parser, Subcommand};
 
@@ -25,6 +26,11 @@ struct Cli {
 enum Command {
     /// Start a control plane, agents and a pool on loopback, deploy a real model, drive a burst.
     Demo(demo::DemoArgs),
+    /// Replay real cluster traces through the placement core.
+    Sim {
+        #[command(subcommand)]
+        command: sim::SimCommand,
+    },
     /// Run the control plane (same as `nephele-cloud`).
     Cloud(nephele_cloud::CloudArgs),
     /// Run the agent (same as `nephele-edge`).
@@ -66,6 +72,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo(args) => demo::run(args),
+        Command::Sim { command } => sim::run(command),
         Command::Cloud(args) => nephele_cloud::run_cli(args),
         Command::Edge { command } => nephele_edge::run_cli(command),
         Command::Token { api, command } => client::token(api, command),

@@ -24,6 +24,56 @@ use nephele_proto::{
 use nephele_telemetry::{LatencyWindow, Registry};
 use tokio::sync::Semaphore;
 
+/// What the agent knows about its own load when a request arrives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Load {
+    /// Requests queued or running locally for this deployment.
+    pub queued: u32,
+    /// EWMA of the measured local service time (0 before the first request).
+    pub service_us: u64,
+    /// Inference slots of this agent.
+    pub slots: usize,
+}
+
+/// Where one request goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    Local,
+    /// Try the cloud; if that fails, serve locally (`then_local`) or refuse.
+    Offload {
+        then_local: bool,
+        retry_after_ms: u64,
+    },
+    Reject {
+        retry_after_ms: u64,
+    },
+}
+
+/// The decision table of the module docs, as a pure function.
+pub fn route(is_pool: bool, load: Load, slo_ms: u32, max_queue: u32, can_offload: bool) -> Route {
+    let slots = load.slots.max(1) as u64;
+    let predicted_us = u64::from(load.queued)
+        .saturating_add(1)
+        .saturating_mul(load.service_us)
+        / slots;
+    let queue_full = load.queued >= max_queue;
+    let late = predicted_us > u64::from(slo_ms) * 1000;
+    let retry_after_ms =
+        (u64::from(load.queued).saturating_mul(load.service_us) / slots / 1000).max(1);
+    if is_pool || (!queue_full && !late) {
+        Route::Local
+    } else if can_offload {
+        Route::Offload {
+            then_local: !queue_full,
+            retry_after_ms,
+        }
+    } else if queue_full {
+        Route::Reject { retry_after_ms }
+    } else {
+        Route::Local
+    }
+}
+
 /// A deployment loaded on this agent.
 pub struct Deployment {
     pub name: String,
@@ -183,46 +233,51 @@ impl Server {
         };
         input.validate().map_err(ServeError::BadInput)?;
         let params = deployment.params();
-        let queued = deployment.queued.load(Ordering::Relaxed);
-        let service_us = deployment.ewma_service_us.load(Ordering::Relaxed);
-        let predicted_us = u64::from(queued + 1) * service_us / self.n_slots as u64;
-        let queue_full = queued >= params.max_queue;
-        let late = predicted_us > u64::from(params.slo_ms) * 1000;
-        let result = if self.is_pool || (!queue_full && !late) {
-            self.run_local(&deployment, input).await
+        let connection = if params.offload {
+            self.connection()
         } else {
-            let offloaded = match (params.offload, self.connection()) {
-                (true, Some(connection)) => {
-                    Some(self.offload(&connection, &deployment, input.clone()).await)
-                }
-                _ => None,
-            };
-            match offloaded {
-                Some(Ok(answer)) => Ok(answer),
-                other => {
-                    if let Some(Err(error)) = other {
-                        self.metrics
-                            .counter(
-                                "nephele_agent_offload_failures_total",
-                                "Offloads that failed and fell back to local.",
-                                &[("deployment", &deployment.name)],
-                            )
-                            .inc();
-                        tracing::debug!(deployment = %deployment.name, %error, "offload failed; serving locally");
-                    }
-                    if queue_full {
-                        let retry_after_ms =
-                            (u64::from(queued) * service_us / self.n_slots as u64 / 1000).max(1);
-                        deployment.failed.fetch_add(1, Ordering::Relaxed);
-                        self.count(&deployment.name, "rejected");
-                        return Err(ServeError::Overloaded {
-                            deployment: deployment.name.clone(),
-                            retry_after_ms,
-                        });
+            None
+        };
+        let load = Load {
+            queued: deployment.queued.load(Ordering::Relaxed),
+            service_us: deployment.ewma_service_us.load(Ordering::Relaxed),
+            slots: self.n_slots,
+        };
+        let decision = route(
+            self.is_pool,
+            load,
+            params.slo_ms,
+            params.max_queue,
+            connection.is_some(),
+        );
+        let result = match (decision, connection) {
+            (
+                Route::Offload {
+                    then_local,
+                    retry_after_ms,
+                },
+                Some(connection),
+            ) => match self.offload(&connection, &deployment, input.clone()).await {
+                Ok(answer) => Ok(answer),
+                Err(error) => {
+                    self.metrics
+                        .counter(
+                            "nephele_agent_offload_failures_total",
+                            "Offloads that failed (then served locally or refused).",
+                            &[("deployment", &deployment.name)],
+                        )
+                        .inc();
+                    tracing::debug!(deployment = %deployment.name, %error, "offload failed");
+                    if !then_local {
+                        return Err(self.reject(&deployment, retry_after_ms));
                     }
                     self.run_local(&deployment, input).await
                 }
+            },
+            (Route::Reject { retry_after_ms }, _) => {
+                return Err(self.reject(&deployment, retry_after_ms))
             }
+            _ => self.run_local(&deployment, input).await,
         };
         let mut answer = result.inspect_err(|_| {
             deployment.failed.fetch_add(1, Ordering::Relaxed);
@@ -248,6 +303,15 @@ impl Server {
             )
             .observe(answer.latency.as_secs_f64());
         Ok(answer)
+    }
+
+    fn reject(&self, deployment: &Deployment, retry_after_ms: u64) -> ServeError {
+        deployment.failed.fetch_add(1, Ordering::Relaxed);
+        self.count(&deployment.name, "rejected");
+        ServeError::Overloaded {
+            deployment: deployment.name.clone(),
+            retry_after_ms,
+        }
     }
 
     fn count(&self, deployment: &str, outcome: &str) {
@@ -385,20 +449,78 @@ impl Server {
             .collect();
         for (name, phase) in self.phases.lock().unwrap_or_else(|p| p.into_inner()).iter() {
             if !rows.iter().any(|r| &r.deployment == name) {
-                rows.push(DeploymentTelemetry {
-                    deployment: name.clone(),
-                    phase: phase.clone(),
-                    variant: String::new(),
-                    served_local: 0,
-                    served_offloaded: 0,
-                    failed: 0,
-                    queue_len: 0,
-                    p50_us: 0,
-                    p99_us: 0,
-                });
+                rows.push(DeploymentTelemetry::idle(name, phase.clone()));
             }
         }
         rows.sort_by(|a, b| a.deployment.cmp(&b.deployment));
         rows
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(is_pool: bool, queued: u32, service_us: u64, can_offload: bool, expected: Route) {
+        let load = Load {
+            queued,
+            service_us,
+            slots: 2,
+        };
+        // SLO 1 ms, queue bound 8.
+        assert_eq!(
+            route(is_pool, load, 1, 8, can_offload),
+            expected,
+            "pool={is_pool} queued={queued} service={service_us}us offload={can_offload}"
+        );
+    }
+
+    #[test]
+    fn routing_follows_the_decision_table() {
+        use Route::*;
+        // Idle, fast: local.
+        check(false, 0, 100, true, Local);
+        // Before any measurement the predicted time is 0: local.
+        check(false, 3, 0, true, Local);
+        // Predicted (5+1) * 400 / 2 = 1200 us > 1 ms: offload, local if that fails.
+        check(
+            false,
+            5,
+            400,
+            true,
+            Offload {
+                then_local: true,
+                retry_after_ms: 1,
+            },
+        );
+        // Late but offload impossible: still answered locally.
+        check(false, 5, 400, false, Local);
+        // Queue full: offload, else refuse with a hint of 8 * 1000 / 2 / 1000 = 4 ms.
+        check(
+            false,
+            8,
+            1000,
+            true,
+            Offload {
+                then_local: false,
+                retry_after_ms: 4,
+            },
+        );
+        check(false, 8, 1000, false, Reject { retry_after_ms: 4 });
+        // Pool replicas never offload.
+        check(true, 100, 10_000, true, Local);
+    }
+
+    #[test]
+    fn huge_numbers_do_not_overflow() {
+        let load = Load {
+            queued: u32::MAX,
+            service_us: u64::MAX,
+            slots: 0,
+        };
+        assert!(matches!(
+            route(false, load, u32::MAX, u32::MAX, false),
+            Route::Reject { .. }
+        ));
     }
 }

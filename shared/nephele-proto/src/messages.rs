@@ -143,6 +143,23 @@ pub struct DeploymentTelemetry {
     pub p99_us: u64,
 }
 
+impl DeploymentTelemetry {
+    /// Telemetry of a deployment that serves nothing yet (pending, downloading, failed).
+    pub fn idle(deployment: &str, phase: DeploymentPhase) -> Self {
+        DeploymentTelemetry {
+            deployment: deployment.to_string(),
+            phase,
+            variant: String::new(),
+            served_local: 0,
+            served_offloaded: 0,
+            failed: 0,
+            queue_len: 0,
+            p50_us: 0,
+            p99_us: 0,
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------
 // Models
 // ---------------------------------------------------------------------------------

@@ -1,0 +1,217 @@
+//! Cluster state: what each node has left, and the reservations that took the rest.
+//!
+//! Invariant: for every node, capacity = left + sum of its reservations, per resource and
+//! per GPU, after any sequence of `reserve`, `unreserve` and `node_lost` (property-tested
+//! in `tests/properties.rs`). Reservations are keyed by id and idempotent.
+
+use std::collections::BTreeMap;
+
+use crate::model::{NodeSpec, PodRequest, Reason, MILLI_PER_GPU};
+
+/// Where a pod goes: the node, and milli-GPU taken on each of its GPUs (by GPU index).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Binding {
+    pub node: usize,
+    pub gpus: Vec<(u8, u32)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReserveError {
+    /// The id is already reserved with a different binding.
+    Conflict,
+    /// The node cannot hold it (any more).
+    DoesNotFit(Reason),
+    UnknownNode,
+}
+
+#[derive(Debug, Clone)]
+pub struct NodeState {
+    pub cpu_left: u64,
+    pub memory_left: u64,
+    pub gpu_left: Vec<u32>,
+    pub up: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct Cluster {
+    pub nodes: Vec<NodeSpec>,
+    pub state: Vec<NodeState>,
+    reservations: BTreeMap<u64, (PodRequest, Binding)>,
+}
+
+impl Cluster {
+    pub fn new(nodes: Vec<NodeSpec>) -> Cluster {
+        let state = nodes
+            .iter()
+            .map(|n| NodeState {
+                cpu_left: n.cpu_milli,
+                memory_left: n.memory_mib,
+                gpu_left: vec![MILLI_PER_GPU; usize::from(n.gpus)],
+                up: true,
+            })
+            .collect();
+        Cluster {
+            nodes,
+            state,
+            reservations: BTreeMap::new(),
+        }
+    }
+
+    pub fn total_gpu_milli(&self) -> u64 {
+        self.nodes
+            .iter()
+            .map(|n| u64::from(n.gpus) * u64::from(MILLI_PER_GPU))
+            .sum()
+    }
+
+    pub fn used_gpu_milli(&self) -> u64 {
+        self.reservations
+            .values()
+            .flat_map(|(_, b)| b.gpus.iter().map(|(_, m)| u64::from(*m)))
+            .sum()
+    }
+
+    /// Why `node` cannot take `pod` now, if it cannot. Cheap checks first.
+    pub fn check(&self, node: usize, pod: &PodRequest) -> Result<(), Reason> {
+        let spec = &self.nodes[node];
+        let state = &self.state[node];
+        if !state.up {
+            return Err(Reason::NodeDown);
+        }
+        if state.cpu_left < pod.cpu_milli {
+            return Err(Reason::InsufficientCpu);
+        }
+        if state.memory_left < pod.memory_mib {
+            return Err(Reason::InsufficientMemory);
+        }
+        if pod.num_gpu == 0 {
+            return Ok(());
+        }
+        if spec.gpus == 0 {
+            return Err(Reason::NoGpu);
+        }
+        if !pod.accepts_model(spec.gpu_model) {
+            return Err(Reason::GpuModelMismatch);
+        }
+        let fitting = state
+            .gpu_left
+            .iter()
+            .filter(|left| **left >= pod.gpu_milli)
+            .count();
+        if fitting < usize::from(pod.num_gpu) {
+            return Err(Reason::InsufficientGpu);
+        }
+        Ok(())
+    }
+
+    /// Takes resources for reservation `id`. Re-reserving the same id with the same
+    /// binding is a no-op; with another binding it is a conflict.
+    pub fn reserve(
+        &mut self,
+        id: u64,
+        pod: &PodRequest,
+        binding: &Binding,
+    ) -> Result<(), ReserveError> {
+        if let Some((_, existing)) = self.reservations.get(&id) {
+            return if existing == binding {
+                Ok(())
+            } else {
+                Err(ReserveError::Conflict)
+            };
+        }
+        if binding.node >= self.nodes.len() {
+            return Err(ReserveError::UnknownNode);
+        }
+        self.check(binding.node, pod)
+            .map_err(ReserveError::DoesNotFit)?;
+        let state = &self.state[binding.node];
+        // The binding must name exactly num_gpu distinct GPUs, each with room.
+        let mut seen = Vec::new();
+        for (gpu, milli) in &binding.gpus {
+            let left = state.gpu_left.get(usize::from(*gpu)).copied();
+            if *milli != pod.gpu_milli
+                || seen.contains(gpu)
+                || left.is_none_or(|left| left < *milli)
+            {
+                return Err(ReserveError::DoesNotFit(Reason::InsufficientGpu));
+            }
+            seen.push(*gpu);
+        }
+        if seen.len() != usize::from(pod.num_gpu) {
+            return Err(ReserveError::DoesNotFit(Reason::InsufficientGpu));
+        }
+        let state = &mut self.state[binding.node];
+        state.cpu_left -= pod.cpu_milli;
+        state.memory_left -= pod.memory_mib;
+        for (gpu, milli) in &binding.gpus {
+            state.gpu_left[usize::from(*gpu)] -= milli;
+        }
+        self.reservations.insert(id, (pod.clone(), binding.clone()));
+        Ok(())
+    }
+
+    /// Gives back what reservation `id` took. Returns whether it existed.
+    pub fn unreserve(&mut self, id: u64) -> bool {
+        let Some((pod, binding)) = self.reservations.remove(&id) else {
+            return false;
+        };
+        let state = &mut self.state[binding.node];
+        state.cpu_left += pod.cpu_milli;
+        state.memory_left += pod.memory_mib;
+        for (gpu, milli) in &binding.gpus {
+            state.gpu_left[usize::from(*gpu)] += milli;
+        }
+        true
+    }
+
+    /// Marks a node down and releases its reservations; returns their ids (the work to
+    /// place again).
+    pub fn node_lost(&mut self, node: usize) -> Vec<u64> {
+        let displaced: Vec<u64> = self
+            .reservations
+            .iter()
+            .filter(|(_, (_, b))| b.node == node)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &displaced {
+            self.unreserve(*id);
+        }
+        if let Some(state) = self.state.get_mut(node) {
+            state.up = false;
+        }
+        displaced
+    }
+
+    pub fn node_up(&mut self, node: usize) {
+        if let Some(state) = self.state.get_mut(node) {
+            state.up = true;
+        }
+    }
+
+    pub fn reservations(&self) -> impl Iterator<Item = (&u64, &(PodRequest, Binding))> {
+        self.reservations.iter()
+    }
+
+    /// Checks the accounting invariant; used by tests and debug assertions.
+    pub fn accounting_holds(&self) -> bool {
+        self.nodes.iter().enumerate().all(|(idx, spec)| {
+            let mut cpu = self.state[idx].cpu_left;
+            let mut memory = self.state[idx].memory_left;
+            let mut gpus: Vec<u64> = self.state[idx]
+                .gpu_left
+                .iter()
+                .map(|g| u64::from(*g))
+                .collect();
+            for (pod, binding) in self.reservations.values().filter(|(_, b)| b.node == idx) {
+                cpu += pod.cpu_milli;
+                memory += pod.memory_mib;
+                for (gpu, milli) in &binding.gpus {
+                    gpus[usize::from(*gpu)] += u64::from(*milli);
+                }
+            }
+            cpu == spec.cpu_milli
+                && memory == spec.memory_mib
+                && gpus.iter().all(|g| *g == u64::from(MILLI_PER_GPU))
+        })
+    }
+}

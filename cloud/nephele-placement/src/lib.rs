@@ -1,0 +1,21 @@
+//! The placement core that region actors call and `nephele sim` replays traces through.
+//!
+//! Pipeline for one pod (see DESIGN.md): filter every node (a typed [`Reason`] for each
+//! rejection, counted) → score the feasible ones with one normalised scorer → select the
+//! best, ties broken by a fixed per-run node priority → choose GPUs on that node →
+//! [`Cluster::reserve`] (idempotent). Everything is deterministic for a given input and
+//! seed; time, randomness and IO come from the caller.
+//!
+//! Not here yet: gangs, queues and fairness, preemption, cost and carbon scorers (the
+//! next steps of the placement issue). This crate has no dependencies at all.
+
+pub mod cluster;
+pub mod fragmentation;
+pub mod model;
+pub mod policy;
+pub mod rng;
+
+pub use cluster::{Binding, Cluster, ReserveError};
+pub use fragmentation::TypicalPods;
+pub use model::{GpuModel, NodeSpec, PodRequest, Reason, MILLI_PER_GPU};
+pub use policy::{place, Placement, Policy, Unschedulable};

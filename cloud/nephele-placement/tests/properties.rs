@@ -1,0 +1,240 @@
+//! Property tests of the placement core: accounting never breaks, plans are
+//! deterministic and independent of node order, and "unschedulable" agrees with a
+//! brute-force oracle.
+
+#![allow(clippy::unwrap_used)]
+
+use nephele_placement::rng::Rng;
+use nephele_placement::*;
+use proptest::prelude::*;
+
+fn node_strategy() -> impl Strategy<Value = NodeSpec> {
+    (
+        1u64..=8,
+        1u64..=8,
+        prop_oneof![Just(0u8), Just(1), Just(2), Just(4), Just(8)],
+        0u16..2,
+    )
+        .prop_map(|(cpu, memory, gpus, model)| NodeSpec {
+            name: String::new(),
+            cpu_milli: cpu * 4000,
+            memory_mib: memory * 8192,
+            gpus,
+            gpu_model: (gpus > 0).then_some(model),
+        })
+}
+
+fn pod_strategy() -> impl Strategy<Value = PodRequest> {
+    (
+        0u64..=16,
+        0u64..=16,
+        0u8..=3,
+        1u32..=10,
+        prop::option::of(0u16..2),
+    )
+        .prop_map(|(cpu, memory, num_gpu, tenth, model)| PodRequest {
+            cpu_milli: cpu * 1000,
+            memory_mib: memory * 2048,
+            num_gpu,
+            gpu_milli: if num_gpu > 1 { 1000 } else { tenth * 100 },
+            gpu_models: model.into_iter().collect(),
+        })
+}
+
+fn named(mut nodes: Vec<NodeSpec>) -> Vec<NodeSpec> {
+    for (idx, node) in nodes.iter_mut().enumerate() {
+        node.name = format!("node-{idx:03}");
+    }
+    nodes
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Place(PodRequest),
+    Unreserve(u64),
+    Lose(usize),
+    Up(usize),
+}
+
+fn op_strategy() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => pod_strategy().prop_map(Op::Place),
+        2 => (0u64..40).prop_map(Op::Unreserve),
+        1 => (0usize..12).prop_map(Op::Lose),
+        1 => (0usize..12).prop_map(Op::Up),
+    ]
+}
+
+/// Runs pods through a policy, reserving each placement; returns node names per pod.
+fn plan(nodes: &[NodeSpec], pods: &[PodRequest], policy: Policy, seed: u64) -> Vec<Option<String>> {
+    let mut cluster = Cluster::new(nodes.to_vec());
+    let typical = TypicalPods::from_pods(pods, 0.95);
+    // Priority is a function of the node's name, so it survives reordering.
+    let mut rng = Rng::new(seed);
+    let mut by_name: Vec<&NodeSpec> = nodes.iter().collect();
+    by_name.sort_by(|a, b| a.name.cmp(&b.name));
+    let ranks = rng.permutation(nodes.len());
+    let priority: Vec<u32> = nodes
+        .iter()
+        .map(|n| ranks[by_name.iter().position(|m| m.name == n.name).unwrap()])
+        .collect();
+    pods.iter()
+        .enumerate()
+        .map(
+            |(id, pod)| match place(&cluster, pod, policy, &typical, &priority, &mut rng) {
+                Ok(placement) => {
+                    cluster.reserve(id as u64, pod, &placement.binding).unwrap();
+                    Some(nodes[placement.binding.node].name.clone())
+                }
+                Err(_) => None,
+            },
+        )
+        .collect()
+}
+
+/// Independent check: can any node hold the pod, judged from raw numbers?
+fn oracle_fits(cluster: &Cluster, pod: &PodRequest) -> bool {
+    cluster
+        .nodes
+        .iter()
+        .zip(&cluster.state)
+        .any(|(spec, state)| {
+            let gpus_ok = pod.num_gpu == 0
+                || (spec
+                    .gpu_model
+                    .is_some_and(|m| pod.gpu_models.is_empty() || pod.gpu_models.contains(&m))
+                    && state
+                        .gpu_left
+                        .iter()
+                        .filter(|left| **left >= pod.gpu_milli)
+                        .count()
+                        >= usize::from(pod.num_gpu));
+            state.up
+                && state.cpu_left >= pod.cpu_milli
+                && state.memory_left >= pod.memory_mib
+                && gpus_ok
+        })
+}
+
+const DETERMINISTIC: [Policy; 6] = [
+    Policy::FirstFit,
+    Policy::BestFit,
+    Policy::DotProduct,
+    Policy::GpuPacking,
+    Policy::Fgd,
+    Policy::Ours,
+];
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn no_node_is_ever_overcommitted(
+        nodes in prop::collection::vec(node_strategy(), 1..12),
+        ops in prop::collection::vec(op_strategy(), 1..60),
+        policy_idx in 0usize..7,
+    ) {
+        let nodes = named(nodes);
+        let policy = Policy::ALL[policy_idx];
+        let mut cluster = Cluster::new(nodes.clone());
+        let typical = TypicalPods::default();
+        let priority: Vec<u32> = (0..nodes.len() as u32).collect();
+        let mut rng = Rng::new(7);
+        let mut next_id = 0u64;
+        for op in ops {
+            match op {
+                Op::Place(pod) => {
+                    if let Ok(placement) = place(&cluster, &pod, policy, &typical, &priority, &mut rng) {
+                        prop_assert!(cluster.reserve(next_id, &pod, &placement.binding).is_ok());
+                        // Idempotent: the same reservation again changes nothing.
+                        prop_assert!(cluster.reserve(next_id, &pod, &placement.binding).is_ok());
+                    } else {
+                        prop_assert!(!oracle_fits(&cluster, &pod), "engine said unschedulable but {pod:?} fits");
+                    }
+                    next_id += 1;
+                }
+                Op::Unreserve(id) => {
+                    cluster.unreserve(id);
+                    prop_assert!(!cluster.unreserve(id), "unreserve is idempotent");
+                }
+                Op::Lose(node) => {
+                    if node < nodes.len() {
+                        cluster.node_lost(node);
+                    }
+                }
+                Op::Up(node) => cluster.node_up(node),
+            }
+            prop_assert!(cluster.accounting_holds());
+            for state in &cluster.state {
+                prop_assert!(state.gpu_left.iter().all(|g| *g <= MILLI_PER_GPU));
+            }
+        }
+    }
+
+    #[test]
+    fn same_seed_same_plan_and_node_order_does_not_matter(
+        nodes in prop::collection::vec(node_strategy(), 1..12),
+        pods in prop::collection::vec(pod_strategy(), 1..40),
+        seed in 0u64..1000,
+        policy_idx in 0usize..6,
+        shuffle_seed in 0u64..1000,
+    ) {
+        let nodes = named(nodes);
+        let policy = DETERMINISTIC[policy_idx];
+        let first = plan(&nodes, &pods, policy, seed);
+        prop_assert_eq!(&first, &plan(&nodes, &pods, policy, seed));
+        let mut shuffled = nodes.clone();
+        Rng::new(shuffle_seed).shuffle(&mut shuffled);
+        prop_assert_eq!(first, plan(&shuffled, &pods, policy, seed));
+    }
+}
+
+#[test]
+fn why_not_placed_counts_rejections_per_reason() {
+    let nodes = named(vec![
+        NodeSpec {
+            name: String::new(),
+            cpu_milli: 1000,
+            memory_mib: 1024,
+            gpus: 0,
+            gpu_model: None,
+        },
+        NodeSpec {
+            name: String::new(),
+            cpu_milli: 64_000,
+            memory_mib: 1024,
+            gpus: 8,
+            gpu_model: Some(0),
+        },
+        NodeSpec {
+            name: String::new(),
+            cpu_milli: 64_000,
+            memory_mib: 1024,
+            gpus: 2,
+            gpu_model: Some(1),
+        },
+    ]);
+    let cluster = Cluster::new(nodes);
+    let pod = PodRequest {
+        cpu_milli: 2000,
+        memory_mib: 512,
+        num_gpu: 4,
+        gpu_milli: 1000,
+        gpu_models: vec![1],
+    };
+    let error = place(
+        &cluster,
+        &pod,
+        Policy::Fgd,
+        &TypicalPods::default(),
+        &[0, 1, 2],
+        &mut Rng::new(1),
+    )
+    .unwrap_err();
+    let expected = [
+        (Reason::InsufficientCpu, 1),
+        (Reason::GpuModelMismatch, 1),
+        (Reason::InsufficientGpu, 1),
+    ];
+    assert_eq!(error.rejected, expected.into_iter().collect());
+}

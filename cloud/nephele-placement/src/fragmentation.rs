@@ -7,6 +7,9 @@ use std::collections::BTreeMap;
 use crate::cluster::NodeState;
 use crate::model::{GpuModel, NodeSpec, PodRequest};
 
+/// The grouping key of a pod shape: (cpu, gpu milli, gpu count, models).
+type Shape = (u64, u32, u8, Vec<GpuModel>);
+
 /// One class of typical pod and its share of the workload.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TypicalPod {
@@ -28,7 +31,7 @@ impl TypicalPods {
     /// frequent groups until their cumulative share reaches `threshold` (0..=1), and
     /// renormalises their shares to sum to 1. Ties in count go to larger shapes first.
     pub fn from_pods(pods: &[PodRequest], threshold: f64) -> TypicalPods {
-        let mut counts: BTreeMap<(u64, u32, u8, Vec<GpuModel>), u64> = BTreeMap::new();
+        let mut counts: BTreeMap<Shape, u64> = BTreeMap::new();
         for pod in pods {
             *counts
                 .entry((
@@ -39,7 +42,7 @@ impl TypicalPods {
                 ))
                 .or_default() += 1;
         }
-        let mut groups: Vec<((u64, u32, u8, Vec<GpuModel>), u64)> = counts.into_iter().collect();
+        let mut groups: Vec<(Shape, u64)> = counts.into_iter().collect();
         groups.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| b.0.cmp(&a.0)));
         let total = pods.len().max(1) as f64;
         let mut kept = Vec::new();
@@ -72,25 +75,25 @@ impl TypicalPods {
         let idle: u64 = gpu_left.iter().map(|g| u64::from(*g)).sum();
         let mut total = 0.0;
         for class in &self.classes {
-            let fragment = if class.num_gpu == 0 {
-                idle
-            } else if !(class.gpu_models.is_empty()
+            let model_ok = class.gpu_models.is_empty()
                 || spec
                     .gpu_model
-                    .is_some_and(|m| class.gpu_models.contains(&m)))
-            {
-                idle
+                    .is_some_and(|m| class.gpu_models.contains(&m));
+            let fitting = gpu_left.iter().filter(|g| **g >= class.gpu_milli).count();
+            let can_host = class.num_gpu > 0
+                && model_ok
+                && fitting >= usize::from(class.num_gpu)
+                && cpu_left >= class.cpu_milli;
+            // A CPU-only class, a foreign model, or a class that does not fit sees all
+            // idle GPU as fragment; one that fits sees only the GPUs too small for it.
+            let fragment: u64 = if can_host {
+                gpu_left
+                    .iter()
+                    .filter(|g| **g < class.gpu_milli)
+                    .map(|g| u64::from(*g))
+                    .sum()
             } else {
-                let fitting = gpu_left.iter().filter(|g| **g >= class.gpu_milli).count();
-                if fitting >= usize::from(class.num_gpu) && cpu_left >= class.cpu_milli {
-                    gpu_left
-                        .iter()
-                        .filter(|g| **g < class.gpu_milli)
-                        .map(|g| u64::from(*g))
-                        .sum()
-                } else {
-                    idle
-                }
+                idle
             };
             total += class.share * fragment as f64;
         }

@@ -135,6 +135,12 @@ fn sigmoid(x: f64) -> f64 {
 /// A score key: compared lexicographically, higher is better.
 type Score = (i64, i64);
 
+/// GPUs chosen on a node: (GPU index, milli-GPU taken).
+type GpuChoice = Vec<(u8, u32)>;
+
+/// What makes two nodes score the same: GPU model, CPU left, GPU left per GPU.
+type StateKey<'a> = (Option<u16>, u64, &'a [u32]);
+
 /// Scores `pod` on one node state; returns the score and the GPUs to take.
 fn score_node(
     cluster: &Cluster,
@@ -259,8 +265,8 @@ pub fn place(
         });
     }
     // Nodes in identical states score identically: score each state once.
-    let mut memo: HashMap<(Option<u16>, u64, &[u32]), (Score, Vec<(u8, u32)>)> = HashMap::new();
-    let mut best: Option<(Score, u32, usize, Vec<(u8, u32)>)> = None;
+    let mut memo: HashMap<StateKey, (Score, GpuChoice)> = HashMap::new();
+    let mut best: Option<(Score, u32, usize, GpuChoice)> = None;
     for &node in &feasible {
         let state = &cluster.state[node];
         let key = (

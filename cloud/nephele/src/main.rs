@@ -5,6 +5,7 @@
 //! `nephele-edge …`, as k3s does) so that `nephele demo` can start a whole fleet of real
 //! processes from this one binary.
 
+mod bench;
 mod client;
 mod demo;
 mod sim;
@@ -30,6 +31,11 @@ enum Command {
     Sim {
         #[command(subcommand)]
         command: sim::SimCommand,
+    },
+    /// Benchmarks that print their figures.
+    Bench {
+        #[command(subcommand)]
+        command: bench::BenchCommand,
     },
     /// Run the control plane (same as `nephele-cloud`).
     Cloud(nephele_cloud::CloudArgs),
@@ -73,6 +79,7 @@ fn main() {
     let result = match cli.command {
         Command::Demo(args) => demo::run(args),
         Command::Sim { command } => sim::run(command),
+        Command::Bench { command } => bench::run(command),
         Command::Cloud(args) => nephele_cloud::run_cli(args),
         Command::Edge { command } => nephele_edge::run_cli(command),
         Command::Token { api, command } => client::token(api, command),

@@ -1,0 +1,107 @@
+//! The `nephele` binary as a user runs it: the demo end to end, and the trace-driven
+//! simulator on the real openb trace when `../shared/data` is present.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn nephele() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_nephele"))
+}
+
+#[test]
+fn the_demo_runs_a_fleet_and_reports_every_device() {
+    let output = nephele()
+        .args(["demo", "--json", "--requests", "90"])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "demo failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let devices = report["devices"].as_array().unwrap();
+    assert_eq!(devices.len(), 3);
+    for device in devices {
+        for key in [
+            "name",
+            "profile",
+            "local",
+            "offloaded",
+            "p50_ms",
+            "p99_ms",
+            "accuracy",
+        ] {
+            assert!(!device[key].is_null(), "{key} missing in {device}");
+        }
+        let answered = device["local"].as_u64().unwrap() + device["offloaded"].as_u64().unwrap();
+        let sent = device["requests"].as_u64().unwrap();
+        assert_eq!(
+            answered + device["rejected"].as_u64().unwrap(),
+            sent,
+            "{device}"
+        );
+        // 98.3% on the held-out set; allow for the first 90-180 samples being a subset.
+        assert!(device["accuracy"].as_f64().unwrap() > 0.9, "{device}");
+    }
+}
+
+#[test]
+fn sim_inflation_on_the_openb_trace() {
+    let data = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/data"));
+    if !data
+        .join("alibaba-gpu-v2023/openb_pod_list_default.csv")
+        .exists()
+    {
+        println!("skipping sim_inflation_on_the_openb_trace: {} not found (the traces live beside the checkout)", data.display());
+        return;
+    }
+    let out = std::env::temp_dir().join(format!("nephele-sim-test-{}", std::process::id()));
+    let output = nephele()
+        .args([
+            "sim",
+            "inflation",
+            "--seeds",
+            "1",
+            "--policies",
+            "first-fit,fgd",
+            "--json",
+            "--data",
+        ])
+        .arg(&data)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let summary: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(summary["nodes"], 1213);
+    assert_eq!(summary["pods"], 8152);
+    let share = |name: &str| {
+        summary["policies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap()["unallocated_gpu_share_at_100"]
+            .as_f64()
+            .unwrap()
+    };
+    for name in ["first-fit", "fgd"] {
+        assert!((0.0..1.0).contains(&share(name)), "{name}: {}", share(name));
+    }
+    assert!(
+        share("fgd") < share("first-fit"),
+        "fragmentation-aware placement leaves fewer GPUs unallocated"
+    );
+    for file in ["inflation.csv", "inflation.json", "inflation.svg"] {
+        assert!(out.join(file).exists(), "{file} written");
+    }
+    let _ = std::fs::remove_dir_all(out);
+}

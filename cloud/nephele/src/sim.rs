@@ -318,7 +318,7 @@ fn svg_plot(curves: &[(String, Vec<(u32, f64)>)]) -> String {
         );
         svg += &format!(
             "<text x='{}' y='{}' fill='{colour}'>{name}</text>\n",
-            left + 10.0,
+            width - 130.0,
             30.0 + 15.0 * idx as f64
         );
     }

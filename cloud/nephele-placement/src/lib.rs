@@ -10,12 +10,15 @@
 //! next steps of the placement issue). This crate has no dependencies at all.
 
 pub mod cluster;
+pub mod fairness;
 pub mod fragmentation;
+pub mod gang;
 pub mod model;
 pub mod policy;
 pub mod rng;
 
 pub use cluster::{Binding, Cluster, ReserveError};
 pub use fragmentation::TypicalPods;
+pub use gang::{place_gang, GangRequest, Topology};
 pub use model::{GpuModel, NodeSpec, PodRequest, Reason, MILLI_PER_GPU};
 pub use policy::{place, Placement, Policy, Unschedulable};

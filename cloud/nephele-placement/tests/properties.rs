@@ -238,3 +238,47 @@ fn why_not_placed_counts_rejections_per_reason() {
     ];
     assert_eq!(error.rejected, expected.into_iter().collect());
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// A gang is placed whole or not at all; a failed gang leaves the cluster untouched.
+    #[test]
+    fn gangs_are_all_or_nothing(
+        nodes in prop::collection::vec(node_strategy(), 1..8),
+        members in prop::collection::vec(pod_strategy(), 1..9),
+        filler in prop::collection::vec(pod_strategy(), 0..20),
+        hard in proptest::bool::ANY,
+        same_node in proptest::bool::ANY,
+    ) {
+        let nodes = named(nodes);
+        let mut cluster = Cluster::new(nodes.clone());
+        let typical = TypicalPods::default();
+        let priority: Vec<u32> = (0..nodes.len() as u32).collect();
+        let mut rng = Rng::new(3);
+        for (id, pod) in filler.iter().enumerate() {
+            if let Ok(p) = place(&cluster, pod, Policy::FirstFit, &typical, &priority, &mut rng) {
+                cluster.reserve(1_000 + id as u64, pod, &p.binding).unwrap();
+            }
+        }
+        let before: Vec<(u64, u64, Vec<u32>)> = cluster.state.iter().map(|s| (s.cpu_left, s.memory_left, s.gpu_left.clone())).collect();
+        let reservations_before = cluster.reservations().count();
+        let topology = if same_node { Topology::SameNode { hard } } else { Topology::Any };
+        let gang = GangRequest { first_id: 0, members: members.clone(), topology };
+        match place_gang(&mut cluster, &gang, Policy::Fgd, &typical, &priority, &mut rng) {
+            Ok(bindings) => {
+                prop_assert_eq!(bindings.len(), members.len());
+                prop_assert_eq!(cluster.reservations().count(), reservations_before + members.len());
+                if same_node && hard {
+                    prop_assert!(bindings.iter().all(|b| b.node == bindings[0].node));
+                }
+            }
+            Err(_) => {
+                let after: Vec<(u64, u64, Vec<u32>)> = cluster.state.iter().map(|s| (s.cpu_left, s.memory_left, s.gpu_left.clone())).collect();
+                prop_assert_eq!(before, after);
+                prop_assert_eq!(cluster.reservations().count(), reservations_before);
+            }
+        }
+        prop_assert!(cluster.accounting_holds());
+    }
+}

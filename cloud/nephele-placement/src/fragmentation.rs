@@ -17,6 +17,8 @@ pub struct TypicalPod {
     pub num_gpu: u8,
     pub gpu_milli: u32,
     pub gpu_models: Vec<GpuModel>,
+    /// Mean memory of the pods in the class (the grouping ignores memory).
+    pub memory_mib: u64,
     pub share: f64,
 }
 
@@ -31,23 +33,24 @@ impl TypicalPods {
     /// frequent groups until their cumulative share reaches `threshold` (0..=1), and
     /// renormalises their shares to sum to 1. Ties in count go to larger shapes first.
     pub fn from_pods(pods: &[PodRequest], threshold: f64) -> TypicalPods {
-        let mut counts: BTreeMap<Shape, u64> = BTreeMap::new();
+        let mut counts: BTreeMap<Shape, (u64, u64)> = BTreeMap::new();
         for pod in pods {
-            *counts
-                .entry((
-                    pod.cpu_milli,
-                    pod.gpu_milli,
-                    pod.num_gpu,
-                    pod.gpu_models.clone(),
-                ))
-                .or_default() += 1;
+            let shape = (
+                pod.cpu_milli,
+                pod.gpu_milli,
+                pod.num_gpu,
+                pod.gpu_models.clone(),
+            );
+            let entry = counts.entry(shape).or_default();
+            entry.0 += 1;
+            entry.1 += pod.memory_mib;
         }
-        let mut groups: Vec<(Shape, u64)> = counts.into_iter().collect();
-        groups.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| b.0.cmp(&a.0)));
+        let mut groups: Vec<(Shape, (u64, u64))> = counts.into_iter().collect();
+        groups.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then_with(|| b.0.cmp(&a.0)));
         let total = pods.len().max(1) as f64;
         let mut kept = Vec::new();
         let mut cumulative = 0.0;
-        for ((cpu_milli, gpu_milli, num_gpu, gpu_models), count) in groups {
+        for ((cpu_milli, gpu_milli, num_gpu, gpu_models), (count, memory_sum)) in groups {
             if cumulative >= threshold - 1e-9 {
                 break;
             }
@@ -57,6 +60,7 @@ impl TypicalPods {
                 num_gpu,
                 gpu_milli,
                 gpu_models,
+                memory_mib: memory_sum / count.max(1),
                 share: count as f64,
             });
         }
@@ -69,6 +73,18 @@ impl TypicalPods {
 
     /// Expected fragmented milli-GPU of a node in the given state.
     pub fn node_fragmentation(&self, spec: &NodeSpec, cpu_left: u64, gpu_left: &[u32]) -> f64 {
+        self.node_fragmentation_with_memory(spec, cpu_left, None, gpu_left)
+    }
+
+    /// As [`Self::node_fragmentation`], and when `memory_left` is given a class whose
+    /// memory does not fit cannot use the node's GPUs either.
+    pub fn node_fragmentation_with_memory(
+        &self,
+        spec: &NodeSpec,
+        cpu_left: u64,
+        memory_left: Option<u64>,
+        gpu_left: &[u32],
+    ) -> f64 {
         if gpu_left.is_empty() {
             return 0.0;
         }
@@ -83,7 +99,8 @@ impl TypicalPods {
             let can_host = class.num_gpu > 0
                 && model_ok
                 && fitting >= usize::from(class.num_gpu)
-                && cpu_left >= class.cpu_milli;
+                && cpu_left >= class.cpu_milli
+                && memory_left.is_none_or(|left| left >= class.memory_mib);
             // A CPU-only class, a foreign model, or a class that does not fit sees all
             // idle GPU as fragment; one that fits sees only the GPUs too small for it.
             let fragment: u64 = if can_host {

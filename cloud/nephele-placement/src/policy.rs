@@ -8,12 +8,15 @@
 //! | `dot-product`| smallest dot product of node-left and pod vectors                 | best fit                    |
 //! | `gpu-packing`| already-shared GPUs, then used nodes, then the smallest free node | best fit                    |
 //! | `fgd`        | 100·sigmoid(ΔF/1000), ΔF = fragmentation before − after            | the GPU with the best ΔF    |
-//! | `ours`       | ΔF at 0.1-GPU resolution (no sigmoid), then priority              | the GPU with the best ΔF    |
+//! | `ours`       | memory-aware ΔF at 0.1-GPU resolution (no sigmoid), then priority | the GPU with the best ΔF    |
 //!
 //! FGD's integer sigmoid leaves about 100 score levels, so many nodes tie and the fixed
-//! node order decides. `ours` scores the fragmentation change itself at 100 milli-GPU
-//! resolution. (Tried and measured worse on openb: the exact change, and FGD with
-//! packing or CPU-fit tie-breaks; see the README's placement section.)
+//! node order decides. `ours` differs in two ways: its fragmentation measure also
+//! counts a node's GPUs as lost to a typical pod when the pod's memory no longer fits
+//! there (FGD looks at CPU and GPU only, yet memory runs out on GPU nodes too), and it
+//! scores the fragmentation change itself at 100 milli-GPU resolution. (Tried and
+//! measured worse on openb: the exact change, FGD with packing or CPU-fit tie-breaks,
+//! a GPU-volume-weighted target workload; see the README's placement section.)
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -139,7 +142,7 @@ type Score = (i64, i64);
 type GpuChoice = Vec<(u8, u32)>;
 
 /// What makes two nodes score the same: GPU model, CPU left, GPU left per GPU.
-type StateKey<'a> = (Option<u16>, u64, &'a [u32]);
+type StateKey<'a> = (Option<u16>, u64, u64, &'a [u32]);
 
 /// Scores `pod` on one node state; returns the score and the GPUs to take.
 fn score_node(
@@ -202,12 +205,25 @@ fn score_node(
             ((score, 0), gpus)
         }
         Policy::Fgd | Policy::Ours => {
-            let before = typical.node_fragmentation(spec, state.cpu_left, &state.gpu_left);
+            let memory = (policy == Policy::Ours).then_some(state.memory_left);
+            let before = typical.node_fragmentation_with_memory(
+                spec,
+                state.cpu_left,
+                memory,
+                &state.gpu_left,
+            );
             let cpu_after = state.cpu_left - pod.cpu_milli;
+            let memory_after = memory.map(|m| m - pod.memory_mib);
             let mut best: Option<(Score, Vec<(u8, u32)>)> = None;
             for gpus in candidate_gpus(&state.gpu_left, pod) {
                 let left_after = after(&state.gpu_left, &gpus);
-                let delta = before - typical.node_fragmentation(spec, cpu_after, &left_after);
+                let delta = before
+                    - typical.node_fragmentation_with_memory(
+                        spec,
+                        cpu_after,
+                        memory_after,
+                        &left_after,
+                    );
                 let fgd = (100.0 * sigmoid(delta / 1000.0)) as i64;
                 let score = if policy == Policy::Fgd {
                     (fgd, 0)
@@ -269,9 +285,16 @@ pub fn place(
     let mut best: Option<(Score, u32, usize, GpuChoice)> = None;
     for &node in &feasible {
         let state = &cluster.state[node];
+        // Memory only matters to the memory-aware objective of `ours`.
+        let memory_key = if policy == Policy::Ours {
+            state.memory_left
+        } else {
+            0
+        };
         let key = (
             cluster.nodes[node].gpu_model,
             state.cpu_left,
+            memory_key,
             state.gpu_left.as_slice(),
         );
         let (score, gpus) = memo

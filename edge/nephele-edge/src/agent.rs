@@ -375,16 +375,39 @@ async fn serve_cloud_stream(
 }
 
 /// Applies the latest desired state, one at a time; a newer state supersedes an older
-/// one that has not been applied yet.
+/// one that has not been applied yet. While any deployment is failed (a download cut
+/// short, a model that would not load), the last state is applied again every 10 s.
 async fn reconciler(agent: Arc<Agent>, mut desired_rx: watch::Receiver<Option<DesiredState>>) {
-    while desired_rx.changed().await.is_ok() {
-        let Some(desired) = desired_rx.borrow_and_update().clone() else {
-            continue;
-        };
-        reconcile(&agent, &desired).await;
-        agent
-            .applied_generation
-            .store(desired.generation, Ordering::Relaxed);
+    let mut retry = tokio::time::interval(Duration::from_secs(10));
+    retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last: Option<DesiredState> = None;
+    loop {
+        tokio::select! {
+            changed = desired_rx.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                last = desired_rx.borrow_and_update().clone();
+            }
+            _ = retry.tick() => {
+                let any_failed = agent
+                    .server
+                    .phases
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .values()
+                    .any(|phase| matches!(phase, DeploymentPhase::Failed(_)));
+                if !any_failed {
+                    continue;
+                }
+            }
+        }
+        if let Some(desired) = &last {
+            reconcile(&agent, desired).await;
+            agent
+                .applied_generation
+                .store(desired.generation, Ordering::Relaxed);
+        }
     }
 }
 
@@ -576,4 +599,70 @@ async fn fetch_model(agent: &Arc<Agent>, digest: &[u8; 32], size: u64) -> Result
         )
         .add(size);
     Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nephele_proto::{Assignment, ModelVariant, SignedManifest};
+
+    fn signed(key: &ring::signature::Ed25519KeyPair) -> Assignment {
+        let manifest = ModelManifest {
+            name: "m".into(),
+            format: "onnx".into(),
+            created_unix: 1,
+            inputs: vec![],
+            outputs: vec![],
+            variants: vec![ModelVariant {
+                name: "full".into(),
+                precision: "fp32".into(),
+                sha256: [1; 32],
+                size: 10,
+                accuracy: None,
+            }],
+        };
+        let bytes = nephele_proto::encode_payload(&manifest).expect("encodes");
+        Assignment {
+            deployment: "d".into(),
+            model: SignedManifest {
+                signature: key.sign(&bytes).as_ref().to_vec(),
+                manifest: bytes,
+            },
+            variant: "full".into(),
+            slo_ms: 10,
+            offload: true,
+            max_queue: 4,
+        }
+    }
+
+    #[test]
+    fn manifests_are_verified_before_use() {
+        let rng = ring::rand::SystemRandom::new();
+        let pkcs8 = ring::signature::Ed25519KeyPair::generate_pkcs8(&rng).expect("key");
+        let key = ring::signature::Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).expect("key");
+        let public = ring::signature::KeyPair::public_key(&key).as_ref().to_vec();
+        let good = signed(&key);
+        let (manifest, variant) = verify_manifest(&public, &good).expect("valid");
+        assert_eq!((manifest.name.as_str(), variant.size), ("m", 10));
+
+        let mut tampered = good.clone();
+        let last = tampered.model.manifest.len() - 1;
+        tampered.model.manifest[last] ^= 1;
+        assert!(verify_manifest(&public, &tampered)
+            .unwrap_err()
+            .contains("signature"));
+
+        let other_pkcs8 = ring::signature::Ed25519KeyPair::generate_pkcs8(&rng).expect("key");
+        let other = ring::signature::Ed25519KeyPair::from_pkcs8(other_pkcs8.as_ref()).expect("key");
+        assert!(
+            verify_manifest(&public, &signed(&other)).is_err(),
+            "a manifest signed by another key is refused"
+        );
+
+        let mut wrong_variant = good;
+        wrong_variant.variant = "int8".into();
+        assert!(verify_manifest(&public, &wrong_variant)
+            .unwrap_err()
+            .contains("no variant"));
+    }
 }

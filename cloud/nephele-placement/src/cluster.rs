@@ -4,7 +4,7 @@
 //! per GPU, after any sequence of `reserve`, `unreserve` and `node_lost` (property-tested
 //! in `tests/properties.rs`). Reservations are keyed by id and idempotent.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::model::{NodeSpec, PodRequest, Reason, MILLI_PER_GPU};
 
@@ -32,11 +32,28 @@ pub struct NodeState {
     pub up: bool,
 }
 
+/// Everything that decides whether and how well a node takes a pod. Nodes with equal
+/// keys are interchangeable but for their priority, so the placement loop scores each
+/// distinct key once instead of each node.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct GroupKey {
+    pub gpu_model: Option<u16>,
+    pub up: bool,
+    pub cpu_left: u64,
+    pub memory_left: u64,
+    pub gpu_left: Vec<u32>,
+}
+
 #[derive(Debug, Clone)]
 pub struct Cluster {
     pub nodes: Vec<NodeSpec>,
+    /// Read freely; change only through the methods, which keep `groups` in step.
     pub state: Vec<NodeState>,
     reservations: BTreeMap<u64, (PodRequest, Binding)>,
+    /// Tie-break rank of each node (lower wins); by default the node index.
+    rank: Vec<u32>,
+    /// Nodes by state, each set ordered by (rank, node).
+    groups: HashMap<GroupKey, BTreeSet<(u32, usize)>>,
 }
 
 impl Cluster {
@@ -50,10 +67,77 @@ impl Cluster {
                 up: true,
             })
             .collect();
-        Cluster {
+        let rank = (0..nodes.len() as u32).collect();
+        let mut cluster = Cluster {
             nodes,
             state,
             reservations: BTreeMap::new(),
+            rank,
+            groups: HashMap::new(),
+        };
+        cluster.rebuild_groups();
+        cluster
+    }
+
+    fn key(&self, node: usize) -> GroupKey {
+        let state = &self.state[node];
+        GroupKey {
+            gpu_model: self.nodes[node].gpu_model,
+            up: state.up,
+            cpu_left: state.cpu_left,
+            memory_left: state.memory_left,
+            gpu_left: state.gpu_left.clone(),
+        }
+    }
+
+    fn rebuild_groups(&mut self) {
+        self.groups.clear();
+        for node in 0..self.nodes.len() {
+            let key = self.key(node);
+            self.groups
+                .entry(key)
+                .or_default()
+                .insert((self.rank[node], node));
+        }
+    }
+
+    /// Moves `node` to the group of its current state; `old` is its key before the change.
+    fn regroup(&mut self, node: usize, old: GroupKey) {
+        let member = (self.rank[node], node);
+        if let Some(set) = self.groups.get_mut(&old) {
+            set.remove(&member);
+            if set.is_empty() {
+                self.groups.remove(&old);
+            }
+        }
+        let key = self.key(node);
+        self.groups.entry(key).or_default().insert(member);
+    }
+
+    /// Sets the tie-break priority (a rank per node, lower wins).
+    pub fn set_priority(&mut self, rank: &[u32]) {
+        if rank.len() == self.nodes.len() && rank != self.rank.as_slice() {
+            self.rank = rank.to_vec();
+            self.rebuild_groups();
+        }
+    }
+
+    pub fn priority(&self) -> &[u32] {
+        &self.rank
+    }
+
+    /// Distinct node states, each with its members in (rank, node) order.
+    pub fn groups(&self) -> impl Iterator<Item = (&GroupKey, &BTreeSet<(u32, usize)>)> {
+        self.groups.iter()
+    }
+
+    /// Marks a node available or not without touching its reservations (for scratch
+    /// copies that must keep work off some nodes).
+    pub fn set_available(&mut self, node: usize, up: bool) {
+        if node < self.nodes.len() && self.state[node].up != up {
+            let old = self.key(node);
+            self.state[node].up = up;
+            self.regroup(node, old);
         }
     }
 
@@ -140,12 +224,14 @@ impl Cluster {
         if seen.len() != usize::from(pod.num_gpu) {
             return Err(ReserveError::DoesNotFit(Reason::InsufficientGpu));
         }
+        let old = self.key(binding.node);
         let state = &mut self.state[binding.node];
         state.cpu_left -= pod.cpu_milli;
         state.memory_left -= pod.memory_mib;
         for (gpu, milli) in &binding.gpus {
             state.gpu_left[usize::from(*gpu)] -= milli;
         }
+        self.regroup(binding.node, old);
         self.reservations.insert(id, (pod.clone(), binding.clone()));
         Ok(())
     }
@@ -155,12 +241,14 @@ impl Cluster {
         let Some((pod, binding)) = self.reservations.remove(&id) else {
             return false;
         };
+        let old = self.key(binding.node);
         let state = &mut self.state[binding.node];
         state.cpu_left += pod.cpu_milli;
         state.memory_left += pod.memory_mib;
         for (gpu, milli) in &binding.gpus {
             state.gpu_left[usize::from(*gpu)] += milli;
         }
+        self.regroup(binding.node, old);
         true
     }
 
@@ -176,42 +264,47 @@ impl Cluster {
         for id in &displaced {
             self.unreserve(*id);
         }
-        if let Some(state) = self.state.get_mut(node) {
-            state.up = false;
-        }
+        self.set_available(node, false);
         displaced
     }
 
     pub fn node_up(&mut self, node: usize) {
-        if let Some(state) = self.state.get_mut(node) {
-            state.up = true;
-        }
+        self.set_available(node, true);
     }
 
     pub fn reservations(&self) -> impl Iterator<Item = (&u64, &(PodRequest, Binding))> {
         self.reservations.iter()
     }
 
-    /// Checks the accounting invariant; used by tests and debug assertions.
+    /// Checks the accounting invariant (and that every node is in the group of its
+    /// state); used by tests and debug assertions.
     pub fn accounting_holds(&self) -> bool {
-        self.nodes.iter().enumerate().all(|(idx, spec)| {
-            let mut cpu = self.state[idx].cpu_left;
-            let mut memory = self.state[idx].memory_left;
-            let mut gpus: Vec<u64> = self.state[idx]
-                .gpu_left
-                .iter()
-                .map(|g| u64::from(*g))
-                .collect();
-            for (pod, binding) in self.reservations.values().filter(|(_, b)| b.node == idx) {
-                cpu += pod.cpu_milli;
-                memory += pod.memory_mib;
-                for (gpu, milli) in &binding.gpus {
-                    gpus[usize::from(*gpu)] += u64::from(*milli);
+        let grouped: usize = self.groups.values().map(BTreeSet::len).sum();
+        let groups_ok = grouped == self.nodes.len()
+            && (0..self.nodes.len()).all(|node| {
+                self.groups
+                    .get(&self.key(node))
+                    .is_some_and(|set| set.contains(&(self.rank[node], node)))
+            });
+        groups_ok
+            && self.nodes.iter().enumerate().all(|(idx, spec)| {
+                let mut cpu = self.state[idx].cpu_left;
+                let mut memory = self.state[idx].memory_left;
+                let mut gpus: Vec<u64> = self.state[idx]
+                    .gpu_left
+                    .iter()
+                    .map(|g| u64::from(*g))
+                    .collect();
+                for (pod, binding) in self.reservations.values().filter(|(_, b)| b.node == idx) {
+                    cpu += pod.cpu_milli;
+                    memory += pod.memory_mib;
+                    for (gpu, milli) in &binding.gpus {
+                        gpus[usize::from(*gpu)] += u64::from(*milli);
+                    }
                 }
-            }
-            cpu == spec.cpu_milli
-                && memory == spec.memory_mib
-                && gpus.iter().all(|g| *g == u64::from(MILLI_PER_GPU))
-        })
+                cpu == spec.cpu_milli
+                    && memory == spec.memory_mib
+                    && gpus.iter().all(|g| *g == u64::from(MILLI_PER_GPU))
+            })
     }
 }

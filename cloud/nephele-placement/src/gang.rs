@@ -68,7 +68,7 @@ pub fn place_gang(
                     let mut only = scratch.clone();
                     for other in 0..only.nodes.len() {
                         if other != node {
-                            only.state[other].up = false;
+                            only.set_available(other, false);
                         }
                     }
                     place(&only, member, policy, typical, &member_priority, rng)
@@ -83,7 +83,7 @@ pub fn place_gang(
                 let mut only = scratch.clone();
                 for other in 0..only.nodes.len() {
                     if other != node {
-                        only.state[other].up = false;
+                        only.set_available(other, false);
                     }
                 }
                 place(&only, member, policy, typical, &member_priority, rng)

@@ -243,6 +243,10 @@ fn score_node(
 
 /// Places one pod: filter, score, select (ties: lowest `priority[node]`), choose GPUs.
 /// Does not reserve; the caller commits with [`Cluster::reserve`].
+///
+/// When `priority` is the cluster's own ([`Cluster::set_priority`]), nodes are visited
+/// by group of identical state, each group filtered and scored once; otherwise node by
+/// node. Both give the same placement (property-tested).
 pub fn place(
     cluster: &Cluster,
     pod: &PodRequest,
@@ -279,6 +283,9 @@ pub fn place(
         return Ok(Placement {
             binding: Binding { node, gpus },
         });
+    }
+    if priority == cluster.priority() {
+        return place_grouped(cluster, pod, policy, typical);
     }
     // Nodes in identical states score identically: score each state once.
     let mut memo: HashMap<StateKey, (Score, GpuChoice)> = HashMap::new();
@@ -317,6 +324,45 @@ pub fn place(
     };
     // BestFit normalises scores min-max over feasible nodes in the paper; that does not
     // change the order, so the argmax above is the same node.
+    Ok(Placement {
+        binding: Binding { node, gpus },
+    })
+}
+
+/// The grouped placement loop: one filter check and one score per distinct node state;
+/// within a group the node with the lowest rank represents it.
+fn place_grouped(
+    cluster: &Cluster,
+    pod: &PodRequest,
+    policy: Policy,
+    typical: &TypicalPods,
+) -> Result<Placement, Unschedulable> {
+    let mut rejected: BTreeMap<Reason, u32> = BTreeMap::new();
+    let mut best: Option<(Score, u32, usize)> = None;
+    for (_, members) in cluster.groups() {
+        let Some(&(rank, node)) = members.first() else {
+            continue;
+        };
+        match cluster.check(node, pod) {
+            Err(reason) => *rejected.entry(reason).or_default() += members.len() as u32,
+            Ok(()) => {
+                let (score, _) = score_node(cluster, node, pod, policy, typical);
+                let better = match best {
+                    None => true,
+                    Some((best_score, best_rank, _)) => {
+                        score > best_score || (score == best_score && rank < best_rank)
+                    }
+                };
+                if better {
+                    best = Some((score, rank, node));
+                }
+            }
+        }
+    }
+    let Some((_, _, node)) = best else {
+        return Err(Unschedulable { rejected });
+    };
+    let (_, gpus) = score_node(cluster, node, pod, policy, typical);
     Ok(Placement {
         binding: Binding { node, gpus },
     })

@@ -187,6 +187,33 @@ proptest! {
         Rng::new(shuffle_seed).shuffle(&mut shuffled);
         prop_assert_eq!(first, plan(&shuffled, &pods, policy, seed));
     }
+
+    /// The grouped loop (priority = the cluster's own) and the node-by-node loop (an
+    /// order-equivalent priority with other values) choose the same node and GPUs.
+    #[test]
+    fn grouped_and_node_by_node_placement_agree(
+        nodes in prop::collection::vec(node_strategy(), 1..12),
+        pods in prop::collection::vec(pod_strategy(), 1..30),
+        policy_idx in 0usize..6,
+        seed in 0u64..100,
+    ) {
+        let nodes = named(nodes);
+        let policy = DETERMINISTIC[policy_idx];
+        let typical = TypicalPods::from_pods(&pods, 0.95);
+        let mut cluster = Cluster::new(nodes.clone());
+        let rank = Rng::new(seed).permutation(nodes.len());
+        cluster.set_priority(&rank);
+        let doubled: Vec<u32> = rank.iter().map(|r| r * 2 + 1).collect();
+        let mut rng = Rng::new(seed);
+        for (id, pod) in pods.iter().enumerate() {
+            let grouped = place(&cluster, pod, policy, &typical, &rank, &mut rng);
+            let by_node = place(&cluster, pod, policy, &typical, &doubled, &mut rng);
+            prop_assert_eq!(&grouped, &by_node);
+            if let Ok(placement) = grouped {
+                cluster.reserve(id as u64, pod, &placement.binding).unwrap();
+            }
+        }
+    }
 }
 
 #[test]

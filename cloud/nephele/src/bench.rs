@@ -81,6 +81,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
     let pods = workload();
     let typical = TypicalPods::from_pods(&pods, 0.95);
     let priority = rng.permutation(args.nodes);
+    cluster.set_priority(&priority);
     // Half-fill with random placements.
     let capacity = cluster.total_gpu_milli();
     let mut id = 0u64;

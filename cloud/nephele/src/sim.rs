@@ -168,6 +168,7 @@ fn run_inflation(
         pods.push(pod);
     }
     let priority = rng.permutation(trace.nodes.len());
+    cluster.set_priority(&priority);
     let mut node_frag: Vec<f64> = cluster
         .nodes
         .iter()

@@ -255,6 +255,15 @@ impl Cloud {
 impl Drop for Cloud {
     fn drop(&mut self) {
         self.stop();
+        // Keep the data dir and logs of a failed test for diagnosis; tidy up otherwise.
+        if std::thread::panicking() {
+            eprintln!(
+                "logs and data of this test are kept in {}",
+                self.dir.display()
+            );
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 

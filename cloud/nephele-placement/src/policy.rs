@@ -47,6 +47,16 @@ impl Policy {
         Policy::Ours,
     ];
 
+    /// The policies whose plans depend on no random draw (all but `Random`).
+    pub const DETERMINISTIC: [Policy; 6] = [
+        Policy::FirstFit,
+        Policy::BestFit,
+        Policy::DotProduct,
+        Policy::GpuPacking,
+        Policy::Fgd,
+        Policy::Ours,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             Policy::Random => "random",

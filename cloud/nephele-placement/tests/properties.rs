@@ -116,14 +116,7 @@ fn oracle_fits(cluster: &Cluster, pod: &PodRequest) -> bool {
         })
 }
 
-const DETERMINISTIC: [Policy; 6] = [
-    Policy::FirstFit,
-    Policy::BestFit,
-    Policy::DotProduct,
-    Policy::GpuPacking,
-    Policy::Fgd,
-    Policy::Ours,
-];
+const DETERMINISTIC: [Policy; 6] = Policy::DETERMINISTIC;
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]

@@ -55,7 +55,13 @@ fn sim_inflation_on_the_openb_trace() {
         .join("alibaba-gpu-v2023/openb_pod_list_default.csv")
         .exists()
     {
-        println!("skipping sim_inflation_on_the_openb_trace: {} not found (the traces live beside the checkout)", data.display());
+        // Written to stderr directly, past the test harness's capture, so it shows.
+        use std::io::Write as _;
+        let _ = writeln!(
+            std::io::stderr(),
+            "skipping sim_inflation_on_the_openb_trace: {} not found (the traces live beside the checkout)",
+            data.display()
+        );
         return;
     }
     let out = std::env::temp_dir().join(format!("nephele-sim-test-{}", std::process::id()));

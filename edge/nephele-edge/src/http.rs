@@ -94,12 +94,7 @@ async fn handle(
                     &[],
                 )
                 .set(crate::agent::rss_bytes() as i64);
-            let connected = agent
-                .server
-                .connection
-                .lock()
-                .map(|c| c.is_some())
-                .unwrap_or(false);
+            let connected = agent.server.is_connected();
             agent
                 .server
                 .metrics
@@ -130,12 +125,7 @@ async fn handle(
 }
 
 fn status(agent: &Agent) -> Response<Full<Bytes>> {
-    let connected = agent
-        .server
-        .connection
-        .lock()
-        .map(|c| c.is_some())
-        .unwrap_or(false);
+    let connected = agent.server.is_connected();
     json(
         StatusCode::OK,
         &serde_json::json!({

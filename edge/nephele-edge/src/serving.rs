@@ -205,6 +205,11 @@ impl Server {
             .cloned()
     }
 
+    /// Whether a session with the control plane is up.
+    pub fn is_connected(&self) -> bool {
+        self.connection().is_some()
+    }
+
     fn connection(&self) -> Option<quinn::Connection> {
         self.connection
             .lock()

@@ -143,6 +143,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
         "gpu_allocated_before": cluster.used_gpu_milli() as f64 / capacity as f64,
         "results": results,
         "threads": 1,
+        "distinct_node_states": cluster.groups().count(),
     });
     if args.json {
         println!("{summary}");

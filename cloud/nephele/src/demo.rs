@@ -285,6 +285,27 @@ fn burst(
     (samples, rejected.load(Ordering::Relaxed))
 }
 
+/// Blocks until SIGINT or SIGTERM, so that the fleet is torn down by `Fleet`'s drop.
+fn wait_for_shutdown_signal() -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        #[cfg(unix)]
+        {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        #[cfg(not(unix))]
+        tokio::signal::ctrl_c().await?;
+        Ok::<(), anyhow::Error>(())
+    })
+}
+
 fn progress(json: bool, message: &str) {
     if !json {
         eprintln!("[demo] {message}");
@@ -611,10 +632,10 @@ pub fn run(args: DemoArgs) -> Result<()> {
     }
 
     if args.keep_running {
-        eprintln!("[demo] fleet is running; press Ctrl-C to stop");
-        loop {
-            std::thread::sleep(Duration::from_secs(3600));
-        }
+        eprintln!(
+            "[demo] fleet is running; Ctrl-C (or SIGTERM) stops it and every process it started"
+        );
+        wait_for_shutdown_signal()?;
     }
     drop(fleet);
     if args.dir.is_none() {

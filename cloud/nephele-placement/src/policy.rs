@@ -86,6 +86,32 @@ pub struct Unschedulable {
     pub rejected: BTreeMap<Reason, u32>,
 }
 
+impl Unschedulable {
+    /// Nodes considered.
+    pub fn nodes(&self) -> u32 {
+        self.rejected.values().sum()
+    }
+}
+
+/// The answer to "why is this pending?", in the form Kubernetes made familiar:
+/// `0/3 nodes can take it: 1 insufficient cpu, 2 insufficient gpu`.
+impl std::fmt::Display for Unschedulable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut reasons: Vec<(&Reason, &u32)> = self.rejected.iter().collect();
+        reasons.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        let parts: Vec<String> = reasons
+            .iter()
+            .map(|(reason, n)| format!("{n} {}", reason.as_str()))
+            .collect();
+        write!(
+            f,
+            "0/{} nodes can take it: {}",
+            self.nodes(),
+            parts.join(", ")
+        )
+    }
+}
+
 const MAX_SPEC_CPU: f64 = 128_000.0;
 const MAX_SPEC_GPU: f64 = 8_000.0;
 

@@ -257,6 +257,10 @@ fn why_not_placed_counts_rejections_per_reason() {
         (Reason::InsufficientGpu, 1),
     ];
     assert_eq!(error.rejected, expected.into_iter().collect());
+    assert_eq!(
+        error.to_string(),
+        "0/3 nodes can take it: 1 insufficient cpu, 1 gpu model not accepted, 1 insufficient gpu"
+    );
 }
 
 proptest! {

@@ -151,7 +151,8 @@ fn run_inflation(
     typical: &TypicalPods,
     policy: Policy,
     seed: u64,
-) -> Vec<(f64, f64, f64, f64)> {
+) -> (Vec<(f64, f64, f64, f64)>, BTreeMap<&'static str, u64>) {
+    let mut failures: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut rng = Rng::new(seed);
     let mut pods = trace.pods.clone();
     rng.shuffle(&mut pods);
@@ -181,15 +182,24 @@ fn run_inflation(
     let mut series = Vec::with_capacity(pods.len());
     for (id, pod) in pods.iter().enumerate() {
         arrived += pod.gpu_total() as f64;
-        if let Ok(placement) = place(&cluster, pod, policy, typical, &priority, &mut rng) {
-            let node = placement.binding.node;
-            if cluster.reserve(id as u64, pod, &placement.binding).is_ok() {
-                used += pod.gpu_total() as f64;
-                let updated =
-                    typical.state_fragmentation(&cluster.nodes[node], &cluster.state[node]);
-                frag_total += updated - node_frag[node];
-                node_frag[node] = updated;
+        match place(&cluster, pod, policy, typical, &priority, &mut rng) {
+            Ok(placement) => {
+                let node = placement.binding.node;
+                if cluster.reserve(id as u64, pod, &placement.binding).is_ok() {
+                    used += pod.gpu_total() as f64;
+                    let updated =
+                        typical.state_fragmentation(&cluster.nodes[node], &cluster.state[node]);
+                    frag_total += updated - node_frag[node];
+                    node_frag[node] = updated;
+                }
             }
+            // Why pods fail before demand reaches capacity: the reason most nodes gave.
+            Err(why) if arrived <= capacity => {
+                if let Some((reason, _)) = why.rejected.iter().max_by_key(|(_, n)| **n) {
+                    *failures.entry(reason.as_str()).or_default() += 1;
+                }
+            }
+            Err(_) => {}
         }
         let idle = capacity - used;
         series.push((
@@ -203,7 +213,7 @@ fn run_inflation(
             },
         ));
     }
-    series
+    (series, failures)
 }
 
 /// Mean of allocated % (and fragmentation) over events at each integer arrived % level;
@@ -251,6 +261,9 @@ struct PolicySummary {
     fragmentation_ratio_at_100: f64,
     seeds: u64,
     seconds_per_run: f64,
+    /// Pods that found no node before arrived demand reached 100%, per seed, by the
+    /// reason most nodes gave.
+    failed_pods_before_100: BTreeMap<&'static str, f64>,
 }
 
 fn mean_sd(values: &[f64]) -> (f64, f64) {
@@ -346,8 +359,13 @@ pub fn run(command: SimCommand) -> Result<()> {
         let mut ratio_100 = Vec::new();
         let mut curve: BTreeMap<u32, Vec<f64>> = BTreeMap::new();
         let started = Instant::now();
+        let mut failed: BTreeMap<&'static str, u64> = BTreeMap::new();
         for seed in 0..args.seeds {
-            let levels = by_level(&run_inflation(&trace, &typical, *policy, 42 + seed));
+            let (series, failures) = run_inflation(&trace, &typical, *policy, 42 + seed);
+            for (reason, count) in failures {
+                *failed.entry(reason).or_default() += count;
+            }
+            let levels = by_level(&series);
             done += 1;
             if !args.json {
                 eprintln!(
@@ -378,6 +396,10 @@ pub fn run(command: SimCommand) -> Result<()> {
             fragmentation_ratio_at_100: mean_sd(&ratio_100).0,
             seeds: args.seeds,
             seconds_per_run: started.elapsed().as_secs_f64() / args.seeds.max(1) as f64,
+            failed_pods_before_100: failed
+                .iter()
+                .map(|(reason, count)| (*reason, *count as f64 / args.seeds.max(1) as f64))
+                .collect(),
         });
         curves.push((
             policy.name().to_string(),
@@ -404,6 +426,7 @@ pub fn run(command: SimCommand) -> Result<()> {
             "{:<12} {:>22} {:>8} {:>18} {:>10}",
             "POLICY", "UNALLOC GPU @100% (%)", "SD", "FRAG RATIO @100%", "S/RUN"
         );
+        let mut failures = Vec::new();
         for s in &summaries {
             println!(
                 "{:<12} {:>22.2} {:>8.2} {:>17.1}% {:>10.1}",
@@ -413,6 +436,24 @@ pub fn run(command: SimCommand) -> Result<()> {
                 s.fragmentation_ratio_at_100 * 100.0,
                 s.seconds_per_run
             );
+            let reasons: Vec<String> = s
+                .failed_pods_before_100
+                .iter()
+                .map(|(reason, n)| format!("{n:.1} {reason}"))
+                .collect();
+            failures.push(format!(
+                "  {:<12} {}",
+                s.name,
+                if reasons.is_empty() {
+                    "none".into()
+                } else {
+                    reasons.join(", ")
+                }
+            ));
+        }
+        println!("pods that found no node before demand reached 100% (per run, by the reason most nodes gave):");
+        for line in failures {
+            println!("{line}");
         }
         println!("wrote {}/inflation.{{csv,json,svg}}", args.out.display());
     }

@@ -144,6 +144,10 @@ fn load_trace(data: &Path) -> Result<Trace> {
     Ok(Trace { nodes, pods })
 }
 
+/// After every pod: (arrived %, allocated %, fragmentation % of capacity, fragmentation
+/// / idle %).
+type Series = Vec<(f64, f64, f64, f64)>;
+
 /// One run: (arrived %, allocated %, fragmentation % of capacity, fragmentation / idle)
 /// after every pod.
 fn run_inflation(
@@ -151,7 +155,7 @@ fn run_inflation(
     typical: &TypicalPods,
     policy: Policy,
     seed: u64,
-) -> (Vec<(f64, f64, f64, f64)>, BTreeMap<&'static str, u64>) {
+) -> (Series, BTreeMap<&'static str, u64>) {
     let mut failures: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut rng = Rng::new(seed);
     let mut pods = trace.pods.clone();

@@ -4,7 +4,10 @@
 //! per GPU, after any sequence of `reserve`, `unreserve` and `node_lost` (property-tested
 //! in `tests/properties.rs`). Reservations are keyed by id and idempotent.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use crate::fragmentation::TypicalPods;
 
 use crate::model::{NodeSpec, PodRequest, Reason, MILLI_PER_GPU};
 
@@ -44,6 +47,37 @@ pub struct GroupKey {
     pub gpu_left: Vec<u32>,
 }
 
+/// Nodes in one state, and the scores already computed for that state. A state's score
+/// for a pod shape never changes, so the cache needs no invalidation: when a node's
+/// state changes it simply moves to another group.
+#[derive(Debug, Clone, Default)]
+pub struct Group {
+    /// Members ordered by (rank, node): the first one represents the group.
+    pub members: BTreeSet<(u32, usize)>,
+    scores: RefCell<Vec<(u32, (i64, i64))>>,
+}
+
+impl Group {
+    pub(crate) fn cached_score(&self, shape: u32) -> Option<(i64, i64)> {
+        self.scores
+            .borrow()
+            .iter()
+            .find(|(id, _)| *id == shape)
+            .map(|(_, score)| *score)
+    }
+
+    pub(crate) fn store_score(&self, shape: u32, score: (i64, i64)) {
+        self.scores.borrow_mut().push((shape, score));
+    }
+}
+
+/// Interned (pod shape, policy) pairs for the score cache, valid for one target workload.
+#[derive(Debug, Clone, Default)]
+struct ShapeTable {
+    typical: Option<TypicalPods>,
+    ids: HashMap<(PodRequest, u8), u32>,
+}
+
 #[derive(Debug, Clone)]
 pub struct Cluster {
     pub nodes: Vec<NodeSpec>,
@@ -52,8 +86,9 @@ pub struct Cluster {
     reservations: BTreeMap<u64, (PodRequest, Binding)>,
     /// Tie-break rank of each node (lower wins); by default the node index.
     rank: Vec<u32>,
-    /// Nodes by state, each set ordered by (rank, node).
-    groups: HashMap<GroupKey, BTreeSet<(u32, usize)>>,
+    /// Nodes by state.
+    groups: HashMap<GroupKey, Group>,
+    shapes: RefCell<ShapeTable>,
 }
 
 impl Cluster {
@@ -74,6 +109,7 @@ impl Cluster {
             reservations: BTreeMap::new(),
             rank,
             groups: HashMap::new(),
+            shapes: RefCell::new(ShapeTable::default()),
         };
         cluster.rebuild_groups();
         cluster
@@ -97,6 +133,7 @@ impl Cluster {
             self.groups
                 .entry(key)
                 .or_default()
+                .members
                 .insert((self.rank[node], node));
         }
     }
@@ -104,14 +141,14 @@ impl Cluster {
     /// Moves `node` to the group of its current state; `old` is its key before the change.
     fn regroup(&mut self, node: usize, old: GroupKey) {
         let member = (self.rank[node], node);
-        if let Some(set) = self.groups.get_mut(&old) {
-            set.remove(&member);
-            if set.is_empty() {
+        if let Some(group) = self.groups.get_mut(&old) {
+            group.members.remove(&member);
+            if group.members.is_empty() {
                 self.groups.remove(&old);
             }
         }
         let key = self.key(node);
-        self.groups.entry(key).or_default().insert(member);
+        self.groups.entry(key).or_default().members.insert(member);
     }
 
     /// Sets the tie-break priority (a rank per node, lower wins).
@@ -127,8 +164,23 @@ impl Cluster {
     }
 
     /// Distinct node states, each with its members in (rank, node) order.
-    pub fn groups(&self) -> impl Iterator<Item = (&GroupKey, &BTreeSet<(u32, usize)>)> {
+    pub fn groups(&self) -> impl Iterator<Item = (&GroupKey, &Group)> {
         self.groups.iter()
+    }
+
+    /// The score-cache id of (pod shape, policy code) under `typical`. A different
+    /// target workload than last time empties the cache first.
+    pub(crate) fn shape_id(&self, pod: &PodRequest, policy_code: u8, typical: &TypicalPods) -> u32 {
+        let mut shapes = self.shapes.borrow_mut();
+        if shapes.typical.as_ref() != Some(typical) {
+            shapes.typical = Some(typical.clone());
+            shapes.ids.clear();
+            for group in self.groups.values() {
+                group.scores.borrow_mut().clear();
+            }
+        }
+        let next = shapes.ids.len() as u32;
+        *shapes.ids.entry((pod.clone(), policy_code)).or_insert(next)
     }
 
     /// Marks a node available or not without touching its reservations (for scratch
@@ -279,12 +331,12 @@ impl Cluster {
     /// Checks the accounting invariant (and that every node is in the group of its
     /// state); used by tests and debug assertions.
     pub fn accounting_holds(&self) -> bool {
-        let grouped: usize = self.groups.values().map(BTreeSet::len).sum();
+        let grouped: usize = self.groups.values().map(|g| g.members.len()).sum();
         let groups_ok = grouped == self.nodes.len()
             && (0..self.nodes.len()).all(|node| {
                 self.groups
                     .get(&self.key(node))
-                    .is_some_and(|set| set.contains(&(self.rank[node], node)))
+                    .is_some_and(|group| group.members.contains(&(self.rank[node], node)))
             });
         groups_ok
             && self.nodes.iter().enumerate().all(|(idx, spec)| {

@@ -375,14 +375,19 @@ fn place_grouped(
 ) -> Result<Placement, Unschedulable> {
     let mut rejected: BTreeMap<Reason, u32> = BTreeMap::new();
     let mut best: Option<(Score, u32, usize)> = None;
-    for (_, members) in cluster.groups() {
-        let Some(&(rank, node)) = members.first() else {
+    let shape = cluster.shape_id(pod, policy as u8, typical);
+    for (_, group) in cluster.groups() {
+        let Some(&(rank, node)) = group.members.first() else {
             continue;
         };
         match cluster.check(node, pod) {
-            Err(reason) => *rejected.entry(reason).or_default() += members.len() as u32,
+            Err(reason) => *rejected.entry(reason).or_default() += group.members.len() as u32,
             Ok(()) => {
-                let (score, _) = score_node(cluster, node, pod, policy, typical);
+                let score = group.cached_score(shape).unwrap_or_else(|| {
+                    let (score, _) = score_node(cluster, node, pod, policy, typical);
+                    group.store_score(shape, score);
+                    score
+                });
                 let better = match best {
                     None => true,
                     Some((best_score, best_rank, _)) => {

@@ -7,7 +7,7 @@ pub const MILLI_PER_GPU: u32 = 1000;
 /// An interned GPU model name (index into the cluster's model table).
 pub type GpuModel = u16;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct NodeSpec {
     pub name: String,
     pub cpu_milli: u64,
@@ -17,7 +17,7 @@ pub struct NodeSpec {
     pub gpu_model: Option<GpuModel>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct PodRequest {
     pub cpu_milli: u64,
     pub memory_mib: u64,

@@ -1,0 +1,11 @@
+//! `nephele sim`'s engine: reads the public traces and replays them in virtual time
+//! through exactly the placement core the region actors call (`nephele-placement`).
+//! The command line (`nephele sim …`) only parses arguments and prints.
+//!
+//! - [`trace`]: loaders for `../shared/data` (the caller passes the path).
+//! - [`inflation`]: the FGD paper's workload-inflation protocol on openb.
+//! - [`plot`]: SVG plots.
+
+pub mod inflation;
+pub mod plot;
+pub mod trace;

@@ -47,35 +47,66 @@ pub struct GroupKey {
     pub gpu_left: Vec<u32>,
 }
 
-/// Nodes in one state, and the scores already computed for that state. A state's score
-/// for a pod shape never changes, so the cache needs no invalidation: when a node's
-/// state changes it simply moves to another group.
-#[derive(Debug, Clone, Default)]
+/// Index of a group slot; slots are reused, so a slot is identified over time by
+/// (id, generation).
+pub type GroupId = u32;
+
+/// Nodes in one state.
+#[derive(Debug, Clone)]
 pub struct Group {
+    pub key: GroupKey,
     /// Members ordered by (rank, node): the first one represents the group.
     pub members: BTreeSet<(u32, usize)>,
-    scores: RefCell<Vec<(u32, (i64, i64))>>,
+    /// Bumped whenever the slot is given to a new key: a score computed for
+    /// (slot, generation) stays valid until then.
+    generation: u64,
 }
 
 impl Group {
-    pub(crate) fn cached_score(&self, shape: u32) -> Option<(i64, i64)> {
-        self.scores
-            .borrow()
-            .iter()
-            .find(|(id, _)| *id == shape)
-            .map(|(_, score)| *score)
-    }
-
-    pub(crate) fn store_score(&self, shape: u32, score: (i64, i64)) {
-        self.scores.borrow_mut().push((shape, score));
+    /// The representative: the member with the lowest rank.
+    pub fn first(&self) -> Option<(u32, usize)> {
+        self.members.first().copied()
     }
 }
 
-/// Interned (pod shape, policy) pairs for the score cache, valid for one target workload.
+/// A score key: compared lexicographically, higher is better.
+pub type Score = (i64, i64);
+
+/// For one (pod shape, policy): the feasible groups ordered best first, kept in step
+/// with the cluster lazily by replaying the log of changed groups. Because a group's
+/// score for a shape depends only on its state, a decision costs O(changes since this
+/// shape was last placed · log groups), not O(groups).
+#[derive(Debug, Clone, Default)]
+struct ShapeIndex {
+    /// Absolute log position this index has applied.
+    synced: u64,
+    /// (score reversed, representative rank, group): the first entry is the choice.
+    order: BTreeSet<(std::cmp::Reverse<Score>, u32, GroupId)>,
+    /// What `order` holds for each group: its generation, and the score and rank
+    /// (`None` when the group cannot take the shape).
+    entries: HashMap<GroupId, (u64, Option<(Score, u32)>)>,
+}
+
+/// Interned (pod shape, policy) pairs and their indexes, valid for one target workload.
 #[derive(Debug, Clone, Default)]
 struct ShapeTable {
     typical: Option<TypicalPods>,
     ids: HashMap<(PodRequest, u8), u32>,
+    indexes: Vec<ShapeIndex>,
+}
+
+/// Groups that changed (members, representative, or their slot's key), in order.
+#[derive(Debug, Clone, Default)]
+struct ChangeLog {
+    /// Absolute position of `changed[0]`.
+    base: u64,
+    changed: Vec<GroupId>,
+}
+
+impl ChangeLog {
+    fn end(&self) -> u64 {
+        self.base + self.changed.len() as u64
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -86,8 +117,12 @@ pub struct Cluster {
     reservations: BTreeMap<u64, (PodRequest, Binding)>,
     /// Tie-break rank of each node (lower wins); by default the node index.
     rank: Vec<u32>,
-    /// Nodes by state.
-    groups: HashMap<GroupKey, Group>,
+    /// Nodes by state: slots, the slot of each live key, free slots.
+    groups: Vec<Option<Group>>,
+    by_key: HashMap<GroupKey, GroupId>,
+    free_slots: Vec<GroupId>,
+    generations: u64,
+    log: ChangeLog,
     shapes: RefCell<ShapeTable>,
 }
 
@@ -108,7 +143,11 @@ impl Cluster {
             state,
             reservations: BTreeMap::new(),
             rank,
-            groups: HashMap::new(),
+            groups: Vec::new(),
+            by_key: HashMap::new(),
+            free_slots: Vec::new(),
+            generations: 0,
+            log: ChangeLog::default(),
             shapes: RefCell::new(ShapeTable::default()),
         };
         cluster.rebuild_groups();
@@ -126,29 +165,83 @@ impl Cluster {
         }
     }
 
+    /// Regroups every node from scratch; every index starts over.
     fn rebuild_groups(&mut self) {
         self.groups.clear();
+        self.by_key.clear();
+        self.free_slots.clear();
+        self.log = ChangeLog::default();
+        {
+            let mut shapes = self.shapes.borrow_mut();
+            shapes.ids.clear();
+            shapes.indexes.clear();
+        }
         for node in 0..self.nodes.len() {
             let key = self.key(node);
-            self.groups
-                .entry(key)
-                .or_default()
-                .members
-                .insert((self.rank[node], node));
+            self.join_group(node, key);
+        }
+    }
+
+    /// Puts `node` into the group of `key`, creating it if needed; logs the change.
+    fn join_group(&mut self, node: usize, key: GroupKey) {
+        let member = (self.rank[node], node);
+        let id = match self.by_key.get(&key) {
+            Some(id) => *id,
+            None => {
+                self.generations += 1;
+                let group = Group {
+                    key: key.clone(),
+                    members: BTreeSet::new(),
+                    generation: self.generations,
+                };
+                let id = match self.free_slots.pop() {
+                    Some(id) => {
+                        self.groups[id as usize] = Some(group);
+                        id
+                    }
+                    None => {
+                        self.groups.push(Some(group));
+                        (self.groups.len() - 1) as GroupId
+                    }
+                };
+                self.by_key.insert(key, id);
+                id
+            }
+        };
+        if let Some(group) = self.groups[id as usize].as_mut() {
+            group.members.insert(member);
+        }
+        self.log_change(id);
+    }
+
+    fn log_change(&mut self, id: GroupId) {
+        self.log.changed.push(id);
+        // Bound the log: past a few times the number of groups, replaying it costs
+        // more than rescanning, so drop it and let indexes rescan.
+        if self.log.changed.len() > 4 * self.by_key.len() + 1024 {
+            self.log.base = self.log.end();
+            self.log.changed.clear();
         }
     }
 
     /// Moves `node` to the group of its current state; `old` is its key before the change.
     fn regroup(&mut self, node: usize, old: GroupKey) {
         let member = (self.rank[node], node);
-        if let Some(group) = self.groups.get_mut(&old) {
-            group.members.remove(&member);
-            if group.members.is_empty() {
-                self.groups.remove(&old);
+        if let Some(&id) = self.by_key.get(&old) {
+            let mut emptied = false;
+            if let Some(group) = self.groups[id as usize].as_mut() {
+                group.members.remove(&member);
+                emptied = group.members.is_empty();
             }
+            if emptied {
+                self.groups[id as usize] = None;
+                self.by_key.remove(&old);
+                self.free_slots.push(id);
+            }
+            self.log_change(id);
         }
         let key = self.key(node);
-        self.groups.entry(key).or_default().members.insert(member);
+        self.join_group(node, key);
     }
 
     /// Sets the tie-break priority (a rank per node, lower wins).
@@ -164,23 +257,91 @@ impl Cluster {
     }
 
     /// Distinct node states, each with its members in (rank, node) order.
-    pub fn groups(&self) -> impl Iterator<Item = (&GroupKey, &Group)> {
-        self.groups.iter()
+    pub fn groups(&self) -> impl Iterator<Item = &Group> {
+        self.groups.iter().flatten()
     }
 
-    /// The score-cache id of (pod shape, policy code) under `typical`. A different
-    /// target workload than last time empties the cache first.
+    /// The index id of (pod shape, policy code) under `typical`. A different target
+    /// workload than last time empties every index first.
     pub(crate) fn shape_id(&self, pod: &PodRequest, policy_code: u8, typical: &TypicalPods) -> u32 {
         let mut shapes = self.shapes.borrow_mut();
         if shapes.typical.as_ref() != Some(typical) {
             shapes.typical = Some(typical.clone());
             shapes.ids.clear();
-            for group in self.groups.values() {
-                group.scores.borrow_mut().clear();
-            }
+            shapes.indexes.clear();
         }
         let next = shapes.ids.len() as u32;
-        *shapes.ids.entry((pod.clone(), policy_code)).or_insert(next)
+        let id = *shapes.ids.entry((pod.clone(), policy_code)).or_insert(next);
+        if id as usize == shapes.indexes.len() {
+            shapes.indexes.push(ShapeIndex {
+                synced: u64::MAX,
+                ..ShapeIndex::default()
+            });
+        }
+        id
+    }
+
+    /// The best group for shape `shape`: brings its index up to date, calling `score`
+    /// (on a group's representative node; `None` = cannot take it) only for groups
+    /// that are new since the index last saw them, then returns the best entry's
+    /// representative node. Ties in score go to the lower rank.
+    pub(crate) fn best_for_shape(
+        &self,
+        shape: u32,
+        mut score: impl FnMut(usize) -> Option<Score>,
+    ) -> Option<(Score, usize)> {
+        let mut shapes = self.shapes.borrow_mut();
+        let index = shapes.indexes.get_mut(shape as usize)?;
+        let mut update = |index: &mut ShapeIndex, id: GroupId| {
+            let live = self.groups.get(id as usize).and_then(Option::as_ref);
+            let previous = index.entries.get(&id).copied();
+            if let Some((_, Some((old_score, old_rank)))) = previous {
+                index
+                    .order
+                    .remove(&(std::cmp::Reverse(old_score), old_rank, id));
+            }
+            let Some(group) = live else {
+                index.entries.remove(&id);
+                return;
+            };
+            let Some((rank, node)) = group.first() else {
+                index.entries.remove(&id);
+                return;
+            };
+            let scored = match previous {
+                Some((generation, entry)) if generation == group.generation => {
+                    entry.map(|(s, _)| s)
+                }
+                _ => score(node),
+            };
+            if let Some(value) = scored {
+                index.order.insert((std::cmp::Reverse(value), rank, id));
+            }
+            index
+                .entries
+                .insert(id, (group.generation, scored.map(|value| (value, rank))));
+        };
+        if index.synced < self.log.base || index.synced > self.log.end() {
+            // New, or too far behind the log: rescan every slot. Scores of groups it
+            // already knows (same generation) are kept; `update` drops dead slots.
+            index.order.clear();
+            for id in 0..self.groups.len() as GroupId {
+                update(index, id);
+            }
+        } else {
+            let from = (index.synced - self.log.base) as usize;
+            for &id in &self.log.changed[from..] {
+                update(index, id);
+            }
+        }
+        index.synced = self.log.end();
+        index
+            .order
+            .first()
+            .and_then(|(std::cmp::Reverse(value), _, id)| {
+                let group = self.groups.get(*id as usize)?.as_ref()?;
+                Some((*value, group.first()?.1))
+            })
     }
 
     /// Marks a node available or not without touching its reservations (for scratch
@@ -324,6 +485,11 @@ impl Cluster {
         self.set_available(node, true);
     }
 
+    /// Reservation `id`, if held.
+    pub fn reservation(&self, id: u64) -> Option<&(PodRequest, Binding)> {
+        self.reservations.get(&id)
+    }
+
     pub fn reservations(&self) -> impl Iterator<Item = (&u64, &(PodRequest, Binding))> {
         self.reservations.iter()
     }
@@ -331,11 +497,12 @@ impl Cluster {
     /// Checks the accounting invariant (and that every node is in the group of its
     /// state); used by tests and debug assertions.
     pub fn accounting_holds(&self) -> bool {
-        let grouped: usize = self.groups.values().map(|g| g.members.len()).sum();
+        let grouped: usize = self.groups().map(|g| g.members.len()).sum();
         let groups_ok = grouped == self.nodes.len()
             && (0..self.nodes.len()).all(|node| {
-                self.groups
+                self.by_key
                     .get(&self.key(node))
+                    .and_then(|id| self.groups.get(*id as usize)?.as_ref())
                     .is_some_and(|group| group.members.contains(&(self.rank[node], node)))
             });
         groups_ok

@@ -1,9 +1,11 @@
 //! Gangs: a job of N members is placed entirely or not at all.
 //!
-//! Members are placed one after another on a scratch copy of the cluster, each seeing
-//! the reservations of the members before it; only when every member has a place are
-//! the reservations committed to the real cluster. A failure leaves the cluster exactly
-//! as it was: no partial reservation is ever left behind.
+//! Members are placed one after another, each reserved before the next is placed so it
+//! sees its predecessors; if a member finds no place, every member reserved so far is
+//! released before returning. The call is the unit of atomicity (the cluster is
+//! single-writer, `&mut`), so nobody observes a partial gang, and a failure leaves the
+//! cluster's capacity exactly as it was. Placing a gang whose members are already
+//! reserved returns their bindings (idempotent).
 //!
 //! Topology: `Topology::SameNode` as a hard constraint restricts every member to the
 //! node of the first; as a soft preference the members are tried on that node first.
@@ -13,7 +15,7 @@ use std::collections::BTreeMap;
 use crate::cluster::{Binding, Cluster};
 use crate::fragmentation::TypicalPods;
 use crate::model::{PodRequest, Reason};
-use crate::policy::{place, Policy, Unschedulable};
+use crate::policy::{place, place_on, Policy, Unschedulable};
 use crate::rng::Rng;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,62 +44,51 @@ pub fn place_gang(
     priority: &[u32],
     rng: &mut Rng,
 ) -> Result<Vec<Binding>, Unschedulable> {
-    let mut scratch = cluster.clone();
+    let ids = gang.first_id..gang.first_id + gang.members.len() as u64;
+    let existing: BTreeMap<u64, Binding> = ids
+        .filter_map(|id| Some((id, cluster.reservation(id)?.1.clone())))
+        .collect();
+    if !existing.is_empty() {
+        // Already placed (a retried call): the whole gang is there, or the ids clash
+        // with something else.
+        return if existing.len() == gang.members.len() {
+            Ok(existing.into_values().collect())
+        } else {
+            Err(Unschedulable {
+                rejected: BTreeMap::from([(Reason::InsufficientGpu, 0)]),
+            })
+        };
+    }
     let mut bindings: Vec<Binding> = Vec::with_capacity(gang.members.len());
     for (offset, member) in gang.members.iter().enumerate() {
         let anchor = bindings.first().map(|b| b.node);
-        // Restrict the choice by priority: with a same-node topology the anchor node
-        // comes first (soft) or is the only candidate (hard).
-        let member_priority: Vec<u32> = match (gang.topology, anchor) {
-            (Topology::SameNode { .. }, Some(node)) => priority
-                .iter()
-                .enumerate()
-                .map(|(idx, rank)| {
-                    if idx == node {
-                        0
-                    } else {
-                        rank.saturating_add(1)
-                    }
-                })
-                .collect(),
-            _ => priority.to_vec(),
-        };
         let placement = match (gang.topology, anchor) {
-            (Topology::SameNode { hard: true }, Some(node)) => match scratch.check(node, member) {
-                Ok(()) => {
-                    let mut only = scratch.clone();
-                    for other in 0..only.nodes.len() {
-                        if other != node {
-                            only.set_available(other, false);
-                        }
-                    }
-                    place(&only, member, policy, typical, &member_priority, rng)
+            (Topology::SameNode { hard }, Some(node)) => {
+                match place_on(cluster, node, member, policy, typical) {
+                    Err(why) if hard => Err(why),
+                    Err(_) => place(cluster, member, policy, typical, priority, rng),
+                    ok => ok,
                 }
-                Err(reason) => Err(Unschedulable {
-                    rejected: BTreeMap::from([(reason, 1)]),
-                }),
-            },
-            (Topology::SameNode { hard: false }, Some(node))
-                if scratch.check(node, member).is_ok() =>
-            {
-                let mut only = scratch.clone();
-                for other in 0..only.nodes.len() {
-                    if other != node {
-                        only.set_available(other, false);
-                    }
-                }
-                place(&only, member, policy, typical, &member_priority, rng)
             }
-            _ => place(&scratch, member, policy, typical, &member_priority, rng),
+            _ => place(cluster, member, policy, typical, priority, rng),
         };
-        let placement = placement?;
-        scratch
-            .reserve(gang.first_id + offset as u64, member, &placement.binding)
-            .map_err(|_| Unschedulable {
-                rejected: BTreeMap::from([(Reason::InsufficientGpu, 1)]),
-            })?;
-        bindings.push(placement.binding);
+        let reserved = placement.and_then(|placement| {
+            cluster
+                .reserve(gang.first_id + offset as u64, member, &placement.binding)
+                .map(|()| placement.binding)
+                .map_err(|_| Unschedulable {
+                    rejected: BTreeMap::from([(Reason::InsufficientGpu, 1)]),
+                })
+        });
+        match reserved {
+            Ok(binding) => bindings.push(binding),
+            Err(why) => {
+                for done in 0..offset {
+                    cluster.unreserve(gang.first_id + done as u64);
+                }
+                return Err(why);
+            }
+        }
     }
-    *cluster = scratch;
     Ok(bindings)
 }

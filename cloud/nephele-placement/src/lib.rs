@@ -21,4 +21,4 @@ pub use cluster::{Binding, Cluster, ReserveError};
 pub use fragmentation::TypicalPods;
 pub use gang::{place_gang, GangRequest, Topology};
 pub use model::{GpuModel, NodeSpec, PodRequest, Reason, MILLI_PER_GPU};
-pub use policy::{place, Placement, Policy, Unschedulable};
+pub use policy::{place, place_on, Placement, Policy, Unschedulable};

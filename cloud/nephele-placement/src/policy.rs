@@ -20,7 +20,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::cluster::{Binding, Cluster};
+use crate::cluster::{Binding, Cluster, Score};
 use crate::fragmentation::TypicalPods;
 use crate::model::{PodRequest, Reason, MILLI_PER_GPU};
 use crate::rng::Rng;
@@ -171,9 +171,6 @@ fn sigmoid(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
 }
 
-/// A score key: compared lexicographically, higher is better.
-type Score = (i64, i64);
-
 /// GPUs chosen on a node: (GPU index, milli-GPU taken).
 type GpuChoice = Vec<(u8, u32)>;
 
@@ -291,6 +288,9 @@ pub fn place(
     priority: &[u32],
     rng: &mut Rng,
 ) -> Result<Placement, Unschedulable> {
+    if policy != Policy::Random && priority == cluster.priority() {
+        return place_grouped(cluster, pod, policy, typical);
+    }
     let mut rejected: BTreeMap<Reason, u32> = BTreeMap::new();
     let mut feasible = Vec::new();
     for node in 0..cluster.nodes.len() {
@@ -319,9 +319,6 @@ pub fn place(
         return Ok(Placement {
             binding: Binding { node, gpus },
         });
-    }
-    if priority == cluster.priority() {
-        return place_grouped(cluster, pod, policy, typical);
     }
     // Nodes in identical states score identically: score each state once.
     let mut memo: HashMap<StateKey, (Score, GpuChoice)> = HashMap::new();
@@ -365,43 +362,60 @@ pub fn place(
     })
 }
 
-/// The grouped placement loop: one filter check and one score per distinct node state;
-/// within a group the node with the lowest rank represents it.
+/// The indexed placement path: the best feasible group comes from the shape's index
+/// (see `Cluster::best_for_shape`), which scores only groups it has not seen; a full
+/// scan over groups runs only to explain a failure.
 fn place_grouped(
     cluster: &Cluster,
     pod: &PodRequest,
     policy: Policy,
     typical: &TypicalPods,
 ) -> Result<Placement, Unschedulable> {
-    let mut rejected: BTreeMap<Reason, u32> = BTreeMap::new();
-    let mut best: Option<(Score, u32, usize)> = None;
     let shape = cluster.shape_id(pod, policy as u8, typical);
-    for (_, group) in cluster.groups() {
-        let Some(&(rank, node)) = group.members.first() else {
-            continue;
-        };
-        match cluster.check(node, pod) {
-            Err(reason) => *rejected.entry(reason).or_default() += group.members.len() as u32,
-            Ok(()) => {
-                let score = group.cached_score(shape).unwrap_or_else(|| {
-                    let (score, _) = score_node(cluster, node, pod, policy, typical);
-                    group.store_score(shape, score);
-                    score
-                });
-                let better = match best {
-                    None => true,
-                    Some((best_score, best_rank, _)) => {
-                        score > best_score || (score == best_score && rank < best_rank)
-                    }
-                };
-                if better {
-                    best = Some((score, rank, node));
+    let best = cluster.best_for_shape(shape, |node| {
+        cluster
+            .check(node, pod)
+            .ok()
+            .map(|()| score_node(cluster, node, pod, policy, typical).0)
+    });
+    let Some((_, node)) = best else {
+        let mut rejected: BTreeMap<Reason, u32> = BTreeMap::new();
+        for group in cluster.groups() {
+            if let Some((_, node)) = group.first() {
+                if let Err(reason) = cluster.check(node, pod) {
+                    *rejected.entry(reason).or_default() += group.members.len() as u32;
                 }
             }
         }
-    }
-    let Some((_, _, node)) = best else {
         return Err(Unschedulable { rejected });
+    };
+    let (_, gpus) = score_node(cluster, node, pod, policy, typical);
+    Ok(Placement {
+        binding: Binding { node, gpus },
+    })
+}
+
+/// Places one pod on one given node (a gang member that must join its anchor): the
+/// node's own filter answer and best GPU choice under `policy`.
+pub fn place_on(
+    cluster: &Cluster,
+    node: usize,
+    pod: &PodRequest,
+    policy: Policy,
+    typical: &TypicalPods,
+) -> Result<Placement, Unschedulable> {
+    if node >= cluster.nodes.len() {
+        return Err(Unschedulable::default());
+    }
+    if let Err(reason) = cluster.check(node, pod) {
+        return Err(Unschedulable {
+            rejected: BTreeMap::from([(reason, 1)]),
+        });
+    }
+    let policy = if policy == Policy::Random {
+        Policy::FirstFit
+    } else {
+        policy
     };
     let (_, gpus) = score_node(cluster, node, pod, policy, typical);
     Ok(Placement {

@@ -119,7 +119,7 @@ fn oracle_fits(cluster: &Cluster, pod: &PodRequest) -> bool {
 const DETERMINISTIC: [Policy; 6] = Policy::DETERMINISTIC;
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    #![proptest_config(ProptestConfig::with_cases(128))]
 
     #[test]
     fn no_node_is_ever_overcommitted(
@@ -186,25 +186,48 @@ proptest! {
     #[test]
     fn grouped_and_node_by_node_placement_agree(
         nodes in prop::collection::vec(node_strategy(), 1..12),
-        pods in prop::collection::vec(pod_strategy(), 1..30),
+        shapes in prop::collection::vec(pod_strategy(), 1..6),
+        ops in prop::collection::vec((0usize..6, 0u8..8, 0u64..40), 1..80),
         policy_idx in 0usize..6,
         seed in 0u64..100,
     ) {
+        // A few shapes placed again and again, with releases, node losses and
+        // recoveries in between: the indexed path replays its change log and reuses
+        // group slots, and must still agree with the plain node-by-node loop.
         let nodes = named(nodes);
         let policy = DETERMINISTIC[policy_idx];
-        let typical = TypicalPods::from_pods(&pods, 0.95);
+        let typical = TypicalPods::from_pods(&shapes, 0.95);
         let mut cluster = Cluster::new(nodes.clone());
         let rank = Rng::new(seed).permutation(nodes.len());
         cluster.set_priority(&rank);
         let doubled: Vec<u32> = rank.iter().map(|r| r * 2 + 1).collect();
         let mut rng = Rng::new(seed);
-        for (id, pod) in pods.iter().enumerate() {
-            let grouped = place(&cluster, pod, policy, &typical, &rank, &mut rng);
-            let by_node = place(&cluster, pod, policy, &typical, &doubled, &mut rng);
-            prop_assert_eq!(&grouped, &by_node);
-            if let Ok(placement) = grouped {
-                cluster.reserve(id as u64, pod, &placement.binding).unwrap();
+        for (id, (shape, what, arg)) in ops.into_iter().enumerate() {
+            match what {
+                0..=4 => {
+                    let pod = &shapes[shape % shapes.len()];
+                    let grouped = place(&cluster, pod, policy, &typical, &rank, &mut rng);
+                    let by_node = place(&cluster, pod, policy, &typical, &doubled, &mut rng);
+                    prop_assert_eq!(&grouped, &by_node);
+                    if let Ok(placement) = grouped {
+                        cluster.reserve(id as u64, pod, &placement.binding).unwrap();
+                    } else {
+                        prop_assert!(!oracle_fits(&cluster, pod));
+                    }
+                }
+                5 | 6 => {
+                    cluster.unreserve(arg);
+                }
+                _ => {
+                    let node = arg as usize % nodes.len();
+                    if cluster.state[node].up {
+                        cluster.node_lost(node);
+                    } else {
+                        cluster.node_up(node);
+                    }
+                }
             }
+            prop_assert!(cluster.accounting_holds());
         }
     }
 }

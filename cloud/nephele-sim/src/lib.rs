@@ -5,7 +5,9 @@
 //! - [`trace`]: loaders for `../shared/data` (the caller passes the path).
 //! - [`inflation`]: the FGD paper's workload-inflation protocol on openb.
 //! - [`plot`]: SVG plots.
+//! - [`bench`]: placement throughput (`cargo bench`, `nephele bench placement`).
 
+pub mod bench;
 pub mod inflation;
 pub mod plot;
 pub mod trace;

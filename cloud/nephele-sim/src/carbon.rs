@@ -255,6 +255,7 @@ pub struct ShiftConfig {
     /// Grid the forecaster is tuned over.
     pub tune_days: Vec<usize>,
     pub tune_decays: Vec<f64>,
+    pub tune_momenta: Vec<f64>,
     /// The headline scenario: ad hoc, `headline_duration`-hour jobs, `headline_slack`.
     pub headline_duration: usize,
     pub headline_slack: usize,
@@ -267,8 +268,9 @@ impl Default for ShiftConfig {
             slacks: vec![2, 4, 8, 24],
             nightly_hour: 1,
             split_hour: 4344,
-            tune_days: vec![1, 3, 7, 14, 28],
-            tune_decays: vec![0.8, 0.9, 0.95, 0.98, 1.0],
+            tune_days: vec![1, 3, 7, 14, 28, 56],
+            tune_decays: vec![0.8, 0.9, 0.95, 0.98, 0.99, 1.0],
+            tune_momenta: vec![0.0, 0.5, 1.0],
             headline_duration: 1,
             headline_slack: 8,
         }
@@ -313,6 +315,7 @@ pub struct ZoneInfo {
 pub struct TuningPoint {
     pub days: usize,
     pub decay: f64,
+    pub momentum: f64,
     pub mean_captured: f64,
 }
 
@@ -342,6 +345,7 @@ pub struct ShiftReport {
     pub config: ShiftConfig,
     pub forecaster_days: usize,
     pub forecaster_decay: f64,
+    pub forecaster_momentum: f64,
     pub tuning: Vec<TuningPoint>,
     pub zones: Vec<ZoneInfo>,
     pub rows: Vec<ShiftRow>,
@@ -453,23 +457,33 @@ pub fn shift_experiment(
     }
     // Tuning on the first half only: jobs end before `split`.
     let mut tuning = Vec::new();
-    for &days in &config.tune_days {
-        for &decay in &config.tune_decays {
-            let forecaster = ProfileBlend { days, decay };
-            let mut shares = Vec::new();
-            for (carbon, _) in &zones {
-                let head = &carbon.values[..split];
-                let table = ForecastTable::build(head, &forecaster, dh + sh);
-                let set = jobs(Scenario::AdHoc, config.nightly_hour, dh, sh, 0, split);
-                let (b, o, p, _) = evaluate(head, &table, &set)?;
-                shares.push(captured(b, o, p).unwrap_or(0.0));
-            }
-            tuning.push(TuningPoint {
-                days,
-                decay,
-                mean_captured: shares.iter().sum::<f64>() / shares.len() as f64,
-            });
+    let grid = config.tune_days.iter().flat_map(|&days| {
+        config.tune_decays.iter().flat_map(move |&decay| {
+            config
+                .tune_momenta
+                .iter()
+                .map(move |&momentum| ProfileBlend {
+                    days,
+                    decay,
+                    momentum,
+                })
+        })
+    });
+    for forecaster in grid {
+        let mut shares = Vec::new();
+        for (carbon, _) in &zones {
+            let head = &carbon.values[..split];
+            let table = ForecastTable::build(head, &forecaster, dh + sh);
+            let set = jobs(Scenario::AdHoc, config.nightly_hour, dh, sh, 0, split);
+            let (b, o, p, _) = evaluate(head, &table, &set)?;
+            shares.push(captured(b, o, p).unwrap_or(0.0));
         }
+        tuning.push(TuningPoint {
+            days: forecaster.days,
+            decay: forecaster.decay,
+            momentum: forecaster.momentum,
+            mean_captured: shares.iter().sum::<f64>() / shares.len() as f64,
+        });
     }
     let chosen = tuning
         .iter()
@@ -480,6 +494,7 @@ pub fn shift_experiment(
         .map_or(ProfileBlend::default(), |p| ProfileBlend {
             days: p.days,
             decay: p.decay,
+            momentum: p.momentum,
         });
 
     let horizon = config
@@ -565,6 +580,7 @@ pub fn shift_experiment(
         config: config.clone(),
         forecaster_days: chosen.days,
         forecaster_decay: chosen.decay,
+        forecaster_momentum: chosen.momentum,
         tuning,
         zones: infos,
         rows,
@@ -687,8 +703,8 @@ impl ShiftReport {
     pub fn table(&self) -> String {
         let (dh, sh) = (self.config.headline_duration, self.config.headline_slack);
         let mut out = format!(
-            "Carbon-aware temporal shifting (Electricity Maps 2023 data). Forecaster: profile of {} days + anomaly decaying {} per hour, tuned on Jan–Jun; results on Jul–Dec.\n\nHeadline: {}\n",
-            self.forecaster_days, self.forecaster_decay, self.headline.scenario
+            "Carbon-aware temporal shifting (Electricity Maps 2023 data). Forecaster: profile of {} days + anomaly decaying {} per hour + momentum {}, tuned on Jan–Jun; results on Jul–Dec.\n\nHeadline: {}\n",
+            self.forecaster_days, self.forecaster_decay, self.forecaster_momentum, self.headline.scenario
         );
         let _ = writeln!(
             out,
@@ -915,6 +931,7 @@ mod tests {
             split_hour: 24 * 30,
             tune_days: vec![3, 7],
             tune_decays: vec![0.9, 1.0],
+            tune_momenta: vec![0.0, 0.5],
             ..ShiftConfig::default()
         }
     }

@@ -9,6 +9,7 @@
 //! Not here yet: gangs, queues and fairness, preemption, cost and carbon scorers (the
 //! next steps of the placement issue). This crate has no dependencies at all.
 
+pub mod carbon;
 pub mod cluster;
 pub mod fairness;
 pub mod fragmentation;

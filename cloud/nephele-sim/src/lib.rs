@@ -3,11 +3,13 @@
 //! The command line (`nephele sim …`) only parses arguments and prints.
 //!
 //! - [`trace`]: loaders for `../shared/data` (the caller passes the path).
+//! - [`carbon`]: carbon-aware temporal and spatial shifting on the 2023 grid series.
 //! - [`inflation`]: the FGD paper's workload-inflation protocol on openb.
 //! - [`plot`]: SVG plots.
 //! - [`bench`]: placement throughput (`cargo bench`, `nephele bench placement`).
 
 pub mod bench;
+pub mod carbon;
 pub mod inflation;
 pub mod plot;
 pub mod trace;

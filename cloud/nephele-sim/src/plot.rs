@@ -66,3 +66,98 @@ pub fn svg_plot(curves: &[(String, Vec<(u32, f64)>)]) -> String {
     }
     svg + "</svg>\n"
 }
+
+/// One curve of [`svg_xy`]: `colour` indexes a fixed palette; `dashed` draws it dashed;
+/// an empty `name` leaves it out of the legend.
+#[derive(Debug, Clone)]
+pub struct XyLine {
+    pub name: String,
+    pub points: Vec<(f64, f64)>,
+    pub colour: usize,
+    pub dashed: bool,
+}
+
+/// A generic line plot: axes scaled to the data (the y axis always includes 0).
+pub fn svg_xy(title: &str, x_label: &str, y_label: &str, lines: &[XyLine]) -> String {
+    let (width, height, left, right, bottom, top) = (760.0, 440.0, 60.0, 150.0, 40.0, 30.0);
+    let points = || lines.iter().flat_map(|l| l.points.iter().copied());
+    let (min_x, max_x) = points().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), (x, _)| {
+        (lo.min(x), hi.max(x))
+    });
+    let (min_x, max_x) = if min_x.is_finite() && max_x > min_x {
+        (min_x, max_x)
+    } else {
+        (0.0, 1.0)
+    };
+    let max_y = points().map(|(_, y)| y).fold(1.0f64, f64::max).ceil();
+    let min_y = points().map(|(_, y)| y).fold(0.0f64, f64::min).floor();
+    let x = |v: f64| left + (v - min_x) / (max_x - min_x) * (width - left - right);
+    let y = |v: f64| height - bottom - (v - min_y) / (max_y - min_y) * (height - bottom - top);
+    let colours = [
+        "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+    ];
+    let mut svg = format!(
+        "<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' font-family='sans-serif' font-size='12'>\n<rect width='100%' height='100%' fill='white'/>\n<text x='{left}' y='18'>{title}</text>\n"
+    );
+    svg += &format!(
+        "<line x1='{left}' y1='{0}' x2='{1}' y2='{0}' stroke='black'/>\n<line x1='{left}' y1='{0}' x2='{left}' y2='{2}' stroke='black'/>\n",
+        y(min_y),
+        x(max_x),
+        y(max_y)
+    );
+    let mut ticks: Vec<f64> = points().map(|(v, _)| v).collect();
+    ticks.sort_by(f64::total_cmp);
+    ticks.dedup();
+    for tick in ticks {
+        svg += &format!(
+            "<text x='{}' y='{}' text-anchor='middle'>{tick}</text>\n",
+            x(tick),
+            y(min_y) + 16.0
+        );
+    }
+    for step in 0..=5 {
+        let value = min_y + (max_y - min_y) * f64::from(step) / 5.0;
+        svg += &format!(
+            "<text x='{}' y='{}' text-anchor='end'>{value:.1}</text>\n",
+            left - 6.0,
+            y(value) + 4.0
+        );
+    }
+    svg += &format!(
+        "<text x='{}' y='{}' text-anchor='middle'>{x_label}</text>\n",
+        (left + width - right) / 2.0,
+        height - 4.0
+    );
+    svg += &format!(
+        "<text x='14' y='{0}' transform='rotate(-90 14 {0})' text-anchor='middle'>{y_label}</text>\n",
+        height / 2.0
+    );
+    let mut legend = 0.0;
+    for line in lines {
+        let colour = colours[line.colour % colours.len()];
+        let dash = if line.dashed {
+            " stroke-dasharray='5,4'"
+        } else {
+            ""
+        };
+        let coords: Vec<String> = line
+            .points
+            .iter()
+            .map(|(a, b)| format!("{:.1},{:.1}", x(*a), y(*b)))
+            .collect();
+        svg += &format!(
+            "<polyline fill='none' stroke='{colour}' stroke-width='1.5'{dash} points='{}'/>\n",
+            coords.join(" ")
+        );
+        if !line.name.is_empty() {
+            svg += &format!(
+                "<text x='{}' y='{}' fill='{colour}'>{}</text>\n",
+                width - right + 10.0,
+                top + 10.0 + 15.0 * legend,
+                line.name
+            );
+            legend += 1.0;
+        }
+    }
+    svg + "</svg>\n"
+}

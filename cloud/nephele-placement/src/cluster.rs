@@ -8,14 +8,17 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::fragmentation::TypicalPods;
+use crate::policy::Objective;
 
-use crate::model::{NodeSpec, PodRequest, Reason, MILLI_PER_GPU};
+use crate::model::{CapacityType, NodeSpec, PodRequest, Reason, TaintEffect, MILLI_PER_GPU};
 
 /// Where a pod goes: the node, and milli-GPU taken on each of its GPUs (by GPU index).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Binding {
     pub node: usize,
     pub gpus: Vec<(u8, u32)>,
+    /// For a MIG pod: the index of the node's MIG partition it takes a slice of.
+    pub mig: Option<u16>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,6 +35,8 @@ pub struct NodeState {
     pub cpu_left: u64,
     pub memory_left: u64,
     pub gpu_left: Vec<u32>,
+    /// Free slices per MIG partition (in `NodeSpec::mig` order).
+    pub mig_free: Vec<u8>,
     pub up: bool,
 }
 
@@ -40,11 +45,48 @@ pub struct NodeState {
 /// distinct key once instead of each node.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct GroupKey {
+    /// Interned static facts (labels, taints, capacity type, price, region/zone, MIG
+    /// and NVLink layout): nodes that differ there never share a group.
+    pub class: u32,
     pub gpu_model: Option<u16>,
     pub up: bool,
     pub cpu_left: u64,
     pub memory_left: u64,
     pub gpu_left: Vec<u32>,
+    pub mig_free: Vec<u8>,
+}
+
+/// The static facts of a node that filters and scorers read (everything but its name,
+/// its rack and its capacity, which the state holds).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct NodeClass {
+    labels: BTreeMap<String, String>,
+    taints: Vec<crate::model::Taint>,
+    capacity_type: crate::model::CapacityType,
+    price: u64,
+    interruptions: u32,
+    region: u16,
+    zone: u16,
+    mig: Vec<crate::model::MigPartition>,
+    nvlink: Vec<u8>,
+    gpus: u8,
+}
+
+impl NodeClass {
+    fn of(node: &NodeSpec) -> NodeClass {
+        NodeClass {
+            labels: node.labels.clone(),
+            taints: node.taints.clone(),
+            capacity_type: node.capacity_type,
+            price: node.price_micro_usd_per_hour,
+            interruptions: node.interruptions_per_1000h,
+            region: node.location.region,
+            zone: node.location.zone,
+            mig: node.mig.clone(),
+            nvlink: node.nvlink_domain.clone(),
+            gpus: node.gpus,
+        }
+    }
 }
 
 /// Index of a group slot; slots are reused, so a slot is identified over time by
@@ -87,11 +129,13 @@ struct ShapeIndex {
     entries: HashMap<GroupId, (u64, Option<(Score, u32)>)>,
 }
 
-/// Interned (pod shape, policy) pairs and their indexes, valid for one target workload.
+/// Interned (pod shape, objective) pairs and their indexes, valid for one target
+/// workload.
 #[derive(Debug, Clone, Default)]
 struct ShapeTable {
     typical: Option<TypicalPods>,
-    ids: HashMap<(PodRequest, u8), u32>,
+    objectives: Vec<Objective>,
+    ids: HashMap<(PodRequest, usize), u32>,
     indexes: Vec<ShapeIndex>,
 }
 
@@ -117,6 +161,11 @@ pub struct Cluster {
     reservations: BTreeMap<u64, (PodRequest, Binding)>,
     /// Tie-break rank of each node (lower wins); by default the node index.
     rank: Vec<u32>,
+    /// Static class of each node (see `GroupKey::class`).
+    class: Vec<u32>,
+    /// The highest node price per GPU (or per node without GPUs), micro-USD/h, for
+    /// normalising the cost scorer.
+    pub(crate) max_price_per_gpu: f64,
     /// Nodes by state: slots, the slot of each live key, free slots.
     groups: Vec<Option<Group>>,
     by_key: HashMap<GroupKey, GroupId>,
@@ -134,15 +183,30 @@ impl Cluster {
                 cpu_left: n.cpu_milli,
                 memory_left: n.memory_mib,
                 gpu_left: vec![MILLI_PER_GPU; usize::from(n.gpus)],
+                mig_free: n.mig.iter().map(|p| p.count).collect(),
                 up: true,
             })
             .collect();
         let rank = (0..nodes.len() as u32).collect();
+        let mut classes: HashMap<NodeClass, u32> = HashMap::new();
+        let class = nodes
+            .iter()
+            .map(|n| {
+                let next = classes.len() as u32;
+                *classes.entry(NodeClass::of(n)).or_insert(next)
+            })
+            .collect();
+        let max_price_per_gpu = nodes
+            .iter()
+            .map(|n| n.price_micro_usd_per_hour as f64 / f64::from(n.gpus.max(1)))
+            .fold(0.0, f64::max);
         let mut cluster = Cluster {
             nodes,
             state,
             reservations: BTreeMap::new(),
             rank,
+            class,
+            max_price_per_gpu,
             groups: Vec::new(),
             by_key: HashMap::new(),
             free_slots: Vec::new(),
@@ -154,14 +218,21 @@ impl Cluster {
         cluster
     }
 
+    /// The group key of `node`'s current state.
+    pub(crate) fn group_key(&self, node: usize) -> GroupKey {
+        self.key(node)
+    }
+
     fn key(&self, node: usize) -> GroupKey {
         let state = &self.state[node];
         GroupKey {
+            class: self.class[node],
             gpu_model: self.nodes[node].gpu_model,
             up: state.up,
             cpu_left: state.cpu_left,
             memory_left: state.memory_left,
             gpu_left: state.gpu_left.clone(),
+            mig_free: state.mig_free.clone(),
         }
     }
 
@@ -173,6 +244,7 @@ impl Cluster {
         self.log = ChangeLog::default();
         {
             let mut shapes = self.shapes.borrow_mut();
+            shapes.objectives.clear();
             shapes.ids.clear();
             shapes.indexes.clear();
         }
@@ -263,15 +335,33 @@ impl Cluster {
 
     /// The index id of (pod shape, policy code) under `typical`. A different target
     /// workload than last time empties every index first.
-    pub(crate) fn shape_id(&self, pod: &PodRequest, policy_code: u8, typical: &TypicalPods) -> u32 {
+    pub(crate) fn shape_id(
+        &self,
+        pod: &PodRequest,
+        objective: &Objective,
+        typical: &TypicalPods,
+    ) -> u32 {
         let mut shapes = self.shapes.borrow_mut();
-        if shapes.typical.as_ref() != Some(typical) {
+        // A new target workload, or many objectives (carbon intensities change every
+        // hour): start over rather than keep indexes nobody will use again.
+        if shapes.typical.as_ref() != Some(typical) || shapes.objectives.len() > 16 {
             shapes.typical = Some(typical.clone());
+            shapes.objectives.clear();
             shapes.ids.clear();
             shapes.indexes.clear();
         }
+        let objective_id = match shapes.objectives.iter().position(|o| o == objective) {
+            Some(idx) => idx,
+            None => {
+                shapes.objectives.push(objective.clone());
+                shapes.objectives.len() - 1
+            }
+        };
         let next = shapes.ids.len() as u32;
-        let id = *shapes.ids.entry((pod.clone(), policy_code)).or_insert(next);
+        let id = *shapes
+            .ids
+            .entry((pod.clone(), objective_id))
+            .or_insert(next);
         if id as usize == shapes.indexes.len() {
             shapes.indexes.push(ShapeIndex {
                 synced: u64::MAX,
@@ -368,12 +458,27 @@ impl Cluster {
             .sum()
     }
 
-    /// Why `node` cannot take `pod` now, if it cannot. Cheap checks first.
+    /// Why `node` cannot take `pod` now, if it cannot. Cheap and static checks first.
     pub fn check(&self, node: usize, pod: &PodRequest) -> Result<(), Reason> {
         let spec = &self.nodes[node];
         let state = &self.state[node];
         if !state.up {
             return Err(Reason::NodeDown);
+        }
+        if pod
+            .node_selector
+            .iter()
+            .any(|(key, value)| spec.labels.get(key) != Some(value))
+        {
+            return Err(Reason::NodeSelectorMismatch);
+        }
+        if spec.taints.iter().any(|taint| {
+            taint.effect == TaintEffect::NoSchedule && !pod.tolerations.contains(&taint.key)
+        }) {
+            return Err(Reason::UntoleratedTaint);
+        }
+        if spec.capacity_type == CapacityType::Spot && !pod.spot_ok {
+            return Err(Reason::SpotNotAllowed);
         }
         if state.cpu_left < pod.cpu_milli {
             return Err(Reason::InsufficientCpu);
@@ -390,13 +495,33 @@ impl Cluster {
         if !pod.accepts_model(spec.gpu_model) {
             return Err(Reason::GpuModelMismatch);
         }
-        let fitting = state
-            .gpu_left
-            .iter()
-            .filter(|left| **left >= pod.gpu_milli)
-            .count();
+        if let Some(profile) = pod.mig_profile {
+            let free = spec
+                .mig
+                .iter()
+                .zip(&state.mig_free)
+                .any(|(partition, free)| partition.profile == profile && *free > 0);
+            return if free {
+                Ok(())
+            } else {
+                Err(Reason::NoMigSlice)
+            };
+        }
+        let fits = |gpu: usize| !spec.is_mig(gpu as u8) && state.gpu_left[gpu] >= pod.gpu_milli;
+        let fitting = (0..state.gpu_left.len()).filter(|g| fits(*g)).count();
         if fitting < usize::from(pod.num_gpu) {
             return Err(Reason::InsufficientGpu);
+        }
+        if pod.same_nvlink && pod.num_gpu > 1 && !spec.nvlink_domain.is_empty() {
+            let mut per_domain: BTreeMap<u8, usize> = BTreeMap::new();
+            for gpu in (0..state.gpu_left.len()).filter(|g| fits(*g)) {
+                *per_domain
+                    .entry(spec.nvlink_domain_of(gpu as u8))
+                    .or_default() += 1;
+            }
+            if per_domain.values().all(|n| *n < usize::from(pod.num_gpu)) {
+                return Err(Reason::NvlinkDomain);
+            }
         }
         Ok(())
     }
@@ -421,22 +546,8 @@ impl Cluster {
         }
         self.check(binding.node, pod)
             .map_err(ReserveError::DoesNotFit)?;
-        let state = &self.state[binding.node];
-        // The binding must name exactly num_gpu distinct GPUs, each with room.
-        let mut seen = Vec::new();
-        for (gpu, milli) in &binding.gpus {
-            let left = state.gpu_left.get(usize::from(*gpu)).copied();
-            if *milli != pod.gpu_milli
-                || seen.contains(gpu)
-                || left.is_none_or(|left| left < *milli)
-            {
-                return Err(ReserveError::DoesNotFit(Reason::InsufficientGpu));
-            }
-            seen.push(*gpu);
-        }
-        if seen.len() != usize::from(pod.num_gpu) {
-            return Err(ReserveError::DoesNotFit(Reason::InsufficientGpu));
-        }
+        self.validate_gpus(pod, binding)
+            .map_err(ReserveError::DoesNotFit)?;
         let old = self.key(binding.node);
         let state = &mut self.state[binding.node];
         state.cpu_left -= pod.cpu_milli;
@@ -444,8 +555,56 @@ impl Cluster {
         for (gpu, milli) in &binding.gpus {
             state.gpu_left[usize::from(*gpu)] -= milli;
         }
+        if let Some(partition) = binding.mig {
+            state.mig_free[usize::from(partition)] -= 1;
+        }
         self.regroup(binding.node, old);
         self.reservations.insert(id, (pod.clone(), binding.clone()));
+        Ok(())
+    }
+
+    /// Whether `binding` names GPUs (or a MIG slice) that can hold `pod` now: exactly
+    /// `num_gpu` distinct non-MIG GPUs with room (in one NVLink domain when asked), or
+    /// one free slice of the pod's profile on its parent GPU.
+    fn validate_gpus(&self, pod: &PodRequest, binding: &Binding) -> Result<(), Reason> {
+        let spec = &self.nodes[binding.node];
+        let state = &self.state[binding.node];
+        if let Some(profile) = pod.mig_profile {
+            let partition = binding.mig.map(usize::from);
+            let ok = partition.is_some_and(|idx| {
+                spec.mig.get(idx).is_some_and(|p| {
+                    p.profile == profile
+                        && state.mig_free[idx] > 0
+                        && binding.gpus == [(p.gpu, profile.milli())]
+                        && state.gpu_left[usize::from(p.gpu)] >= profile.milli()
+                })
+            });
+            return if ok { Ok(()) } else { Err(Reason::NoMigSlice) };
+        }
+        if binding.mig.is_some() {
+            return Err(Reason::NoMigSlice);
+        }
+        let mut seen = Vec::new();
+        for (gpu, milli) in &binding.gpus {
+            let left = state.gpu_left.get(usize::from(*gpu)).copied();
+            if *milli != pod.gpu_milli
+                || seen.contains(gpu)
+                || spec.is_mig(*gpu)
+                || left.is_none_or(|left| left < *milli)
+            {
+                return Err(Reason::InsufficientGpu);
+            }
+            seen.push(*gpu);
+        }
+        if seen.len() != usize::from(pod.num_gpu) {
+            return Err(Reason::InsufficientGpu);
+        }
+        if pod.same_nvlink {
+            let domains: BTreeSet<u8> = seen.iter().map(|g| spec.nvlink_domain_of(*g)).collect();
+            if domains.len() > 1 {
+                return Err(Reason::NvlinkDomain);
+            }
+        }
         Ok(())
     }
 
@@ -460,6 +619,9 @@ impl Cluster {
         state.memory_left += pod.memory_mib;
         for (gpu, milli) in &binding.gpus {
             state.gpu_left[usize::from(*gpu)] += milli;
+        }
+        if let Some(partition) = binding.mig {
+            state.mig_free[usize::from(partition)] += 1;
         }
         self.regroup(binding.node, old);
         true
@@ -521,7 +683,23 @@ impl Cluster {
                         gpus[usize::from(*gpu)] += u64::from(*milli);
                     }
                 }
-                cpu == spec.cpu_milli
+                let mut slices: Vec<u64> = self.state[idx]
+                    .mig_free
+                    .iter()
+                    .map(|f| u64::from(*f))
+                    .collect();
+                for (_, binding) in self.reservations.values().filter(|(_, b)| b.node == idx) {
+                    if let Some(partition) = binding.mig {
+                        slices[usize::from(partition)] += 1;
+                    }
+                }
+                let slices_ok = spec
+                    .mig
+                    .iter()
+                    .zip(&slices)
+                    .all(|(p, n)| u64::from(p.count) == *n);
+                slices_ok
+                    && cpu == spec.cpu_milli
                     && memory == spec.memory_mib
                     && gpus.iter().all(|g| *g == u64::from(MILLI_PER_GPU))
             })

@@ -136,6 +136,7 @@ mod tests {
             num_gpu,
             gpu_milli: milli,
             gpu_models: vec![],
+            ..PodRequest::default()
         }
     }
 
@@ -157,6 +158,7 @@ mod tests {
             memory_mib: 1000,
             gpus: 2,
             gpu_model: Some(0),
+            ..NodeSpec::default()
         };
         // Only whole-GPU pods: a half-used GPU is a fragment, a free one is not.
         let typical = TypicalPods::from_pods(&[pod(1000, 1, 1000)], 1.0);

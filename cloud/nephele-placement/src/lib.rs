@@ -21,5 +21,10 @@ pub mod rng;
 pub use cluster::{Binding, Cluster, ReserveError};
 pub use fragmentation::TypicalPods;
 pub use gang::{place_gang, GangRequest, Topology};
-pub use model::{GpuModel, NodeSpec, PodRequest, Reason, MILLI_PER_GPU};
-pub use policy::{place, place_on, Placement, Policy, Unschedulable};
+pub use model::{
+    CapacityType, DomainLevel, GpuModel, Location, MigPartition, MigProfile, NodeSpec, PodRequest,
+    Reason, Spread, Taint, TaintEffect, MILLI_PER_GPU,
+};
+pub use policy::{
+    place, place_on, place_with, Objective, Placement, Policy, Unschedulable, Weights,
+};

@@ -20,9 +20,11 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::cluster::{Binding, Cluster, Score};
+use crate::cluster::{Binding, Cluster, GroupKey, NodeState, Score};
 use crate::fragmentation::TypicalPods;
-use crate::model::{PodRequest, Reason, MILLI_PER_GPU};
+use crate::model::{
+    CapacityType, NodeSpec, PodRequest, Reason, Spread, TaintEffect, MILLI_PER_GPU,
+};
 use crate::rng::Rng;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -115,32 +117,82 @@ impl std::fmt::Display for Unschedulable {
 const MAX_SPEC_CPU: f64 = 128_000.0;
 const MAX_SPEC_GPU: f64 = 8_000.0;
 
-/// GPUs for a pod on a node: whole-GPU pods take the lowest-index free GPUs; a shared
-/// pod takes the fitting GPU with the least room left (lowest index on ties).
-fn best_fit_gpus(gpu_left: &[u32], pod: &PodRequest) -> Vec<(u8, u32)> {
+/// GPUs chosen on a node, and the MIG partition for a MIG pod.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Choice {
+    pub(crate) gpus: Vec<(u8, u32)>,
+    pub(crate) mig: Option<u16>,
+}
+
+/// Non-MIG GPUs of the node with room for one of the pod's GPUs.
+fn fitting_gpus(spec: &NodeSpec, state: &NodeState, pod: &PodRequest) -> Vec<usize> {
+    (0..state.gpu_left.len())
+        .filter(|g| !spec.is_mig(*g as u8) && state.gpu_left[*g] >= pod.gpu_milli)
+        .collect()
+}
+
+/// GPUs for a pod on a node:
+/// - a MIG pod takes a slice from the partition of its profile with the fewest free
+///   slices (packing slices; lowest index on ties);
+/// - whole-GPU and multi-GPU pods take the lowest-index fitting GPUs, from the NVLink
+///   domain with the fewest fitting GPUs that still holds them all when the pod asks
+///   for one domain;
+/// - a shared pod takes the fitting GPU with the least room left (lowest index on ties).
+fn best_fit_gpus(spec: &NodeSpec, state: &NodeState, pod: &PodRequest) -> Choice {
     if pod.num_gpu == 0 {
-        return Vec::new();
+        return Choice::default();
     }
-    if pod.gpu_milli >= MILLI_PER_GPU || pod.num_gpu > 1 {
-        let chosen: Vec<(u8, u32)> = gpu_left
+    if let Some(profile) = pod.mig_profile {
+        return spec
+            .mig
             .iter()
+            .zip(&state.mig_free)
             .enumerate()
-            .filter(|(_, left)| **left >= pod.gpu_milli)
-            .take(usize::from(pod.num_gpu))
-            .map(|(idx, _)| (idx as u8, pod.gpu_milli))
-            .collect();
-        return if chosen.len() == usize::from(pod.num_gpu) {
-            chosen
+            .filter(|(_, (p, free))| p.profile == profile && **free > 0)
+            .min_by_key(|(idx, (_, free))| (**free, *idx))
+            .map(|(idx, (p, _))| Choice {
+                gpus: vec![(p.gpu, profile.milli())],
+                mig: Some(idx as u16),
+            })
+            .unwrap_or_default();
+    }
+    let fitting = fitting_gpus(spec, state, pod);
+    let need = usize::from(pod.num_gpu);
+    if pod.gpu_milli >= MILLI_PER_GPU || pod.num_gpu > 1 {
+        let pool: Vec<usize> = if pod.same_nvlink && need > 1 && !spec.nvlink_domain.is_empty() {
+            let mut domains: BTreeMap<u8, Vec<usize>> = BTreeMap::new();
+            for gpu in &fitting {
+                domains
+                    .entry(spec.nvlink_domain_of(*gpu as u8))
+                    .or_default()
+                    .push(*gpu);
+            }
+            domains
+                .into_values()
+                .filter(|gpus| gpus.len() >= need)
+                .min_by_key(|gpus| (gpus.len(), gpus[0]))
+                .unwrap_or_default()
         } else {
-            Vec::new()
+            fitting
+        };
+        if pool.len() < need {
+            return Choice::default();
+        }
+        return Choice {
+            gpus: pool[..need]
+                .iter()
+                .map(|g| (*g as u8, pod.gpu_milli))
+                .collect(),
+            mig: None,
         };
     }
-    gpu_left
-        .iter()
-        .enumerate()
-        .filter(|(_, left)| **left >= pod.gpu_milli)
-        .min_by_key(|(idx, left)| (**left, *idx))
-        .map(|(idx, _)| vec![(idx as u8, pod.gpu_milli)])
+    fitting
+        .into_iter()
+        .min_by_key(|g| (state.gpu_left[*g], *g))
+        .map(|g| Choice {
+            gpus: vec![(g as u8, pod.gpu_milli)],
+            mig: None,
+        })
         .unwrap_or_default()
 }
 
@@ -154,16 +206,17 @@ fn after(gpu_left: &[u32], gpus: &[(u8, u32)]) -> Vec<u32> {
 
 /// Candidate GPU choices that FGD-style policies evaluate: every fitting GPU for a
 /// shared pod, the best-fit choice otherwise.
-fn candidate_gpus(gpu_left: &[u32], pod: &PodRequest) -> Vec<Vec<(u8, u32)>> {
-    if pod.num_gpu == 1 && pod.gpu_milli < MILLI_PER_GPU {
-        gpu_left
-            .iter()
-            .enumerate()
-            .filter(|(_, left)| **left >= pod.gpu_milli)
-            .map(|(idx, _)| vec![(idx as u8, pod.gpu_milli)])
+fn candidate_gpus(spec: &NodeSpec, state: &NodeState, pod: &PodRequest) -> Vec<Choice> {
+    if pod.num_gpu == 1 && pod.gpu_milli < MILLI_PER_GPU && pod.mig_profile.is_none() {
+        fitting_gpus(spec, state, pod)
+            .into_iter()
+            .map(|g| Choice {
+                gpus: vec![(g as u8, pod.gpu_milli)],
+                mig: None,
+            })
             .collect()
     } else {
-        vec![best_fit_gpus(gpu_left, pod)]
+        vec![best_fit_gpus(spec, state, pod)]
     }
 }
 
@@ -171,44 +224,38 @@ fn sigmoid(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
 }
 
-/// GPUs chosen on a node: (GPU index, milli-GPU taken).
-type GpuChoice = Vec<(u8, u32)>;
-
-/// What makes two nodes score the same: GPU model, CPU left, GPU left per GPU.
-type StateKey<'a> = (Option<u16>, u64, u64, &'a [u32]);
-
 /// Scores `pod` on one node state; returns the score and the GPUs to take.
-fn score_node(
+fn packing_score(
     cluster: &Cluster,
     node: usize,
     pod: &PodRequest,
     policy: Policy,
     typical: &TypicalPods,
-) -> (Score, Vec<(u8, u32)>) {
+) -> (i64, Choice) {
     let spec = &cluster.nodes[node];
     let state = &cluster.state[node];
     let gpu_left_total: u64 = state.gpu_left.iter().map(|g| u64::from(*g)).sum();
     match policy {
-        Policy::Random | Policy::FirstFit => ((0, 0), best_fit_gpus(&state.gpu_left, pod)),
+        Policy::Random | Policy::FirstFit => (0, best_fit_gpus(spec, state, pod)),
         Policy::BestFit => {
             let cpu_after = state.cpu_left.saturating_sub(pod.cpu_milli) as f64 / MAX_SPEC_CPU;
             let gpu_after = gpu_left_total.saturating_sub(pod.gpu_total()) as f64 / MAX_SPEC_GPU;
             let raw = (100.0 * (1.0 - (0.5 * cpu_after + 0.5 * gpu_after))) as i64;
-            ((raw, 0), best_fit_gpus(&state.gpu_left, pod))
+            (raw, best_fit_gpus(spec, state, pod))
         }
         Policy::DotProduct => {
             let dot = (state.cpu_left as f64 / MAX_SPEC_CPU)
                 * (pod.cpu_milli as f64 / MAX_SPEC_CPU)
                 + (gpu_left_total as f64 / MAX_SPEC_GPU) * (pod.gpu_total() as f64 / MAX_SPEC_GPU);
             (
-                ((100.0 * (1.0 - dot / 2.0)) as i64, 0),
-                best_fit_gpus(&state.gpu_left, pod),
+                (100.0 * (1.0 - dot / 2.0)) as i64,
+                best_fit_gpus(spec, state, pod),
             )
         }
         Policy::GpuPacking => {
-            let gpus = best_fit_gpus(&state.gpu_left, pod);
+            let gpus = best_fit_gpus(spec, state, pod);
             if pod.num_gpu == 0 {
-                return ((0, 0), gpus);
+                return (0, gpus);
             }
             let shared: Vec<u32> = state
                 .gpu_left
@@ -218,6 +265,7 @@ fn score_node(
                 .collect();
             let node_used = state.gpu_left.iter().any(|left| *left < MILLI_PER_GPU);
             let uses_shared = gpus
+                .gpus
                 .iter()
                 .all(|(idx, _)| state.gpu_left[usize::from(*idx)] < MILLI_PER_GPU);
             let score = if uses_shared && !shared.is_empty() {
@@ -228,6 +276,7 @@ fn score_node(
                 (100 - left_sum as i64 / 10).max(50)
             } else if node_used {
                 let free_used = gpus
+                    .gpus
                     .iter()
                     .filter(|(idx, _)| state.gpu_left[usize::from(*idx)] == MILLI_PER_GPU)
                     .count() as i64;
@@ -235,7 +284,7 @@ fn score_node(
             } else {
                 33 - i64::from(spec.gpus)
             };
-            ((score, 0), gpus)
+            (score, gpus)
         }
         Policy::Fgd | Policy::Ours => {
             let memory = (policy == Policy::Ours).then_some(state.memory_left);
@@ -247,9 +296,9 @@ fn score_node(
             );
             let cpu_after = state.cpu_left - pod.cpu_milli;
             let memory_after = memory.map(|m| m - pod.memory_mib);
-            let mut best: Option<(Score, Vec<(u8, u32)>)> = None;
-            for gpus in candidate_gpus(&state.gpu_left, pod) {
-                let left_after = after(&state.gpu_left, &gpus);
+            let mut best: Option<(i64, Choice)> = None;
+            for gpus in candidate_gpus(spec, state, pod) {
+                let left_after = after(&state.gpu_left, &gpus.gpus);
                 let delta = before
                     - typical.node_fragmentation_with_memory(
                         spec,
@@ -259,27 +308,156 @@ fn score_node(
                     );
                 let fgd = (100.0 * sigmoid(delta / 1000.0)) as i64;
                 let score = if policy == Policy::Fgd {
-                    (fgd, 0)
+                    fgd
                 } else {
                     // The exact change at 0.1-GPU resolution: about 100x more levels
                     // than FGD's integer sigmoid, so fewer ties are left to chance.
-                    ((delta / 100.0).round() as i64, 0)
+                    (delta / 100.0).round() as i64
                 };
                 if best.as_ref().is_none_or(|(current, _)| score > *current) {
                     best = Some((score, gpus));
                 }
             }
-            best.unwrap_or(((0, 0), Vec::new()))
+            best.unwrap_or((0, Choice::default()))
         }
     }
 }
 
-/// Places one pod: filter, score, select (ties: lowest `priority[node]`), choose GPUs.
-/// Does not reserve; the caller commits with [`Cluster::reserve`].
-///
-/// When `priority` is the cluster's own ([`Cluster::set_priority`]), nodes are visited
-/// by group of identical state, each group filtered and scored once; otherwise node by
-/// node. Both give the same placement (property-tested).
+/// How much each scorer counts next to the packing policy. Every extra scorer gives
+/// 0..=100 per node, as the packing policies do, and the node's score is
+/// `packing + Σ weight · scorer`; with all weights at zero the packing policy alone
+/// decides, exactly as before the extra scorers existed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Weights {
+    /// Cheaper per GPU-hour is better; spot prices count the work an interruption
+    /// loses (see [`PodRequest::expected_loss_hours`]).
+    pub cost: f64,
+    /// Lower carbon intensity of the node's region is better.
+    pub carbon: f64,
+    /// Same zone as the pod's data 100, same region 50, else 0 (pods with a
+    /// `data_location` only).
+    pub locality: f64,
+    /// Fewer members of the same job in the node's domain is better (pods with a
+    /// `spread` only).
+    pub spread: f64,
+    /// Penalty for an untolerated `PreferNoSchedule` taint, in score points.
+    pub prefer_no_schedule: f64,
+}
+
+impl Default for Weights {
+    fn default() -> Self {
+        Weights {
+            cost: 0.0,
+            carbon: 0.0,
+            locality: 0.0,
+            spread: 1.0,
+            prefer_no_schedule: 50.0,
+        }
+    }
+}
+
+/// What "best" means for one placement: a packing policy, weights for the other
+/// scorers, and the time-varying facts they read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Objective {
+    pub policy: Policy,
+    pub weights: Weights,
+    /// Current carbon intensity (g/kWh) per region id; regions missing score 0.
+    pub carbon_by_region: Vec<f64>,
+}
+
+impl Objective {
+    /// The packing policy alone (plus spread and taint preferences, which only apply
+    /// to pods and nodes that ask for them).
+    pub fn packing(policy: Policy) -> Objective {
+        Objective {
+            policy,
+            weights: Weights::default(),
+            carbon_by_region: Vec::new(),
+        }
+    }
+}
+
+/// Score of the scorers that depend on the node's static class and the pod only (so
+/// the index may cache them): cost, carbon, locality, taint preference.
+fn class_score(cluster: &Cluster, node: usize, pod: &PodRequest, objective: &Objective) -> f64 {
+    let spec = &cluster.nodes[node];
+    let weights = &objective.weights;
+    let mut total = 0.0;
+    if weights.cost != 0.0 && cluster.max_price_per_gpu > 0.0 {
+        let mut per_gpu = spec.price_micro_usd_per_hour as f64 / f64::from(spec.gpus.max(1));
+        if spec.capacity_type == CapacityType::Spot {
+            let rate = f64::from(spec.interruptions_per_1000h) / 1000.0;
+            per_gpu *= 1.0 + rate * pod.expected_loss_hours();
+        }
+        total += weights.cost * 100.0 * (1.0 - per_gpu / cluster.max_price_per_gpu).max(0.0);
+    }
+    if weights.carbon != 0.0 {
+        let max = objective
+            .carbon_by_region
+            .iter()
+            .copied()
+            .fold(0.0, f64::max);
+        if let Some(intensity) = objective
+            .carbon_by_region
+            .get(usize::from(spec.location.region))
+        {
+            if max > 0.0 {
+                total += weights.carbon * 100.0 * (1.0 - intensity / max).max(0.0);
+            }
+        }
+    }
+    if let (Some((region, zone)), true) = (pod.data_location, weights.locality != 0.0) {
+        let here = &spec.location;
+        let near = if here.region == region && here.zone == zone {
+            100.0
+        } else if here.region == region {
+            50.0
+        } else {
+            0.0
+        };
+        total += weights.locality * near;
+    }
+    let avoided = spec.taints.iter().any(|taint| {
+        taint.effect == TaintEffect::PreferNoSchedule && !pod.tolerations.contains(&taint.key)
+    });
+    if avoided {
+        total -= weights.prefer_no_schedule;
+    }
+    total
+}
+
+/// Scores `pod` on one node state; returns the score and the GPUs to take. Everything
+/// here depends only on the node's group (class and state), which is what lets the
+/// index cache it.
+fn score_node(
+    cluster: &Cluster,
+    node: usize,
+    pod: &PodRequest,
+    objective: &Objective,
+    typical: &TypicalPods,
+) -> (Score, Choice) {
+    let (packing, choice) = packing_score(cluster, node, pod, objective.policy, typical);
+    let extra = class_score(cluster, node, pod, objective);
+    (
+        (packing * 1000 + (extra * 1000.0).round() as i64, 0),
+        choice,
+    )
+}
+
+/// Members of `spread.job` per domain at `spread.level`.
+fn spread_counts(cluster: &Cluster, spread: &Spread) -> HashMap<u64, u32> {
+    let mut counts = HashMap::new();
+    for (_, (pod, binding)) in cluster.reservations() {
+        if pod.spread.is_some_and(|s| s.job == spread.job) {
+            let domain = cluster.nodes[binding.node].domain(spread.level, binding.node);
+            *counts.entry(domain).or_default() += 1;
+        }
+    }
+    counts
+}
+
+/// Places one pod with the packing policy alone: see [`place_with`].
 pub fn place(
     cluster: &Cluster,
     pod: &PodRequest,
@@ -288,8 +466,34 @@ pub fn place(
     priority: &[u32],
     rng: &mut Rng,
 ) -> Result<Placement, Unschedulable> {
-    if policy != Policy::Random && priority == cluster.priority() {
-        return place_grouped(cluster, pod, policy, typical);
+    place_with(
+        cluster,
+        pod,
+        &Objective::packing(policy),
+        typical,
+        priority,
+        rng,
+    )
+}
+
+/// Places one pod: filter, score, select (ties: lowest `priority[node]`), choose GPUs.
+/// Does not reserve; the caller commits with [`Cluster::reserve`].
+///
+/// When `priority` is the cluster's own ([`Cluster::set_priority`]) and the pod has no
+/// spread constraint, the choice comes from the cluster's per-shape index of node
+/// groups; otherwise nodes are visited one by one (states scored once each). Both
+/// give the same placement (property-tested).
+pub fn place_with(
+    cluster: &Cluster,
+    pod: &PodRequest,
+    objective: &Objective,
+    typical: &TypicalPods,
+    priority: &[u32],
+    rng: &mut Rng,
+) -> Result<Placement, Unschedulable> {
+    let policy = objective.policy;
+    if policy != Policy::Random && priority == cluster.priority() && pod.spread.is_none() {
+        return place_grouped(cluster, pod, objective, typical);
     }
     let mut rejected: BTreeMap<Reason, u32> = BTreeMap::new();
     let mut feasible = Vec::new();
@@ -304,43 +508,47 @@ pub fn place(
     }
     if policy == Policy::Random {
         let node = feasible[rng.below(feasible.len() as u64) as usize];
+        let spec = &cluster.nodes[node];
         let state = &cluster.state[node];
-        let fitting: Vec<usize> = (0..state.gpu_left.len())
-            .filter(|g| state.gpu_left[*g] >= pod.gpu_milli)
-            .collect();
-        let gpus = if pod.num_gpu == 1 && pod.gpu_milli < MILLI_PER_GPU {
-            vec![(
-                fitting[rng.below(fitting.len() as u64) as usize] as u8,
-                pod.gpu_milli,
-            )]
-        } else {
-            best_fit_gpus(&state.gpu_left, pod)
-        };
+        let choice =
+            if pod.num_gpu == 1 && pod.gpu_milli < MILLI_PER_GPU && pod.mig_profile.is_none() {
+                let fitting = fitting_gpus(spec, state, pod);
+                Choice {
+                    gpus: vec![(
+                        fitting[rng.below(fitting.len() as u64) as usize] as u8,
+                        pod.gpu_milli,
+                    )],
+                    mig: None,
+                }
+            } else {
+                best_fit_gpus(spec, state, pod)
+            };
         return Ok(Placement {
-            binding: Binding { node, gpus },
+            binding: Binding {
+                node,
+                gpus: choice.gpus,
+                mig: choice.mig,
+            },
         });
     }
+    let spread = pod
+        .spread
+        .map(|spread| (spread, spread_counts(cluster, &spread)));
     // Nodes in identical states score identically: score each state once.
-    let mut memo: HashMap<StateKey, (Score, GpuChoice)> = HashMap::new();
-    let mut best: Option<(Score, u32, usize, GpuChoice)> = None;
+    let mut memo: HashMap<GroupKey, (Score, Choice)> = HashMap::new();
+    let mut best: Option<(Score, u32, usize, Choice)> = None;
     for &node in &feasible {
-        let state = &cluster.state[node];
-        // Memory only matters to the memory-aware objective of `ours`.
-        let memory_key = if policy == Policy::Ours {
-            state.memory_left
-        } else {
-            0
-        };
-        let key = (
-            cluster.nodes[node].gpu_model,
-            state.cpu_left,
-            memory_key,
-            state.gpu_left.as_slice(),
-        );
-        let (score, gpus) = memo
-            .entry(key)
-            .or_insert_with(|| score_node(cluster, node, pod, policy, typical))
+        let (mut score, choice) = memo
+            .entry(cluster.group_key(node))
+            .or_insert_with(|| score_node(cluster, node, pod, objective, typical))
             .clone();
+        if let Some((spread, counts)) = &spread {
+            let domain = cluster.nodes[node].domain(spread.level, node);
+            let here = f64::from(counts.get(&domain).copied().unwrap_or(0));
+            let total = f64::from(counts.values().sum::<u32>());
+            let points = 100.0 * (1.0 - here / (total + 1.0));
+            score.0 += (objective.weights.spread * points * 1000.0).round() as i64;
+        }
         let rank = priority.get(node).copied().unwrap_or(node as u32);
         let better = match &best {
             None => true,
@@ -349,16 +557,20 @@ pub fn place(
             }
         };
         if better {
-            best = Some((score, rank, node, gpus));
+            best = Some((score, rank, node, choice));
         }
     }
-    let Some((_, _, node, gpus)) = best else {
+    let Some((_, _, node, choice)) = best else {
         return Err(Unschedulable { rejected });
     };
     // BestFit normalises scores min-max over feasible nodes in the paper; that does not
     // change the order, so the argmax above is the same node.
     Ok(Placement {
-        binding: Binding { node, gpus },
+        binding: Binding {
+            node,
+            gpus: choice.gpus,
+            mig: choice.mig,
+        },
     })
 }
 
@@ -368,15 +580,15 @@ pub fn place(
 fn place_grouped(
     cluster: &Cluster,
     pod: &PodRequest,
-    policy: Policy,
+    objective: &Objective,
     typical: &TypicalPods,
 ) -> Result<Placement, Unschedulable> {
-    let shape = cluster.shape_id(pod, policy as u8, typical);
+    let shape = cluster.shape_id(pod, objective, typical);
     let best = cluster.best_for_shape(shape, |node| {
         cluster
             .check(node, pod)
             .ok()
-            .map(|()| score_node(cluster, node, pod, policy, typical).0)
+            .map(|()| score_node(cluster, node, pod, objective, typical).0)
     });
     let Some((_, node)) = best else {
         let mut rejected: BTreeMap<Reason, u32> = BTreeMap::new();
@@ -389,9 +601,13 @@ fn place_grouped(
         }
         return Err(Unschedulable { rejected });
     };
-    let (_, gpus) = score_node(cluster, node, pod, policy, typical);
+    let (_, choice) = score_node(cluster, node, pod, objective, typical);
     Ok(Placement {
-        binding: Binding { node, gpus },
+        binding: Binding {
+            node,
+            gpus: choice.gpus,
+            mig: choice.mig,
+        },
     })
 }
 
@@ -417,8 +633,12 @@ pub fn place_on(
     } else {
         policy
     };
-    let (_, gpus) = score_node(cluster, node, pod, policy, typical);
+    let (_, choice) = packing_score(cluster, node, pod, policy, typical);
     Ok(Placement {
-        binding: Binding { node, gpus },
+        binding: Binding {
+            node,
+            gpus: choice.gpus,
+            mig: choice.mig,
+        },
     })
 }

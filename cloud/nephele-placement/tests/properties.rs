@@ -21,6 +21,7 @@ fn node_strategy() -> impl Strategy<Value = NodeSpec> {
             memory_mib: memory * 8192,
             gpus,
             gpu_model: (gpus > 0).then_some(model),
+            ..NodeSpec::default()
         })
 }
 
@@ -38,6 +39,7 @@ fn pod_strategy() -> impl Strategy<Value = PodRequest> {
             num_gpu,
             gpu_milli: if num_gpu > 1 { 1000 } else { tenth * 100 },
             gpu_models: model.into_iter().collect(),
+            ..PodRequest::default()
         })
 }
 
@@ -241,6 +243,7 @@ fn why_not_placed_counts_rejections_per_reason() {
             memory_mib: 1024,
             gpus: 0,
             gpu_model: None,
+            ..NodeSpec::default()
         },
         NodeSpec {
             name: String::new(),
@@ -248,6 +251,7 @@ fn why_not_placed_counts_rejections_per_reason() {
             memory_mib: 1024,
             gpus: 8,
             gpu_model: Some(0),
+            ..NodeSpec::default()
         },
         NodeSpec {
             name: String::new(),
@@ -255,6 +259,7 @@ fn why_not_placed_counts_rejections_per_reason() {
             memory_mib: 1024,
             gpus: 2,
             gpu_model: Some(1),
+            ..NodeSpec::default()
         },
     ]);
     let cluster = Cluster::new(nodes);
@@ -264,6 +269,7 @@ fn why_not_placed_counts_rejections_per_reason() {
         num_gpu: 4,
         gpu_milli: 1000,
         gpu_models: vec![1],
+        ..PodRequest::default()
     };
     let error = place(
         &cluster,

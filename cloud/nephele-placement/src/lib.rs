@@ -6,8 +6,10 @@
 //! [`Cluster::reserve`] (idempotent). Everything is deterministic for a given input and
 //! seed; time, randomness and IO come from the caller.
 //!
-//! Not here yet: gangs, queues and fairness, preemption, cost and carbon scorers (the
-//! next steps of the placement issue). This crate has no dependencies at all.
+//! [`queue`] orders pending jobs (priority classes, DRF across tenants, quotas),
+//! preempts lower-priority work and keeps large gangs from starving (reservation with
+//! EASY backfilling). Not here yet: cost and carbon scorers. This crate has no
+//! dependencies at all.
 
 pub mod cluster;
 pub mod fairness;
@@ -15,6 +17,7 @@ pub mod fragmentation;
 pub mod gang;
 pub mod model;
 pub mod policy;
+pub mod queue;
 pub mod rng;
 
 pub use cluster::{Binding, Cluster, ReserveError};
@@ -22,3 +25,4 @@ pub use fragmentation::TypicalPods;
 pub use gang::{place_gang, GangRequest, Topology};
 pub use model::{GpuModel, NodeSpec, PodRequest, Reason, MILLI_PER_GPU};
 pub use policy::{place, Placement, Policy, Unschedulable};
+pub use queue::{Effect, Job, JobId, JobState, PriorityClass, Queue, QueueConfig, Quota, Tenant};

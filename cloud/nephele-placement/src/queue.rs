@@ -331,6 +331,9 @@ pub struct Queue {
     /// victims free: work of the same or lower priority may not start there meanwhile,
     /// or the preemption would have been for nothing (Kubernetes' nominated node).
     nominations: BTreeMap<JobId, (u32, BTreeSet<usize>)>,
+    /// The cluster's nodes with nothing running, and which shapes fit there.
+    empty: Option<Cluster>,
+    ever_fits: HashMap<u32, bool>,
 }
 
 fn reservation_id(job: JobId, member: usize) -> u64 {
@@ -358,6 +361,8 @@ impl Queue {
             reservation_dirty: false,
             preemptions: 0,
             nominations: BTreeMap::new(),
+            empty: None,
+            ever_fits: HashMap::new(),
         }
     }
 
@@ -788,8 +793,35 @@ impl Queue {
         }
     }
 
-    /// When `job` would fit if running work ended when expected, and where.
-    fn plan_reservation(&mut self, cluster: &Cluster, job: JobId, now: u64) -> Reservation {
+    /// Whether the job could fit at all, on the same nodes with nothing running (cached
+    /// per shape). A job that never fits gets no reservation: it would block the queue
+    /// for nothing.
+    fn could_ever_fit(&mut self, cluster: &Cluster, job: JobId) -> bool {
+        let Some(shape) = self.jobs.get(&job).map(|e| e.shape) else {
+            return false;
+        };
+        if self.empty.as_ref().map(|c| c.nodes.len()) != Some(cluster.nodes.len()) {
+            self.empty = Some(Cluster::new(cluster.nodes.clone()));
+            self.ever_fits.clear();
+        }
+        if let Some(known) = self.ever_fits.get(&shape) {
+            return *known;
+        }
+        let Some(empty) = self.empty.take() else {
+            return false;
+        };
+        let fits = self.try_place(&empty, job).is_ok();
+        self.empty = Some(empty);
+        self.ever_fits.insert(shape, fits);
+        fits
+    }
+
+    /// When `job` would fit if running work ended when expected, and where; `None`
+    /// when it could not fit even on an empty cluster.
+    fn plan_reservation(&mut self, cluster: &Cluster, job: JobId, now: u64) -> Option<Reservation> {
+        if !self.could_ever_fit(cluster, job) {
+            return None;
+        }
         let priority = self.jobs.get(&job).map(|e| e.job.priority).unwrap_or(0);
         let mut ends: Vec<(u64, JobId)> = self
             .jobs
@@ -804,12 +836,12 @@ impl Queue {
             .collect();
         ends.sort();
         if let Ok(bindings) = self.try_place(cluster, job) {
-            return Reservation {
+            return Some(Reservation {
                 job,
                 priority,
                 start: Some(now),
                 nodes: bindings.iter().map(|b| b.node).collect(),
-            };
+            });
         }
         let mut scratch = cluster.clone();
         let mut idx = 0;
@@ -825,20 +857,20 @@ impl Queue {
                 idx += 1;
             }
             if let Ok(bindings) = self.try_place(&scratch, job) {
-                return Reservation {
+                return Some(Reservation {
                     job,
                     priority,
                     start: Some(at),
                     nodes: bindings.iter().map(|b| b.node).collect(),
-                };
+                });
             }
         }
-        Reservation {
+        Some(Reservation {
             job,
             priority,
             start: None,
             nodes: BTreeSet::new(),
-        }
+        })
     }
 
     /// Whether starting `job` on `bindings` now could delay the reservation.
@@ -920,7 +952,7 @@ impl Queue {
         if self.reservation_dirty {
             self.reservation_dirty = false;
             if let Some(job) = self.reservation.as_ref().map(|r| r.job) {
-                self.reservation = Some(self.plan_reservation(cluster, job, now));
+                self.reservation = self.plan_reservation(cluster, job, now);
             }
         }
 
@@ -1116,7 +1148,9 @@ impl Queue {
                         Some(r) => r.job != job && priority > r.priority,
                     };
                     if replace {
-                        self.reservation = Some(self.plan_reservation(cluster, job, now));
+                        if let Some(planned) = self.plan_reservation(cluster, job, now) {
+                            self.reservation = Some(planned);
+                        }
                     }
                 }
                 self.set_why(job, WhyPending::Unschedulable(why), effects);
@@ -1366,6 +1400,21 @@ mod tests {
         q.finish(&mut c, 2, 1000);
         // The reserved job starts on time; the long one may go once it has.
         assert_eq!(bound(&q.tick(&mut c, 1000)), vec![3, 5]);
+        assert!(q.reservation().is_none());
+    }
+
+    #[test]
+    fn a_job_that_can_never_fit_gets_no_reservation() {
+        let mut c = cluster(&[2]);
+        let config = QueueConfig {
+            aging_seconds: Some(0),
+            ..Default::default()
+        };
+        let mut q = queue(config, 1);
+        q.submit(job(1, 0, PriorityClass::Production, 0, 4))
+            .unwrap();
+        q.submit(job(2, 0, PriorityClass::Batch, 1, 1)).unwrap();
+        assert_eq!(bound(&q.tick(&mut c, 5)), vec![2]);
         assert!(q.reservation().is_none());
     }
 

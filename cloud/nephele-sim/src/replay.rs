@@ -186,6 +186,8 @@ pub struct RunSummary {
     /// Completion time: finish − arrival, finished jobs only.
     pub jct_avg_s: f64,
     pub jct_p95_s: f64,
+    /// Average queueing delay per priority class (finished jobs): who pays for it.
+    pub queue_delay_avg_by_class_s: std::collections::BTreeMap<String, f64>,
     /// Allocated / capacity GPU, time-averaged between the first and last arrival
     /// (the window in which the queue is exercised), in %.
     pub gpu_util_mean_pct: f64,
@@ -242,10 +244,12 @@ impl ReplayReport {
                 .join(", ")
         );
         out += &format!(
-            "{:<34} {:>9} {:>9} {:>9} {:>9} {:>6} {:>6} {:>5} {:>6} {:>9} {:>9} {:>6}\n",
+            "{:<34} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>6} {:>5} {:>6} {:>9} {:>9} {:>6}\n",
             "configuration",
             "wait avg",
             "wait p95",
+            "prod avg",
+            "BE avg",
             "JCT avg",
             "JCT p95",
             "util%",
@@ -257,11 +261,19 @@ impl ReplayReport {
             "unrun"
         );
         for run in &self.runs {
+            let class_wait = |class: &str| {
+                run.queue_delay_avg_by_class_s
+                    .get(class)
+                    .copied()
+                    .unwrap_or(0.0)
+            };
             out += &format!(
-                "{:<34} {:>9} {:>9} {:>9} {:>9} {:>6.1} {:>6.1} {:>5.3} {:>6} {:>9.0} {:>9.0} {:>6}\n",
+                "{:<34} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6.1} {:>6.1} {:>5.3} {:>6} {:>9.0} {:>9.0} {:>6}\n",
                 run.name,
                 duration(run.queue_delay_avg_s),
                 duration(run.queue_delay_p95_s),
+                duration(class_wait("production")),
+                duration(class_wait("best-effort")),
                 duration(run.jct_avg_s),
                 duration(run.jct_p95_s),
                 run.gpu_util_mean_pct,
@@ -756,6 +768,14 @@ fn replay_one(
                 .saturating_sub(jobs[*j].arrival) as f64
         })
         .collect();
+    let mut by_class: std::collections::BTreeMap<String, Vec<f64>> = Default::default();
+    for j in &finished_jobs {
+        by_class
+            .entry(jobs[*j].class.name().to_string())
+            .or_default()
+            .push(track[*j].waited as f64);
+    }
+    let queue_delay_avg_by_class_s = by_class.iter().map(|(c, w)| (c.clone(), mean(w))).collect();
     let makespan = track.iter().filter_map(|t| t.finished).max().unwrap_or(0);
     let first_arrival = jobs.iter().map(|j| j.arrival).min().unwrap_or(0);
     let last_arrival = jobs.iter().map(|j| j.arrival).max().unwrap_or(0);
@@ -848,6 +868,7 @@ fn replay_one(
         queue_delay_p95_s: percentile(&mut waits, 95.0),
         jct_avg_s: mean(&jcts),
         jct_p95_s: percentile(&mut jcts, 95.0),
+        queue_delay_avg_by_class_s,
         gpu_util_mean_pct: util_mean,
         gpu_util_peak_pct: peak / total_gpu * 100.0,
         jain,

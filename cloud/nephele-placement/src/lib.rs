@@ -6,8 +6,11 @@
 //! [`Cluster::reserve`] (idempotent). Everything is deterministic for a given input and
 //! seed; time, randomness and IO come from the caller.
 //!
-//! Not here yet: gangs, queues and fairness, preemption, cost and carbon scorers (the
-//! next steps of the placement issue). This crate has no dependencies at all.
+//! [`queue`] orders pending jobs (priority classes, DRF across tenants, quotas),
+//! preempts lower-priority work and keeps large gangs from starving (reservation with
+//! EASY backfilling). [`carbon`] forecasts grid carbon intensity from past data and
+//! decides when a deferrable job starts and which region takes it. This crate has no
+//! dependencies at all.
 
 pub mod carbon;
 pub mod cluster;
@@ -16,6 +19,7 @@ pub mod fragmentation;
 pub mod gang;
 pub mod model;
 pub mod policy;
+pub mod queue;
 pub mod rng;
 
 pub use cluster::{Binding, Cluster, ReserveError};
@@ -28,3 +32,4 @@ pub use model::{
 pub use policy::{
     place, place_on, place_with, Objective, Placement, Policy, Unschedulable, Weights,
 };
+pub use queue::{Effect, Job, JobId, JobState, PriorityClass, Queue, QueueConfig, Quota, Tenant};

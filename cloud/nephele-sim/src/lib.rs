@@ -5,6 +5,8 @@
 //! - [`trace`]: loaders for `../shared/data` (the caller passes the path).
 //! - [`carbon`]: carbon-aware temporal and spatial shifting on the 2023 grid series.
 //! - [`inflation`]: the FGD paper's workload-inflation protocol on openb.
+//! - [`replay`]: time replay of openb through the scheduling queue (queueing delay,
+//!   JCT, utilisation, fairness, preemptions, cost and carbon per configuration).
 //! - [`plot`]: SVG plots.
 //! - [`bench`]: placement throughput (`cargo bench`, `nephele bench placement`).
 
@@ -12,4 +14,5 @@ pub mod bench;
 pub mod carbon;
 pub mod inflation;
 pub mod plot;
+pub mod replay;
 pub mod trace;

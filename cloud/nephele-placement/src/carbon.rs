@@ -273,6 +273,215 @@ impl Forecaster for ForecastTable {
     }
 }
 
+/// Number of inputs of [`RidgeForecaster`]'s per-horizon linear models.
+const RIDGE_FEATURES: usize = 9;
+
+/// An online linear model per forecast horizon, refitted every hour on the past only.
+///
+/// For an origin `t` and a target `u = t + h`, the prediction is `w_h · z(t, h)` with
+///
+/// ```text
+/// z = [1, x(t), x(t−1), x(t−2), P(u), P(t), P(t−1), x(u − 24k), x(u − 168k)]
+/// ```
+///
+/// where `P` is [`ProfileBlend`]'s same-hour profile over `profile_days` days and
+/// `x(u − 24k)`, `x(u − 168k)` are the most recent measured values at the target's hour
+/// of day and hour of week. [`ProfileBlend`] (profile + decaying anomaly + momentum) is
+/// one point of this family; fitting the weights per horizon lets each zone and season
+/// choose how much of today's level, yesterday's and last week's shape to carry.
+///
+/// Fitting: exponentially weighted ridge least squares. At hour `t` every pair
+/// (origin `t − h`, target `t`) whose target has just been measured is added to horizon
+/// `h`'s normal equations, which decay by `0.5^(1 / (24 · half_life_days))` per hour;
+/// the weights used for the forecast at `t` are solved from those sums, so they depend
+/// on hours `≤ t` only. Until `warmup_days` days of pairs exist, or when the system is
+/// singular, the row falls back to [`ProfileBlend`] with the same profile length.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RidgeForecaster {
+    /// Days the profiles `P` average (at least 1).
+    pub profile_days: usize,
+    /// Half-life of a training pair's weight, in days.
+    pub half_life_days: f64,
+    /// Ridge penalty as a share of the mean diagonal of the normal equations.
+    pub ridge: f64,
+    /// Days of training pairs before the model replaces the fallback.
+    pub warmup_days: usize,
+}
+
+impl Default for RidgeForecaster {
+    /// 28-day profiles, 60-day half-life, a ridge of 10⁻⁶ (only to keep the system
+    /// solvable; larger penalties shrink towards 0 and measured worse on January–June).
+    fn default() -> Self {
+        Self {
+            profile_days: 28,
+            half_life_days: 60.0,
+            ridge: 1e-6,
+            warmup_days: 14,
+        }
+    }
+}
+
+/// Most recent measured value of hour `target` stepped back by whole `period`s to `≤ now`.
+fn lagged(history: &[f64], target: usize, period: usize) -> Option<f64> {
+    let now = history.len().checked_sub(1)?;
+    let back = target.saturating_sub(now).div_ceil(period).max(1);
+    target
+        .checked_sub(back * period)
+        .map(|hour| history[hour])
+        .filter(|v| v.is_finite())
+}
+
+impl RidgeForecaster {
+    fn profiler(&self) -> ProfileBlend {
+        ProfileBlend {
+            days: self.profile_days.max(1),
+            decay: 0.98,
+            momentum: 0.5,
+        }
+    }
+
+    /// The inputs for origin `history.len() − 1` and horizon `h`; `None` when one is
+    /// missing (too little history) or not finite.
+    fn features(&self, history: &[f64], h: usize) -> Option<[f64; RIDGE_FEATURES]> {
+        let profiler = self.profiler();
+        let now = history.len().checked_sub(1)?;
+        let target = now + h;
+        let x = |back: usize| {
+            now.checked_sub(back)
+                .map(|i| history[i])
+                .filter(|v| v.is_finite())
+        };
+        let z = [
+            1.0,
+            x(0)?,
+            x(1)?,
+            x(2)?,
+            profiler.profile(history, target)?,
+            profiler.profile(history, now)?,
+            profiler.profile(&history[..now], now.checked_sub(1)?)?,
+            lagged(history, target, 24)?,
+            lagged(history, target, 168)?,
+        ];
+        z.iter().all(|v| v.is_finite()).then_some(z)
+    }
+
+    /// Row `t` of the result is the forecast made at hour `t` for hours `t + 1 ..= t +
+    /// horizon`, from `series[..=t]` only (a property test checks this).
+    pub fn table(&self, series: &[f64], horizon: usize) -> ForecastTable {
+        const P: usize = RIDGE_FEATURES;
+        let fallback = self.profiler();
+        let forget = if self.half_life_days > 0.0 && self.half_life_days.is_finite() {
+            0.5f64.powf(1.0 / (24.0 * self.half_life_days))
+        } else {
+            1.0
+        };
+        let ridge = if self.ridge.is_finite() {
+            self.ridge.max(0.0)
+        } else {
+            0.0
+        };
+        let warmup = (24 * self.warmup_days) as f64 * 0.5;
+        // Per horizon: Σ w·z zᵀ, Σ w·z y, Σ w (effective number of pairs).
+        let mut gram = vec![[[0.0f64; P]; P]; horizon];
+        let mut cross = vec![[0.0f64; P]; horizon];
+        let mut weight = vec![0.0f64; horizon];
+        // features[t][h-1]: inputs at origin t for horizon h, kept until the target arrives.
+        let mut pending: Vec<Vec<Option<[f64; P]>>> = Vec::with_capacity(series.len());
+        let mut rows = Vec::with_capacity(series.len());
+        for now in 0..series.len() {
+            let history = &series[..=now];
+            let actual = series[now];
+            for h in 1..=horizon {
+                let (g, c, w) = (&mut gram[h - 1], &mut cross[h - 1], &mut weight[h - 1]);
+                for row in g.iter_mut() {
+                    for v in row.iter_mut() {
+                        *v *= forget;
+                    }
+                }
+                for v in c.iter_mut() {
+                    *v *= forget;
+                }
+                *w *= forget;
+                let Some(origin) = now.checked_sub(h) else {
+                    continue;
+                };
+                if let (Some(z), true) = (pending[origin][h - 1], actual.is_finite()) {
+                    for i in 0..P {
+                        for j in 0..P {
+                            g[i][j] += z[i] * z[j];
+                        }
+                        c[i] += z[i] * actual;
+                    }
+                    *w += 1.0;
+                }
+            }
+            let inputs: Vec<Option<[f64; P]>> =
+                (1..=horizon).map(|h| self.features(history, h)).collect();
+            let simple = fallback.forecast(history, horizon);
+            let row = (1..=horizon)
+                .map(|h| {
+                    let model = (weight[h - 1] >= warmup)
+                        .then(|| solve_ridge(&gram[h - 1], &cross[h - 1], ridge))
+                        .flatten();
+                    match (model, inputs[h - 1]) {
+                        (Some(w), Some(z)) => {
+                            let value: f64 = w.iter().zip(&z).map(|(a, b)| a * b).sum();
+                            if value.is_finite() {
+                                value
+                            } else {
+                                simple[h - 1]
+                            }
+                        }
+                        _ => simple[h - 1],
+                    }
+                })
+                .collect();
+            pending.push(inputs);
+            rows.push(row);
+        }
+        ForecastTable { rows }
+    }
+}
+
+/// Solves `(G + λ·mean(diag G)·I) w = c` by Gaussian elimination with partial pivoting;
+/// `None` when the system is singular.
+fn solve_ridge(
+    gram: &[[f64; RIDGE_FEATURES]; RIDGE_FEATURES],
+    cross: &[f64; RIDGE_FEATURES],
+    ridge: f64,
+) -> Option<[f64; RIDGE_FEATURES]> {
+    const P: usize = RIDGE_FEATURES;
+    let scale = (0..P).map(|i| gram[i][i]).sum::<f64>() / P as f64;
+    let mut a = *gram;
+    let mut b = *cross;
+    for (i, row) in a.iter_mut().enumerate() {
+        row[i] += ridge * scale;
+    }
+    for col in 0..P {
+        let pivot = (col..P).max_by(|&i, &j| a[i][col].abs().total_cmp(&a[j][col].abs()))?;
+        if a[pivot][col].abs() <= 1e-12 * scale.max(1e-300) {
+            return None;
+        }
+        a.swap(col, pivot);
+        b.swap(col, pivot);
+        let (upper, lower) = a.split_at_mut(col + 1);
+        let pivot_row = &upper[col];
+        for (offset, row) in lower.iter_mut().enumerate() {
+            let factor = row[col] / pivot_row[col];
+            for (value, above) in row[col..].iter_mut().zip(&pivot_row[col..]) {
+                *value -= factor * above;
+            }
+            b[col + 1 + offset] -= factor * b[col];
+        }
+    }
+    let mut w = [0.0; P];
+    for row in (0..P).rev() {
+        let rest: f64 = (row + 1..P).map(|k| a[row][k] * w[k]).sum();
+        w[row] = (b[row] - rest) / a[row][row];
+    }
+    w.iter().all(|v| v.is_finite()).then_some(w)
+}
+
 /// What the policy does this hour.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {
@@ -598,6 +807,25 @@ mod tests {
     }
 
     #[test]
+    fn ridge_learns_a_daily_cycle_and_falls_back_before_warmup() {
+        let series = daily(40);
+        let ridge = RidgeForecaster::default();
+        let table = ridge.table(&series, 10);
+        let now = 24 * 39 + 5;
+        for (h, value) in table.row(now).expect("row").iter().enumerate() {
+            let actual = series[(now + 1 + h) % 24];
+            assert!(
+                (value - actual).abs() < 1e-3 * 300.0,
+                "h {h}: {value} vs {actual}"
+            );
+        }
+        // Day 3 is before the 14-day warm-up: the profile blend answers.
+        let early = 24 * 3 + 2;
+        let fallback = ridge.profiler().forecast(&series[..=early], 10);
+        assert_eq!(table.row(early).expect("row"), fallback.as_slice());
+    }
+
+    #[test]
     fn forecast_table_matches_the_forecaster() {
         let series = daily(3);
         let table = ForecastTable::build(&series, &ProfileBlend::default(), 6);
@@ -753,6 +981,33 @@ mod tests {
                 decide(&job, now, series[now], table.row(now).unwrap_or(&[])),
                 decide(&job, now, changed[now], changed_table.row(now).unwrap_or(&[]))
             );
+        }
+
+        /// The online linear model's forecast at `now` ignores every later hour, and the
+        /// policy driven by it meets every deadline.
+        #[test]
+        fn ridge_never_reads_the_future(
+            series in prop::collection::vec(0.0f64..800.0, 2..400),
+            cut in any::<prop::sample::Index>(),
+            noise in prop::collection::vec(-500.0f64..500.0, 400),
+            half_life_days in 0.5f64..100.0,
+            warmup_days in 0usize..3,
+        ) {
+            let now = cut.index(series.len());
+            let mut changed = series.clone();
+            for (value, delta) in changed.iter_mut().zip(&noise).skip(now + 1) {
+                *value += delta;
+            }
+            let ridge = RidgeForecaster { half_life_days, warmup_days, ..RidgeForecaster::default() };
+            let table = ridge.table(&series, 12);
+            let changed_table = ridge.table(&changed, 12);
+            prop_assert_eq!(table.row(now), changed_table.row(now));
+            let release = now.min(series.len().saturating_sub(12));
+            if release + 12 <= series.len() {
+                let job = Job::with_slack(release, 2, 10);
+                let online = run_online(&job, &series, &table).expect("valid");
+                prop_assert!(online.meets(&job));
+            }
         }
 
         /// Rankings hold only regions with room, scores are in [0, 1] and sorted.

@@ -3,9 +3,10 @@
 //! Electricity Maps (via GreenDCC), ODbL; credit "Electricity Maps" with any result.
 //!
 //! Protocol (all hours UTC, 2023):
-//! - The forecaster ([`ProfileBlend`]) is tuned on January–June only (hours before
-//!   [`ShiftConfig::split_hour`], jobs that finish before it): the grid point with the
-//!   best mean captured share over the zones on the headline scenario wins. Everything
+//! - The forecaster is chosen on January–June only (hours before
+//!   [`ShiftConfig::split_hour`], jobs that finish before it) among a grid of
+//!   [`ProfileBlend`]s and [`RidgeForecaster`]s: the candidate with the best mean
+//!   captured share over the zones on the headline scenario wins. Everything
 //!   reported is on July–December, jobs released there whose deadline falls in 2023.
 //!   Forecasts always use the series up to the current hour only.
 //! - Scenario I, nightly: one job a day released at [`ShiftConfig::nightly_hour`].
@@ -23,7 +24,7 @@ use std::time::Instant;
 use anyhow::{bail, Context as _, Result};
 use nephele_placement::carbon::{
     choose_region, no_shift, oracle, run_online, ForecastTable, Job, ProfileBlend, RegionOffer,
-    RegionWeights,
+    RegionWeights, RidgeForecaster,
 };
 use serde::Serialize;
 
@@ -256,6 +257,8 @@ pub struct ShiftConfig {
     pub tune_days: Vec<usize>,
     pub tune_decays: Vec<f64>,
     pub tune_momenta: Vec<f64>,
+    /// Half-lives (days) of the [`RidgeForecaster`] candidates in the same tuning.
+    pub tune_ridge_half_lives: Vec<f64>,
     /// The headline scenario: ad hoc, `headline_duration`-hour jobs, `headline_slack`.
     pub headline_duration: usize,
     pub headline_slack: usize,
@@ -271,6 +274,7 @@ impl Default for ShiftConfig {
             tune_days: vec![1, 3, 7, 14, 28, 56],
             tune_decays: vec![0.8, 0.9, 0.95, 0.98, 0.99, 1.0],
             tune_momenta: vec![0.0, 0.5, 1.0],
+            tune_ridge_half_lives: vec![30.0, 60.0, 120.0],
             headline_duration: 1,
             headline_slack: 8,
         }
@@ -313,10 +317,39 @@ pub struct ZoneInfo {
 /// One point of the tuning grid, scored on January–June only.
 #[derive(Debug, Clone, Serialize)]
 pub struct TuningPoint {
-    pub days: usize,
-    pub decay: f64,
-    pub momentum: f64,
+    pub model: String,
     pub mean_captured: f64,
+}
+
+/// A forecaster candidate: the fixed-shape profile blend or the per-horizon online
+/// linear model.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ForecastModel {
+    Profile(ProfileBlend),
+    Ridge(RidgeForecaster),
+}
+
+impl ForecastModel {
+    /// Row `t` = the forecast made at hour `t` from `series[..=t]`.
+    pub fn table(&self, series: &[f64], horizon: usize) -> ForecastTable {
+        match self {
+            Self::Profile(p) => ForecastTable::build(series, p, horizon),
+            Self::Ridge(r) => r.table(series, horizon),
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Profile(p) => format!(
+                "profile of {} days + anomaly decaying {} per hour + momentum {}",
+                p.days, p.decay, p.momentum
+            ),
+            Self::Ridge(r) => format!(
+                "online linear model per horizon (profile {} days, half-life {} days, ridge {})",
+                r.profile_days, r.half_life_days, r.ridge
+            ),
+        }
+    }
 }
 
 /// Spatial shifting of ad-hoc 1-hour jobs over the zones with prices, all with free
@@ -343,9 +376,8 @@ pub struct Headline {
 #[derive(Debug, Clone, Serialize)]
 pub struct ShiftReport {
     pub config: ShiftConfig,
-    pub forecaster_days: usize,
-    pub forecaster_decay: f64,
-    pub forecaster_momentum: f64,
+    /// The forecaster tuning chose, in words.
+    pub forecaster: String,
     pub tuning: Vec<TuningPoint>,
     pub zones: Vec<ZoneInfo>,
     pub rows: Vec<ShiftRow>,
@@ -457,45 +489,51 @@ pub fn shift_experiment(
     }
     // Tuning on the first half only: jobs end before `split`.
     let mut tuning = Vec::new();
-    let grid = config.tune_days.iter().flat_map(|&days| {
+    let profiles = config.tune_days.iter().flat_map(|&days| {
         config.tune_decays.iter().flat_map(move |&decay| {
-            config
-                .tune_momenta
-                .iter()
-                .map(move |&momentum| ProfileBlend {
+            config.tune_momenta.iter().map(move |&momentum| {
+                ForecastModel::Profile(ProfileBlend {
                     days,
                     decay,
                     momentum,
                 })
+            })
         })
     });
-    for forecaster in grid {
+    let ridges = config.tune_ridge_half_lives.iter().map(|&half_life_days| {
+        ForecastModel::Ridge(RidgeForecaster {
+            half_life_days,
+            ..RidgeForecaster::default()
+        })
+    });
+    let mut candidates = Vec::new();
+    for forecaster in profiles.chain(ridges) {
         let mut shares = Vec::new();
         for (carbon, _) in &zones {
             let head = &carbon.values[..split];
-            let table = ForecastTable::build(head, &forecaster, dh + sh);
+            let table = forecaster.table(head, dh + sh);
             let set = jobs(Scenario::AdHoc, config.nightly_hour, dh, sh, 0, split);
             let (b, o, p, _) = evaluate(head, &table, &set)?;
             shares.push(captured(b, o, p).unwrap_or(0.0));
         }
         tuning.push(TuningPoint {
-            days: forecaster.days,
-            decay: forecaster.decay,
-            momentum: forecaster.momentum,
+            model: forecaster.describe(),
             mean_captured: shares.iter().sum::<f64>() / shares.len() as f64,
         });
+        candidates.push(forecaster);
     }
+    // The first best point wins ties.
     let chosen = tuning
         .iter()
-        .fold(None::<&TuningPoint>, |best, point| match best {
-            Some(b) if b.mean_captured.total_cmp(&point.mean_captured).is_ge() => Some(b),
-            _ => Some(point),
-        })
-        .map_or(ProfileBlend::default(), |p| ProfileBlend {
-            days: p.days,
-            decay: p.decay,
-            momentum: p.momentum,
-        });
+        .zip(&candidates)
+        .fold(
+            None::<(f64, ForecastModel)>,
+            |best, (point, model)| match best {
+                Some(b) if b.0.total_cmp(&point.mean_captured).is_ge() => Some(b),
+                _ => Some((point.mean_captured, *model)),
+            },
+        )
+        .map_or(ForecastModel::Ridge(RidgeForecaster::default()), |b| b.1);
 
     let horizon = config
         .durations
@@ -517,7 +555,7 @@ pub fn shift_experiment(
     for (carbon, prices) in zones {
         let series = &carbon.values;
         let end = series.len();
-        let table = ForecastTable::build(series, &chosen, horizon);
+        let table = chosen.table(series, horizon);
         for scenario in [Scenario::Nightly, Scenario::AdHoc] {
             for &duration in &config.durations {
                 for &slack in &config.slacks {
@@ -578,9 +616,7 @@ pub fn shift_experiment(
     let spatial = spatial(&infos, &tables, split);
     Ok(ShiftReport {
         config: config.clone(),
-        forecaster_days: chosen.days,
-        forecaster_decay: chosen.decay,
-        forecaster_momentum: chosen.momentum,
+        forecaster: chosen.describe(),
         tuning,
         zones: infos,
         rows,
@@ -703,8 +739,8 @@ impl ShiftReport {
     pub fn table(&self) -> String {
         let (dh, sh) = (self.config.headline_duration, self.config.headline_slack);
         let mut out = format!(
-            "Carbon-aware temporal shifting (Electricity Maps 2023 data). Forecaster: profile of {} days + anomaly decaying {} per hour + momentum {}, tuned on Jan–Jun; results on Jul–Dec.\n\nHeadline: {}\n",
-            self.forecaster_days, self.forecaster_decay, self.forecaster_momentum, self.headline.scenario
+            "Carbon-aware temporal shifting (Electricity Maps 2023 data). Forecaster: {}, chosen on Jan–Jun; results on Jul–Dec.\n\nHeadline: {}\n",
+            self.forecaster, self.headline.scenario
         );
         let _ = writeln!(
             out,
@@ -932,6 +968,7 @@ mod tests {
             tune_days: vec![3, 7],
             tune_decays: vec![0.9, 1.0],
             tune_momenta: vec![0.0, 0.5],
+            tune_ridge_half_lives: vec![30.0],
             ..ShiftConfig::default()
         }
     }

@@ -1162,7 +1162,6 @@ impl Queue {
 // `..Default::default()` stays although every field is set today: NodeSpec and
 // PodRequest are gaining fields concurrently.
 #[cfg(test)]
-#[allow(clippy::needless_update)]
 mod tests {
     use super::*;
     use crate::model::NodeSpec;

@@ -7,7 +7,6 @@
 #![allow(clippy::unwrap_used)]
 // `..Default::default()` stays although every field is set today: NodeSpec and
 // PodRequest are gaining fields concurrently.
-#![allow(clippy::needless_update)]
 
 use std::collections::BTreeMap;
 

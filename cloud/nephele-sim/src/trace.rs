@@ -90,7 +90,6 @@ pub struct Trace {
 /// Loads `alibaba-gpu-v2023/openb_node_list_gpu_node.csv` and `openb_pod_list_default.csv`.
 // `..Default::default()` stays so that fields added to the placement model later keep
 // their defaults here without an edit (clippy flags it while every field is set).
-#[allow(clippy::needless_update)]
 pub fn load_openb(data: &Path) -> Result<Trace> {
     let dir = data.join("alibaba-gpu-v2023");
     let mut models: Vec<String> = Vec::new();

@@ -4,7 +4,6 @@
 #![allow(clippy::unwrap_used)]
 // `..Default::default()` stays although every field is set today: NodeSpec and
 // PodRequest are gaining fields concurrently.
-#![allow(clippy::needless_update)]
 
 use std::path::PathBuf;
 

@@ -6,14 +6,72 @@ use std::time::Instant;
 
 use anyhow::{Context as _, Result};
 use nephele_placement::{Policy, TypicalPods};
+use nephele_sim::carbon::{run_shift, ShiftConfig};
 use nephele_sim::inflation::{by_level, mean_sd, run_inflation, PolicySummary};
 use nephele_sim::plot::svg_plot;
+use nephele_sim::replay::{run_replay, ReplayConfig, ReplayOptions};
 use nephele_sim::trace::load_openb;
 
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum SimCommand {
     /// Workload inflation on the openb GPU trace (the FGD paper's protocol).
     Inflation(InflationArgs),
+    /// Time replay of openb through the scheduling queue (queueing delay, JCT,
+    /// utilisation, fairness, preemptions, cost and carbon per configuration).
+    Replay(ReplayArgs),
+    /// Carbon-aware temporal shifting on the 2023 hourly grid series (forecast from
+    /// past data vs perfect foresight), and region choice.
+    Shift(ShiftArgs),
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct ReplayArgs {
+    /// Folder with alibaba-gpu-v2023/, carbon-intensity-hourly-2023/ and
+    /// electricity-prices-hourly-2023/.
+    #[arg(long, default_value = "../shared/data")]
+    pub data: PathBuf,
+    /// Where to write replay.csv, replay.json and replay.svg.
+    #[arg(long, default_value = "sim-results")]
+    pub out: PathBuf,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Divide arrival times by this (runtimes unchanged): openb as recorded keeps its
+    /// GPUs about 0.2% busy, so it never queues uncompressed.
+    #[arg(long, default_value_t = 100.0)]
+    pub compression: f64,
+    /// Keep every n-th GPU node.
+    #[arg(long, default_value_t = 10)]
+    pub node_stride: usize,
+    /// Placement policies for the full configuration, comma-separated (FIFO always
+    /// uses best-fit).
+    #[arg(long, default_value = "best-fit,fgd")]
+    pub policies: String,
+    /// Checkpoint grace period of preempted jobs, seconds.
+    #[arg(long, default_value_t = 30)]
+    pub grace: u64,
+    /// Wait after which a job that does not fit gets the reservation, seconds.
+    #[arg(long, default_value_t = 3600)]
+    pub aging: u64,
+    /// Zones for regions (each needs a carbon and a price file).
+    #[arg(long, default_value = "CA-ON,DE-LU,US-CAL-CISO,SG")]
+    pub zones: String,
+    /// Each tenant's GPU quota as a share of cluster GPUs (unset: no quota).
+    #[arg(long)]
+    pub tenant_gpu_quota: Option<f64>,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct ShiftArgs {
+    /// Folder with carbon-intensity-hourly-2023/ and electricity-prices-hourly-2023/.
+    #[arg(long, default_value = "../shared/data")]
+    pub data: PathBuf,
+    /// Where to write shift.csv, shift.json and shift.svg.
+    #[arg(long, default_value = "sim-results")]
+    pub out: PathBuf,
+    /// Print the report as JSON instead of the table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -39,7 +97,65 @@ pub struct InflationArgs {
 }
 
 pub fn run(command: SimCommand) -> Result<()> {
-    let SimCommand::Inflation(args) = command;
+    match command {
+        SimCommand::Inflation(args) => run_inflation_command(args),
+        SimCommand::Replay(args) => run_replay_command(args),
+        SimCommand::Shift(args) => run_shift_command(args),
+    }
+}
+
+fn run_shift_command(args: ShiftArgs) -> Result<()> {
+    let report = run_shift(&args.data, &ShiftConfig::default())?;
+    report.write_all(&args.out)?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{}", report.table());
+        println!("wrote {}/shift.{{csv,json,svg}}", args.out.display());
+    }
+    Ok(())
+}
+
+fn run_replay_command(args: ReplayArgs) -> Result<()> {
+    let mut configs = vec![ReplayConfig::fifo(Policy::BestFit)];
+    for name in args.policies.split(',').filter(|s| !s.trim().is_empty()) {
+        let policy = Policy::parse(name.trim()).with_context(|| {
+            format!("unknown policy {name:?} (try best-fit, fgd, ours, first-fit)")
+        })?;
+        configs.push(ReplayConfig::full(policy, args.grace, args.aging));
+    }
+    if !(args.compression > 0.0) || args.node_stride == 0 {
+        anyhow::bail!("--compression must be > 0 and --node-stride at least 1");
+    }
+    let options = ReplayOptions {
+        time_compression: args.compression,
+        node_stride: args.node_stride,
+        zones: args
+            .zones
+            .split(',')
+            .map(|z| z.trim().to_string())
+            .collect(),
+        configs,
+        tenant_gpu_quota: args.tenant_gpu_quota,
+        ..ReplayOptions::default()
+    };
+    let quiet = args.json;
+    let report = run_replay(&args.data, &options, &mut |line| {
+        if !quiet {
+            eprintln!("[replay] {line}");
+        }
+    })?;
+    report.write(&args.out)?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{}", report.table());
+        println!("wrote {}/replay.{{csv,json,svg}}", args.out.display());
+    }
+    Ok(())
+}
+
+fn run_inflation_command(args: InflationArgs) -> Result<()> {
     let policies: Vec<Policy> = args
         .policies
         .split(',')

@@ -14,6 +14,7 @@
 
 pub mod carbon;
 pub mod cluster;
+pub mod cost;
 pub mod fairness;
 pub mod fragmentation;
 pub mod gang;

@@ -8,20 +8,69 @@ use nephele_placement::rng::Rng;
 use nephele_placement::*;
 use proptest::prelude::*;
 
+const SLICE: MigProfile = MigProfile {
+    compute_sevenths: 1,
+    memory_gb: 10,
+};
+const HALF: MigProfile = MigProfile {
+    compute_sevenths: 3,
+    memory_gb: 40,
+};
+
 fn node_strategy() -> impl Strategy<Value = NodeSpec> {
     (
         1u64..=8,
         1u64..=8,
         prop_oneof![Just(0u8), Just(1), Just(2), Just(4), Just(8)],
         0u16..2,
+        // 0: plain; 1: GPU 0 in MIG mode (7 x 1g, or 2 x 3g); 2: two NVLink domains;
+        // 3: spot; 4: tainted.
+        0u8..5,
+        proptest::bool::ANY,
     )
-        .prop_map(|(cpu, memory, gpus, model)| NodeSpec {
-            name: String::new(),
-            cpu_milli: cpu * 4000,
-            memory_mib: memory * 8192,
-            gpus,
-            gpu_model: (gpus > 0).then_some(model),
-            ..NodeSpec::default()
+        .prop_map(|(cpu, memory, gpus, model, extra, flavour)| {
+            let mut node = NodeSpec {
+                name: String::new(),
+                cpu_milli: cpu * 4000,
+                memory_mib: memory * 8192,
+                gpus,
+                gpu_model: (gpus > 0).then_some(model),
+                ..NodeSpec::default()
+            };
+            match extra {
+                1 if gpus > 0 => {
+                    node.mig = if flavour {
+                        vec![MigPartition {
+                            gpu: 0,
+                            profile: SLICE,
+                            count: 7,
+                        }]
+                    } else {
+                        vec![MigPartition {
+                            gpu: 0,
+                            profile: HALF,
+                            count: 2,
+                        }]
+                    };
+                }
+                2 if gpus >= 4 => {
+                    node.nvlink_domain = (0..gpus).map(|g| g / (gpus / 2)).collect();
+                }
+                3 => {
+                    node.capacity_type = CapacityType::Spot;
+                    node.interruptions_per_1000h = 50;
+                }
+                4 => node.taints.push(Taint {
+                    key: "dedicated".into(),
+                    effect: if flavour {
+                        TaintEffect::NoSchedule
+                    } else {
+                        TaintEffect::PreferNoSchedule
+                    },
+                }),
+                _ => {}
+            }
+            node
         })
 }
 
@@ -32,14 +81,34 @@ fn pod_strategy() -> impl Strategy<Value = PodRequest> {
         0u8..=3,
         1u32..=10,
         prop::option::of(0u16..2),
+        // 0..=2: plain; 3: MIG slice; 4: same NVLink domain; 5: spot ok + tolerates.
+        0u8..6,
     )
-        .prop_map(|(cpu, memory, num_gpu, tenth, model)| PodRequest {
-            cpu_milli: cpu * 1000,
-            memory_mib: memory * 2048,
-            num_gpu,
-            gpu_milli: if num_gpu > 1 { 1000 } else { tenth * 100 },
-            gpu_models: model.into_iter().collect(),
-            ..PodRequest::default()
+        .prop_map(|(cpu, memory, num_gpu, tenth, model, extra)| {
+            let mut pod = PodRequest {
+                cpu_milli: cpu * 1000,
+                memory_mib: memory * 2048,
+                num_gpu,
+                gpu_milli: if num_gpu > 1 { 1000 } else { tenth * 100 },
+                gpu_models: model.into_iter().collect(),
+                ..PodRequest::default()
+            };
+            match extra {
+                3 => {
+                    let profile = if tenth % 2 == 0 { SLICE } else { HALF };
+                    pod = PodRequest {
+                        gpu_models: pod.gpu_models,
+                        ..PodRequest::mig(pod.cpu_milli, pod.memory_mib, profile)
+                    };
+                }
+                4 => pod.same_nvlink = true,
+                5 => {
+                    pod.spot_ok = true;
+                    pod.tolerations.push("dedicated".into());
+                }
+                _ => {}
+            }
+            pod
         })
 }
 
@@ -101,17 +170,42 @@ fn oracle_fits(cluster: &Cluster, pod: &PodRequest) -> bool {
         .iter()
         .zip(&cluster.state)
         .any(|(spec, state)| {
-            let gpus_ok = pod.num_gpu == 0
-                || (spec
-                    .gpu_model
-                    .is_some_and(|m| pod.gpu_models.is_empty() || pod.gpu_models.contains(&m))
-                    && state
-                        .gpu_left
+            let model_ok = spec
+                .gpu_model
+                .is_some_and(|m| pod.gpu_models.is_empty() || pod.gpu_models.contains(&m));
+            let whole: Vec<usize> = (0..state.gpu_left.len())
+                .filter(|g| !spec.mig.iter().any(|p| usize::from(p.gpu) == *g))
+                .filter(|g| state.gpu_left[*g] >= pod.gpu_milli)
+                .collect();
+            let gpus_ok = if pod.num_gpu == 0 {
+                true
+            } else if let Some(profile) = pod.mig_profile {
+                model_ok
+                    && spec
+                        .mig
                         .iter()
-                        .filter(|left| **left >= pod.gpu_milli)
-                        .count()
-                        >= usize::from(pod.num_gpu));
+                        .zip(&state.mig_free)
+                        .any(|(p, free)| p.profile == profile && *free > 0)
+            } else if pod.same_nvlink && pod.num_gpu > 1 && !spec.nvlink_domain.is_empty() {
+                model_ok
+                    && (0..=255u8).any(|domain| {
+                        whole
+                            .iter()
+                            .filter(|g| spec.nvlink_domain[**g] == domain)
+                            .count()
+                            >= usize::from(pod.num_gpu)
+                    })
+            } else {
+                model_ok && whole.len() >= usize::from(pod.num_gpu)
+            };
+            let taints_ok = spec
+                .taints
+                .iter()
+                .all(|t| t.effect != TaintEffect::NoSchedule || pod.tolerations.contains(&t.key));
+            let spot_ok = spec.capacity_type != CapacityType::Spot || pod.spot_ok;
             state.up
+                && taints_ok
+                && spot_ok
                 && state.cpu_left >= pod.cpu_milli
                 && state.memory_left >= pod.memory_mib
                 && gpus_ok

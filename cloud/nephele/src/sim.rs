@@ -124,7 +124,7 @@ fn run_replay_command(args: ReplayArgs) -> Result<()> {
         })?;
         configs.push(ReplayConfig::full(policy, args.grace, args.aging));
     }
-    if !(args.compression > 0.0) || args.node_stride == 0 {
+    if !args.compression.is_finite() || args.compression <= 0.0 || args.node_stride == 0 {
         anyhow::bail!("--compression must be > 0 and --node-stride at least 1");
     }
     let options = ReplayOptions {

@@ -138,7 +138,7 @@ fn same_nvlink_pods_stay_in_one_domain() {
     };
     let results = place_all(
         &mut cluster,
-        &[pod.clone()],
+        std::slice::from_ref(&pod),
         &Objective::packing(Policy::BestFit),
     );
     let gpus: Vec<u8> = results[0]

@@ -219,11 +219,7 @@ impl Cluster {
     }
 
     /// The group key of `node`'s current state.
-    pub(crate) fn group_key(&self, node: usize) -> GroupKey {
-        self.key(node)
-    }
-
-    fn key(&self, node: usize) -> GroupKey {
+    pub(crate) fn key(&self, node: usize) -> GroupKey {
         let state = &self.state[node];
         GroupKey {
             class: self.class[node],

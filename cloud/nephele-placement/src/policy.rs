@@ -539,7 +539,7 @@ pub fn place_with(
     let mut best: Option<(Score, u32, usize, Choice)> = None;
     for &node in &feasible {
         let (mut score, choice) = memo
-            .entry(cluster.group_key(node))
+            .entry(cluster.key(node))
             .or_insert_with(|| score_node(cluster, node, pod, objective, typical))
             .clone();
         if let Some((spread, counts)) = &spread {

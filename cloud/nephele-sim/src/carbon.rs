@@ -29,6 +29,7 @@ use nephele_placement::carbon::{
 use serde::Serialize;
 
 use crate::plot::{svg_xy, XyLine};
+pub use crate::trace::{load_carbon, load_prices, HourlySeries};
 
 /// The eight zones with carbon data; all but GB also have prices.
 pub const ZONES: [&str; 8] = [
@@ -41,189 +42,6 @@ pub const ZONES: [&str; 8] = [
     "US-MIDA-PJM",
     "US-TEX-ERCO",
 ];
-
-/// An hourly series on a gap-free grid, with what had to be repaired to get there.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct HourlySeries {
-    pub zone: String,
-    /// One value per hour from the first row's hour on.
-    #[serde(skip)]
-    pub values: Vec<f64>,
-    /// Hours missing in the file, filled by linear interpolation between neighbours.
-    pub filled: usize,
-    /// Rows whose hour was already seen (the first one is kept).
-    pub duplicates: usize,
-    /// Rows the source marks as estimated (carbon only; kept as they are).
-    pub estimated: usize,
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    let year = if month <= 2 { year - 1 } else { year };
-    let era = year.div_euclid(400);
-    let yoe = year - era * 400;
-    let doy = (153 * (month + if month > 2 { -3 } else { 9 }) + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-/// Hours since 1970 of `YYYY-MM-DD HH:MM:SS[+00:00]` (UTC); minutes are dropped, so
-/// IN-WE's half-hour prices count for the hour that holds them.
-fn parse_utc_hour(text: &str) -> Option<i64> {
-    let text = text.trim();
-    let number = |range: std::ops::Range<usize>| text.get(range)?.parse::<i64>().ok();
-    let (year, month, day, hour) = (
-        number(0..4)?,
-        number(5..7)?,
-        number(8..10)?,
-        number(11..13)?,
-    );
-    if text.get(4..5)? != "-" || !(1..=12).contains(&month) || !(1..=31).contains(&day) {
-        return None;
-    }
-    if !(0..24).contains(&hour) {
-        return None;
-    }
-    if let Some(offset) = text.get(19..) {
-        if !offset.is_empty() && offset != "+00:00" && offset != "Z" {
-            return None;
-        }
-    }
-    Some(days_from_civil(year, month, day) * 24 + hour)
-}
-
-/// Reads `path`, takes the UTC time from column 0 and the value from the column whose
-/// header satisfies `pick`, and puts the values on an hourly grid. Gaps are filled by
-/// linear interpolation and counted; duplicates are dropped and counted; a time going
-/// backwards or an unparsable value is an error naming the file and line.
-fn load_hourly(
-    path: &Path,
-    zone: &str,
-    pick: impl Fn(&str) -> bool,
-    estimated_column: Option<&str>,
-) -> Result<HourlySeries> {
-    let text = std::fs::read_to_string(path).with_context(|| {
-        format!(
-            "cannot read {} (pass --data with the folder that holds carbon-intensity-hourly-2023/ and electricity-prices-hourly-2023/, e.g. ../shared/data)",
-            path.display()
-        )
-    })?;
-    let mut lines = text.lines();
-    let header: Vec<&str> = lines
-        .next()
-        .with_context(|| format!("{}: empty file", path.display()))?
-        .split(',')
-        .map(str::trim)
-        .collect();
-    let column = header
-        .iter()
-        .position(|h| pick(h))
-        .with_context(|| format!("{}:1: no value column in header {header:?}", path.display()))?;
-    let estimated_at = estimated_column.and_then(|name| header.iter().position(|h| *h == name));
-    let mut series = HourlySeries {
-        zone: zone.to_string(),
-        values: Vec::new(),
-        filled: 0,
-        duplicates: 0,
-        estimated: 0,
-    };
-    let mut first_hour: Option<i64> = None;
-    for (number, line) in lines.enumerate() {
-        let line_no = number + 2;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let fields: Vec<&str> = line.split(',').collect();
-        if fields.len() != header.len() {
-            bail!(
-                "{}:{line_no}: {} fields, header has {}",
-                path.display(),
-                fields.len(),
-                header.len()
-            );
-        }
-        let hour = parse_utc_hour(fields[0]).with_context(|| {
-            format!(
-                "{}:{line_no}: cannot parse time {:?}",
-                path.display(),
-                fields[0]
-            )
-        })?;
-        let value: f64 = fields[column]
-            .trim()
-            .parse()
-            .ok()
-            .filter(|v: &f64| v.is_finite())
-            .with_context(|| {
-                format!(
-                    "{}:{line_no}: cannot parse {:?} in column {:?}",
-                    path.display(),
-                    fields[column],
-                    header[column]
-                )
-            })?;
-        if estimated_at.is_some_and(|at| fields[at].trim() == "true") {
-            series.estimated += 1;
-        }
-        let start = *first_hour.get_or_insert(hour);
-        let Ok(index) = usize::try_from(hour - start) else {
-            bail!("{}:{line_no}: time goes backwards", path.display());
-        };
-        match index.cmp(&series.values.len()) {
-            std::cmp::Ordering::Less => {
-                if index + 1 == series.values.len() {
-                    series.duplicates += 1;
-                } else {
-                    bail!("{}:{line_no}: time goes backwards", path.display());
-                }
-            }
-            std::cmp::Ordering::Equal => series.values.push(value),
-            std::cmp::Ordering::Greater => {
-                let Some(&last) = series.values.last() else {
-                    bail!("{}:{line_no}: time goes backwards", path.display());
-                };
-                let gap = index - series.values.len();
-                if gap > 24 * 7 {
-                    bail!(
-                        "{}:{line_no}: {gap} hours missing before this row (more than a week)",
-                        path.display()
-                    );
-                }
-                for step in 1..=gap {
-                    let share = step as f64 / (gap + 1) as f64;
-                    series.values.push(last + (value - last) * share);
-                }
-                series.filled += gap;
-                series.values.push(value);
-            }
-        }
-    }
-    if series.values.is_empty() {
-        bail!("{}: no data rows", path.display());
-    }
-    Ok(series)
-}
-
-/// `carbon-intensity-hourly-2023/<zone>_2023_hourly.csv`, direct intensity (gCO₂eq/kWh).
-pub fn load_carbon(data: &Path, zone: &str) -> Result<HourlySeries> {
-    let path = data
-        .join("carbon-intensity-hourly-2023")
-        .join(format!("{zone}_2023_hourly.csv"));
-    load_hourly(
-        &path,
-        zone,
-        |h| h.starts_with("Carbon Intensity") && h.ends_with("(direct)"),
-        Some("Data Estimated"),
-    )
-}
-
-/// `electricity-prices-hourly-2023/<zone>_electricity_prices_2023.csv` (USD/MWh).
-pub fn load_prices(data: &Path, zone: &str) -> Result<HourlySeries> {
-    let path = data
-        .join("electricity-prices-hourly-2023")
-        .join(format!("{zone}_electricity_prices_2023.csv"));
-    load_hourly(&path, zone, |h| h == "Price (USD/MWh)", None)
-}
 
 /// Which release pattern.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -953,6 +771,7 @@ mod tests {
     fn series(zone: &str, values: Vec<f64>) -> HourlySeries {
         HourlySeries {
             zone: zone.into(),
+            start_hour: 0,
             values,
             filled: 0,
             duplicates: 0,
@@ -993,41 +812,5 @@ mod tests {
         assert!(report.table().contains("Headline"));
         assert_eq!(report.csv().lines().count(), 1 + report.rows.len());
         assert!(report.svg().starts_with("<svg"));
-    }
-
-    #[test]
-    fn loader_fills_gaps_counts_duplicates_and_names_bad_lines() {
-        let dir = std::env::temp_dir().join(format!("nephele-carbon-{}", std::process::id()));
-        let folder = dir.join("carbon-intensity-hourly-2023");
-        std::fs::create_dir_all(&folder).expect("tmp");
-        let header = "Datetime (UTC),Zone Id,Carbon Intensity gCO₂eq/kWh (direct),Data Estimated\n";
-        let body = "2023-01-01 00:00:00,X,10,false\n2023-01-01 01:00:00,X,20,true\n2023-01-01 01:00:00,X,99,false\n2023-01-01 04:00:00,X,50,false\n";
-        std::fs::write(folder.join("X_2023_hourly.csv"), format!("{header}{body}")).expect("tmp");
-        let loaded = load_carbon(&dir, "X").expect("loads");
-        assert_eq!(loaded.values, vec![10.0, 20.0, 30.0, 40.0, 50.0]);
-        assert_eq!(
-            (loaded.filled, loaded.duplicates, loaded.estimated),
-            (2, 1, 1)
-        );
-        std::fs::write(
-            folder.join("Y_2023_hourly.csv"),
-            format!("{header}2023-01-01 00:00:00,Y,oops,false\n"),
-        )
-        .expect("tmp");
-        let error = format!("{:#}", load_carbon(&dir, "Y").expect_err("bad value"));
-        assert!(error.contains("Y_2023_hourly.csv:2"), "{error}");
-        let missing = format!("{:#}", load_carbon(&dir, "Z").expect_err("missing"));
-        assert!(missing.contains("--data"), "{missing}");
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn timestamps_parse_as_utc_hours() {
-        let start = parse_utc_hour("2023-01-01 00:00:00").expect("ok");
-        assert_eq!(parse_utc_hour("2023-01-01 00:30:00+00:00"), Some(start));
-        assert_eq!(parse_utc_hour("2023-07-01 00:00:00"), Some(start + 4344));
-        assert_eq!(parse_utc_hour("2024-01-01 00:00:00"), Some(start + 8760));
-        assert_eq!(parse_utc_hour("2023-01-01 01:00:00+01:00"), None);
-        assert_eq!(parse_utc_hour("garbage"), None);
     }
 }

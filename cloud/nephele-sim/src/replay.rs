@@ -29,7 +29,7 @@
 //! * **Regions**: each node goes to zone `FNV-1a(node name) mod N` of `zones` (default
 //!   CA-ON, DE-LU, US-CAL-CISO, SG: all four have hourly carbon intensity and prices).
 //!   Trace second `s` maps to hour `s / 3600` from 2023-01-01 00:00 UTC (wrapping after
-//!   8760 h); missing hours take the previous hour's value.
+//!   8760 h); the series are read by `trace::load_carbon`/`load_prices` (gaps interpolated and counted).
 //! * **Energy model**: every node draws `node_idle_watts` plus `gpu_idle_watts` per GPU
 //!   all the time; allocated GPU share adds `gpu_busy_watts − gpu_idle_watts` per whole
 //!   GPU (allocation stands in for use). Emissions = energy × that hour's direct carbon
@@ -46,7 +46,7 @@ use nephele_placement::queue::{Effect, Job, JobState, PriorityClass, Quota, Tena
 use nephele_placement::{Cluster, Policy, Queue, QueueConfig, Topology, TypicalPods};
 use serde::Serialize;
 
-use crate::trace::{load_openb, Trace};
+use crate::trace::{load_carbon, load_openb, load_prices, Trace};
 
 /// One scheduler configuration to compare.
 #[derive(Debug, Clone, PartialEq)]
@@ -162,6 +162,8 @@ impl ZoneSeries {
 }
 
 const HOURS: usize = 8760;
+/// Trace second 0 is this hour.
+const GRID_START: &str = "2023-01-01 00";
 
 #[derive(Debug, Clone, Serialize)]
 pub struct RegionInfo {
@@ -389,85 +391,12 @@ pub fn jobs_from_trace(trace: &Trace, time_compression: f64) -> (Vec<ReplayJob>,
     (jobs, excluded)
 }
 
-/// Hour index since 2023-01-01 00:00 of a `YYYY-MM-DD HH…` timestamp.
-fn hour_of(stamp: &str) -> Option<usize> {
-    let year: i64 = stamp.get(0..4)?.parse().ok()?;
-    let month: i64 = stamp.get(5..7)?.parse().ok()?;
-    let day: i64 = stamp.get(8..10)?.parse().ok()?;
-    let hour: i64 = stamp.get(11..13)?.parse().ok()?;
-    // Days from civil (Howard Hinnant's algorithm).
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    let days_2023 = 19_358; // 2023-01-01
-    let index = (days - days_2023) * 24 + hour;
-    usize::try_from(index).ok().filter(|i| *i < HOURS)
-}
-
-/// Reads one hourly column of a CSV (fields before the column must not be quoted).
-fn hourly_column(path: &Path, column: &str) -> Result<Vec<f64>> {
-    let text = std::fs::read_to_string(path).with_context(|| {
-        format!(
-            "cannot read {} (pass --data with the folder that holds the traces, e.g. ../shared/data)",
-            path.display()
-        )
-    })?;
-    let mut lines = text.lines();
-    let header: Vec<&str> = lines
-        .next()
-        .with_context(|| format!("{}: empty CSV", path.display()))?
-        .split(',')
-        .collect();
-    let idx = header
-        .iter()
-        .position(|h| h.trim() == column)
-        .with_context(|| format!("{}: no column {column:?}", path.display()))?;
-    let mut values = vec![f64::NAN; HOURS];
-    for line in lines {
-        let fields: Vec<&str> = line.split(',').collect();
-        let (Some(stamp), Some(value)) = (fields.first(), fields.get(idx)) else {
-            continue;
-        };
-        if let (Some(hour), Ok(value)) = (hour_of(stamp), value.trim().parse::<f64>()) {
-            if value.is_finite() {
-                values[hour] = value;
-            }
-        }
-    }
-    // Fill gaps with the previous hour (the first known value before the first).
-    let first = values.iter().copied().find(|v| !v.is_nan());
-    let Some(mut last) = first else {
-        bail!("{}: no usable values in {column:?}", path.display());
-    };
-    for value in &mut values {
-        if value.is_nan() {
-            *value = last;
-        } else {
-            last = *value;
-        }
-    }
-    Ok(values)
-}
-
+/// A zone's 2023 carbon intensity and prices on the replay's hour grid.
 pub fn load_zone(data: &Path, zone: &str) -> Result<ZoneSeries> {
     Ok(ZoneSeries {
         zone: zone.to_string(),
-        carbon: hourly_column(
-            &data
-                .join("carbon-intensity-hourly-2023")
-                .join(format!("{zone}_2023_hourly.csv")),
-            "Carbon Intensity gCO₂eq/kWh (direct)",
-        )?,
-        price: hourly_column(
-            &data
-                .join("electricity-prices-hourly-2023")
-                .join(format!("{zone}_electricity_prices_2023.csv")),
-            "Price (USD/MWh)",
-        )?,
+        carbon: load_carbon(data, zone)?.on_grid(GRID_START, HOURS)?,
+        price: load_prices(data, zone)?.on_grid(GRID_START, HOURS)?,
     })
 }
 

@@ -18,7 +18,9 @@
 //! 4. **Place** (`place` / `place_gang`, all members or none).
 //! 5. **Preempt.** A job that does not fit may evict strictly lower-priority preemptible
 //!    work, and only when evicting the chosen victims really makes room for it now
-//!    (checked on the cluster, never a guess). If the job would already fit once work
+//!    (checked on the cluster, never a guess). Within a class, preemption is decided in
+//!    a second pass, highest priority first, after every job that fits without one has
+//!    been placed, so no preemption counts on room a later job then takes. If the job would already fit once work
 //!    that is being preempted has left, nothing more is preempted. Victims get
 //!    `Preempt { grace_seconds }` (checkpoint, then stop) and keep their resources until
 //!    the grace period has passed.
@@ -989,6 +991,11 @@ impl Queue {
         let mut no_fit: HashMap<u32, Unschedulable> = HashMap::new();
         let mut no_victims: BTreeSet<(u32, u32)> = BTreeSet::new();
         for (_, mut lanes) in classes {
+            // Pass 1: everything in the class that fits without preempting anyone, in
+            // fairness order. Pass 2: preemption for what is left, highest priority
+            // first, so no preemption counts on room that a job placed later in the
+            // same tick takes without one.
+            let mut order = Vec::new();
             let mut heads = vec![0usize; lanes.len()];
             loop {
                 // 3. Next: the tenant with the lowest weighted dominant share.
@@ -1006,25 +1013,52 @@ impl Queue {
                 let Some(lane) = next else { break };
                 let job = lanes[lane][heads[lane]];
                 heads[lane] += 1;
+                order.push(job);
                 self.attempt(
                     cluster,
                     job,
                     now,
+                    false,
                     &mut no_fit,
                     &mut no_victims,
                     &mut effects,
                 );
             }
             lanes.clear();
+            if self.config.preemption {
+                let mut left: Vec<(u32, JobId)> = order
+                    .into_iter()
+                    .filter_map(|job| {
+                        let entry = self.jobs.get(&job)?;
+                        (entry.state == JobState::Pending).then_some((entry.job.priority, job))
+                    })
+                    .collect();
+                left.sort_by_key(|(priority, _)| std::cmp::Reverse(*priority));
+                for (_, job) in left {
+                    self.attempt(
+                        cluster,
+                        job,
+                        now,
+                        true,
+                        &mut no_fit,
+                        &mut no_victims,
+                        &mut effects,
+                    );
+                }
+            }
         }
         effects
     }
 
+    /// One placement attempt for `job`; with `preempt` false a job that does not fit is
+    /// left for the preemption pass (when preemption is on) without further ado.
+    #[allow(clippy::too_many_arguments)]
     fn attempt(
         &mut self,
         cluster: &mut Cluster,
         job: JobId,
         now: u64,
+        preempt: bool,
         no_fit: &mut HashMap<u32, Unschedulable>,
         no_victims: &mut BTreeSet<(u32, u32)>,
         effects: &mut Vec<Effect>,
@@ -1092,6 +1126,9 @@ impl Queue {
             }
             Err(why) => {
                 no_fit.insert(shape, why.clone());
+                if self.config.preemption && !preempt {
+                    return;
+                }
                 if self.config.preemption && !no_victims.contains(&(shape, priority)) {
                     // Already waiting for enough preempted work to leave?
                     let terminating: Vec<JobId> = self

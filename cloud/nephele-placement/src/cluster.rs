@@ -111,8 +111,8 @@ impl Group {
     }
 }
 
-/// A score key: compared lexicographically, higher is better.
-pub type Score = (i64, i64);
+/// A node score in thousandths of a point; higher is better.
+pub type Score = i64;
 
 /// For one (pod shape, policy): the feasible groups ordered best first, kept in step
 /// with the cluster lazily by replaying the log of changed groups. Because a group's

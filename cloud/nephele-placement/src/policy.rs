@@ -439,10 +439,7 @@ fn score_node(
 ) -> (Score, Choice) {
     let (packing, choice) = packing_score(cluster, node, pod, objective.policy, typical);
     let extra = class_score(cluster, node, pod, objective);
-    (
-        (packing * 1000 + (extra * 1000.0).round() as i64, 0),
-        choice,
-    )
+    (packing * 1000 + (extra * 1000.0).round() as i64, choice)
 }
 
 /// Members of `spread.job` per domain at `spread.level`.
@@ -547,7 +544,7 @@ pub fn place_with(
             let here = f64::from(counts.get(&domain).copied().unwrap_or(0));
             let total = f64::from(counts.values().sum::<u32>());
             let points = 100.0 * (1.0 - here / (total + 1.0));
-            score.0 += (objective.weights.spread * points * 1000.0).round() as i64;
+            score += (objective.weights.spread * points * 1000.0).round() as i64;
         }
         let rank = priority.get(node).copied().unwrap_or(node as u32);
         let better = match &best {

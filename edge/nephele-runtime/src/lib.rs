@@ -6,13 +6,20 @@
 //! down: corrupt, truncated or unsupported models give a [`RuntimeError`] naming the
 //! model and the cause, including when the parser itself panics.
 //!
-//! Not here (yet): batching, candle, int8 and split variants. Those build on
-//! [`Model::infer`] without changing its contract.
+//! [`variants`] derives what the control plane ships for a pushed model (int8 weights,
+//! head/tail splits), measured against the full model; [`onnx_edit`] rewrites the ONNX
+//! files for it.
+//!
+//! Not here (yet): batching and candle. Those build on [`Model::infer`] without
+//! changing its contract.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use tract_onnx::prelude::*;
+
+pub mod onnx_edit;
+pub mod variants;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RuntimeError {

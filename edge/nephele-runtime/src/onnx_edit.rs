@@ -1,0 +1,570 @@
+//! Rewriting ONNX files into the variants the control plane ships: an int8 weight
+//! variant and head/tail pairs split at a cut tensor.
+//!
+//! Everything here works on the ONNX protobuf itself (tract-onnx's `pb` types), so the
+//! variants are ordinary ONNX files that any ONNX runtime loads, not tract-only plans.
+//!
+//! - **int8 weights** ([`OnnxGraph::quantize_weights_int8`]): every large float
+//!   initializer is stored as symmetric int8 with one scale per output channel and
+//!   turned back into f32 in the graph (`Cast` to float, then `Mul` by the scales). The
+//!   file is about 4× smaller. Optimisation folds the two nodes into a constant, so the
+//!   variant *computes* in f32 at exactly the speed of the original: int8 here buys size
+//!   (download, flash, memory of the artifact), not speed. Whether outputs still agree
+//!   with fp32 is measured by the caller ([`crate::variants`]), never assumed.
+//! - **split** ([`OnnxGraph::split`]): the *head* is every node the cut tensor depends
+//!   on, with the cut as its only output; the *tail* is every other node, with the cut
+//!   as its only input. A tensor is a valid cut only when nothing in the tail needs
+//!   anything from the head side except the cut itself ([`OnnxGraph::candidate_cuts`]).
+//!
+//! Not here: int8 *compute* (QLinear ops) — tract's int8 kernels measured slower than
+//! f32 on this hardware and gave wrong outputs on a statically quantized file, so only
+//! the weight storage is quantized; and graphs with external data files.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+use prost::Message;
+use tract_onnx::pb::{
+    attribute_proto::AttributeType, tensor_proto::DataType, tensor_shape_proto, type_proto,
+    AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, TensorShapeProto, TypeProto,
+    ValueInfoProto,
+};
+
+use crate::RuntimeError;
+
+/// Float initializers with fewer elements than this stay f32 (small biases, shapes,
+/// scalars): in a small model their bytes still count, in a large one they are noise,
+/// and below this size a scale and two nodes would cost more than they save.
+pub const MIN_QUANTIZED_ELEMENTS: usize = 64;
+
+/// A parsed ONNX model that can be rewritten.
+#[derive(Debug, Clone)]
+pub struct OnnxGraph {
+    name: String,
+    /// The model without its graph (opsets, IR version, metadata).
+    model: ModelProto,
+    graph: GraphProto,
+}
+
+/// What int8 quantization did, for the manifest.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct QuantizationReport {
+    /// Initializers stored as int8.
+    pub quantized_tensors: usize,
+    /// Their elements.
+    pub quantized_elements: u64,
+    /// Float elements left as f32 (small tensors).
+    pub kept_f32_elements: u64,
+    /// Largest |w − dequantized(w)| over all quantized weights.
+    pub max_abs_weight_error: f32,
+}
+
+impl OnnxGraph {
+    /// Parses an ONNX file. `name` is used in errors.
+    pub fn parse(name: &str, bytes: &[u8]) -> Result<Self, RuntimeError> {
+        let mut model = ModelProto::decode(bytes).map_err(|e| RuntimeError::Load {
+            model: name.to_string(),
+            cause: format!("not an ONNX protobuf: {e}"),
+        })?;
+        let graph = model.graph.take().ok_or_else(|| RuntimeError::Load {
+            model: name.to_string(),
+            cause: "the ONNX file has no graph".into(),
+        })?;
+        if graph.node.is_empty() {
+            return Err(RuntimeError::Unsupported {
+                model: name.to_string(),
+                cause: "the graph has no nodes".into(),
+            });
+        }
+        if graph
+            .initializer
+            .iter()
+            .any(|t| !t.external_data.is_empty())
+        {
+            return Err(RuntimeError::Unsupported {
+                model: name.to_string(),
+                cause: "weights in external data files are not supported; embed them".into(),
+            });
+        }
+        Ok(OnnxGraph {
+            name: name.to_string(),
+            model,
+            graph,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn graph(&self) -> &GraphProto {
+        &self.graph
+    }
+
+    fn with_graph(&self, graph: GraphProto) -> ModelProto {
+        ModelProto {
+            graph: Some(graph),
+            ..self.model.clone()
+        }
+    }
+
+    fn unsupported(&self, cause: String) -> RuntimeError {
+        RuntimeError::Unsupported {
+            model: self.name.clone(),
+            cause,
+        }
+    }
+
+    /// The encoded model.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        self.with_graph(self.graph.clone()).encode_to_vec()
+    }
+
+    /// Names of the graph's real inputs (not initializers listed as inputs).
+    fn real_inputs(&self) -> Vec<&ValueInfoProto> {
+        let graph = self.graph();
+        let initializers: HashSet<&str> =
+            graph.initializer.iter().map(|t| t.name.as_str()).collect();
+        graph
+            .input
+            .iter()
+            .filter(|i| !initializers.contains(i.name.as_str()))
+            .collect()
+    }
+
+    /// Indices of the nodes `tensor` depends on (itself included), in graph order.
+    fn ancestors(&self, tensor: &str) -> BTreeSet<usize> {
+        let graph = self.graph();
+        let producer: HashMap<&str, usize> = graph
+            .node
+            .iter()
+            .enumerate()
+            .flat_map(|(i, n)| n.output.iter().map(move |o| (o.as_str(), i)))
+            .collect();
+        let mut seen = BTreeSet::new();
+        let mut stack: Vec<&str> = vec![tensor];
+        while let Some(name) = stack.pop() {
+            if let Some(&node_idx) = producer.get(name) {
+                if seen.insert(node_idx) {
+                    stack.extend(
+                        graph.node[node_idx]
+                            .input
+                            .iter()
+                            .filter(|i| !i.is_empty())
+                            .map(String::as_str),
+                    );
+                }
+            }
+        }
+        seen
+    }
+
+    /// Why `cut` cannot split the graph in two, or `None` when it can.
+    fn cut_problem(&self, cut: &str) -> Option<String> {
+        let graph = self.graph();
+        let head = self.ancestors(cut);
+        if head.is_empty() {
+            return Some(format!("no node produces tensor {cut:?}"));
+        }
+        if head.len() == graph.node.len() {
+            return Some(format!(
+                "{cut:?} is computed by the last node: nothing is left for the tail"
+            ));
+        }
+        if graph.output.iter().any(|o| o.name == cut) {
+            return Some(format!("{cut:?} is a graph output"));
+        }
+        let head_tensors: HashSet<&str> = head
+            .iter()
+            .flat_map(|&i| graph.node[i].output.iter().map(String::as_str))
+            .collect();
+        let inputs: HashSet<&str> = self.real_inputs().iter().map(|i| i.name.as_str()).collect();
+        for (node_idx, node) in graph.node.iter().enumerate() {
+            if head.contains(&node_idx) {
+                continue;
+            }
+            for input in node.input.iter().filter(|i| !i.is_empty()) {
+                if input != cut && head_tensors.contains(input.as_str()) {
+                    return Some(format!(
+                        "node {:?} after the cut also needs {input:?} from before it",
+                        node.name
+                    ));
+                }
+                if inputs.contains(input.as_str()) {
+                    return Some(format!(
+                        "node {:?} after the cut reads the model input {input:?}",
+                        node.name
+                    ));
+                }
+            }
+        }
+        if graph
+            .output
+            .iter()
+            .any(|o| head_tensors.contains(o.name.as_str()))
+        {
+            return Some("a graph output is computed before the cut".into());
+        }
+        None
+    }
+
+    /// Tensors that split the graph into a head and a tail with exactly one tensor
+    /// between them, in graph order (earliest first). The model's input and outputs are
+    /// never cuts; `split` at 0 or all layers is "all remote" or "all local" and needs no
+    /// file of its own.
+    pub fn candidate_cuts(&self) -> Vec<String> {
+        let mut seen = HashSet::new();
+        self.graph()
+            .node
+            .iter()
+            .flat_map(|n| n.output.iter())
+            .filter(|o| !o.is_empty() && seen.insert(o.as_str()))
+            .filter(|o| self.cut_problem(o).is_none())
+            .cloned()
+            .collect()
+    }
+
+    /// Splits at `cut` into (head, tail) ONNX files. The head's output and the tail's
+    /// input are named `cut`; the tail's input shape is `cut_shape` (`-1` for a
+    /// symbolic dimension, written as `N`), which the caller gets by typing the head.
+    pub fn split(&self, cut: &str, cut_shape: &[i64]) -> Result<(Vec<u8>, Vec<u8>), RuntimeError> {
+        if let Some(problem) = self.cut_problem(cut) {
+            return Err(self.unsupported(format!("cannot split at {cut:?}: {problem}")));
+        }
+        let graph = self.graph();
+        let head_nodes = self.ancestors(cut);
+        let (mut head, mut tail) = (Vec::new(), Vec::new());
+        for (i, node) in graph.node.iter().enumerate() {
+            if head_nodes.contains(&i) {
+                head.push(node.clone());
+            } else {
+                tail.push(node.clone());
+            }
+        }
+        let cut_value = |shape: Option<&[i64]>| ValueInfoProto {
+            name: cut.to_string(),
+            r#type: Some(float_type(shape)),
+            doc_string: String::new(),
+        };
+        let head_graph = GraphProto {
+            name: format!("{}-head", graph.name),
+            initializer: used_initializers(graph, &head),
+            input: self.real_inputs().into_iter().cloned().collect(),
+            output: vec![cut_value(None)],
+            node: head,
+            ..GraphProto::default()
+        };
+        let tail_graph = GraphProto {
+            name: format!("{}-tail", graph.name),
+            initializer: used_initializers(graph, &tail),
+            input: vec![cut_value(Some(cut_shape))],
+            output: graph.output.clone(),
+            node: tail,
+            ..GraphProto::default()
+        };
+        Ok((
+            self.with_graph(head_graph).encode_to_vec(),
+            self.with_graph(tail_graph).encode_to_vec(),
+        ))
+    }
+
+    /// The head alone (for typing the cut before the tail is written).
+    pub fn head(&self, cut: &str) -> Result<Vec<u8>, RuntimeError> {
+        self.split(cut, &[]).map(|(head, _)| head)
+    }
+
+    /// Stores every float initializer of at least [`MIN_QUANTIZED_ELEMENTS`] elements as
+    /// symmetric int8 with per-output-channel scales, dequantized in the graph.
+    pub fn quantize_weights_int8(&self) -> Result<(Vec<u8>, QuantizationReport), RuntimeError> {
+        let graph = self.graph();
+        let axes = channel_axes(graph);
+        let mut report = QuantizationReport {
+            quantized_tensors: 0,
+            quantized_elements: 0,
+            kept_f32_elements: 0,
+            max_abs_weight_error: 0.0,
+        };
+        let mut initializers = Vec::with_capacity(graph.initializer.len());
+        let mut dequantize_nodes = Vec::new();
+        let mut quantized_names = HashSet::new();
+        for tensor in &graph.initializer {
+            if tensor.data_type != DataType::Float as i32 {
+                initializers.push(tensor.clone());
+                continue;
+            }
+            let values = float_values(tensor).map_err(|cause| {
+                self.unsupported(format!("initializer {:?}: {cause}", tensor.name))
+            })?;
+            if values.len() < MIN_QUANTIZED_ELEMENTS {
+                report.kept_f32_elements += values.len() as u64;
+                initializers.push(tensor.clone());
+                continue;
+            }
+            let dims: Vec<usize> = tensor.dims.iter().map(|d| (*d).max(0) as usize).collect();
+            let axis = axes
+                .get(tensor.name.as_str())
+                .copied()
+                .filter(|a| *a < dims.len());
+            let (quantized, scales, error) = quantize(&values, &dims, axis);
+            report.max_abs_weight_error = report.max_abs_weight_error.max(error);
+            report.quantized_tensors += 1;
+            report.quantized_elements += values.len() as u64;
+            // Short suffixes: in a small model the names are a visible share of the file.
+            let q_name = format!("{}:q", tensor.name);
+            let cast_name = format!("{}:f", tensor.name);
+            let scale_name = format!("{}:s", tensor.name);
+            initializers.push(TensorProto {
+                name: q_name.clone(),
+                dims: tensor.dims.clone(),
+                data_type: DataType::Int8 as i32,
+                raw_data: quantized.iter().map(|v| *v as u8).collect(),
+                ..TensorProto::default()
+            });
+            let scale_dims: Vec<i64> = match axis {
+                Some(axis) => (0..dims.len())
+                    .map(|d| if d == axis { dims[d] as i64 } else { 1 })
+                    .collect(),
+                None => Vec::new(),
+            };
+            initializers.push(TensorProto {
+                name: scale_name.clone(),
+                dims: scale_dims,
+                data_type: DataType::Float as i32,
+                raw_data: scales.iter().flat_map(|s| s.to_le_bytes()).collect(),
+                ..TensorProto::default()
+            });
+            dequantize_nodes.push(NodeProto {
+                name: format!("{}:dq", tensor.name),
+                op_type: "Cast".into(),
+                input: vec![q_name],
+                output: vec![cast_name.clone()],
+                attribute: vec![AttributeProto {
+                    name: "to".into(),
+                    r#type: AttributeType::Int as i32,
+                    i: DataType::Float as i64,
+                    ..AttributeProto::default()
+                }],
+                ..NodeProto::default()
+            });
+            dequantize_nodes.push(NodeProto {
+                name: format!("{}:ds", tensor.name),
+                op_type: "Mul".into(),
+                input: vec![cast_name, scale_name],
+                output: vec![tensor.name.clone()],
+                ..NodeProto::default()
+            });
+            quantized_names.insert(tensor.name.clone());
+        }
+        let mut nodes = dequantize_nodes;
+        nodes.extend(graph.node.iter().cloned());
+        let new_graph = GraphProto {
+            node: nodes,
+            initializer: initializers,
+            // Old exporters also list initializers as inputs; a quantized one is now
+            // computed, so it must not be an input any more.
+            input: graph
+                .input
+                .iter()
+                .filter(|i| !quantized_names.contains(&i.name))
+                .cloned()
+                .collect(),
+            ..graph.clone()
+        };
+        Ok((self.with_graph(new_graph).encode_to_vec(), report))
+    }
+}
+
+fn float_type(shape: Option<&[i64]>) -> TypeProto {
+    TypeProto {
+        value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+            elem_type: DataType::Float as i32,
+            shape: shape.map(|dims| TensorShapeProto {
+                dim: dims
+                    .iter()
+                    .map(|d| tensor_shape_proto::Dimension {
+                        denotation: String::new(),
+                        value: Some(if *d >= 0 {
+                            tensor_shape_proto::dimension::Value::DimValue(*d)
+                        } else {
+                            tensor_shape_proto::dimension::Value::DimParam("N".into())
+                        }),
+                    })
+                    .collect(),
+            }),
+        })),
+        denotation: String::new(),
+    }
+}
+
+/// The initializers `nodes` read, in the original order.
+fn used_initializers(graph: &GraphProto, nodes: &[NodeProto]) -> Vec<TensorProto> {
+    let used: HashSet<&str> = nodes
+        .iter()
+        .flat_map(|n| n.input.iter().map(String::as_str))
+        .collect();
+    graph
+        .initializer
+        .iter()
+        .filter(|t| used.contains(t.name.as_str()))
+        .cloned()
+        .collect()
+}
+
+fn int_attr(node: &NodeProto, name: &str) -> Option<i64> {
+    node.attribute.iter().find(|a| a.name == name).map(|a| a.i)
+}
+
+/// For weights whose layout is known, the axis of their output channels: one scale per
+/// output channel keeps a channel with small weights from being rounded away by a
+/// channel with large ones.
+///
+/// | consumer             | weight layout      | channel axis       |
+/// |----------------------|--------------------|--------------------|
+/// | Gemm B, transB = 0   | [K, N]             | 1                  |
+/// | Gemm B, transB = 1   | [N, K]             | 0                  |
+/// | MatMul B             | [..., K, N]        | last               |
+/// | Conv / ConvTranspose | [M, C/g, kH, kW]   | 0 (1 for ConvT)    |
+/// | Gather data (embeddings) | [rows, dim]    | 0 (one per row)    |
+/// | anything else        |                    | one scale (tensor) |
+fn channel_axes(graph: &GraphProto) -> HashMap<&str, usize> {
+    let ranks: HashMap<&str, usize> = graph
+        .initializer
+        .iter()
+        .map(|t| (t.name.as_str(), t.dims.len()))
+        .collect();
+    let mut axes: HashMap<&str, Option<usize>> = HashMap::new();
+    for node in &graph.node {
+        for (position, input) in node.input.iter().enumerate() {
+            let Some(&rank) = ranks.get(input.as_str()) else {
+                continue;
+            };
+            let axis = match (node.op_type.as_str(), position) {
+                ("Gemm", 1) if int_attr(node, "transB").unwrap_or(0) != 0 => Some(0),
+                ("Gemm", 1) => Some(1),
+                ("MatMul", 1) if rank >= 2 => Some(rank - 1),
+                ("Conv", 1) => Some(0),
+                ("ConvTranspose", 1) => Some(1),
+                ("Gather", 0) if rank >= 2 => Some(0),
+                _ => None,
+            };
+            // A weight used in two ways with different layouts gets one scale.
+            axes.entry(input.as_str())
+                .and_modify(|a| {
+                    if *a != axis {
+                        *a = None;
+                    }
+                })
+                .or_insert(axis);
+        }
+    }
+    axes.into_iter()
+        .filter_map(|(name, axis)| axis.map(|a| (name, a)))
+        .collect()
+}
+
+/// The f32 values of a float initializer, from `raw_data` (little endian) or
+/// `float_data`.
+fn float_values(tensor: &TensorProto) -> Result<Vec<f32>, String> {
+    let expected: i64 = tensor.dims.iter().product();
+    let values: Vec<f32> = if !tensor.raw_data.is_empty() {
+        if !tensor.raw_data.len().is_multiple_of(4) {
+            return Err(format!(
+                "{} raw bytes is not a whole number of f32",
+                tensor.raw_data.len()
+            ));
+        }
+        tensor
+            .raw_data
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect()
+    } else {
+        tensor.float_data.clone()
+    };
+    if values.len() as i64 != expected {
+        return Err(format!(
+            "{} values for dims {:?} ({expected} expected)",
+            values.len(),
+            tensor.dims
+        ));
+    }
+    if values.iter().any(|v| !v.is_finite()) {
+        return Err("a weight is NaN or infinite".into());
+    }
+    Ok(values)
+}
+
+/// Symmetric int8 quantization along `axis` (per tensor when `None`). Returns the
+/// values, the scales (one per channel, or one) and the largest absolute error.
+fn quantize(values: &[f32], dims: &[usize], axis: Option<usize>) -> (Vec<i8>, Vec<f32>, f32) {
+    // Element i's channel: (i / stride) % channels, stride = product of dims after axis.
+    let (channels, stride) = match axis {
+        Some(axis) => (
+            dims[axis].max(1),
+            dims[axis + 1..].iter().product::<usize>().max(1),
+        ),
+        None => (1, 1),
+    };
+    let channel_of = |i: usize| (i / stride) % channels;
+    let mut max_abs = vec![0.0f32; channels];
+    for (i, v) in values.iter().enumerate() {
+        let c = channel_of(i);
+        max_abs[c] = max_abs[c].max(v.abs());
+    }
+    let scales: Vec<f32> = max_abs
+        .iter()
+        .map(|m| if *m > 0.0 { m / 127.0 } else { 1.0 })
+        .collect();
+    let mut error = 0.0f32;
+    let quantized = values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let scale = scales[channel_of(i)];
+            let q = (v / scale).round().clamp(-127.0, 127.0) as i8;
+            error = error.max((f32::from(q) * scale - v).abs());
+            q
+        })
+        .collect();
+    (quantized, scales, error)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_channel_quantization_bounds_the_error_by_half_a_step() {
+        // [K=2, N=3] with wildly different column magnitudes.
+        let values = [1.0, 100.0, 0.01, -0.5, -50.0, 0.02];
+        let (q, scales, error) = quantize(&values, &[2, 3], Some(1));
+        assert_eq!(scales.len(), 3);
+        assert_eq!(q[1], 127);
+        // The small column gets its own scale, so it keeps full int8 resolution.
+        assert_eq!(q[5], 127);
+        assert!((63..=64).contains(&q[2]));
+        for (c, scale) in scales.iter().enumerate() {
+            for k in 0..2 {
+                let i = k * 3 + c;
+                assert!((f32::from(q[i]) * scale - values[i]).abs() <= scale / 2.0 + 1e-7);
+            }
+        }
+        assert!(error <= 100.0 / 127.0 / 2.0 + 1e-6);
+    }
+
+    #[test]
+    fn all_zero_weights_quantize_without_dividing_by_zero() {
+        let (q, scales, error) = quantize(&[0.0; 8], &[8], None);
+        assert!(q.iter().all(|v| *v == 0));
+        assert_eq!(scales, vec![1.0]);
+        assert_eq!(error, 0.0);
+    }
+
+    #[test]
+    fn garbage_is_refused_with_the_model_name() {
+        let error = OnnxGraph::parse("junk", b"\xff\xff\xff not protobuf").unwrap_err();
+        assert!(error.to_string().contains("model junk"), "{error}");
+        let empty = ModelProto::default().encode_to_vec();
+        let error = OnnxGraph::parse("empty", &empty).unwrap_err();
+        assert!(error.to_string().contains("no graph"), "{error}");
+    }
+}

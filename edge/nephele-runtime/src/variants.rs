@@ -1,0 +1,397 @@
+//! The variants the control plane derives when a model is pushed, each measured against
+//! the full model on the model's validation data before it may ship.
+//!
+//! | variant            | how it is made                             | ships only if                                   |
+//! |--------------------|--------------------------------------------|-------------------------------------------------|
+//! | `full`             | the pushed file                            | it loads                                        |
+//! | `int8`             | int8 weights, per-channel scales           | min cosine to fp32 ≥ 0.99 and accuracy drop ≤ 0.5 points (when labelled) |
+//! | `split@<tensor>`   | head/tail pair at a single-tensor cut      | head→tail equals full within [`SPLIT_TOLERANCE`] on every row |
+//!
+//! Each variant records its size, its measured agreement and, for splits, what the
+//! Neurosurgeon-style planner needs: compute on each side (FLOPs from tract's cost
+//! model) and the bytes of the activation sent across the cut.
+
+use tract_onnx::prelude::*;
+
+use crate::onnx_edit::{OnnxGraph, QuantizationReport};
+use crate::{Model, RuntimeError};
+
+/// Largest |split − full| allowed, relative to the largest |full| output of the row
+/// (plus an absolute 1e-6 for all-zero rows). Splitting changes only where tract may
+/// fuse across the cut, so differences are float rounding.
+pub const SPLIT_TOLERANCE: f32 = 1e-4;
+/// An int8 variant ships only when every validation row's output has at least this
+/// cosine similarity with fp32's…
+pub const MIN_INT8_COSINE: f64 = 0.99;
+/// …and, for labelled data, it loses at most this many accuracy points.
+pub const MAX_INT8_ACCURACY_DROP_POINTS: f64 = 0.5;
+
+/// Rows to compare variants on, optionally with class labels (argmax of the output).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidationSet {
+    /// One input row per sample, laid out as the model's input without the batch axis.
+    pub rows: Vec<Vec<f32>>,
+    pub labels: Option<Vec<usize>>,
+}
+
+/// How closely a variant's outputs follow the full model's.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Agreement {
+    pub rows: usize,
+    pub min_cosine: f64,
+    pub mean_cosine: f64,
+    /// Largest |variant − full| over all outputs.
+    pub max_abs_diff: f32,
+    /// Share of rows whose argmax is the same.
+    pub top1_agreement: f64,
+}
+
+/// Where a split variant cuts the model.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct CutInfo {
+    pub tensor: String,
+    /// Shape of the activation at the cut, batch first (`-1` symbolic).
+    pub shape: Vec<i64>,
+    /// f32 bytes of one row's activation: what crosses the link per request.
+    pub activation_bytes: u64,
+    pub head_flops: u64,
+    pub tail_flops: u64,
+}
+
+/// One built variant.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BuiltVariant {
+    /// `full`, `int8` or `split@<tensor>`.
+    pub name: String,
+    pub precision: String,
+    /// The file(s): one for full and int8, head then tail for a split.
+    pub files: Vec<Vec<u8>>,
+    pub flops: u64,
+    pub accuracy: Option<f64>,
+    pub agreement: Option<Agreement>,
+    pub cut: Option<CutInfo>,
+    pub quantization: Option<QuantizationReport>,
+    /// `None` when it may ship; otherwise why not (it is still reported).
+    pub rejected: Option<String>,
+}
+
+impl BuiltVariant {
+    pub fn size(&self) -> u64 {
+        self.files.iter().map(|f| f.len() as u64).sum()
+    }
+}
+
+/// Everything derived from one pushed model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VariantSet {
+    pub model: String,
+    pub full_input_bytes: u64,
+    pub variants: Vec<BuiltVariant>,
+}
+
+impl VariantSet {
+    pub fn get(&self, name: &str) -> Option<&BuiltVariant> {
+        self.variants.iter().find(|v| v.name == name)
+    }
+
+    /// The variants that may ship.
+    pub fn shippable(&self) -> impl Iterator<Item = &BuiltVariant> {
+        self.variants.iter().filter(|v| v.rejected.is_none())
+    }
+}
+
+/// Sum of multiply-accumulates tract's cost model counts for one row (batch 1), × 2.
+pub fn flops(name: &str, bytes: &[u8]) -> Result<u64, RuntimeError> {
+    let load = |cause: String| RuntimeError::Load {
+        model: name.to_string(),
+        cause,
+    };
+    let model = Model::load_onnx(name, bytes)?;
+    let mut concrete: Vec<usize> = model
+        .input()
+        .shape
+        .iter()
+        .map(|d| (*d).max(1) as usize)
+        .collect();
+    if let Some(first) = concrete.first_mut() {
+        *first = 1;
+    }
+    let mut reader = bytes;
+    let typed = tract_onnx::onnx()
+        .model_for_read(&mut reader)
+        .and_then(|m| m.with_input_fact(0, f32::fact(&concrete).into()))
+        .and_then(|m| m.into_typed())
+        .and_then(|m| m.into_decluttered())
+        .map_err(|e| load(format!("{e:#}")))?;
+    let mut fma = 0u64;
+    for node in typed.nodes() {
+        let inputs = typed
+            .node_input_facts(node.id)
+            .map_err(|e| load(format!("{e:#}")))?;
+        let costs = node.op.cost(&inputs).map_err(|e| load(format!("{e:#}")))?;
+        for (cost, count) in costs {
+            if matches!(cost, tract_onnx::tract_core::ops::Cost::FMA(_)) {
+                fma = fma.saturating_add(count.to_i64().unwrap_or(0).max(0) as u64);
+            }
+        }
+    }
+    Ok(fma.saturating_mul(2))
+}
+
+fn run_all(model: &Model, rows: &[Vec<f32>]) -> Result<Vec<Vec<f32>>, RuntimeError> {
+    let row_shape: Vec<usize> = model.input().shape[1..]
+        .iter()
+        .map(|d| *d as usize)
+        .collect();
+    rows.iter()
+        .map(|row| model.infer(&row_shape, row).map(|(_, out)| out))
+        .collect()
+}
+
+fn argmax(values: &[f32]) -> usize {
+    values
+        .iter()
+        .enumerate()
+        .fold((0, f32::NEG_INFINITY), |best, (i, v)| {
+            if *v > best.1 {
+                (i, *v)
+            } else {
+                best
+            }
+        })
+        .0
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| f64::from(*x) * f64::from(*y))
+        .sum();
+    let na: f64 = a.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+    let nb: f64 = b.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+    if na == 0.0 && nb == 0.0 {
+        1.0
+    } else if na == 0.0 || nb == 0.0 {
+        0.0
+    } else {
+        dot / (na * nb)
+    }
+}
+
+/// Compares outputs row by row.
+pub fn agreement(reference: &[Vec<f32>], candidate: &[Vec<f32>]) -> Agreement {
+    let rows = reference.len().min(candidate.len());
+    let (mut min_cosine, mut sum_cosine, mut max_abs_diff, mut same_top1) =
+        (f64::INFINITY, 0.0, 0.0f32, 0usize);
+    for (a, b) in reference.iter().zip(candidate) {
+        let c = if a.len() == b.len() {
+            cosine(a, b)
+        } else {
+            0.0
+        };
+        min_cosine = min_cosine.min(c);
+        sum_cosine += c;
+        for (x, y) in a.iter().zip(b) {
+            max_abs_diff = max_abs_diff.max((x - y).abs());
+        }
+        same_top1 += usize::from(argmax(a) == argmax(b));
+    }
+    Agreement {
+        rows,
+        min_cosine: if rows == 0 { 0.0 } else { min_cosine },
+        mean_cosine: sum_cosine / rows.max(1) as f64,
+        max_abs_diff,
+        top1_agreement: same_top1 as f64 / rows.max(1) as f64,
+    }
+}
+
+fn accuracy(outputs: &[Vec<f32>], labels: Option<&Vec<usize>>) -> Option<f64> {
+    let labels = labels?;
+    let correct = outputs
+        .iter()
+        .zip(labels)
+        .filter(|(out, label)| argmax(out) == **label)
+        .count();
+    Some(100.0 * correct as f64 / outputs.len().max(1) as f64)
+}
+
+/// Builds and measures every variant of `full` (an ONNX file). Fails only when the full
+/// model itself cannot be loaded or run on the validation rows; a variant that cannot
+/// be built or disagrees is kept with `rejected` saying why.
+pub fn build_variants(
+    name: &str,
+    full: &[u8],
+    validation: &ValidationSet,
+) -> Result<VariantSet, RuntimeError> {
+    if validation.rows.is_empty() {
+        return Err(RuntimeError::BadInput {
+            model: name.to_string(),
+            cause: "the validation set is empty; variants cannot be checked against it".into(),
+        });
+    }
+    if let Some(labels) = &validation.labels {
+        if labels.len() != validation.rows.len() {
+            return Err(RuntimeError::BadInput {
+                model: name.to_string(),
+                cause: format!(
+                    "{} labels for {} validation rows",
+                    labels.len(),
+                    validation.rows.len()
+                ),
+            });
+        }
+    }
+    let graph = OnnxGraph::parse(name, full)?;
+    let full_model = Model::load_onnx(name, full)?;
+    let reference = run_all(&full_model, &validation.rows)?;
+    let full_accuracy = accuracy(&reference, validation.labels.as_ref());
+    let full_flops = flops(name, full)?;
+    let row_len: i64 = full_model.input().shape[1..].iter().product();
+    let mut variants = vec![BuiltVariant {
+        name: "full".into(),
+        precision: "fp32".into(),
+        files: vec![full.to_vec()],
+        flops: full_flops,
+        accuracy: full_accuracy,
+        agreement: Some(agreement(&reference, &reference)),
+        cut: None,
+        quantization: None,
+        rejected: None,
+    }];
+    variants.push(int8_variant(
+        name,
+        &graph,
+        validation,
+        &reference,
+        full_accuracy,
+        full_flops,
+    ));
+    for cut in graph.candidate_cuts() {
+        variants.push(split_variant(name, &graph, &cut, validation, &reference));
+    }
+    Ok(VariantSet {
+        model: name.to_string(),
+        full_input_bytes: (row_len.max(0) as u64) * 4,
+        variants,
+    })
+}
+
+fn int8_variant(
+    name: &str,
+    graph: &OnnxGraph,
+    validation: &ValidationSet,
+    reference: &[Vec<f32>],
+    full_accuracy: Option<f64>,
+    full_flops: u64,
+) -> BuiltVariant {
+    let mut variant = BuiltVariant {
+        name: "int8".into(),
+        precision: "int8-weights".into(),
+        files: Vec::new(),
+        flops: full_flops,
+        accuracy: None,
+        agreement: None,
+        cut: None,
+        quantization: None,
+        rejected: None,
+    };
+    let built = graph.quantize_weights_int8().and_then(|(bytes, report)| {
+        let model = Model::load_onnx(&format!("{name}/int8"), &bytes)?;
+        let outputs = run_all(&model, &validation.rows)?;
+        Ok((bytes, report, outputs))
+    });
+    match built {
+        Err(error) => variant.rejected = Some(format!("could not be built: {error}")),
+        Ok((bytes, report, outputs)) => {
+            let measured = agreement(reference, &outputs);
+            variant.accuracy = accuracy(&outputs, validation.labels.as_ref());
+            variant.files = vec![bytes];
+            variant.agreement = Some(measured);
+            variant.quantization = Some(report.clone());
+            let drop = match (full_accuracy, variant.accuracy) {
+                (Some(full), Some(int8)) => full - int8,
+                _ => 0.0,
+            };
+            if report.quantized_tensors == 0 {
+                variant.rejected = Some("no weight is large enough to quantize".into());
+            } else if measured.min_cosine < MIN_INT8_COSINE {
+                variant.rejected = Some(format!(
+                    "outputs disagree with fp32: min cosine {:.4} < {MIN_INT8_COSINE}",
+                    measured.min_cosine
+                ));
+            } else if drop > MAX_INT8_ACCURACY_DROP_POINTS {
+                variant.rejected = Some(format!(
+                    "loses {drop:.2} accuracy points (> {MAX_INT8_ACCURACY_DROP_POINTS})"
+                ));
+            }
+        }
+    }
+    variant
+}
+
+fn split_variant(
+    name: &str,
+    graph: &OnnxGraph,
+    cut: &str,
+    validation: &ValidationSet,
+    reference: &[Vec<f32>],
+) -> BuiltVariant {
+    let mut variant = BuiltVariant {
+        name: format!("split@{cut}"),
+        precision: "fp32".into(),
+        files: Vec::new(),
+        flops: 0,
+        accuracy: None,
+        agreement: None,
+        cut: None,
+        quantization: None,
+        rejected: None,
+    };
+    let built = (|| {
+        let head_only = graph.head(cut)?;
+        let head_name = format!("{name}/head@{cut}");
+        let head = Model::load_onnx(&head_name, &head_only)?;
+        let shape = head.output().shape.clone();
+        let (head_bytes, tail_bytes) = graph.split(cut, &shape)?;
+        let tail_name = format!("{name}/tail@{cut}");
+        let tail = Model::load_onnx(&tail_name, &tail_bytes)?;
+        let activations = run_all(&head, &validation.rows)?;
+        let outputs = run_all(&tail, &activations)?;
+        let per_row: i64 = shape.iter().skip(1).product();
+        let info = CutInfo {
+            tensor: cut.to_string(),
+            shape,
+            activation_bytes: (per_row.max(0) as u64) * 4,
+            head_flops: flops(&head_name, &head_bytes)?,
+            tail_flops: flops(&tail_name, &tail_bytes)?,
+        };
+        Ok::<_, RuntimeError>((head_bytes, tail_bytes, info, outputs))
+    })();
+    match built {
+        Err(error) => variant.rejected = Some(format!("could not be built: {error}")),
+        Ok((head_bytes, tail_bytes, info, outputs)) => {
+            let within = reference.iter().zip(&outputs).all(|(full, split)| {
+                let scale = full.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                full.len() == split.len()
+                    && full
+                        .iter()
+                        .zip(split)
+                        .all(|(a, b)| (a - b).abs() <= SPLIT_TOLERANCE * scale + 1e-6)
+            });
+            let measured = agreement(reference, &outputs);
+            variant.accuracy = accuracy(&outputs, validation.labels.as_ref());
+            variant.flops = info.head_flops.saturating_add(info.tail_flops);
+            variant.files = vec![head_bytes, tail_bytes];
+            variant.agreement = Some(measured);
+            variant.cut = Some(info);
+            if !within {
+                variant.rejected = Some(format!(
+                    "head→tail differs from the full model by up to {} (tolerance {SPLIT_TOLERANCE} relative)",
+                    measured.max_abs_diff
+                ));
+            }
+        }
+    }
+    variant
+}

@@ -1,0 +1,123 @@
+//! Variants of the demo model, built and checked the way the control plane does on push.
+
+use nephele_runtime::onnx_edit::OnnxGraph;
+use nephele_runtime::variants::{build_variants, ValidationSet, SPLIT_TOLERANCE};
+use nephele_runtime::Model;
+
+const MODEL: &[u8] = include_bytes!("../../../shared/models/digits-mlp/model.onnx");
+const HELDOUT: &str = include_str!("../../../shared/models/digits-mlp/heldout.json");
+
+fn heldout() -> ValidationSet {
+    let value: serde_json::Value = serde_json::from_str(HELDOUT).expect("heldout.json parses");
+    let rows: Vec<Vec<f32>> = serde_json::from_value(value["features"].clone()).expect("features");
+    let labels: Vec<usize> = serde_json::from_value(value["labels"].clone()).expect("labels");
+    ValidationSet {
+        rows,
+        labels: Some(labels),
+    }
+}
+
+#[test]
+fn every_candidate_cut_of_the_demo_model_splits_into_head_and_tail_equal_to_full() {
+    let graph = OnnxGraph::parse("digits", MODEL).expect("parses");
+    let cuts = graph.candidate_cuts();
+    // Gemm → Relu → Gemm → Relu → Gemm: the four activations between the five nodes.
+    assert_eq!(cuts.len(), 4, "{cuts:?}");
+    let set = build_variants("digits", MODEL, &heldout()).expect("variants");
+    let full = set.get("full").expect("full");
+    for cut in &cuts {
+        let split = set
+            .get(&format!("split@{cut}"))
+            .expect("split variant built");
+        assert_eq!(split.rejected, None, "{cut}: {:?}", split.rejected);
+        assert_eq!(split.files.len(), 2);
+        let agreement = split.agreement.expect("measured");
+        assert_eq!(agreement.rows, 360);
+        assert!(agreement.top1_agreement == 1.0, "{cut}: {agreement:?}");
+        let info = split.cut.as_ref().expect("cut info");
+        // Compute is conserved across the cut (tract's cost model, batch 1).
+        assert_eq!(info.head_flops + info.tail_flops, full.flops, "{cut}");
+        assert!(
+            info.head_flops > 0 && info.tail_flops > 0,
+            "{cut}: {info:?}"
+        );
+        assert_eq!(split.accuracy, full.accuracy, "{cut}");
+    }
+    // Check the tolerance independently of the builder: run head then tail by hand.
+    let rows = heldout().rows;
+    let full_model = Model::load_onnx("full", MODEL).expect("full loads");
+    for cut in &cuts {
+        let split = set.get(&format!("split@{cut}")).expect("split");
+        let head = Model::load_onnx("head", &split.files[0]).expect("head loads");
+        let tail = Model::load_onnx("tail", &split.files[1]).expect("tail loads");
+        for row in rows.iter().take(50) {
+            let (_, expected) = full_model.infer(&[64], row).expect("full runs");
+            let (shape, middle) = head.infer(&[64], row).expect("head runs");
+            let (_, got) = tail.infer(&shape, &middle).expect("tail runs");
+            let scale = expected.iter().fold(0f32, |m, v| m.max(v.abs()));
+            for (a, b) in expected.iter().zip(&got) {
+                assert!(
+                    (a - b).abs() <= SPLIT_TOLERANCE * scale + 1e-6,
+                    "{cut}: {a} vs {b}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn int8_variant_is_four_times_smaller_and_keeps_accuracy() {
+    let set = build_variants("digits", MODEL, &heldout()).expect("variants");
+    let full = set.get("full").expect("full");
+    let int8 = set.get("int8").expect("int8");
+    assert_eq!(int8.rejected, None, "{:?}", int8.rejected);
+    let ratio = full.size() as f64 / int8.size() as f64;
+    assert!(
+        ratio >= 3.5,
+        "size ratio {ratio:.2}: full {} int8 {}",
+        full.size(),
+        int8.size()
+    );
+    let drop = full.accuracy.expect("labelled") - int8.accuracy.expect("labelled");
+    assert!(
+        drop <= 0.5,
+        "accuracy {:?} → {:?}",
+        full.accuracy,
+        int8.accuracy
+    );
+    let agreement = int8.agreement.expect("measured");
+    assert!(agreement.min_cosine >= 0.99, "{agreement:?}");
+    eprintln!(
+        "digits-mlp int8: {} → {} bytes ({ratio:.2}×), accuracy {:?} → {:?}, min cosine {:.5}",
+        full.size(),
+        int8.size(),
+        full.accuracy,
+        int8.accuracy,
+        agreement.min_cosine
+    );
+    // Every int8 file is a plain ONNX model again, so it can be split too.
+    let graph = OnnxGraph::parse("digits/int8", &int8.files[0]).expect("int8 parses");
+    assert_eq!(graph.candidate_cuts().len(), 4);
+}
+
+#[test]
+fn a_tensor_that_does_not_split_the_graph_is_refused_with_the_reason() {
+    let graph = OnnxGraph::parse("digits", MODEL).expect("parses");
+    let error = graph.split("no-such-tensor", &[1, 8]).unwrap_err();
+    assert!(error.to_string().contains("no node produces"), "{error}");
+    let error = graph.split("logits", &[1, 10]).unwrap_err();
+    assert!(error.to_string().contains("model digits"), "{error}");
+}
+
+#[test]
+fn an_empty_validation_set_is_an_error_not_a_pass() {
+    let empty = ValidationSet {
+        rows: vec![],
+        labels: None,
+    };
+    let error = build_variants("digits", MODEL, &empty).unwrap_err();
+    assert!(
+        error.to_string().contains("validation set is empty"),
+        "{error}"
+    );
+}

@@ -159,6 +159,11 @@ async fn delete_device(
     Ok(HttpResponse::NoContent().finish())
 }
 
+/// `PUT /v1/models/{name}` with either the ONNX file itself as the body, or JSON
+/// `{"onnx_base64": "...", "validation": {"rows": [[f32, ...], ...], "labels": [int, ...]}}`
+/// (labels optional). Variants are measured on the validation rows; without them, on
+/// [`SYNTHETIC_ROWS`] deterministic pseudo-random rows in [0, 1), which checks output
+/// agreement but not accuracy (the model view says which).
 async fn put_model(
     request: HttpRequest,
     state: web::Data<ApiState>,
@@ -173,17 +178,58 @@ async fn put_model(
             "empty body: send the ONNX file as the request body".into(),
         ));
     }
-    let bytes = body.to_vec();
-    // Load it once with the same runtime the agents use, off the async threads, so a
-    // corrupt or unsupported model is refused here rather than on every device.
+    let is_json = request
+        .headers()
+        .get(actix_web::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    let (bytes, validation) = if is_json {
+        let upload: ModelUpload = serde_json::from_slice(&body).map_err(|e| {
+            ApiError::BadRequest(format!(
+                "invalid JSON model upload ({e}); expected {{\"onnx_base64\": ..., \"validation\": {{\"rows\": [[...]], \"labels\": [...]}}}}"
+            ))
+        })?;
+        use base64::Engine as _;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(upload.onnx_base64.as_bytes())
+            .map_err(|e| ApiError::BadRequest(format!("onnx_base64 is not base64: {e}")))?;
+        (bytes, upload.validation)
+    } else {
+        (body.to_vec(), None)
+    };
+    // Load it once with the same runtime the agents use and derive its variants, off the
+    // async threads, so a corrupt or unsupported model is refused here rather than on
+    // every device.
     let check_name = name.clone();
-    let (bytes, model) = web::block(move || {
-        let model = nephele_runtime::Model::load_onnx(&check_name, &bytes);
-        (bytes, model)
+    let built = web::block(move || -> Result<_, ApiError> {
+        let model = nephele_runtime::Model::load_onnx(&check_name, &bytes)
+            .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+        let (set, description) = match validation {
+            Some(upload) => {
+                let description = match &upload.labels {
+                    Some(_) => format!("{} labelled rows", upload.rows.len()),
+                    None => format!("{} unlabelled rows", upload.rows.len()),
+                };
+                (
+                    nephele_runtime::variants::ValidationSet {
+                        rows: upload.rows,
+                        labels: upload.labels,
+                    },
+                    description,
+                )
+            }
+            None => (
+                synthetic_validation(&model),
+                format!("{SYNTHETIC_ROWS} synthetic rows, uniform in [0, 1) (no labels: agreement only)"),
+            ),
+        };
+        let variants = nephele_runtime::variants::build_variants(&check_name, &bytes, &set)
+            .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+        Ok((bytes, model, variants, description))
     })
     .await
-    .map_err(|e| ApiError::Internal(e.to_string()))?;
-    let model = model.map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    .map_err(|e| ApiError::Internal(e.to_string()))??;
+    let (bytes, model, variants, validation) = built;
     let view = forward!(
         state,
         "put_model",
@@ -192,9 +238,50 @@ async fn put_model(
             bytes,
             inputs: vec![model.input().clone()],
             outputs: vec![model.output().clone()],
+            variants,
+            validation,
         }
     )?;
     Ok(HttpResponse::Created().json(view))
+}
+
+/// Rows the variants are checked on when the upload brings none.
+pub const SYNTHETIC_ROWS: usize = 64;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ModelUpload {
+    onnx_base64: String,
+    validation: Option<ValidationUpload>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ValidationUpload {
+    rows: Vec<Vec<f32>>,
+    labels: Option<Vec<usize>>,
+}
+
+/// Deterministic rows in [0, 1) shaped like the model's input (a 64-bit LCG, so every
+/// control plane derives the same set).
+fn synthetic_validation(
+    model: &nephele_runtime::Model,
+) -> nephele_runtime::variants::ValidationSet {
+    let row_len: i64 = model.input().shape[1..].iter().product();
+    let mut state: u64 = 0x6e65_7068_656c_6521;
+    let rows = (0..SYNTHETIC_ROWS)
+        .map(|_| {
+            (0..row_len.max(0))
+                .map(|_| {
+                    state = state
+                        .wrapping_mul(6_364_136_223_846_793_005)
+                        .wrapping_add(1_442_695_040_888_963_407);
+                    (state >> 40) as f32 / (1u64 << 24) as f32
+                })
+                .collect()
+        })
+        .collect();
+    nephele_runtime::variants::ValidationSet { rows, labels: None }
 }
 
 async fn list_models(

@@ -13,8 +13,8 @@ use nephele_domain::{AgentRole, FirmwareProfile, Labels, Selector};
 use nephele_net::{ClusterCa, PeerIdentity};
 use nephele_proto::{
     Assignment, CloudMessage, DeploymentPhase, DesiredState, ErrorCode, ErrorFrame, Heartbeat,
-    Hello, JoinAccepted, JoinRequest, ModelManifest, ModelVariant, TensorSpec, Welcome,
-    PROTOCOL_VERSION,
+    Hello, JoinAccepted, JoinRequest, ModelManifest, ModelVariant, TensorSpec, VariantKind,
+    Welcome, PROTOCOL_VERSION,
 };
 use serde::Serialize;
 use tokio::sync::mpsc::UnboundedSender;
@@ -23,6 +23,7 @@ use crate::config::CloudConfig;
 use crate::region::{PoolJoined, PoolLeft, RegionActor};
 use crate::store::{
     ApiTokenRecord, DeploymentRecord, DeviceRecord, JoinTokenRecord, ModelRecord, Store, Table,
+    VariantRecord,
 };
 
 pub fn now_unix() -> u64 {
@@ -723,11 +724,29 @@ pub struct ModelView {
     pub created_unix: u64,
     pub inputs: Vec<nephele_runtime::TensorInfo>,
     pub outputs: Vec<nephele_runtime::TensorInfo>,
-    pub variants: Vec<String>,
+    /// What the variants were measured on.
+    pub validation: String,
+    /// Every variant built on push; those with `rejected` set are not shipped.
+    pub variants: Vec<VariantRecord>,
 }
 
 impl From<&ModelRecord> for ModelView {
     fn from(record: &ModelRecord) -> Self {
+        let variants = if record.variants.is_empty() {
+            vec![VariantRecord {
+                name: "full".into(),
+                precision: "fp32".into(),
+                size: record.size,
+                flops: 0,
+                accuracy_pct: None,
+                min_cosine: Some(1.0),
+                top1_agreement: Some(1.0),
+                cut: None,
+                rejected: None,
+            }]
+        } else {
+            record.variants.clone()
+        };
         ModelView {
             name: record.name.clone(),
             sha256: record.sha256.clone(),
@@ -735,12 +754,14 @@ impl From<&ModelRecord> for ModelView {
             created_unix: record.created_unix,
             inputs: record.inputs.clone(),
             outputs: record.outputs.clone(),
-            variants: vec!["full".into()],
+            validation: record.validation.clone(),
+            variants,
         }
     }
 }
 
-/// A model that the API already loaded once with the runtime, so it is known to parse.
+/// A model that the API already loaded and derived variants from (off the actor's
+/// thread: that is seconds of compute for a large model).
 #[derive(Message)]
 #[rtype(result = "Result<ModelView, ApiError>")]
 pub struct PutModel {
@@ -748,15 +769,53 @@ pub struct PutModel {
     pub bytes: Vec<u8>,
     pub inputs: Vec<nephele_runtime::TensorInfo>,
     pub outputs: Vec<nephele_runtime::TensorInfo>,
+    pub variants: nephele_runtime::variants::VariantSet,
+    /// What the variants were measured on, e.g. `360 labelled rows`.
+    pub validation: String,
+}
+
+fn sha256_of(bytes: &[u8]) -> [u8; 32] {
+    let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
+    let mut sha256 = [0u8; 32];
+    sha256.copy_from_slice(digest.as_ref());
+    sha256
+}
+
+/// The manifest entry of a shippable variant (its files are stored by the caller).
+fn manifest_variant(variant: &nephele_runtime::variants::BuiltVariant) -> Option<ModelVariant> {
+    let first = variant.files.first()?;
+    let kind = match (&variant.cut, variant.name.as_str()) {
+        (Some(cut), _) => {
+            let tail = variant.files.get(1)?;
+            VariantKind::Split {
+                cut: cut.tensor.clone(),
+                activation_bytes: cut.activation_bytes,
+                head_flops: cut.head_flops,
+                tail_flops: cut.tail_flops,
+                tail_sha256: sha256_of(tail),
+                tail_size: tail.len() as u64,
+            }
+        }
+        (None, "int8") => VariantKind::Int8Weights,
+        (None, _) => VariantKind::Full,
+    };
+    Some(ModelVariant {
+        name: variant.name.clone(),
+        kind,
+        precision: variant.precision.clone(),
+        sha256: sha256_of(first),
+        size: first.len() as u64,
+        accuracy: variant.accuracy.map(|a| (a / 100.0) as f32),
+        min_cosine: variant.agreement.map(|a| a.min_cosine as f32),
+        flops: variant.flops,
+    })
 }
 
 impl Handler<PutModel> for FederationActor {
     type Result = Result<ModelView, ApiError>;
     fn handle(&mut self, message: PutModel, _: &mut Self::Context) -> Self::Result {
         nephele_domain::validate_name("model", &message.name).map_err(ApiError::BadRequest)?;
-        let digest = ring::digest::digest(&ring::digest::SHA256, &message.bytes);
-        let mut sha256 = [0u8; 32];
-        sha256.copy_from_slice(digest.as_ref());
+        let sha256 = sha256_of(&message.bytes);
         let sha_hex = hex::encode(sha256);
         if let Some(existing) = self
             .store
@@ -770,25 +829,46 @@ impl Handler<PutModel> for FederationActor {
                 message.name, message.name
             )));
         }
-        self.store.put_blob(&sha_hex, &message.bytes)?;
         let spec = |info: &nephele_runtime::TensorInfo| TensorSpec {
             name: info.name.clone(),
             shape: info.shape.clone(),
             dtype: "f32".into(),
         };
+        let mut shipped = Vec::new();
+        for variant in message.variants.shippable() {
+            let Some(entry) = manifest_variant(variant) else {
+                continue;
+            };
+            for file in &variant.files {
+                self.store.put_blob(&hex::encode(sha256_of(file)), file)?;
+            }
+            shipped.push(entry);
+        }
+        if !shipped.iter().any(|v| v.kind == VariantKind::Full) {
+            // The builder always ships the pushed file; keep the invariant explicit.
+            self.store.put_blob(&sha_hex, &message.bytes)?;
+            shipped.insert(
+                0,
+                ModelVariant {
+                    name: "full".into(),
+                    kind: VariantKind::Full,
+                    precision: "fp32".into(),
+                    sha256,
+                    size: message.bytes.len() as u64,
+                    accuracy: None,
+                    min_cosine: Some(1.0),
+                    flops: 0,
+                },
+            );
+        }
         let manifest = ModelManifest {
             name: message.name.clone(),
             format: "onnx".into(),
             created_unix: now_unix(),
             inputs: message.inputs.iter().map(spec).collect(),
             outputs: message.outputs.iter().map(spec).collect(),
-            variants: vec![ModelVariant {
-                name: "full".into(),
-                precision: "fp32".into(),
-                sha256,
-                size: message.bytes.len() as u64,
-                accuracy: None,
-            }],
+            validation: message.validation.clone(),
+            variants: shipped,
         };
         let manifest_bytes = nephele_proto::encode_payload(&manifest)
             .map_err(|e| ApiError::Internal(e.to_string()))?;
@@ -802,9 +882,32 @@ impl Handler<PutModel> for FederationActor {
             outputs: message.outputs,
             signed_manifest: manifest_bytes,
             signature,
+            variants: message
+                .variants
+                .variants
+                .iter()
+                .map(|v| VariantRecord {
+                    name: v.name.clone(),
+                    precision: v.precision.clone(),
+                    size: v.size(),
+                    flops: v.flops,
+                    accuracy_pct: v.accuracy,
+                    min_cosine: v.agreement.map(|a| a.min_cosine),
+                    top1_agreement: v.agreement.map(|a| a.top1_agreement),
+                    cut: v.cut.clone(),
+                    rejected: v.rejected.clone(),
+                })
+                .collect(),
+            validation: message.validation,
         };
         self.store.put(Table::Models, &record.name, &record)?;
-        tracing::info!(model = %record.name, sha256 = %record.sha256, size = record.size, "model stored");
+        tracing::info!(
+            model = %record.name,
+            sha256 = %record.sha256,
+            size = record.size,
+            variants = manifest.variants.len(),
+            "model stored"
+        );
         Ok(ModelView::from(&record))
     }
 }

@@ -97,6 +97,28 @@ pub struct ModelRecord {
     pub outputs: Vec<nephele_runtime::TensorInfo>,
     pub signed_manifest: Vec<u8>,
     pub signature: Vec<u8>,
+    /// Every variant built on push, shipped or not (records from before variants have
+    /// none and read as `full` only).
+    #[serde(default)]
+    pub variants: Vec<VariantRecord>,
+    /// What the variants were measured on.
+    #[serde(default)]
+    pub validation: String,
+}
+
+/// One variant as built and measured on push; `rejected` says why it is not shipped.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VariantRecord {
+    pub name: String,
+    pub precision: String,
+    pub size: u64,
+    pub flops: u64,
+    /// Accuracy in percent on labelled validation data.
+    pub accuracy_pct: Option<f64>,
+    pub min_cosine: Option<f64>,
+    pub top1_agreement: Option<f64>,
+    pub cut: Option<nephele_runtime::variants::CutInfo>,
+    pub rejected: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

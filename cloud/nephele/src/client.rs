@@ -92,6 +92,15 @@ impl Api {
         self.finish(&format!("POST {path}"), response)
     }
 
+    pub fn put_json(&self, path: &str, body: &Value) -> Result<Value> {
+        let response = self
+            .agent
+            .put(format!("{}{path}", self.base))
+            .header("authorization", self.auth())
+            .send_json(body);
+        self.finish(&format!("PUT {path}"), response)
+    }
+
     pub fn put_bytes(&self, path: &str, bytes: &[u8]) -> Result<Value> {
         let response = self
             .agent
@@ -137,10 +146,16 @@ pub enum DeviceCommand {
 
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum ModelCommand {
-    /// Upload an ONNX file.
+    /// Upload an ONNX file. The control plane derives its variants (int8 weights,
+    /// head/tail splits) and checks each against the full model on the validation rows.
     Push {
         name: String,
         file: std::path::PathBuf,
+        /// JSON with the rows to check variants on: `{"rows" or "features": [[...]],
+        /// "labels": [...]}` (labels optional). Without it, 64 synthetic rows are used,
+        /// which measures agreement but not accuracy.
+        #[arg(long)]
+        validation: Option<std::path::PathBuf>,
     },
     List,
 }
@@ -268,20 +283,84 @@ pub fn device(args: ApiArgs, command: DeviceCommand) -> Result<()> {
     Ok(())
 }
 
+/// The JSON upload: the model in base64 and the validation rows.
+pub fn upload_body(model: &[u8], validation: &std::path::Path) -> Result<Value> {
+    use base64::Engine as _;
+    let text = std::fs::read_to_string(validation)
+        .with_context(|| format!("cannot read {}", validation.display()))?;
+    let value: Value = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not JSON", validation.display()))?;
+    let rows = value
+        .get("rows")
+        .or_else(|| value.get("features"))
+        .cloned()
+        .with_context(|| {
+            format!(
+                "{} has no \"rows\" (or \"features\") array of input rows",
+                validation.display()
+            )
+        })?;
+    Ok(serde_json::json!({
+        "onnx_base64": base64::engine::general_purpose::STANDARD.encode(model),
+        "validation": {"rows": rows, "labels": value.get("labels").cloned()},
+    }))
+}
+
+/// The variant table of a model view.
+fn print_variants(model: &Value) {
+    println!(
+        "  {:<22} {:<13} {:>9} {:>10} {:>9} {:>10}  STATUS",
+        "VARIANT", "PRECISION", "BYTES", "MFLOPS", "ACCURACY", "MIN-COS"
+    );
+    for v in model["variants"].as_array().into_iter().flatten() {
+        let number = |key: &str, scale: f64, digits: usize| {
+            v[key]
+                .as_f64()
+                .map_or("-".to_string(), |x| format!("{:.*}", digits, x * scale))
+        };
+        let status = match v["rejected"].as_str() {
+            Some(why) => format!("not shipped: {why}"),
+            None => "shipped".into(),
+        };
+        println!(
+            "  {:<22} {:<13} {:>9} {:>10} {:>9} {:>10}  {status}",
+            s(v, "name"),
+            s(v, "precision"),
+            s(v, "size"),
+            number("flops", 1e-6, 3),
+            number("accuracy_pct", 1.0, 2),
+            number("min_cosine", 1.0, 5),
+        );
+    }
+}
+
 pub fn model(args: ApiArgs, command: ModelCommand) -> Result<()> {
     let api = Api::new(&args.api, &args.token);
     match command {
-        ModelCommand::Push { name, file } => {
+        ModelCommand::Push {
+            name,
+            file,
+            validation,
+        } => {
             let bytes =
                 std::fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?;
-            let value = api.put_bytes(&format!("/v1/models/{name}"), &bytes)?;
+            let path = format!("/v1/models/{name}");
+            let value = match validation {
+                Some(validation) => {
+                    let body = upload_body(&bytes, &validation)?;
+                    api.put_json(&path, &body)?
+                }
+                None => api.put_bytes(&path, &bytes)?,
+            };
             print(args.json, &value, |v| {
                 println!(
-                    "model {} stored: sha256 {} ({} bytes)",
+                    "model {} stored: sha256 {} ({} bytes); variants checked on {}",
                     s(v, "name"),
                     s(v, "sha256"),
-                    s(v, "size")
-                )
+                    s(v, "size"),
+                    s(v, "validation")
+                );
+                print_variants(v);
             });
         }
         ModelCommand::List => {

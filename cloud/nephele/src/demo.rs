@@ -455,11 +455,36 @@ pub fn run(args: DemoArgs) -> Result<()> {
     progress(
         args.json,
         &format!(
-            "pushing the digits model ({} bytes ONNX) and deploying it to tier=edge",
+            "pushing the digits model ({} bytes ONNX) with its held-out set, and deploying it to tier=edge",
             MODEL_ONNX.len()
         ),
     );
-    api.put_bytes("/v1/models/digits-mlp", MODEL_ONNX)?;
+    let model = {
+        use base64::Engine as _;
+        api.put_json(
+            "/v1/models/digits-mlp",
+            &serde_json::json!({
+                "onnx_base64": base64::engine::general_purpose::STANDARD.encode(MODEL_ONNX),
+                "validation": {"rows": heldout.features, "labels": heldout.labels},
+            }),
+        )?
+    };
+    for variant in model["variants"].as_array().into_iter().flatten() {
+        progress(
+            args.json,
+            &format!(
+                "  variant {:<18} {:>6} bytes, accuracy {}%{}",
+                variant["name"].as_str().unwrap_or("?"),
+                variant["size"],
+                variant["accuracy_pct"]
+                    .as_f64()
+                    .map_or("-".into(), |a| format!("{a:.2}")),
+                variant["rejected"]
+                    .as_str()
+                    .map_or(String::new(), |why| format!(" (not shipped: {why})")),
+            ),
+        );
+    }
     api.post(
         "/v1/deployments",
         &serde_json::json!({"name": "digits", "model": "digits-mlp", "selector": "tier=edge", "slo_ms": 2, "max_queue": 4, "offload": true}),

@@ -613,12 +613,16 @@ mod tests {
             created_unix: 1,
             inputs: vec![],
             outputs: vec![],
+            validation: "none".into(),
             variants: vec![ModelVariant {
                 name: "full".into(),
+                kind: nephele_proto::VariantKind::Full,
                 precision: "fp32".into(),
                 sha256: [1; 32],
                 size: 10,
                 accuracy: None,
+                min_cosine: Some(1.0),
+                flops: 0,
             }],
         };
         let bytes = nephele_proto::encode_payload(&manifest).expect("encodes");

@@ -179,6 +179,9 @@ pub struct ModelManifest {
     pub created_unix: u64,
     pub inputs: Vec<TensorSpec>,
     pub outputs: Vec<TensorSpec>,
+    /// What the variants were measured on, e.g. `360 labelled rows`.
+    pub validation: String,
+    /// Only variants that passed their checks against the full model are listed.
     pub variants: Vec<ModelVariant>,
 }
 
@@ -192,13 +195,38 @@ pub struct TensorSpec {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelVariant {
-    /// `full` today; `int8`, `split-head`, `split-tail` follow.
+    /// `full`, `int8` or `split@<cut tensor>`.
     pub name: String,
+    pub kind: VariantKind,
     pub precision: String,
+    /// The file the device runs (the head, for a split).
     pub sha256: Digest,
     pub size: u64,
-    /// Accuracy on the model's validation data, when known.
+    /// Accuracy (0..1) on the model's validation data, when it is labelled.
     pub accuracy: Option<f32>,
+    /// Lowest cosine similarity of this variant's outputs to the full model's over the
+    /// validation rows (1 for `full`).
+    pub min_cosine: Option<f32>,
+    /// Compute for one row, in FLOPs (tract's cost model).
+    pub flops: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum VariantKind {
+    Full,
+    /// Weights stored as int8 with per-channel scales, computed in f32.
+    Int8Weights,
+    /// The head runs on the device and sends the activation at `cut` to the tail,
+    /// which runs in the region's pool.
+    Split {
+        cut: String,
+        /// f32 bytes of one row's activation at the cut.
+        activation_bytes: u64,
+        head_flops: u64,
+        tail_flops: u64,
+        tail_sha256: Digest,
+        tail_size: u64,
+    },
 }
 
 // ---------------------------------------------------------------------------------

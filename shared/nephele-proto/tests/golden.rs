@@ -34,13 +34,36 @@ fn manifest() -> ModelManifest {
             shape: vec![-1, 10],
             dtype: "f32".into(),
         }],
-        variants: vec![ModelVariant {
-            name: "full".into(),
-            precision: "fp32".into(),
-            sha256: [0xab; 32],
-            size: 70_000,
-            accuracy: Some(0.98),
-        }],
+        validation: "360 labelled rows".into(),
+        variants: vec![
+            ModelVariant {
+                name: "full".into(),
+                kind: VariantKind::Full,
+                precision: "fp32".into(),
+                sha256: [0xab; 32],
+                size: 70_000,
+                accuracy: Some(0.98),
+                min_cosine: Some(1.0),
+                flops: 34_000,
+            },
+            ModelVariant {
+                name: "split@h".into(),
+                kind: VariantKind::Split {
+                    cut: "h".into(),
+                    activation_bytes: 512,
+                    head_flops: 16_000,
+                    tail_flops: 18_000,
+                    tail_sha256: [0xcd; 32],
+                    tail_size: 40_000,
+                },
+                precision: "fp32".into(),
+                sha256: [0xef; 32],
+                size: 30_000,
+                accuracy: None,
+                min_cosine: Some(0.9999),
+                flops: 34_000,
+            },
+        ],
     }
 }
 

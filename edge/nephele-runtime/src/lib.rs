@@ -40,11 +40,23 @@ pub struct TensorInfo {
     pub shape: Vec<i64>,
 }
 
+/// Batch sizes that get a plan of their own: a batch of any size runs as a sum of
+/// these (13 = 8 + 4 + 1), so memory stays bounded at [`BATCH_PLANS`] plans however
+/// the batcher sizes its batches, and each plan has fully static shapes.
+pub const BATCH_PLANS: [usize; 7] = [1, 2, 4, 8, 16, 32, 64];
+
+type PlanSlot = std::sync::OnceLock<Option<Arc<TypedRunnableModel>>>;
+
 /// A loaded, optimised model, cheap to clone and safe to share between threads.
 #[derive(Clone)]
 pub struct Model {
     name: String,
-    plan: Arc<TypedRunnableModel>,
+    /// The model as parsed, kept to build the plans of larger batches on first use.
+    inference: Arc<InferenceModel>,
+    /// `plans[i]` runs a batch of `BATCH_PLANS[i]`, or is `None` when tract cannot plan
+    /// that size for this model (a model with a fixed batch of 1 inside, say): such
+    /// batches run row by row. Index 0 is built at load time.
+    plans: Arc<[PlanSlot; BATCH_PLANS.len()]>,
     input: TensorInfo,
     output: TensorInfo,
     /// Number of values in one input row (the input shape without its batch dimension).
@@ -59,6 +71,23 @@ impl std::fmt::Debug for Model {
             .field("output", &self.output)
             .finish()
     }
+}
+
+/// An optimised plan with every dimension fixed (`concrete`, batch first = `batch`).
+fn plan_for(
+    inference: &InferenceModel,
+    concrete: &[usize],
+    batch: usize,
+) -> TractResult<Arc<TypedRunnableModel>> {
+    let mut shape = concrete.to_vec();
+    if let Some(first) = shape.first_mut() {
+        *first = batch;
+    }
+    inference
+        .clone()
+        .with_input_fact(0, f32::fact(&shape).into())
+        .and_then(|model| model.into_optimized())
+        .and_then(|model| model.into_runnable())
 }
 
 fn dims_of(fact: &TypedFact) -> Vec<i64> {
@@ -124,14 +153,13 @@ impl Model {
         let mut concrete: Vec<usize> = input_shape.iter().map(|d| (*d).max(1) as usize).collect();
         concrete[0] = 1;
         let row_len = concrete.iter().product();
-        let plan = inference
-            .with_input_fact(0, f32::fact(&concrete).into())
-            .and_then(|model| model.into_optimized())
-            .and_then(|model| model.into_runnable())
-            .map_err(|e| load(format!("{e:#}")))?;
+        let plan = plan_for(&inference, &concrete, 1).map_err(|e| load(format!("{e:#}")))?;
+        let plans: [PlanSlot; BATCH_PLANS.len()] = Default::default();
+        let _ = plans[0].set(Some(plan));
         Ok(Model {
             name: name.to_string(),
-            plan,
+            inference: Arc::new(inference),
+            plans: Arc::new(plans),
             input: TensorInfo {
                 name: input_name,
                 shape: input_shape,
@@ -146,6 +174,85 @@ impl Model {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The plan for `BATCH_PLANS[index]`, built on first use; `None` when this size
+    /// cannot be planned (then the batch runs row by row on the batch-1 plan).
+    fn plan(&self, index: usize) -> Option<Arc<TypedRunnableModel>> {
+        let slot = self.plans.get(index)?;
+        slot.get_or_init(|| {
+            let size = *BATCH_PLANS.get(index)?;
+            let concrete: Vec<usize> = self
+                .input
+                .shape
+                .iter()
+                .map(|d| (*d).max(1) as usize)
+                .collect();
+            match catch_unwind(AssertUnwindSafe(|| {
+                plan_for(&self.inference, &concrete, size)
+            })) {
+                Ok(Ok(plan)) => Some(plan),
+                _ => None,
+            }
+        })
+        .clone()
+    }
+
+    fn run_plan(
+        &self,
+        plan: &Arc<TypedRunnableModel>,
+        shape: &[usize],
+        chunk: &[f32],
+        out_shape: &mut Vec<usize>,
+        out: &mut Vec<f32>,
+    ) -> Result<(), RuntimeError> {
+        let run = |cause: String| RuntimeError::Run {
+            model: self.name.clone(),
+            cause,
+        };
+        let tensor = Tensor::from_shape(shape, chunk).map_err(|e| RuntimeError::BadInput {
+            model: self.name.clone(),
+            cause: format!("{e:#}"),
+        })?;
+        let result = plan
+            .run(tvec!(tensor.into()))
+            .map_err(|e| run(format!("{e:#}")))?;
+        let view = result[0]
+            .to_plain_array_view::<f32>()
+            .map_err(|e| run(format!("{e:#}")))?;
+        if out_shape.is_empty() {
+            *out_shape = view.shape().to_vec();
+        }
+        out.extend(view.iter().copied());
+        Ok(())
+    }
+
+    /// Measures the service time of each batch size in `sizes` on this machine: the
+    /// median of `repeats` runs on zero input after one warm-up run, in microseconds.
+    /// This is what the batcher's controller chooses batch sizes from.
+    pub fn profile_batches(
+        &self,
+        sizes: &[usize],
+        repeats: usize,
+    ) -> Result<Vec<(usize, u64)>, RuntimeError> {
+        let row_shape: Vec<usize> = self.input.shape[1..].iter().map(|d| *d as usize).collect();
+        let mut profile = Vec::with_capacity(sizes.len());
+        for &size in sizes.iter().filter(|s| **s > 0) {
+            let mut shape = vec![size];
+            shape.extend_from_slice(&row_shape);
+            let data = vec![0.0f32; size * self.row_len];
+            self.infer(&shape, &data)?;
+            let mut times: Vec<u64> = (0..repeats.max(1))
+                .map(|_| {
+                    let started = std::time::Instant::now();
+                    self.infer(&shape, &data)
+                        .map(|_| started.elapsed().as_micros() as u64)
+                })
+                .collect::<Result<_, _>>()?;
+            times.sort_unstable();
+            profile.push((size, times[times.len() / 2].max(1)));
+        }
+        Ok(profile)
     }
 
     pub fn input(&self) -> &TensorInfo {
@@ -191,28 +298,36 @@ impl Model {
         }
         let mut out_shape = Vec::new();
         let mut out = Vec::new();
+        let mut done = 0;
+        let single = self.plan(0).ok_or_else(|| RuntimeError::Run {
+            model: self.name.clone(),
+            cause: "the batch-1 plan is missing".into(),
+        })?;
         let mut one_row_shape = vec![1usize];
         one_row_shape.extend_from_slice(&row_shape);
-        for row in data.chunks(self.row_len) {
-            let tensor =
-                Tensor::from_shape(&one_row_shape, row).map_err(|e| bad(format!("{e:#}")))?;
-            let result = self
-                .plan
-                .run(tvec!(tensor.into()))
-                .map_err(|e| RuntimeError::Run {
-                    model: self.name.clone(),
-                    cause: format!("{e:#}"),
-                })?;
-            let view = result[0]
-                .to_plain_array_view::<f32>()
-                .map_err(|e| RuntimeError::Run {
-                    model: self.name.clone(),
-                    cause: format!("{e:#}"),
-                })?;
-            if out_shape.is_empty() {
-                out_shape = view.shape().to_vec();
+        while done < batch {
+            // The largest planned size that fits what is left: 13 runs as 8 + 4 + 1.
+            let (index, size) = BATCH_PLANS
+                .iter()
+                .enumerate()
+                .rev()
+                .find(|(_, size)| **size <= batch - done)
+                .map(|(index, size)| (index, *size))
+                .unwrap_or((0, 1));
+            let chunk = &data[done * self.row_len..(done + size) * self.row_len];
+            match self.plan(index) {
+                Some(plan) => {
+                    let mut chunk_shape = vec![size];
+                    chunk_shape.extend_from_slice(&row_shape);
+                    self.run_plan(&plan, &chunk_shape, chunk, &mut out_shape, &mut out)?;
+                }
+                None => {
+                    for row in chunk.chunks(self.row_len) {
+                        self.run_plan(&single, &one_row_shape, row, &mut out_shape, &mut out)?;
+                    }
+                }
             }
-            out.extend(view.iter().copied());
+            done += size;
         }
         if let Some(first) = out_shape.first_mut() {
             *first = batch;

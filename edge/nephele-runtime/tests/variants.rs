@@ -121,3 +121,34 @@ fn an_empty_validation_set_is_an_error_not_a_pass() {
         "{error}"
     );
 }
+
+#[test]
+fn a_batch_of_any_size_gives_the_rows_that_batch_one_gives_in_order() {
+    let model = Model::load_onnx("digits", MODEL).expect("loads");
+    let rows = heldout().rows;
+    let singles: Vec<Vec<f32>> = rows
+        .iter()
+        .take(77)
+        .map(|row| model.infer(&[64], row).expect("runs").1)
+        .collect();
+    for batch in [1usize, 2, 3, 13, 64, 77] {
+        let data: Vec<f32> = rows.iter().take(batch).flatten().copied().collect();
+        let (shape, out) = model.infer(&[batch, 64], &data).expect("batch runs");
+        assert_eq!(shape, vec![batch, 10]);
+        for (i, expected) in singles.iter().take(batch).enumerate() {
+            for (a, b) in expected.iter().zip(&out[i * 10..(i + 1) * 10]) {
+                assert!(
+                    (a - b).abs() <= 1e-4 * a.abs().max(1.0),
+                    "batch {batch} row {i}: {a} vs {b}"
+                );
+            }
+        }
+    }
+    let profile = model.profile_batches(&[1, 8, 32], 5).expect("profiles");
+    assert_eq!(
+        profile.iter().map(|p| p.0).collect::<Vec<_>>(),
+        vec![1, 8, 32]
+    );
+    assert!(profile.iter().all(|p| p.1 >= 1));
+    eprintln!("digits-mlp service time by batch size (µs): {profile:?}");
+}

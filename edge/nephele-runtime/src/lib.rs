@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use tract_onnx::prelude::*;
 
+pub mod bench;
 pub mod onnx_edit;
 pub mod variants;
 
@@ -100,7 +101,20 @@ fn dims_of(fact: &TypedFact) -> Vec<i64> {
 impl Model {
     /// Loads an ONNX model from bytes. `name` is used in errors and logs.
     pub fn load_onnx(name: &str, bytes: &[u8]) -> Result<Model, RuntimeError> {
-        match catch_unwind(AssertUnwindSafe(|| Self::load_onnx_inner(name, bytes))) {
+        Self::load_onnx_with_shape(name, bytes, None)
+    }
+
+    /// Like [`Model::load_onnx`], with the input row shape (without the batch axis)
+    /// fixed to `row_shape`: needed for models whose height and width are symbolic (a
+    /// detector that takes any image size), and a fixed shape lets tract plan statically.
+    pub fn load_onnx_with_shape(
+        name: &str,
+        bytes: &[u8],
+        row_shape: Option<&[usize]>,
+    ) -> Result<Model, RuntimeError> {
+        match catch_unwind(AssertUnwindSafe(|| {
+            Self::load_onnx_inner(name, bytes, row_shape)
+        })) {
             Ok(result) => result,
             Err(_) => Err(RuntimeError::Load {
                 model: name.to_string(),
@@ -110,7 +124,11 @@ impl Model {
         }
     }
 
-    fn load_onnx_inner(name: &str, bytes: &[u8]) -> Result<Model, RuntimeError> {
+    fn load_onnx_inner(
+        name: &str,
+        bytes: &[u8],
+        row_shape: Option<&[usize]>,
+    ) -> Result<Model, RuntimeError> {
         let load = |cause: String| RuntimeError::Load {
             model: name.to_string(),
             cause,
@@ -120,9 +138,17 @@ impl Model {
             cause,
         };
         let mut reader = bytes;
-        let inference = tract_onnx::onnx()
+        let mut inference = tract_onnx::onnx()
             .model_for_read(&mut reader)
             .map_err(|e| load(format!("{e:#}")))?;
+        if let Some(row_shape) = row_shape {
+            let batch = inference.symbols.sym("N");
+            let mut dims: Vec<TDim> = vec![batch.into()];
+            dims.extend(row_shape.iter().map(|d| TDim::from(*d as i64)));
+            inference = inference
+                .with_input_fact(0, f32::fact(dims).into())
+                .map_err(|e| load(format!("cannot fix the input to {row_shape:?}: {e:#}")))?;
+        }
         if inference.inputs.len() != 1 || inference.outputs.len() != 1 {
             return Err(unsupported(format!(
                 "{} inputs and {} outputs; one of each is supported",
@@ -130,10 +156,26 @@ impl Model {
                 inference.outputs.len()
             )));
         }
-        let typed = inference
-            .clone()
-            .into_typed()
-            .map_err(|e| load(format!("{e:#}")))?;
+        // Typed with a symbolic batch where tract can (so shapes say which axis is the
+        // batch); some exporters compute reshapes from the batch size, which tract only
+        // types for a known batch: then type at batch 1 and treat axis 0 as the batch.
+        let typed = match inference.clone().into_typed() {
+            Ok(typed) => typed,
+            Err(symbolic_error) => {
+                let Some(row_shape) = row_shape else {
+                    return Err(load(format!(
+                        "{symbolic_error:#} (with a fixed input shape it may load: give the row shape)"
+                    )));
+                };
+                let mut shape = vec![1usize];
+                shape.extend_from_slice(row_shape);
+                inference
+                    .clone()
+                    .with_input_fact(0, f32::fact(&shape).into())
+                    .and_then(|m| m.into_typed())
+                    .map_err(|e| load(format!("{e:#}")))?
+            }
+        };
         let input_fact = typed.input_fact(0).map_err(|e| load(format!("{e:#}")))?;
         if input_fact.datum_type != f32::datum_type() {
             return Err(unsupported(format!(
@@ -141,8 +183,16 @@ impl Model {
                 input_fact.datum_type
             )));
         }
-        let input_shape = dims_of(input_fact);
-        let output_shape = dims_of(typed.output_fact(0).map_err(|e| load(format!("{e:#}")))?);
+        let mut input_shape = dims_of(input_fact);
+        let mut output_shape = dims_of(typed.output_fact(0).map_err(|e| load(format!("{e:#}")))?);
+        if row_shape.is_some() {
+            // The batch axis is symbolic whatever the typing above fixed it to.
+            for shape in [&mut input_shape, &mut output_shape] {
+                if let Some(first) = shape.first_mut() {
+                    *first = -1;
+                }
+            }
+        }
         if input_shape.is_empty() || input_shape[1..].iter().any(|d| *d < 0) {
             return Err(unsupported(format!(
                 "input shape {input_shape:?}: only the first (batch) dimension may be symbolic"

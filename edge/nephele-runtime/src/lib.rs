@@ -58,6 +58,10 @@ pub struct Model {
     /// that size for this model (a model with a fixed batch of 1 inside, say): such
     /// batches run row by row. Index 0 is built at load time.
     plans: Arc<[PlanSlot; BATCH_PLANS.len()]>,
+    /// `halve[i]`: run a batch of `BATCH_PLANS[i]` as two of half the size, because
+    /// [`Model::tune_batches`] measured that faster (tract's convolutions can get slower
+    /// per item as the batch grows). Starts all false.
+    halve: Arc<[std::sync::atomic::AtomicBool; BATCH_PLANS.len()]>,
     input: TensorInfo,
     output: TensorInfo,
     /// Number of values in one input row (the input shape without its batch dimension).
@@ -210,6 +214,7 @@ impl Model {
             name: name.to_string(),
             inference: Arc::new(inference),
             plans: Arc::new(plans),
+            halve: Arc::new(Default::default()),
             input: TensorInfo {
                 name: input_name,
                 shape: input_shape,
@@ -246,6 +251,83 @@ impl Model {
             }
         })
         .clone()
+    }
+
+    /// Runs `chunk` (a batch of `BATCH_PLANS[index]` rows) with that size's plan, as two
+    /// halves when tuning found that faster, or row by row when the size has no plan.
+    fn run_chunk(
+        &self,
+        index: usize,
+        chunk: &[f32],
+        row_shape: &[usize],
+        single: &Arc<TypedRunnableModel>,
+        out_shape: &mut Vec<usize>,
+        out: &mut Vec<f32>,
+    ) -> Result<(), RuntimeError> {
+        let halve = index > 0 && self.halve[index].load(std::sync::atomic::Ordering::Relaxed);
+        if halve {
+            let middle = chunk.len() / 2;
+            self.run_chunk(
+                index - 1,
+                &chunk[..middle],
+                row_shape,
+                single,
+                out_shape,
+                out,
+            )?;
+            return self.run_chunk(
+                index - 1,
+                &chunk[middle..],
+                row_shape,
+                single,
+                out_shape,
+                out,
+            );
+        }
+        match self.plan(index) {
+            Some(plan) => {
+                let mut shape = vec![BATCH_PLANS[index]];
+                shape.extend_from_slice(row_shape);
+                self.run_plan(&plan, &shape, chunk, out_shape, out)
+            }
+            None => {
+                let mut one_row_shape = vec![1usize];
+                one_row_shape.extend_from_slice(row_shape);
+                for row in chunk.chunks(self.row_len) {
+                    self.run_plan(single, &one_row_shape, row, out_shape, out)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Chooses, for each planned batch size up to `max_batch`, between its own plan and
+    /// two runs of half the size, by measuring both (median of `repeats` runs), from the
+    /// smallest size up, so that a batch is never slower per item than smaller ones
+    /// measured. Returns the service time of each size as it will now run, in
+    /// microseconds: the profile the batcher chooses batch sizes from.
+    pub fn tune_batches(
+        &self,
+        max_batch: usize,
+        repeats: usize,
+    ) -> Result<Vec<(usize, u64)>, RuntimeError> {
+        let mut profile: Vec<(usize, u64)> = Vec::new();
+        for (index, &size) in BATCH_PLANS.iter().enumerate() {
+            if size > max_batch.max(1) {
+                break;
+            }
+            self.halve[index].store(false, std::sync::atomic::Ordering::Relaxed);
+            let own = self.profile_batches(&[size], repeats)?[0].1;
+            let chosen = match profile.last() {
+                Some(&(_, half)) if half.saturating_mul(2) < own => {
+                    self.halve[index].store(true, std::sync::atomic::Ordering::Relaxed);
+                    half.saturating_mul(2)
+                }
+                _ => own,
+            };
+            profile.push((size, chosen));
+        }
+        Ok(profile)
     }
 
     fn run_plan(
@@ -353,8 +435,6 @@ impl Model {
             model: self.name.clone(),
             cause: "the batch-1 plan is missing".into(),
         })?;
-        let mut one_row_shape = vec![1usize];
-        one_row_shape.extend_from_slice(&row_shape);
         while done < batch {
             // The largest planned size that fits what is left: 13 runs as 8 + 4 + 1.
             let (index, size) = BATCH_PLANS
@@ -365,18 +445,7 @@ impl Model {
                 .map(|(index, size)| (index, *size))
                 .unwrap_or((0, 1));
             let chunk = &data[done * self.row_len..(done + size) * self.row_len];
-            match self.plan(index) {
-                Some(plan) => {
-                    let mut chunk_shape = vec![size];
-                    chunk_shape.extend_from_slice(&row_shape);
-                    self.run_plan(&plan, &chunk_shape, chunk, &mut out_shape, &mut out)?;
-                }
-                None => {
-                    for row in chunk.chunks(self.row_len) {
-                        self.run_plan(&single, &one_row_shape, row, &mut out_shape, &mut out)?;
-                    }
-                }
-            }
+            self.run_chunk(index, chunk, &row_shape, &single, &mut out_shape, &mut out)?;
             done += size;
         }
         if let Some(first) = out_shape.first_mut() {

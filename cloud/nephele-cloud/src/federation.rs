@@ -264,16 +264,31 @@ impl FederationActor {
             else {
                 continue;
             };
+            let variant =
+                match nephele_proto::decode_payload::<ModelManifest>(&model.signed_manifest) {
+                    Ok(manifest) => crate::variants::variant_for(
+                        device.role,
+                        &device.profile_toml,
+                        &manifest,
+                        &deployment.variant,
+                    ),
+                    Err(error) => crate::variants::VariantDecision {
+                        variant: "full".into(),
+                        why: format!("stored manifest unreadable: {error}"),
+                    },
+                };
+            tracing::debug!(device = %device.name, deployment = %deployment.name, variant = %variant.variant, why = %variant.why, "variant chosen");
             assignments.push(Assignment {
                 deployment: deployment.name.clone(),
                 model: nephele_proto::SignedManifest {
                     manifest: model.signed_manifest.clone(),
                     signature: model.signature.clone(),
                 },
-                variant: "full".into(),
+                variant: variant.variant,
                 slo_ms: deployment.slo_ms,
                 offload: deployment.offload,
                 max_queue: deployment.max_queue,
+                hard_example_threshold: deployment.hard_example_threshold,
             });
         }
         Ok(DesiredState {
@@ -937,6 +952,16 @@ pub struct DeploymentSpec {
     pub offload: bool,
     #[serde(default = "default_max_queue")]
     pub max_queue: u32,
+    /// `auto` (chosen per device from its profile) or a variant name of the model.
+    #[serde(default = "default_variant")]
+    pub variant: String,
+    /// Re-ask the cloud when the local answer's top-class probability is below this.
+    #[serde(default)]
+    pub hard_example_threshold: Option<f32>,
+}
+
+fn default_variant() -> String {
+    "auto".into()
 }
 
 fn default_slo_ms() -> u32 {
@@ -969,15 +994,34 @@ impl Handler<CreateDeployment> for FederationActor {
                 "max_queue must be between 1 and 100000".into(),
             ));
         }
-        if self
-            .store
-            .get::<ModelRecord>(Table::Models, &spec.model)?
-            .is_none()
-        {
+        if let Some(threshold) = spec.hard_example_threshold {
+            if !(threshold > 0.0 && threshold < 1.0) {
+                return Err(ApiError::BadRequest(
+                    "hard_example_threshold must be a probability strictly between 0 and 1".into(),
+                ));
+            }
+        }
+        let Some(model) = self.store.get::<ModelRecord>(Table::Models, &spec.model)? else {
             return Err(ApiError::NotFound(format!(
                 "no model named {}; upload it first (`nephele model push`)",
                 spec.model
             )));
+        };
+        if spec.variant != "auto" {
+            let shipped: Vec<String> = ModelView::from(&model)
+                .variants
+                .iter()
+                .filter(|v| v.rejected.is_none() && v.cut.is_none())
+                .map(|v| v.name.clone())
+                .collect();
+            if !shipped.contains(&spec.variant) {
+                return Err(ApiError::BadRequest(format!(
+                    "model {} has no shippable variant {:?}; choose auto or one of {}",
+                    spec.model,
+                    spec.variant,
+                    shipped.join(", ")
+                )));
+            }
         }
         if self
             .store
@@ -997,6 +1041,8 @@ impl Handler<CreateDeployment> for FederationActor {
             offload: spec.offload,
             max_queue: spec.max_queue,
             created_unix: now_unix(),
+            variant: spec.variant,
+            hard_example_threshold: spec.hard_example_threshold,
         };
         self.store.put(Table::Deployments, &record.name, &record)?;
         tracing::info!(deployment = %record.name, model = %record.model, selector = %record.selector, "deployment created");
@@ -1030,6 +1076,9 @@ pub struct DeploymentStatus {
     pub slo_ms: u32,
     pub offload: bool,
     pub max_queue: u32,
+    /// What the deployment asked for: `auto` or a variant name.
+    pub variant: String,
+    pub hard_example_threshold: Option<f32>,
     pub desired_devices: usize,
     pub ready_devices: usize,
     pub devices: Vec<DeviceDeploymentStatus>,
@@ -1084,6 +1133,8 @@ impl FederationActor {
             slo_ms: deployment.slo_ms,
             offload: deployment.offload,
             max_queue: deployment.max_queue,
+            variant: deployment.variant.clone(),
+            hard_example_threshold: deployment.hard_example_threshold,
             desired_devices: edge_rows.clone().count(),
             ready_devices: edge_rows.filter(|r| r.ready).count(),
             devices: rows,

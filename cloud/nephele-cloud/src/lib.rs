@@ -15,6 +15,7 @@ pub mod federation;
 pub mod gateway;
 pub mod region;
 pub mod store;
+pub mod variants;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

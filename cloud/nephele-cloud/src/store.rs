@@ -130,6 +130,15 @@ pub struct DeploymentRecord {
     pub offload: bool,
     pub max_queue: u32,
     pub created_unix: u64,
+    /// `auto` or a variant name (records from before variants read as `auto`).
+    #[serde(default = "auto")]
+    pub variant: String,
+    #[serde(default)]
+    pub hard_example_threshold: Option<f32>,
+}
+
+fn auto() -> String {
+    "auto".into()
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -255,6 +264,8 @@ mod tests {
             offload: true,
             max_queue: 8,
             created_unix: 1,
+            variant: "auto".into(),
+            hard_example_threshold: None,
         };
         {
             let store = Store::open(&dir).unwrap();

@@ -177,6 +177,12 @@ pub enum DeployCommand {
         /// Never offload to the cloud pool.
         #[arg(long)]
         no_offload: bool,
+        /// `auto` (chosen per device from its profile) or a variant of the model, e.g. `int8`.
+        #[arg(long, default_value = "auto")]
+        variant: String,
+        /// Re-ask the pool when the local answer's top-class probability is below this (0..1).
+        #[arg(long)]
+        hard_example_threshold: Option<f32>,
     },
     List,
     Status {
@@ -374,6 +380,7 @@ pub fn model(args: ApiArgs, command: ModelCommand) -> Result<()> {
                         s(m, "size"),
                         s(m, "sha256")
                     );
+                    print_variants(m);
                 }
             });
         }
@@ -425,10 +432,12 @@ pub fn deploy(args: ApiArgs, command: DeployCommand) -> Result<()> {
             slo_ms,
             max_queue,
             no_offload,
+            variant,
+            hard_example_threshold,
         } => {
             let value = api.post(
                 "/v1/deployments",
-                &serde_json::json!({"name": name, "model": model, "selector": selector, "slo_ms": slo_ms, "max_queue": max_queue, "offload": !no_offload}),
+                &serde_json::json!({"name": name, "model": model, "selector": selector, "slo_ms": slo_ms, "max_queue": max_queue, "offload": !no_offload, "variant": variant, "hard_example_threshold": hard_example_threshold}),
             )?;
             print(args.json, &value, print_deployment);
         }

@@ -16,8 +16,12 @@
 //! A variant whose outputs disagree with fp32 is never chosen, however fast it is; a
 //! reduced-precision variant nobody compared with fp32 is not chosen either.
 //!
-//! Ranking of the survivors: lowest expected latency, then smaller `size_bytes`, then
-//! name (so the result does not depend on the order of the candidates). The expected
+//! Ranking of the survivors: lowest expected latency, then the closest to fp32 (higher
+//! agreement; the full model counts as 1), then smaller `size_bytes`, then name (so the
+//! result does not depend on the order of the candidates). A weights-only int8 variant
+//! computes at the full model's speed, so the full model keeps the device unless it
+//! does not fit or the int8 one measured faster there: int8 is chosen for a reason,
+//! never by default. The expected
 //! latency is, first found wins:
 //!
 //! 1. the latency measured on this device (`DeviceCaps::measured`, by variant name);
@@ -196,7 +200,12 @@ pub enum ChoiceReason {
         /// Its expected latency.
         runner_up_latency_us: f64,
     },
-    /// Same expected latency as the runner-up, but smaller.
+    /// Same expected latency as the runner-up, but closer to fp32's outputs.
+    TieBrokenByAgreement {
+        /// The next best variant.
+        runner_up: String,
+    },
+    /// Same expected latency and agreement as the runner-up, but smaller.
     TieBrokenBySize {
         /// The next best variant.
         runner_up: String,
@@ -350,6 +359,7 @@ pub fn choose_variant(
     feasible.sort_by(|a, b| {
         a.expected_latency_us
             .total_cmp(&b.expected_latency_us)
+            .then(closeness(b.variant).total_cmp(&closeness(a.variant)))
             .then(a.variant.size_bytes.cmp(&b.variant.size_bytes))
             .then(a.variant.name.cmp(&b.variant.name))
     });
@@ -363,6 +373,11 @@ pub fn choose_variant(
             ChoiceReason::Fastest {
                 runner_up: runner_up.variant.name.clone(),
                 runner_up_latency_us: runner_up.expected_latency_us,
+            }
+        }
+        Some(runner_up) if closeness(runner_up.variant) != closeness(best.variant) => {
+            ChoiceReason::TieBrokenByAgreement {
+                runner_up: runner_up.variant.name.clone(),
             }
         }
         Some(runner_up) if runner_up.variant.size_bytes != best.variant.size_bytes => {
@@ -381,6 +396,16 @@ pub fn choose_variant(
         reason,
         rejected,
     })
+}
+
+/// How close a variant's outputs are to fp32's: its measured agreement, 1 for the full
+/// model, 0 when unknown (such variants were already filtered unless full).
+fn closeness(variant: &VariantInfo) -> f64 {
+    match (&variant.kind, variant.agreement) {
+        (VariantKind::Full, _) => 1.0,
+        (_, Some(agreement)) if agreement.is_finite() => agreement.min(1.0),
+        _ => 0.0,
+    }
 }
 
 /// The filters of the module table, in its order.
@@ -595,7 +620,16 @@ mod tests {
             defaults,
             Ok("m-int8"),
         );
-        check(&[fp32(), weights_only], &pi(), defaults, Ok("m-w8"));
+        // Same speed as fp32: the full model keeps the device (closest to fp32)…
+        check(
+            &[fp32(), weights_only.clone()],
+            &pi(),
+            defaults,
+            Ok("m-fp32"),
+        );
+        // …unless only the int8 weights fit.
+        let small = DeviceCaps::new(vec![Precision::Fp32], 200 * MB, 0.1, 0.0);
+        check(&[fp32(), weights_only], &small, defaults, Ok("m-w8"));
     }
 
     #[test]

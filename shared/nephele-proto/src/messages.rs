@@ -110,6 +110,9 @@ pub struct Assignment {
     pub offload: bool,
     /// Local queue bound; requests beyond it are offloaded (or refused without offload).
     pub max_queue: u32,
+    /// Joint inference: a local answer whose top-class probability (softmax of the
+    /// output) is below this is re-asked in the cloud, when offload is allowed.
+    pub hard_example_threshold: Option<f32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -78,6 +78,7 @@ fn assignment() -> Assignment {
         slo_ms: 5,
         offload: true,
         max_queue: 64,
+        hard_example_threshold: Some(0.6),
     }
 }
 

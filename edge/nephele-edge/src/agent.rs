@@ -463,6 +463,15 @@ async fn reconcile(agent: &Arc<Agent>, desired: &DesiredState) {
                 continue;
             }
         }
+        if matches!(variant.kind, nephele_proto::VariantKind::Split { .. }) {
+            let error = format!(
+                "variant {} is a head/tail split; this agent serves whole-model variants only",
+                variant.name
+            );
+            tracing::error!(deployment = %name, %error, "refusing deployment");
+            set_phase(agent, &name, DeploymentPhase::Failed(error));
+            continue;
+        }
         set_phase(agent, &name, DeploymentPhase::Downloading);
         let bytes = match fetch_model(agent, &variant.sha256, variant.size).await {
             Ok(bytes) => bytes,
@@ -474,15 +483,39 @@ async fn reconcile(agent: &Arc<Agent>, desired: &DesiredState) {
             }
         };
         let model_name = manifest.name.clone();
+        // A pool replica takes the overflow of a whole fleet, so its queue is not the
+        // per-device bound of the deployment.
+        let capacity = if server.is_pool {
+            POOL_QUEUE_CAPACITY
+        } else {
+            assignment.max_queue as usize
+        };
+        // Up to 64 rows per batch, never more than may queue.
+        let max_batch = capacity.clamp(1, 64);
         let loaded = tokio::task::spawn_blocking(move || {
-            nephele_runtime::Model::load_onnx(&model_name, &bytes)
+            let model = nephele_runtime::Model::load_onnx(&model_name, &bytes)?;
+            // The batcher chooses batch sizes from what each size costs on this device.
+            let profile = model.tune_batches(max_batch, 5)?;
+            Ok::<_, nephele_runtime::RuntimeError>((model, profile))
         })
         .await;
         match loaded {
-            Ok(Ok(model)) => {
+            Ok(Ok((model, profile))) => {
+                tracing::info!(deployment = %name, ?profile, "measured service time per batch size (µs)");
+                let batcher = crate::batcher::Batcher::start(
+                    model.clone(),
+                    crate::batcher::BatcherConfig {
+                        capacity,
+                        slo_us: u64::from(assignment.slo_ms) * 1000,
+                        profile,
+                        fixed: None,
+                    },
+                    server.slots.clone(),
+                );
                 let deployment = Arc::new(Deployment::new(
                     assignment.clone(),
                     model,
+                    batcher,
                     variant.sha256,
                     variant.name.clone(),
                 ));
@@ -601,6 +634,9 @@ async fn fetch_model(agent: &Arc<Agent>, digest: &[u8; 32], size: u64) -> Result
     Ok(bytes)
 }
 
+/// Requests a pool replica queues per deployment before it refuses.
+pub const POOL_QUEUE_CAPACITY: usize = 4096;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -636,6 +672,7 @@ mod tests {
             slo_ms: 10,
             offload: true,
             max_queue: 4,
+            hard_example_threshold: None,
         }
     }
 

@@ -36,6 +36,9 @@ pub struct InferReply {
     #[serde(rename = "where")]
     pub location: Location,
     pub latency_ms: f64,
+    /// The local answer was below the deployment's confidence threshold and this is
+    /// the cloud's answer.
+    pub hard_example: bool,
 }
 
 pub async fn serve(listener: tokio::net::TcpListener, agent: Arc<Agent>) {
@@ -195,6 +198,7 @@ async fn infer(
                 computed_by: answer.computed_by,
                 location: answer.location,
                 latency_ms: answer.latency.as_secs_f64() * 1000.0,
+                hard_example: answer.hard_example,
             },
         ),
         Err(ServeError::NotFound(name)) => error(

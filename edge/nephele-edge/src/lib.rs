@@ -9,6 +9,7 @@
 //! Deliberately absent: actix-web, the scheduler, anything the control plane alone needs.
 
 pub mod agent;
+pub mod batcher;
 pub mod config;
 pub mod enrol;
 pub mod http;

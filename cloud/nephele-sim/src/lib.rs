@@ -13,6 +13,7 @@
 pub mod bench;
 pub mod carbon;
 pub mod inflation;
+pub mod offload;
 pub mod plot;
 pub mod replay;
 pub mod trace;

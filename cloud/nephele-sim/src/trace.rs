@@ -423,3 +423,81 @@ mod tests {
         assert_eq!(parse_utc_hour("garbage"), None);
     }
 }
+
+/// Request arrivals of the Azure LLM inference trace (`azure-llm-inference-2023`), in
+/// microseconds since the first request, sorted. Rows whose time does not parse are an
+/// error naming the line.
+pub fn load_azure_arrivals(data: &Path) -> Result<Vec<u64>> {
+    let path = data
+        .join("azure-llm-inference-2023")
+        .join("AzureLLMInferenceTrace_code.csv");
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    let mut times = Vec::new();
+    for (line_no, line) in text.lines().enumerate().skip(1) {
+        let stamp = line.split(',').next().unwrap_or("");
+        let micros = parse_utc_micros(stamp).with_context(|| {
+            format!(
+                "{}:{}: bad TIMESTAMP {stamp:?}",
+                path.display(),
+                line_no + 1
+            )
+        })?;
+        times.push(micros);
+    }
+    times.sort_unstable();
+    let Some(&first) = times.first() else {
+        bail!("{}: no requests", path.display());
+    };
+    Ok(times.into_iter().map(|t| (t - first) as u64).collect())
+}
+
+/// `YYYY-MM-DD HH:MM:SS[.fffffff]` (UTC) as microseconds since 1970.
+fn parse_utc_micros(text: &str) -> Option<i64> {
+    let text = text.trim();
+    let hour = parse_utc_hour(text.get(..13)?)?;
+    let minute: i64 = text.get(14..16)?.parse().ok()?;
+    let second: i64 = text.get(17..19)?.parse().ok()?;
+    if text.get(13..14)? != ":" || text.get(16..17)? != ":" || minute > 59 || second > 60 {
+        return None;
+    }
+    let fraction = match text.get(19..) {
+        None | Some("") => 0,
+        Some(rest) => {
+            let digits = rest.strip_prefix('.')?;
+            if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            let padded = format!("{:0<6}", &digits[..digits.len().min(6)]);
+            padded.parse::<i64>().ok()?
+        }
+    };
+    Some(((hour * 60 + minute) * 60 + second) * 1_000_000 + fraction)
+}
+
+#[cfg(test)]
+mod azure_tests {
+    use super::*;
+
+    #[test]
+    fn trace_times_parse_to_microseconds() {
+        let base = parse_utc_micros("2023-11-16 18:17:03").unwrap();
+        assert_eq!(
+            parse_utc_micros("2023-11-16 18:17:03.9799600").unwrap() - base,
+            979_960
+        );
+        assert_eq!(
+            parse_utc_micros("2023-11-16 18:17:04.03").unwrap() - base,
+            1_030_000
+        );
+        for bad in [
+            "",
+            "2023-11-16 18:17",
+            "2023-11-16 18:17:03.",
+            "2023-11-16 18:61:03",
+            "x",
+        ] {
+            assert_eq!(parse_utc_micros(bad), None, "{bad:?}");
+        }
+    }
+}

@@ -9,6 +9,8 @@ use nephele_sim::bench::placement;
 pub enum BenchCommand {
     /// Placement throughput of the placement core.
     Placement(PlacementArgs),
+    /// The inference runtime against onnxruntime, dynamic batching, int8 and offload.
+    Inference(crate::bench_inference::InferenceArgs),
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -27,7 +29,10 @@ pub struct PlacementArgs {
 }
 
 pub fn run(command: BenchCommand) -> Result<()> {
-    let BenchCommand::Placement(args) = command;
+    let args = match command {
+        BenchCommand::Placement(args) => args,
+        BenchCommand::Inference(args) => return crate::bench_inference::run(args),
+    };
     let policy = Policy::parse(&args.policy).ok_or_else(|| {
         anyhow::anyhow!("unknown policy {:?} (try fgd, ours, best-fit)", args.policy)
     })?;

@@ -6,6 +6,7 @@
 //! processes from this one binary.
 
 mod bench;
+mod bench_inference;
 mod client;
 mod demo;
 mod sim;

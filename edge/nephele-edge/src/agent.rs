@@ -493,7 +493,7 @@ async fn reconcile(agent: &Arc<Agent>, desired: &DesiredState) {
         // Up to 64 rows per batch, never more than may queue.
         let max_batch = capacity.clamp(1, 64);
         let loaded = tokio::task::spawn_blocking(move || {
-            let model = nephele_runtime::Model::load_onnx(&model_name, &bytes)?;
+            let model = nephele_runtime::Model::load_variant(&model_name, &bytes, None)?;
             // The batcher chooses batch sizes from what each size costs on this device.
             let profile = model.tune_batches(max_batch, 5)?;
             Ok::<_, nephele_runtime::RuntimeError>((model, profile))

@@ -19,10 +19,12 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use nephele_infer_policy::batching::{
-    ArrivalEstimator, BatchController, BatchQueue, BatchSetting, DEFAULT_ARRIVAL_TIME_CONSTANT_US,
-};
+use nephele_infer_policy::batching::{ArrivalEstimator, BatchController, BatchQueue, BatchSetting};
 use tokio::sync::{oneshot, Notify, Semaphore};
+
+/// The arrival-rate estimate's time constant: a quarter second, so that the window
+/// follows a burst within a few hundred milliseconds.
+const ARRIVAL_TIME_CONSTANT_US: u64 = 250_000;
 use tokio::time::Instant;
 
 /// Why a request was not answered by the model.
@@ -58,6 +60,13 @@ struct State {
     queue: BatchQueue<Pending>,
     arrivals: ArrivalEstimator,
     setting: BatchSetting,
+    /// The measured profile plus the per-batch cost of dispatching a batch (a blocking
+    /// thread hand-off, the answers), learned from the batches run: what the controller
+    /// chooses from. Without it a tiny model looks able to run batch 1 far faster than
+    /// the hand-off allows.
+    profile: Vec<(usize, u64)>,
+    /// EWMA (1/8) of that per-batch overhead, µs.
+    overhead_us: u64,
     batches: u64,
     requests: u64,
 }
@@ -117,14 +126,16 @@ impl Batcher {
         let setting = config.fixed.unwrap_or(BatchSetting::UNBATCHED);
         let shared = Arc::new(Shared {
             model,
-            profile: config.profile,
+            profile: config.profile.clone(),
             controller: BatchController::default(),
             slo_us: config.slo_us,
             fixed: config.fixed,
             state: Mutex::new(State {
                 queue: BatchQueue::new(config.capacity),
-                arrivals: ArrivalEstimator::new(DEFAULT_ARRIVAL_TIME_CONSTANT_US),
+                arrivals: ArrivalEstimator::new(ARRIVAL_TIME_CONSTANT_US),
                 setting,
+                profile: config.profile,
+                overhead_us: 0,
                 batches: 0,
                 requests: 0,
             }),
@@ -150,7 +161,7 @@ impl Batcher {
                 state.setting =
                     self.shared
                         .controller
-                        .choose(rate, &self.shared.profile, self.shared.slo_us);
+                        .choose(rate, &state.profile, self.shared.slo_us);
             }
             let capacity = state.queue.capacity();
             state
@@ -220,8 +231,20 @@ async fn drive(shared: Arc<Shared>) {
         };
         let batch = {
             let mut state = shared.lock();
-            let setting = state.setting;
-            let batch = state.queue.take_batch(&setting);
+            // The setting says when to dispatch; what is dispatched is everything queued
+            // up to the largest size that fits the SLO, so a backlog (a burst the rate
+            // estimate has not caught up with, or every slot busy) drains in large
+            // batches instead of one by one.
+            // A fixed setting (the benchmark's baselines) takes exactly its size.
+            let take = match shared.fixed {
+                Some(fixed) => fixed,
+                None => BatchSetting {
+                    max_batch: take_limit(&state.profile, shared.slo_us)
+                        .max(state.setting.max_batch),
+                    window_us: state.setting.window_us,
+                },
+            };
+            let batch = state.queue.take_batch(&take);
             state.batches += 1;
             state.requests += batch.len() as u64;
             batch
@@ -232,6 +255,18 @@ async fn drive(shared: Arc<Shared>) {
             run_batch(&shared, batch).await;
         });
     }
+}
+
+/// The largest measured batch size whose service time (with the dispatch overhead) fits
+/// the SLO; 1 when none does.
+fn take_limit(profile: &[(usize, u64)], slo_us: u64) -> usize {
+    profile
+        .iter()
+        .filter(|(_, service)| *service <= slo_us)
+        .map(|(size, _)| *size)
+        .max()
+        .unwrap_or(1)
+        .max(1)
 }
 
 async fn run_batch(shared: &Arc<Shared>, batch: Vec<Pending>) {
@@ -263,7 +298,31 @@ async fn run_batch(shared: &Arc<Shared>, batch: Vec<Pending>) {
         .map_err(|e| e.to_string())
         .and_then(|r| r.map_err(|e| e.to_string()));
     if result.is_ok() {
-        let sample = (started.elapsed().as_micros() as u64 / rows).max(1);
+        let elapsed_us = started.elapsed().as_micros() as u64;
+        // What this batch cost beyond its measured service time.
+        let measured = shared
+            .profile
+            .iter()
+            .filter(|(size, _)| *size as u64 <= rows)
+            .map(|(size, service)| (rows / *size as u64).max(1) * service)
+            .min()
+            .unwrap_or(0);
+        let extra = elapsed_us.saturating_sub(measured);
+        {
+            let mut state = shared.lock();
+            state.overhead_us = if state.batches <= 1 {
+                extra
+            } else {
+                (state.overhead_us * 7 + extra) / 8
+            };
+            let overhead = state.overhead_us;
+            state.profile = shared
+                .profile
+                .iter()
+                .map(|(size, service)| (*size, service + overhead))
+                .collect();
+        }
+        let sample = (elapsed_us / rows).max(1);
         let previous = shared.per_row_us.load(Ordering::Relaxed);
         let next = if previous == 0 {
             sample

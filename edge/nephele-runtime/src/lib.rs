@@ -108,6 +108,20 @@ impl Model {
         Self::load_onnx_with_shape(name, bytes, None)
     }
 
+    /// Loads a model as shipped: an int8-weight variant is first folded back into f32
+    /// weights ([`onnx_edit::dequantize_weights`]), so it runs exactly as fast as the
+    /// full model; other models load unchanged.
+    pub fn load_variant(
+        name: &str,
+        bytes: &[u8],
+        row_shape: Option<&[usize]>,
+    ) -> Result<Model, RuntimeError> {
+        match onnx_edit::dequantize_weights(name, bytes)? {
+            Some(folded) => Self::load_onnx_with_shape(name, &folded, row_shape),
+            None => Self::load_onnx_with_shape(name, bytes, row_shape),
+        }
+    }
+
     /// Like [`Model::load_onnx`], with the input row shape (without the batch axis)
     /// fixed to `row_shape`: needed for models whose height and width are symbolic (a
     /// detector that takes any image size), and a fixed shape lets tract plan statically.

@@ -88,7 +88,7 @@ impl OnnxGraph {
         Ok(OnnxGraph {
             name: name.to_string(),
             model,
-            graph,
+            graph: lift_constants(graph),
         })
     }
 
@@ -272,8 +272,9 @@ impl OnnxGraph {
         self.split(cut, &[]).map(|(head, _)| head)
     }
 
-    /// Stores every float initializer of at least [`MIN_QUANTIZED_ELEMENTS`] elements as
-    /// symmetric int8 with per-output-channel scales, dequantized in the graph.
+    /// Stores every weight, embedding table and bias (see `channel_axes` for the roles)
+    /// of at least [`MIN_QUANTIZED_ELEMENTS`] elements as symmetric int8, with one
+    /// scale per output channel where the layout is known, dequantized in the graph.
     pub fn quantize_weights_int8(&self) -> Result<(Vec<u8>, QuantizationReport), RuntimeError> {
         let graph = self.graph();
         let axes = channel_axes(graph);
@@ -294,16 +295,18 @@ impl OnnxGraph {
             let values = float_values(tensor).map_err(|cause| {
                 self.unsupported(format!("initializer {:?}: {cause}", tensor.name))
             })?;
+            let Some(&role_axis) = axes.get(tensor.name.as_str()) else {
+                report.kept_f32_elements += values.len() as u64;
+                initializers.push(tensor.clone());
+                continue;
+            };
             if values.len() < MIN_QUANTIZED_ELEMENTS {
                 report.kept_f32_elements += values.len() as u64;
                 initializers.push(tensor.clone());
                 continue;
             }
             let dims: Vec<usize> = tensor.dims.iter().map(|d| (*d).max(0) as usize).collect();
-            let axis = axes
-                .get(tensor.name.as_str())
-                .copied()
-                .filter(|a| *a < dims.len());
+            let axis = role_axis.filter(|a| *a < dims.len());
             let (quantized, scales, error) = quantize(&values, &dims, axis);
             report.max_abs_weight_error = report.max_abs_weight_error.max(error);
             report.quantized_tensors += 1;
@@ -373,6 +376,133 @@ impl OnnxGraph {
     }
 }
 
+/// `Constant` nodes holding a tensor become initializers (some exporters, PaddlePaddle's
+/// among them, store every weight that way). The graph computes the same; weights are
+/// then where quantization looks for them, and a cut is not blocked by a constant that
+/// the head would otherwise have to hand over.
+fn lift_constants(mut graph: GraphProto) -> GraphProto {
+    let mut kept = Vec::with_capacity(graph.node.len());
+    let outputs: HashSet<String> = graph.output.iter().map(|o| o.name.clone()).collect();
+    for node in std::mem::take(&mut graph.node) {
+        let tensor = (node.op_type == "Constant"
+            && node.domain.is_empty()
+            && node.output.len() == 1
+            && !outputs.contains(&node.output[0])
+            && node.attribute.len() == 1)
+            .then(|| node.attribute.first())
+            .flatten()
+            .filter(|a| a.name == "value")
+            .and_then(|a| a.t.clone());
+        match tensor {
+            Some(mut tensor) => {
+                tensor.name = node.output[0].clone();
+                graph.initializer.push(tensor);
+            }
+            None => kept.push(node),
+        }
+    }
+    graph.node = kept;
+    graph
+}
+
+/// Folds the `Cast(int8) × scale` pairs that [`OnnxGraph::quantize_weights_int8`] writes
+/// back into f32 initializers: the int8 file is how a variant travels and is stored,
+/// and this is what the runtime loads (tract does not fold them, and re-dequantising
+/// every weight on every run measured slower than fp32). Returns the rewritten model,
+/// or `None` when there is nothing to fold.
+pub fn dequantize_weights(name: &str, bytes: &[u8]) -> Result<Option<Vec<u8>>, RuntimeError> {
+    let parsed = OnnxGraph::parse(name, bytes)?;
+    let mut graph = parsed.graph.clone();
+    let initializers: HashMap<String, TensorProto> = graph
+        .initializer
+        .iter()
+        .map(|t| (t.name.clone(), t.clone()))
+        .collect();
+    let casts: HashMap<String, String> = graph
+        .node
+        .iter()
+        .filter(|n| n.op_type == "Cast" && n.input.len() == 1 && n.output.len() == 1)
+        .filter(|n| {
+            initializers
+                .get(&n.input[0])
+                .is_some_and(|t| t.data_type == DataType::Int8 as i32)
+        })
+        .map(|n| (n.output[0].clone(), n.input[0].clone()))
+        .collect();
+    let mut folded: Vec<TensorProto> = Vec::new();
+    let mut dropped_nodes: HashSet<String> = HashSet::new();
+    for node in &graph.node {
+        if node.op_type != "Mul" || node.input.len() != 2 || node.output.len() != 1 {
+            continue;
+        }
+        let (Some(q_name), Some(scale)) =
+            (casts.get(&node.input[0]), initializers.get(&node.input[1]))
+        else {
+            continue;
+        };
+        let Some(q) = initializers.get(q_name) else {
+            continue;
+        };
+        let Ok(scales) = float_values(scale) else {
+            continue;
+        };
+        let dims: Vec<usize> = q.dims.iter().map(|d| (*d).max(0) as usize).collect();
+        let count: usize = dims.iter().product();
+        if q.raw_data.len() != count {
+            continue;
+        }
+        // One scale, or one per index of the single axis whose scale dim is not 1.
+        let axis = scale.dims.iter().position(|d| *d != 1);
+        let stride_channels = match axis {
+            None if scales.len() == 1 => Some((1usize, 1usize)),
+            Some(axis) if scale.dims.len() == dims.len() && scales.len() == dims[axis] => Some((
+                dims[axis + 1..].iter().product::<usize>().max(1),
+                dims[axis].max(1),
+            )),
+            _ => None,
+        };
+        let Some((stride, channels)) = stride_channels else {
+            continue;
+        };
+        let values: Vec<u8> = q
+            .raw_data
+            .iter()
+            .enumerate()
+            .flat_map(|(i, b)| {
+                let scale = scales[(i / stride) % channels];
+                (f32::from(*b as i8) * scale).to_le_bytes()
+            })
+            .collect();
+        folded.push(TensorProto {
+            name: node.output[0].clone(),
+            dims: q.dims.clone(),
+            data_type: DataType::Float as i32,
+            raw_data: values,
+            ..TensorProto::default()
+        });
+        dropped_nodes.insert(node.output[0].clone());
+        dropped_nodes.insert(node.input[0].clone());
+    }
+    if folded.is_empty() {
+        return Ok(None);
+    }
+    graph
+        .node
+        .retain(|n| !n.output.iter().any(|o| dropped_nodes.contains(o)));
+    let still_used: HashSet<&str> = graph
+        .node
+        .iter()
+        .flat_map(|n| n.input.iter().map(String::as_str))
+        .chain(graph.output.iter().map(|o| o.name.as_str()))
+        .collect();
+    let folded_names: HashSet<String> = folded.iter().map(|t| t.name.clone()).collect();
+    graph
+        .initializer
+        .retain(|t| still_used.contains(t.name.as_str()) && !folded_names.contains(&t.name));
+    graph.initializer.extend(folded);
+    Ok(Some(parsed.with_graph(graph).encode_to_vec()))
+}
+
 fn float_type(shape: Option<&[i64]>) -> TypeProto {
     TypeProto {
         value: Some(type_proto::Value::TensorType(type_proto::Tensor {
@@ -413,51 +543,59 @@ fn int_attr(node: &NodeProto, name: &str) -> Option<i64> {
     node.attribute.iter().find(|a| a.name == name).map(|a| a.i)
 }
 
-/// For weights whose layout is known, the axis of their output channels: one scale per
-/// output channel keeps a channel with small weights from being rounded away by a
-/// channel with large ones.
+/// Which initializers are weights, and the axis of their output channels: one scale
+/// per output channel keeps a channel with small weights from being rounded away by a
+/// channel with large ones. Only tensors in a known role are quantized: normalisation
+/// statistics, scales and shapes stay f32 (quantizing a BatchNormalization variance
+/// with one scale for the tensor turned the PP-OCR classifier's outputs to noise).
 ///
-/// | consumer             | weight layout      | channel axis       |
-/// |----------------------|--------------------|--------------------|
-/// | Gemm B, transB = 0   | [K, N]             | 1                  |
-/// | Gemm B, transB = 1   | [N, K]             | 0                  |
-/// | MatMul B             | [..., K, N]        | last               |
-/// | Conv / ConvTranspose | [M, C/g, kH, kW]   | 0 (1 for ConvT)    |
-/// | Gather data (embeddings) | [rows, dim]    | 0 (one per row)    |
-/// | anything else        |                    | one scale (tensor) |
-fn channel_axes(graph: &GraphProto) -> HashMap<&str, usize> {
+/// | consumer                 | role       | layout           | scales             |
+/// |--------------------------|------------|------------------|--------------------|
+/// | Gemm B, transB = 0       | weight     | [K, N]           | per channel, axis 1 |
+/// | Gemm B, transB = 1       | weight     | [N, K]           | per channel, axis 0 |
+/// | MatMul B                 | weight     | [..., K, N]      | per channel, last  |
+/// | Conv / ConvTranspose W   | weight     | [M, C/g, kH, kW] | axis 0 (1 for ConvT) |
+/// | Gather data (embeddings) | table      | [rows, dim]      | one per row        |
+/// | Gemm C, Conv B           | bias       | [N]              | one for the tensor |
+/// | anything else            |            |                  | stays f32          |
+///
+/// A tensor used in two roles is quantized only if both agree.
+fn channel_axes(graph: &GraphProto) -> HashMap<&str, Option<usize>> {
     let ranks: HashMap<&str, usize> = graph
         .initializer
         .iter()
         .map(|t| (t.name.as_str(), t.dims.len()))
         .collect();
-    let mut axes: HashMap<&str, Option<usize>> = HashMap::new();
+    // name -> Some(role) while every use agrees; None once a use disagrees.
+    let mut roles: HashMap<&str, Option<Option<usize>>> = HashMap::new();
     for node in &graph.node {
         for (position, input) in node.input.iter().enumerate() {
             let Some(&rank) = ranks.get(input.as_str()) else {
                 continue;
             };
-            let axis = match (node.op_type.as_str(), position) {
-                ("Gemm", 1) if int_attr(node, "transB").unwrap_or(0) != 0 => Some(0),
-                ("Gemm", 1) => Some(1),
-                ("MatMul", 1) if rank >= 2 => Some(rank - 1),
-                ("Conv", 1) => Some(0),
-                ("ConvTranspose", 1) => Some(1),
-                ("Gather", 0) if rank >= 2 => Some(0),
+            let role = match (node.op_type.as_str(), position) {
+                ("Gemm", 1) if int_attr(node, "transB").unwrap_or(0) != 0 => Some(Some(0)),
+                ("Gemm", 1) => Some(Some(1)),
+                ("MatMul", 1) if rank >= 2 => Some(Some(rank - 1)),
+                ("Conv", 1) => Some(Some(0)),
+                ("ConvTranspose", 1) => Some(Some(1)),
+                ("Gather", 0) if rank >= 2 => Some(Some(0)),
+                ("Gemm", 2) | ("Conv", 2) | ("ConvTranspose", 2) => Some(None),
                 _ => None,
             };
-            // A weight used in two ways with different layouts gets one scale.
-            axes.entry(input.as_str())
-                .and_modify(|a| {
-                    if *a != axis {
-                        *a = None;
+            roles
+                .entry(input.as_str())
+                .and_modify(|r| {
+                    if *r != role {
+                        *r = None;
                     }
                 })
-                .or_insert(axis);
+                .or_insert(role);
         }
     }
-    axes.into_iter()
-        .filter_map(|(name, axis)| axis.map(|a| (name, a)))
+    roles
+        .into_iter()
+        .filter_map(|(name, role)| role.map(|axis| (name, axis)))
         .collect()
 }
 

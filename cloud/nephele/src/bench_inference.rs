@@ -4,7 +4,7 @@
 //!
 //! | part          | models                                          | how                                               |
 //! |---------------|-------------------------------------------------|---------------------------------------------------|
-//! | runtime       | digits-mlp (embedded) + PP-OCR cls/det, MiniLM  | tract (1 thread) and onnxruntime (1 thread, `ort_bench.py`), same file, same protocol |
+//! | runtime       | digits-mlp (embedded) + PP-OCR cls/det, MiniLM  | tract and onnxruntime (1 thread each, `ort_bench.py`), same file, same protocol; candle on MiniLM's safetensors; the faster of tract and candle is the one nephele would run |
 //! | batching      | digits-mlp, PP-OCR cls when present             | open-loop arrivals through the agent's real batcher: adaptive, batch 1, fixed sizes |
 //! | int8          | every model                                     | the variant the control plane builds on push: size, accuracy or cosine, latency |
 //! | offload       | PP-OCR cls (else digits-mlp) service times      | Azure LLM arrivals scaled to the device, virtual time, the agent's offload policy |
@@ -21,6 +21,7 @@ use anyhow::{bail, Context, Result};
 use nephele_edge::batcher::{BatchError, Batcher, BatcherConfig};
 use nephele_infer_policy::batching::BatchSetting;
 use nephele_runtime::bench::{measure, percentile, LatencyStats};
+use nephele_runtime::candle_bert::CandleBert;
 use nephele_runtime::variants::{build_variants_with, ValidationSet};
 use nephele_runtime::Model;
 use nephele_sim::offload::{scale_arrivals, simulate, Mode, OffloadConfig, OffloadResult};
@@ -63,6 +64,49 @@ struct BenchModel {
     validation: ValidationSet,
     /// What onnxruntime reads its input rows from.
     ort_input: PathBuf,
+    /// Where the safetensors and config of a model candle also runs live.
+    candle_dir: Option<PathBuf>,
+}
+
+/// The same protocol as [`measure`], for the candle encoder.
+fn measure_candle(
+    bert: &CandleBert,
+    rows: &[Vec<f32>],
+    batch: usize,
+    duration: Duration,
+) -> Result<LatencyStats> {
+    let seq = rows.first().map_or(0, Vec::len);
+    let batches: Vec<Vec<f32>> = (0..4)
+        .map(|offset| {
+            (0..batch)
+                .flat_map(|i| rows[(offset * batch + i) % rows.len()].iter().copied())
+                .collect()
+        })
+        .collect();
+    for data in &batches {
+        bert.embed(batch, seq, data)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
+    let mut times_ms = Vec::new();
+    let started = Instant::now();
+    while times_ms.len() < 5 || started.elapsed() < duration {
+        let data = &batches[times_ms.len() % batches.len()];
+        let begun = Instant::now();
+        bert.embed(batch, seq, data)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        times_ms.push(begun.elapsed().as_secs_f64() * 1e3);
+    }
+    let total: f64 = times_ms.iter().sum();
+    let runs = times_ms.len();
+    times_ms.sort_by(f64::total_cmp);
+    Ok(LatencyStats {
+        batch,
+        runs,
+        p50_ms: percentile(&times_ms, 0.5),
+        p99_ms: percentile(&times_ms, 0.99),
+        mean_ms: total / runs as f64,
+        items_per_s: (runs * batch) as f64 / (total / 1e3).max(1e-12),
+    })
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -70,8 +114,12 @@ pub struct RuntimeRow {
     pub model: String,
     pub batch: usize,
     pub tract: LatencyStats,
+    /// The candle backend, for the models it implements (the BERT encoder).
+    pub candle: Option<LatencyStats>,
+    /// The faster of tract and candle here: what nephele would run.
+    pub chosen: String,
     pub onnxruntime: Option<Value>,
-    /// tract p50 / onnxruntime p50 (lower is better).
+    /// chosen backend's p50 / onnxruntime p50 (lower is better).
     pub p50_ratio: Option<f64>,
     /// tract items/s ÷ onnxruntime items/s (higher is better).
     pub throughput_ratio: Option<f64>,
@@ -192,6 +240,7 @@ fn models(args: &InferenceArgs, skipped: &mut Vec<String>) -> Result<Vec<BenchMo
             labels: Some(labels),
         },
         ort_input: digits_rows,
+        candle_dir: None,
     }];
     for (name, dir, batches) in [
         ("ppocr-cls", "ppocr-cls", vec![1, 8, 32]),
@@ -217,6 +266,9 @@ fn models(args: &InferenceArgs, skipped: &mut Vec<String>) -> Result<Vec<BenchMo
             batches,
             validation: ValidationSet { rows, labels: None },
             ort_input: validation,
+            candle_dir: (dir == "minilm"
+                && args.models.join(dir).join("model.safetensors").exists())
+            .then(|| args.models.join(dir)),
         });
     }
     Ok(out)
@@ -354,6 +406,14 @@ pub fn run(args: InferenceArgs) -> Result<()> {
                     .map_err(|e| anyhow::anyhow!("{e}"))?,
             );
         }
+        let candle = model.candle_dir.as_ref().and_then(|dir| {
+            progress(args.json, &format!("{}: candle", model.name));
+            let weights = std::fs::read(dir.join("model.safetensors")).ok()?;
+            let config = std::fs::read_to_string(dir.join("config.json")).ok()?;
+            CandleBert::load(model.name, &weights, &config)
+                .map_err(|e| progress(args.json, &format!("candle: {e}")))
+                .ok()
+        });
         progress(args.json, &format!("{}: onnxruntime", model.name));
         let ort = match onnxruntime(&args, model) {
             Ok(value) => Some(value),
@@ -372,18 +432,29 @@ pub fn run(args: InferenceArgs) -> Result<()> {
                     .find(|r| r["batch"].as_u64() == Some(stat.batch as u64))
                     .cloned()
             });
+            let candle_stat = candle.as_ref().and_then(|bert| {
+                measure_candle(bert, &model.validation.rows, stat.batch, duration)
+                    .map_err(|e| progress(args.json, &format!("candle: {e}")))
+                    .ok()
+            });
+            let (chosen, chosen_stat) = match candle_stat {
+                Some(c) if c.p50_ms < stat.p50_ms => ("candle", c),
+                _ => ("tract", stat),
+            };
             let p50_ratio = ort_row
                 .as_ref()
                 .and_then(|r| r["p50_ms"].as_f64())
-                .map(|ort| stat.p50_ms / ort);
+                .map(|ort| chosen_stat.p50_ms / ort);
             let throughput_ratio = ort_row
                 .as_ref()
                 .and_then(|r| r["items_per_s"].as_f64())
-                .map(|ort| stat.items_per_s / ort);
+                .map(|ort| chosen_stat.items_per_s / ort);
             runtime_rows.push(RuntimeRow {
                 model: model.name.to_string(),
                 batch: stat.batch,
                 tract: stat,
+                candle: candle_stat,
+                chosen: chosen.to_string(),
                 onnxruntime: ort_row,
                 p50_ratio,
                 throughput_ratio,
@@ -652,7 +723,7 @@ fn machine() -> String {
 }
 
 fn write_csv(out: &Path, report: &Report) -> Result<()> {
-    let mut runtime = String::from("model,batch,tract_p50_ms,tract_p99_ms,tract_items_per_s,ort_p50_ms,ort_p99_ms,ort_items_per_s,p50_ratio\n");
+    let mut runtime = String::from("model,batch,tract_p50_ms,tract_p99_ms,tract_items_per_s,candle_p50_ms,chosen,ort_p50_ms,ort_p99_ms,ort_items_per_s,p50_ratio\n");
     for r in &report.runtime {
         let ort = |key: &str| {
             r.onnxruntime
@@ -661,12 +732,15 @@ fn write_csv(out: &Path, report: &Report) -> Result<()> {
                 .map_or(String::new(), |v| format!("{v:.4}"))
         };
         runtime.push_str(&format!(
-            "{},{},{:.4},{:.4},{:.1},{},{},{},{}\n",
+            "{},{},{:.4},{:.4},{:.1},{},{},{},{},{},{}\n",
             r.model,
             r.batch,
             r.tract.p50_ms,
             r.tract.p99_ms,
             r.tract.items_per_s,
+            r.candle
+                .map_or(String::new(), |c| format!("{:.4}", c.p50_ms)),
+            r.chosen,
             ort("p50_ms"),
             ort("p99_ms"),
             ort("items_per_s"),
@@ -692,21 +766,31 @@ fn opt(value: Option<f64>, digits: usize) -> String {
 
 fn print_tables(report: &Report) {
     println!("Machine: {}", report.machine);
-    println!("\nRuntime: tract vs onnxruntime, same file, 1 thread each");
+    println!("\nRuntime: tract (and candle where it applies) vs onnxruntime, 1 thread each");
     println!(
-        "  {:<18} {:>5} {:>10} {:>10} {:>10} {:>10} {:>8}",
-        "MODEL", "BATCH", "TRACT P50", "ORT P50", "TRACT /S", "ORT /S", "P50 ×"
+        "  {:<18} {:>5} {:>10} {:>11} {:>10} {:>10} {:>10} {:>7} {:>8}",
+        "MODEL",
+        "BATCH",
+        "TRACT P50",
+        "CANDLE P50",
+        "ORT P50",
+        "TRACT /S",
+        "ORT /S",
+        "CHOSEN",
+        "P50 ×"
     );
     for r in &report.runtime {
         let ort = |key: &str| r.onnxruntime.as_ref().and_then(|v| v[key].as_f64());
         println!(
-            "  {:<18} {:>5} {:>8.3}ms {:>8}ms {:>10.1} {:>10} {:>8}",
+            "  {:<18} {:>5} {:>8.3}ms {:>9}ms {:>8}ms {:>10.1} {:>10} {:>7} {:>8}",
             r.model,
             r.batch,
             r.tract.p50_ms,
+            opt(r.candle.map(|c| c.p50_ms), 3),
             opt(ort("p50_ms"), 3),
             r.tract.items_per_s,
             opt(ort("items_per_s"), 1),
+            r.chosen,
             opt(r.p50_ratio, 2)
         );
     }

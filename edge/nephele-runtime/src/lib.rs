@@ -19,6 +19,7 @@ use std::sync::Arc;
 use tract_onnx::prelude::*;
 
 pub mod bench;
+pub mod candle_bert;
 pub mod onnx_edit;
 pub mod variants;
 

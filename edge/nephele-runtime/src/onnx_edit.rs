@@ -419,11 +419,7 @@ fn fold_batch_norms(mut graph: GraphProto) -> GraphProto {
         if conv.op_type != "Conv" || uses.get(&bn.input[0]) != Some(&1) || conv.input.len() < 2 {
             continue;
         }
-        let param = |name: &String| {
-            initializers
-                .get(name)
-                .and_then(|t| float_values(t).ok())
-        };
+        let param = |name: &String| initializers.get(name).and_then(|t| float_values(t).ok());
         let (Some(weights), Some(scale), Some(bias), Some(mean), Some(var)) = (
             param(&conv.input[1]),
             param(&bn.input[1]),
@@ -434,7 +430,9 @@ fn fold_batch_norms(mut graph: GraphProto) -> GraphProto {
             continue;
         };
         let channels = scale.len();
-        if [bias.len(), mean.len(), var.len()].iter().any(|n| *n != channels)
+        if [bias.len(), mean.len(), var.len()]
+            .iter()
+            .any(|n| *n != channels)
             || channels == 0
             || weights.len() % channels != 0
             || initializers

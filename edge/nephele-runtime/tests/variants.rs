@@ -171,3 +171,84 @@ fn a_batch_of_any_size_gives_the_rows_that_batch_one_gives_in_order() {
     assert!(profile.iter().all(|p| p.1 >= 1));
     eprintln!("digits-mlp service time by batch size (µs): {profile:?}");
 }
+
+/// The registry models, when `shared/models/registry/prepare.sh` has fetched them.
+fn registry_dir(model: &str) -> Option<std::path::PathBuf> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../target/models")
+        .join(model);
+    if dir.join("validation.json").exists() {
+        Some(dir)
+    } else {
+        eprintln!(
+            "skipped: {} not prepared (run `bash shared/models/registry/prepare.sh`)",
+            dir.display()
+        );
+        None
+    }
+}
+
+/// (row length, rows, reference rows) of a `nephele-validation/1` file.
+fn validation_file(dir: &std::path::Path) -> (usize, Vec<Vec<f32>>, Vec<Vec<f32>>) {
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("validation.json")).expect("read"))
+            .expect("json");
+    let floats = |file: &str| -> Vec<f32> {
+        std::fs::read(dir.join(meta[file].as_str().expect("file name")))
+            .expect("read rows")
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect()
+    };
+    let product = |key: &str| -> usize {
+        meta[key]
+            .as_array()
+            .expect("shape")
+            .iter()
+            .map(|d| d.as_u64().expect("dim") as usize)
+            .product()
+    };
+    let (row, out) = (product("shape"), product("reference_shape"));
+    let rows = floats("rows_file")
+        .chunks(row)
+        .map(<[f32]>::to_vec)
+        .collect();
+    let reference = floats("reference_file")
+        .chunks(out)
+        .map(<[f32]>::to_vec)
+        .collect();
+    (row, rows, reference)
+}
+
+/// Three implementations of all-MiniLM-L6-v2 agree: candle from the safetensors, tract
+/// on the ONNX graph built from them, and the numpy forward the reference came from.
+#[test]
+fn minilm_in_candle_equals_tract_and_the_numpy_reference() {
+    let Some(dir) = registry_dir("minilm") else {
+        return;
+    };
+    let (seq, rows, reference) = validation_file(&dir);
+    let bert = nephele_runtime::candle_bert::CandleBert::load(
+        "minilm",
+        &std::fs::read(dir.join("model.safetensors")).expect("weights"),
+        &std::fs::read_to_string(dir.join("config.json")).expect("config"),
+    )
+    .expect("candle loads MiniLM");
+    let onnx = std::fs::read(dir.join("model.onnx")).expect("onnx");
+    let tract = Model::load_onnx("minilm", &onnx).expect("tract loads MiniLM");
+    let ids: Vec<f32> = rows.iter().flatten().copied().collect();
+    let candle_out = bert.embed(rows.len(), seq, &ids).expect("candle runs");
+    let (_, tract_out) = tract.infer(&[rows.len(), seq], &ids).expect("tract runs");
+    let hidden = bert.hidden_size();
+    for (i, expected) in reference.iter().enumerate() {
+        let c = &candle_out[i * hidden..(i + 1) * hidden];
+        let t = &tract_out[i * hidden..(i + 1) * hidden];
+        for ((a, b), e) in c.iter().zip(t).zip(expected) {
+            assert!((a - e).abs() <= 1e-4, "row {i}: candle {a} vs numpy {e}");
+            assert!((b - e).abs() <= 1e-4, "row {i}: tract {b} vs numpy {e}");
+        }
+    }
+    // Bad ids are an error, not a panic.
+    assert!(bert.embed(1, seq, &vec![1e9; seq]).is_err());
+    assert!(bert.embed(1, seq, &vec![0.5; seq]).is_err());
+}

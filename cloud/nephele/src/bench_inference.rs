@@ -68,6 +68,49 @@ struct BenchModel {
     candle_dir: Option<PathBuf>,
 }
 
+/// The runtime with its onnxruntime backend chosen, when built with the feature and
+/// `ORT_DYLIB_PATH` points at the library.
+#[cfg(feature = "onnxruntime")]
+fn onnxruntime_backend(
+    bench: &BenchModel,
+    json: bool,
+    skipped: &mut Vec<String>,
+) -> Result<Option<Model>> {
+    // A model of its own: clones share the backend switch.
+    let mut model = Model::load_variant(bench.name, &bench.bytes, Some(&bench.row_shape))
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    match model.attach_onnxruntime(&bench.bytes) {
+        Ok(()) => {
+            progress(
+                json,
+                &format!("{}: onnxruntime backend attached", bench.name),
+            );
+            model.force_onnxruntime();
+            Ok(Some(model))
+        }
+        Err(error) => {
+            if !skipped.iter().any(|s| s.starts_with("onnxruntime backend")) {
+                skipped.push(format!("onnxruntime backend: {error}"));
+            }
+            Ok(None)
+        }
+    }
+}
+
+#[cfg(not(feature = "onnxruntime"))]
+fn onnxruntime_backend(
+    _: &BenchModel,
+    _: bool,
+    skipped: &mut Vec<String>,
+) -> Result<Option<Model>> {
+    if !skipped.iter().any(|s| s.starts_with("onnxruntime backend")) {
+        skipped.push(
+            "onnxruntime backend: not built (cargo run --release --features onnxruntime --bin nephele -- bench inference, with ORT_DYLIB_PATH set)".into(),
+        );
+    }
+    Ok(None)
+}
+
 /// The same protocol as [`measure`], for the candle encoder.
 fn measure_candle(
     bert: &CandleBert,
@@ -116,6 +159,8 @@ pub struct RuntimeRow {
     pub tract: LatencyStats,
     /// The candle backend, for the models it implements (the BERT encoder).
     pub candle: Option<LatencyStats>,
+    /// The runtime's onnxruntime backend (feature `onnxruntime`, `ORT_DYLIB_PATH`).
+    pub onnxruntime_backend: Option<LatencyStats>,
     /// The faster of tract and candle here: what nephele would run.
     pub chosen: String,
     pub onnxruntime: Option<Value>,
@@ -414,6 +459,7 @@ pub fn run(args: InferenceArgs) -> Result<()> {
                 .map_err(|e| progress(args.json, &format!("candle: {e}")))
                 .ok()
         });
+        let ort_backend = onnxruntime_backend(model, args.json, &mut skipped)?;
         progress(args.json, &format!("{}: onnxruntime", model.name));
         let ort = match onnxruntime(&args, model) {
             Ok(value) => Some(value),
@@ -437,10 +483,19 @@ pub fn run(args: InferenceArgs) -> Result<()> {
                     .map_err(|e| progress(args.json, &format!("candle: {e}")))
                     .ok()
             });
-            let (chosen, chosen_stat) = match candle_stat {
-                Some(c) if c.p50_ms < stat.p50_ms => ("candle", c),
-                _ => ("tract", stat),
-            };
+            let backend_stat = ort_backend
+                .as_ref()
+                .and_then(|m| measure(m, &model.validation.rows, stat.batch, 5, duration, 5).ok());
+            let (chosen, chosen_stat) = [("candle", candle_stat), ("onnxruntime", backend_stat)]
+                .into_iter()
+                .filter_map(|(name, s)| s.map(|s| (name, s)))
+                .fold(("tract", stat), |best, next| {
+                    if next.1.p50_ms < best.1.p50_ms {
+                        next
+                    } else {
+                        best
+                    }
+                });
             let p50_ratio = ort_row
                 .as_ref()
                 .and_then(|r| r["p50_ms"].as_f64())
@@ -454,6 +509,7 @@ pub fn run(args: InferenceArgs) -> Result<()> {
                 batch: stat.batch,
                 tract: stat,
                 candle: candle_stat,
+                onnxruntime_backend: backend_stat,
                 chosen: chosen.to_string(),
                 onnxruntime: ort_row,
                 p50_ratio,
@@ -782,11 +838,12 @@ fn print_tables(report: &Report) {
     for r in &report.runtime {
         let ort = |key: &str| r.onnxruntime.as_ref().and_then(|v| v[key].as_f64());
         println!(
-            "  {:<18} {:>5} {:>8.3}ms {:>9}ms {:>8}ms {:>10.1} {:>10} {:>7} {:>8}",
+            "  {:<18} {:>5} {:>8.3}ms {:>9}ms {:>10}ms {:>8}ms {:>10.1} {:>10} {:>11} {:>8}",
             r.model,
             r.batch,
             r.tract.p50_ms,
             opt(r.candle.map(|c| c.p50_ms), 3),
+            opt(r.onnxruntime_backend.map(|c| c.p50_ms), 3),
             opt(ort("p50_ms"), 3),
             r.tract.items_per_s,
             opt(ort("items_per_s"), 1),

@@ -493,7 +493,16 @@ async fn reconcile(agent: &Arc<Agent>, desired: &DesiredState) {
         // Up to 64 rows per batch, never more than may queue.
         let max_batch = capacity.clamp(1, 64);
         let loaded = tokio::task::spawn_blocking(move || {
-            let model = nephele_runtime::Model::load_variant(&model_name, &bytes, None)?;
+            #[allow(unused_mut)]
+            let mut model = nephele_runtime::Model::load_variant(&model_name, &bytes, None)?;
+            #[cfg(feature = "onnxruntime")]
+            match model.attach_onnxruntime(&bytes) {
+                Ok(()) => match model.choose_backend(20) {
+                    Ok(choice) => tracing::info!(model = %model_name, ?choice, "backend chosen by measurement"),
+                    Err(error) => tracing::warn!(model = %model_name, %error, "backend measurement failed; tract"),
+                },
+                Err(error) => tracing::info!(model = %model_name, %error, "onnxruntime not available; tract"),
+            }
             // The batcher chooses batch sizes from what each size costs on this device.
             let profile = model.tune_batches(max_batch, 5)?;
             Ok::<_, nephele_runtime::RuntimeError>((model, profile))

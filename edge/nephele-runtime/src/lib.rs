@@ -21,6 +21,8 @@ use tract_onnx::prelude::*;
 pub mod bench;
 pub mod candle_bert;
 pub mod onnx_edit;
+#[cfg(feature = "onnxruntime")]
+pub mod ort_backend;
 pub mod variants;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -67,6 +69,20 @@ pub struct Model {
     output: TensorInfo,
     /// Number of values in one input row (the input shape without its batch dimension).
     row_len: usize,
+    /// The same file in onnxruntime, when attached ([`Model::attach_onnxruntime`]).
+    #[cfg(feature = "onnxruntime")]
+    onnxruntime: Option<Arc<ort_backend::OrtSession>>,
+    /// Whether [`Model::choose_backend`] found onnxruntime faster for this model.
+    use_onnxruntime: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// What [`Model::choose_backend`] measured and chose.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct BackendChoice {
+    pub backend: &'static str,
+    /// Median batch-1 time of each backend measured, µs.
+    pub tract_us: u64,
+    pub onnxruntime_us: Option<u64>,
 }
 
 impl std::fmt::Debug for Model {
@@ -230,6 +246,9 @@ impl Model {
             inference: Arc::new(inference),
             plans: Arc::new(plans),
             halve: Arc::new(Default::default()),
+            #[cfg(feature = "onnxruntime")]
+            onnxruntime: None,
+            use_onnxruntime: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             input: TensorInfo {
                 name: input_name,
                 shape: input_shape,
@@ -244,6 +263,60 @@ impl Model {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Loads the same file into onnxruntime as well (feature `onnxruntime`); the model
+    /// keeps running on tract until [`Model::choose_backend`] finds onnxruntime faster.
+    #[cfg(feature = "onnxruntime")]
+    pub fn attach_onnxruntime(&mut self, bytes: &[u8]) -> Result<(), RuntimeError> {
+        self.onnxruntime = Some(Arc::new(ort_backend::OrtSession::load(&self.name, bytes)?));
+        Ok(())
+    }
+
+    /// Runs this model on onnxruntime from now on, if attached (for measuring it).
+    #[cfg(feature = "onnxruntime")]
+    pub fn force_onnxruntime(&self) {
+        if self.onnxruntime.is_some() {
+            self.use_onnxruntime
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// The backend that runs this model now.
+    pub fn backend(&self) -> &'static str {
+        if self
+            .use_onnxruntime
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            "onnxruntime"
+        } else {
+            "tract"
+        }
+    }
+
+    /// Measures batch 1 on every attached backend (median of `repeats` runs on zero
+    /// input) and runs the model on the fastest from now on.
+    pub fn choose_backend(&self, repeats: usize) -> Result<BackendChoice, RuntimeError> {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.use_onnxruntime.store(false, Relaxed);
+        let tract_us = self.profile_batches(&[1], repeats)?[0].1;
+        #[cfg(feature = "onnxruntime")]
+        if self.onnxruntime.is_some() {
+            self.use_onnxruntime.store(true, Relaxed);
+            let ort_us = self.profile_batches(&[1], repeats)?[0].1;
+            let faster = ort_us < tract_us;
+            self.use_onnxruntime.store(faster, Relaxed);
+            return Ok(BackendChoice {
+                backend: self.backend(),
+                tract_us,
+                onnxruntime_us: Some(ort_us),
+            });
+        }
+        Ok(BackendChoice {
+            backend: "tract",
+            tract_us,
+            onnxruntime_us: None,
+        })
     }
 
     /// The plan for `BATCH_PLANS[index]`, built on first use; `None` when this size
@@ -442,6 +515,17 @@ impl Model {
         }
         if batch == 0 {
             return Err(bad("empty batch".into()));
+        }
+        #[cfg(feature = "onnxruntime")]
+        if self
+            .use_onnxruntime
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            if let Some(session) = &self.onnxruntime {
+                let mut full_shape = vec![batch];
+                full_shape.extend_from_slice(&row_shape);
+                return session.run(&self.name, &full_shape, data);
+            }
         }
         let mut out_shape = Vec::new();
         let mut out = Vec::new();

@@ -252,3 +252,34 @@ fn minilm_in_candle_equals_tract_and_the_numpy_reference() {
     assert!(bert.embed(1, seq, &vec![1e9; seq]).is_err());
     assert!(bert.embed(1, seq, &vec![0.5; seq]).is_err());
 }
+
+/// The optional onnxruntime backend gives tract's answers and is chosen by measurement.
+#[cfg(feature = "onnxruntime")]
+#[test]
+fn the_onnxruntime_backend_agrees_with_tract_and_is_chosen_by_measurement() {
+    if std::env::var("ORT_DYLIB_PATH").is_err() {
+        eprintln!("skipped: ORT_DYLIB_PATH is not set (tests/run.sh sets it from target/models)");
+        return;
+    }
+    let tract = Model::load_onnx("digits", MODEL).expect("loads");
+    let mut both = Model::load_onnx("digits", MODEL).expect("loads");
+    both.attach_onnxruntime(MODEL)
+        .expect("onnxruntime loads the same file");
+    both.force_onnxruntime();
+    assert_eq!(both.backend(), "onnxruntime");
+    let rows = heldout().rows;
+    let data: Vec<f32> = rows.iter().take(13).flatten().copied().collect();
+    let (shape_a, a) = tract.infer(&[13, 64], &data).expect("tract runs");
+    let (shape_b, b) = both.infer(&[13, 64], &data).expect("onnxruntime runs");
+    assert_eq!(shape_a, shape_b);
+    for (x, y) in a.iter().zip(&b) {
+        assert!((x - y).abs() <= 1e-4 * x.abs().max(1.0), "{x} vs {y}");
+    }
+    let choice = both.choose_backend(20).expect("measures");
+    assert_eq!(choice.backend, both.backend());
+    assert!(choice.onnxruntime_us.is_some());
+    // A corrupt file is refused by onnxruntime too, with the model's name.
+    let mut broken = Model::load_onnx("digits", MODEL).expect("loads");
+    let error = broken.attach_onnxruntime(b"garbage").unwrap_err();
+    assert!(error.to_string().contains("model digits"), "{error}");
+}

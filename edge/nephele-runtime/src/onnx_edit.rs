@@ -377,7 +377,10 @@ impl OnnxGraph {
                 .collect(),
             ..graph.clone()
         };
-        Ok((self.with_graph(new_graph).encode_to_vec(), report))
+        Ok((
+            self.with_graph(minify_names(new_graph)).encode_to_vec(),
+            report,
+        ))
     }
 }
 
@@ -526,6 +529,46 @@ fn fold_batch_norms(mut graph: GraphProto) -> GraphProto {
     // Deterministic file bytes: initializers in name order.
     kept.sort_by(|a, b| a.name.cmp(&b.name));
     graph.initializer = kept;
+    graph
+}
+
+/// Renames every internal tensor and node to a short id and drops doc strings: the int8
+/// variant is a transport artifact, and in a small CNN its names were a tenth of the
+/// file. The graph's inputs and outputs keep their names (clients and splits use them);
+/// the full variant keeps every original name for debugging.
+fn minify_names(mut graph: GraphProto) -> GraphProto {
+    let keep: HashSet<String> = graph
+        .input
+        .iter()
+        .chain(graph.output.iter())
+        .map(|v| v.name.clone())
+        .collect();
+    let mut names: HashMap<String, String> = HashMap::new();
+    let mut rename = |name: &mut String| {
+        if name.is_empty() || keep.contains(name.as_str()) {
+            return;
+        }
+        let next = names.len();
+        let short = names
+            .entry(name.clone())
+            .or_insert_with(|| format!("{next:x}"))
+            .clone();
+        *name = short;
+    };
+    for tensor in &mut graph.initializer {
+        rename(&mut tensor.name);
+        tensor.doc_string.clear();
+    }
+    for (index, node) in graph.node.iter_mut().enumerate() {
+        node.input.iter_mut().for_each(&mut rename);
+        node.output.iter_mut().for_each(&mut rename);
+        node.name = format!("n{index:x}");
+        node.doc_string.clear();
+    }
+    for value in &mut graph.value_info {
+        rename(&mut value.name);
+    }
+    graph.doc_string.clear();
     graph
 }
 

@@ -487,7 +487,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
     }
     api.post(
         "/v1/deployments",
-        &serde_json::json!({"name": "digits", "model": "digits-mlp", "selector": "tier=edge", "slo_ms": 2, "max_queue": 4, "offload": true}),
+        &serde_json::json!({"name": "digits", "model": "digits-mlp", "selector": "tier=edge", "slo_ms": 20, "max_queue": 4, "offload": true}),
     )?;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use nephele_edge::batcher::{BatchError, Batcher, BatcherConfig};
 use nephele_infer_policy::batching::BatchSetting;
-use nephele_runtime::bench::{measure, percentile, LatencyStats};
+use nephele_runtime::bench::{measure, percentile, sample_batches, time_runs, LatencyStats};
 use nephele_runtime::candle_bert::CandleBert;
 use nephele_runtime::variants::{build_variants_with, ValidationSet};
 use nephele_runtime::Model;
@@ -224,37 +224,15 @@ fn measure_candle(
     duration: Duration,
 ) -> Result<LatencyStats> {
     let seq = rows.first().map_or(0, Vec::len);
-    let batches: Vec<Vec<f32>> = (0..4)
-        .map(|offset| {
-            (0..batch)
-                .flat_map(|i| rows[(offset * batch + i) % rows.len()].iter().copied())
-                .collect()
-        })
-        .collect();
-    for data in &batches {
-        bert.embed(batch, seq, data)
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-    }
-    let mut times_ms = Vec::new();
-    let started = Instant::now();
-    while times_ms.len() < 5 || started.elapsed() < duration {
-        let data = &batches[times_ms.len() % batches.len()];
-        let begun = Instant::now();
-        bert.embed(batch, seq, data)
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-        times_ms.push(begun.elapsed().as_secs_f64() * 1e3);
-    }
-    let total: f64 = times_ms.iter().sum();
-    let runs = times_ms.len();
-    times_ms.sort_by(f64::total_cmp);
-    Ok(LatencyStats {
+    time_runs(
         batch,
-        runs,
-        p50_ms: percentile(&times_ms, 0.5),
-        p99_ms: percentile(&times_ms, 0.99),
-        mean_ms: total / runs as f64,
-        items_per_s: (runs * batch) as f64 / (total / 1e3).max(1e-12),
-    })
+        &sample_batches(rows, batch),
+        4,
+        duration,
+        5,
+        |data| bert.embed(batch, seq, data).map(|_| ()),
+    )
+    .map_err(|e| anyhow::anyhow!("{e}"))
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -30,48 +30,43 @@ pub fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
-/// Runs `model` on batches of `batch` rows taken in turn from `rows` (each one input row
-/// without the batch axis), `warmup` times untimed, then for `duration` (and at least
-/// `min_runs` times).
-pub fn measure(
-    model: &Model,
-    rows: &[Vec<f32>],
-    batch: usize,
-    warmup: usize,
-    duration: Duration,
-    min_runs: usize,
-) -> Result<LatencyStats, RuntimeError> {
-    let bad = |cause: String| RuntimeError::BadInput {
-        model: model.name().to_string(),
-        cause,
-    };
+/// Four distinct batches of `batch` rows taken in turn from `rows`, so caches see
+/// different data as in serving. Empty when `rows` is empty or `batch` is 0.
+pub fn sample_batches(rows: &[Vec<f32>], batch: usize) -> Vec<Vec<f32>> {
     if rows.is_empty() || batch == 0 {
-        return Err(bad("no input rows or a batch of 0".into()));
+        return Vec::new();
     }
-    let row_shape: Vec<usize> = model.input().shape[1..]
-        .iter()
-        .map(|d| (*d).max(1) as usize)
-        .collect();
-    let mut shape = vec![batch];
-    shape.extend_from_slice(&row_shape);
-    // A few distinct batches, so caches see different data as in serving.
-    let batches: Vec<Vec<f32>> = (0..4)
+    (0..4)
         .map(|offset| {
             (0..batch)
                 .flat_map(|i| rows[(offset * batch + i) % rows.len()].iter().copied())
                 .collect()
         })
-        .collect();
-    for i in 0..warmup {
-        model.infer(&shape, &batches[i % batches.len()])?;
-    }
+        .collect()
+}
+
+/// The protocol for any backend: `run` on `batches` in turn, `warmup` times untimed,
+/// then for `duration` (and at least `min_runs` times), each run timed alone.
+pub fn time_runs<E>(
+    batch: usize,
+    batches: &[Vec<f32>],
+    warmup: usize,
+    duration: Duration,
+    min_runs: usize,
+    mut run: impl FnMut(&[f32]) -> Result<(), E>,
+) -> Result<LatencyStats, E> {
     let mut times_ms = Vec::new();
-    let started = Instant::now();
-    while times_ms.len() < min_runs.max(1) || started.elapsed() < duration {
-        let data = &batches[times_ms.len() % batches.len()];
-        let run_started = Instant::now();
-        model.infer(&shape, data)?;
-        times_ms.push(run_started.elapsed().as_secs_f64() * 1e3);
+    if !batches.is_empty() {
+        for i in 0..warmup {
+            run(&batches[i % batches.len()])?;
+        }
+        let started = Instant::now();
+        while times_ms.len() < min_runs.max(1) || started.elapsed() < duration {
+            let data = &batches[times_ms.len() % batches.len()];
+            let run_started = Instant::now();
+            run(data)?;
+            times_ms.push(run_started.elapsed().as_secs_f64() * 1e3);
+        }
     }
     let total_ms: f64 = times_ms.iter().sum();
     let runs = times_ms.len();
@@ -81,9 +76,41 @@ pub fn measure(
         runs,
         p50_ms: percentile(&times_ms, 0.5),
         p99_ms: percentile(&times_ms, 0.99),
-        mean_ms: total_ms / runs as f64,
+        mean_ms: total_ms / runs.max(1) as f64,
         items_per_s: (runs * batch) as f64 / (total_ms / 1e3).max(1e-12),
     })
+}
+
+/// Runs `model` on batches of `batch` rows taken in turn from `rows` (each one input row
+/// without the batch axis), with [`time_runs`]' protocol.
+pub fn measure(
+    model: &Model,
+    rows: &[Vec<f32>],
+    batch: usize,
+    warmup: usize,
+    duration: Duration,
+    min_runs: usize,
+) -> Result<LatencyStats, RuntimeError> {
+    if rows.is_empty() || batch == 0 {
+        return Err(RuntimeError::BadInput {
+            model: model.name().to_string(),
+            cause: "no input rows or a batch of 0".into(),
+        });
+    }
+    let mut shape = vec![batch];
+    shape.extend(
+        model.input().shape[1..]
+            .iter()
+            .map(|d| (*d).max(1) as usize),
+    );
+    time_runs(
+        batch,
+        &sample_batches(rows, batch),
+        warmup,
+        duration,
+        min_runs,
+        |data| model.infer(&shape, data).map(|_| ()),
+    )
 }
 
 #[cfg(test)]

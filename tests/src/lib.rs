@@ -125,6 +125,9 @@ pub struct Cloud {
 
 pub const TWO_REGIONS: &str = r#"
 heartbeat_interval_ms = 300
+[scheduler]
+tick_ms = 200
+grace_s = 1
 [[region]]
 name = "eu-west"
 [[region.pool]]

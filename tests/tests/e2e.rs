@@ -723,3 +723,210 @@ fn hard_examples_go_to_the_pool_and_a_cut_cloud_loses_no_request() {
         assert_eq!(reply["where"], "local", "{reply}");
     }
 }
+
+/// The job scheduler behind the API, with a real pool agent filling a node slot: a job
+/// waits (and says why) until a pool connects, is placed on it, is preempted by higher
+/// priority work after the grace period, waits again when its agent goes away, and
+/// bad requests get clear errors. The CLI reads the same views.
+#[test]
+fn jobs_are_scheduled_onto_pool_agents() {
+    let cloud = Cloud::start("jobs").expect("cloud");
+    let http = cloud.client();
+    let job = |name: &str| {
+        cloud
+            .get(&format!("/v1/jobs/{name}"))
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    let submit = |body: Value| {
+        http.raw_json("POST", &format!("{}/v1/jobs", cloud.api), &body)
+            .unwrap()
+    };
+
+    // No pool agent yet: accepted, pending, and the answer says what to do.
+    let (status, train) = submit(serde_json::json!({
+        "name": "train", "region": "eu-west", "gpus": 2, "cpu_milli": 8000,
+        "memory_mib": 32768, "expected_runtime_s": 3600
+    }));
+    assert_eq!(status, 201, "{train}");
+    assert_eq!(train["state"], "pending", "{train}");
+    assert_eq!(
+        train["why_pending"]["reasons"][0],
+        serde_json::json!({"reason": "node down", "nodes": 4}),
+        "{train}"
+    );
+    assert!(train["why_pending"]["hint"]
+        .as_str()
+        .unwrap()
+        .contains("--role pool"));
+
+    let pool = Edge::start(
+        &cloud,
+        "pool-1",
+        "eu-west",
+        &["--role", "pool", "--profile", "gpu-4x-l4"],
+        &[],
+    )
+    .unwrap();
+    let placed = cloud
+        .wait_for("/v1/jobs/train", "train placed", |v| {
+            v["state"] == "running"
+        })
+        .unwrap();
+    assert_eq!(placed["placement"][0]["node"], "l4-0", "{placed}");
+    assert_eq!(placed["placement"][0]["agent"], "pool-1", "{placed}");
+    assert_eq!(placed["placement"][0]["gpus"].as_array().unwrap().len(), 2);
+    let nodes = cloud.get("/v1/regions/eu-west/nodes").unwrap();
+    assert_eq!(nodes.as_array().unwrap().len(), 4, "{nodes}");
+    assert_eq!(nodes[0]["jobs"], serde_json::json!(["default/train"]));
+    assert_eq!(nodes[0]["gpu_free_milli"].as_array().unwrap().len(), 4);
+    assert_eq!(nodes[1]["up"], false);
+
+    // A gang that needs two nodes waits whole; the reason counts the nodes.
+    let (_, gang) = submit(serde_json::json!({
+        "name": "gang", "region": "eu-west", "members": 2, "gpus": 4,
+        "topology": "any", "priority": "best-effort"
+    }));
+    assert_eq!(gang["state"], "pending", "{gang}");
+    assert!(
+        gang["why_pending"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("insufficient gpu"),
+        "{gang}"
+    );
+
+    // Production work preempts the batch job after its 1 s grace period.
+    let (status, urgent) = submit(serde_json::json!({
+        "name": "urgent", "region": "eu-west", "gpus": 4, "priority": "production"
+    }));
+    assert_eq!(status, 201, "{urgent}");
+    assert!(
+        urgent["why_pending"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("preempted"),
+        "{urgent}"
+    );
+    let victim = job("train");
+    // Within the grace period it is terminating; a slow machine may already be past it.
+    if victim["state"] == "terminating" {
+        assert_eq!(victim["preempted_by"], "default/urgent", "{victim}");
+    } else {
+        assert_eq!(victim["state"], "pending", "{victim}");
+    }
+    cloud
+        .wait_for("/v1/jobs/urgent", "urgent placed", |v| {
+            v["state"] == "running"
+        })
+        .unwrap();
+    let train = job("train");
+    assert_eq!(train["state"], "pending", "{train}");
+    assert_eq!(train["requeues"], 1, "{train}");
+
+    // The CLI shows the same.
+    let cli = |args: &[&str]| {
+        let output = std::process::Command::new(nephele_e2e::bin("nephele"))
+            .args(args)
+            .args(["--api", &cloud.api, "--token", &cloud.token])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&output.stdout).to_string()
+            + &String::from_utf8_lossy(&output.stderr);
+        (output.status.success(), text)
+    };
+    let (ok, text) = cli(&["job", "get", "urgent"]);
+    assert!(
+        ok && text.contains("running") && text.contains("l4-0["),
+        "{text}"
+    );
+    let (ok, text) = cli(&["job", "list"]);
+    assert!(
+        ok && text.contains("gang") && text.contains("pending"),
+        "{text}"
+    );
+    let (ok, text) = cli(&["region", "nodes", "eu-west"]);
+    assert!(
+        ok && text.contains("pool-1") && text.contains("default/urgent"),
+        "{text}"
+    );
+    let (ok, text) = cli(&["job", "submit", "x", "--gpus", "2", "--gpu-milli", "500"]);
+    assert!(!ok && text.contains("fractional"), "{text}");
+
+    // Bad requests: clear errors, nothing queued.
+    for (body, status, needle) in [
+        (
+            serde_json::json!({"name": "a", "gpu": 1}),
+            400,
+            "unknown field",
+        ),
+        (
+            serde_json::json!({"name": "a", "region": "mars"}),
+            404,
+            "eu-west",
+        ),
+        (
+            serde_json::json!({"name": "a", "tenant": "nobody"}),
+            400,
+            "tenant",
+        ),
+        (
+            serde_json::json!({"name": "urgent", "region": "eu-west"}),
+            409,
+            "exists",
+        ),
+        (
+            serde_json::json!({"name": "a", "gpus": 1, "gpu_models": ["TPU v5"]}),
+            400,
+            "NVIDIA L4",
+        ),
+    ] {
+        let (got, answer) = submit(body.clone());
+        assert_eq!(got, status, "{body}: {answer}");
+        assert!(
+            answer["message"].as_str().unwrap().contains(needle),
+            "{body}: {answer}"
+        );
+    }
+    let (status, _) = nephele_e2e::Http::new(Some("bogus.token".into()))
+        .raw_json(
+            "POST",
+            &format!("{}/v1/jobs", cloud.api),
+            &serde_json::json!({"name": "a"}),
+        )
+        .unwrap();
+    assert_eq!(status, 401);
+    assert_eq!(cloud.get("/v1/jobs").unwrap().as_array().unwrap().len(), 3);
+
+    // The pool agent goes away: its jobs wait again, on "node down".
+    drop(pool);
+    let urgent = cloud
+        .wait_for("/v1/jobs/urgent", "urgent requeued", |v| {
+            v["state"] == "pending"
+        })
+        .unwrap();
+    assert!(
+        urgent["why_pending"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("node down"),
+        "{urgent}"
+    );
+    // Delete answers with the job as it was; then it is gone.
+    let deleted = cloud
+        .client()
+        .request("DELETE", &format!("{}/v1/jobs/urgent", cloud.api), None)
+        .unwrap();
+    assert_eq!(deleted["name"], "urgent");
+    assert!(cloud.get("/v1/jobs/urgent").is_err());
+    let metrics = cloud
+        .client()
+        .request("GET", &format!("{}/metrics", cloud.api), None)
+        .unwrap();
+    assert!(
+        metrics
+            .as_str()
+            .unwrap()
+            .contains("nephele_scheduler_events_total{region=\"eu-west\",kind=\"preempted\"} 1"),
+        "{metrics}"
+    );
+}

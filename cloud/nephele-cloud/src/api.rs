@@ -9,11 +9,19 @@ use actix_web::{http::StatusCode, web, HttpRequest, HttpResponse, ResponseError}
 use serde::Deserialize;
 
 use crate::federation::*;
+use crate::region::{DeleteJob, GetJob, ListJobs, ListNodes, RegionActor, SubmitJob};
+use crate::scheduler::{JobSpec, JobView, SchedError};
 
 pub struct ApiState {
     pub federation: Addr<FederationActor>,
     pub metrics: nephele_telemetry::Registry,
+    /// Region actors by name, for the job routes.
+    pub regions: std::collections::HashMap<String, Addr<RegionActor>>,
+    pub default_region: String,
 }
+
+/// Largest job spec accepted.
+pub const MAX_JOB_BYTES: usize = 64 * 1024;
 
 /// Largest model upload accepted.
 pub const MAX_MODEL_BYTES: usize = 512 * 1024 * 1024;
@@ -31,6 +39,7 @@ impl ResponseError for ApiError {
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -40,6 +49,7 @@ impl ResponseError for ApiError {
             ApiError::NotFound(_) => "not_found",
             ApiError::Conflict(_) => "conflict",
             ApiError::Unauthorized(_) => "unauthorized",
+            ApiError::Forbidden(_) => "forbidden",
             ApiError::Internal(_) => "internal",
         };
         HttpResponse::build(self.status_code()).json(ErrorBody {
@@ -53,7 +63,7 @@ fn mailbox(error: actix::MailboxError) -> ApiError {
     ApiError::Internal(format!("control plane busy: {error}"))
 }
 
-async fn authorize(request: &HttpRequest, state: &ApiState) -> Result<String, ApiError> {
+async fn authorize(request: &HttpRequest, state: &ApiState) -> Result<Principal, ApiError> {
     let header = request
         .headers()
         .get("authorization")
@@ -349,6 +359,227 @@ async fn list_regions(
     Ok(HttpResponse::Ok().json(forward!(state, "list_regions", ListRegions)?))
 }
 
+// ----------------------------------------------------------------------------------
+// Jobs: the region schedulers
+// ----------------------------------------------------------------------------------
+
+impl From<SchedError> for ApiError {
+    fn from(error: SchedError) -> Self {
+        match error {
+            SchedError::BadRequest(m) => ApiError::BadRequest(m),
+            SchedError::NotFound(m) => ApiError::NotFound(m),
+            SchedError::Conflict(m) => ApiError::Conflict(m),
+        }
+    }
+}
+
+/// The tenant a request acts for: its token's, or (admins only) the one it names.
+fn acting_tenant(principal: &Principal, requested: Option<&str>) -> Result<String, ApiError> {
+    match requested {
+        None => Ok(principal.tenant.clone()),
+        Some(tenant) if tenant == principal.tenant || principal.is_admin() => {
+            Ok(tenant.to_string())
+        }
+        Some(tenant) => Err(ApiError::Forbidden(format!(
+            "this token acts for tenant {}, not {tenant}",
+            principal.tenant
+        ))),
+    }
+}
+
+fn region_actor(state: &ApiState, name: &str) -> Result<Addr<RegionActor>, ApiError> {
+    state.regions.get(name).cloned().ok_or_else(|| {
+        let mut known: Vec<&str> = state.regions.keys().map(String::as_str).collect();
+        known.sort_unstable();
+        ApiError::NotFound(format!("no region {name:?}; regions: {}", known.join(", ")))
+    })
+}
+
+/// The named region, or every region (sorted by name) when none is named.
+fn regions_to_search(
+    state: &ApiState,
+    name: Option<&str>,
+) -> Result<Vec<(String, Addr<RegionActor>)>, ApiError> {
+    match name {
+        Some(name) => Ok(vec![(name.to_string(), region_actor(state, name)?)]),
+        None => {
+            let mut all: Vec<(String, Addr<RegionActor>)> = state
+                .regions
+                .iter()
+                .map(|(n, a)| (n.clone(), a.clone()))
+                .collect();
+            all.sort_by(|a, b| a.0.cmp(&b.0));
+            Ok(all)
+        }
+    }
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct JobQuery {
+    pub region: Option<String>,
+    pub tenant: Option<String>,
+}
+
+fn parse_query(request: &HttpRequest) -> Result<JobQuery, ApiError> {
+    web::Query::<JobQuery>::from_query(request.query_string())
+        .map(web::Query::into_inner)
+        .map_err(|e| ApiError::BadRequest(format!("bad query ({e}); accepted: region, tenant")))
+}
+
+/// `POST /v1/jobs` with a [`JobSpec`]: queues it and answers with where it went or why it
+/// is not placed yet.
+async fn submit_job(
+    request: HttpRequest,
+    state: web::Data<ApiState>,
+    body: web::Bytes,
+) -> Result<HttpResponse, ApiError> {
+    let principal = authorize(&request, &state).await?;
+    if body.len() > MAX_JOB_BYTES {
+        return Err(ApiError::BadRequest(format!(
+            "job spec of {} bytes; at most {MAX_JOB_BYTES}",
+            body.len()
+        )));
+    }
+    let spec: JobSpec = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::BadRequest(format!(
+            "invalid job ({e}); expected {{\"name\", \"gpus\"?, \"members\"?, \"cpu_milli\"?, \"memory_mib\"?, \"priority\"?, ...}} (see the README's API section)"
+        ))
+    })?;
+    let tenant = acting_tenant(&principal, spec.tenant.as_deref())?;
+    let region = spec
+        .region
+        .clone()
+        .unwrap_or_else(|| state.default_region.clone());
+    let actor = region_actor(&state, &region)?;
+    let result = actor
+        .send(SubmitJob { tenant, spec })
+        .await
+        .map_err(mailbox)
+        .and_then(|r| r.map_err(ApiError::from));
+    count(&state, "submit_job", result.is_ok());
+    Ok(HttpResponse::Created().json(result?))
+}
+
+/// `GET /v1/jobs[?region=&tenant=]`: the caller's tenant's jobs; admins see every
+/// tenant's unless they name one.
+async fn list_jobs(
+    request: HttpRequest,
+    state: web::Data<ApiState>,
+) -> Result<HttpResponse, ApiError> {
+    let principal = authorize(&request, &state).await?;
+    let query = parse_query(&request)?;
+    let tenant = match query.tenant.as_deref() {
+        None if principal.is_admin() => None,
+        requested => Some(acting_tenant(&principal, requested)?),
+    };
+    let mut jobs: Vec<JobView> = Vec::new();
+    for (_, actor) in regions_to_search(&state, query.region.as_deref())? {
+        jobs.extend(
+            actor
+                .send(ListJobs {
+                    tenant: tenant.clone(),
+                })
+                .await
+                .map_err(mailbox)?,
+        );
+    }
+    count(&state, "list_jobs", true);
+    Ok(HttpResponse::Ok().json(jobs))
+}
+
+/// Finds the caller's job `name` in the named region or, without one, in the only
+/// region that has it.
+async fn find_job(
+    state: &ApiState,
+    principal: &Principal,
+    query: &JobQuery,
+    name: &str,
+) -> Result<(Addr<RegionActor>, String, JobView), ApiError> {
+    let tenant = acting_tenant(principal, query.tenant.as_deref())?;
+    let mut found = Vec::new();
+    let mut last_error = None;
+    for (region, actor) in regions_to_search(state, query.region.as_deref())? {
+        match actor
+            .send(GetJob {
+                tenant: tenant.clone(),
+                name: name.to_string(),
+            })
+            .await
+            .map_err(mailbox)?
+        {
+            Ok(view) => found.push((actor, region, view)),
+            Err(error) => last_error = Some(error),
+        }
+    }
+    match found.len() {
+        0 => Err(last_error
+            .map(ApiError::from)
+            .unwrap_or_else(|| ApiError::NotFound(format!("no job {name:?}")))),
+        1 => {
+            let (actor, _, view) = found.remove(0);
+            Ok((actor, tenant, view))
+        }
+        _ => Err(ApiError::Conflict(format!(
+            "job {name} exists in regions {}; add ?region=",
+            found
+                .iter()
+                .map(|(_, r, _)| r.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
+    }
+}
+
+/// `GET /v1/jobs/{name}[?region=&tenant=]`: state, placement, and why it is pending.
+async fn get_job(
+    request: HttpRequest,
+    state: web::Data<ApiState>,
+    name: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let principal = authorize(&request, &state).await?;
+    let query = parse_query(&request)?;
+    let result = find_job(&state, &principal, &query, &name).await;
+    count(&state, "get_job", result.is_ok());
+    Ok(HttpResponse::Ok().json(result?.2))
+}
+
+/// `DELETE /v1/jobs/{name}[?region=&tenant=]`: cancels or ends it; its resources go
+/// back at once. Answers with the job as it was.
+async fn delete_job(
+    request: HttpRequest,
+    state: web::Data<ApiState>,
+    name: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let principal = authorize(&request, &state).await?;
+    let query = parse_query(&request)?;
+    let (actor, tenant, _) = find_job(&state, &principal, &query, &name).await?;
+    let result = actor
+        .send(DeleteJob {
+            tenant,
+            name: name.into_inner(),
+        })
+        .await
+        .map_err(mailbox)
+        .and_then(|r| r.map_err(ApiError::from));
+    count(&state, "delete_job", result.is_ok());
+    Ok(HttpResponse::Ok().json(result?))
+}
+
+/// `GET /v1/regions/{name}/nodes`: the region's node slots, who serves them, what is
+/// free and which jobs hold them.
+async fn list_nodes(
+    request: HttpRequest,
+    state: web::Data<ApiState>,
+    name: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    authorize(&request, &state).await?;
+    let actor = region_actor(&state, &name)?;
+    let nodes = actor.send(ListNodes).await.map_err(mailbox)?;
+    count(&state, "list_nodes", true);
+    Ok(HttpResponse::Ok().json(nodes))
+}
+
 async fn metrics(state: web::Data<ApiState>) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")
@@ -407,6 +638,11 @@ pub fn routes(config: &mut web::ServiceConfig) {
             web::delete().to(delete_deployment),
         )
         .route("/v1/regions", web::get().to(list_regions))
+        .route("/v1/regions/{name}/nodes", web::get().to(list_nodes))
+        .route("/v1/jobs", web::post().to(submit_job))
+        .route("/v1/jobs", web::get().to(list_jobs))
+        .route("/v1/jobs/{name}", web::get().to(get_job))
+        .route("/v1/jobs/{name}", web::delete().to(delete_job))
         .default_service(web::to(|| async {
             ApiError::NotFound("no such route; see the README's API section".into())
                 .error_response()

@@ -22,6 +22,64 @@ pub struct CloudConfig {
     pub heartbeat_interval_ms: u32,
     #[serde(rename = "region")]
     pub regions: Vec<RegionConfig>,
+    /// Tenants that jobs are charged to; none configured means one tenant, `default`,
+    /// with weight 1 and no quota.
+    #[serde(rename = "tenant")]
+    pub tenants: Vec<TenantConfig>,
+    pub scheduler: SchedulerConfig,
+}
+
+/// A tenant of the job scheduler: its dominant-resource-fairness weight and quota.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    pub name: String,
+    /// Relative entitlement under dominant resource fairness (default 1).
+    #[serde(default = "one")]
+    pub weight: f64,
+    /// Most this tenant may hold at once in each region; absent means unlimited.
+    #[serde(default)]
+    pub quota_cpu_milli: Option<u64>,
+    #[serde(default)]
+    pub quota_memory_mib: Option<u64>,
+    #[serde(default)]
+    pub quota_gpu_milli: Option<u64>,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+/// How each region's job scheduler runs (see `nephele_placement::queue`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SchedulerConfig {
+    /// Placement policy: `ours` (fragmentation-aware, the default), `fgd`, `best-fit`,
+    /// `first-fit`, `dot-product`, `gpu-packing` or `random`.
+    pub policy: String,
+    /// How often the queue is retried when nothing else happens.
+    pub tick_ms: u64,
+    /// Time a preempted job has to checkpoint before its resources are taken.
+    pub grace_s: u64,
+    /// Wait after which a job that still does not fit gets the starvation reservation
+    /// (0 disables reservations).
+    pub aging_s: u64,
+    pub preemption: bool,
+    /// Dominant resource fairness across tenants (else FIFO across tenants).
+    pub fairness: bool,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            policy: "ours".into(),
+            tick_ms: 1000,
+            grace_s: 30,
+            aging_s: 3600,
+            preemption: true,
+            fairness: true,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -46,8 +104,22 @@ pub struct PoolConfig {
     pub capacity_type: String,
     #[serde(default)]
     pub price_per_hour: f64,
-    #[serde(default)]
+    /// Node slots of this pool in the region's scheduler (1..=1024): pool agents with
+    /// this profile fill them as they connect.
+    #[serde(default = "default_max_nodes")]
     pub max_nodes: u32,
+    /// Partition every GPU of the pool's nodes into MIG slices of this profile (one of
+    /// the profile's `[[accelerator.mig]]` names, e.g. `1g.10gb`); jobs then ask for
+    /// slices with `mig_profile`.
+    #[serde(default)]
+    pub mig_profile: Option<String>,
+    /// Expected provider interruptions per 1000 node-hours (spot pools).
+    #[serde(default)]
+    pub interruptions_per_1000h: u32,
+}
+
+fn default_max_nodes() -> u32 {
+    4
 }
 
 fn default_capacity_type() -> String {
@@ -72,8 +144,12 @@ impl Default for CloudConfig {
                     capacity_type: "on-demand".into(),
                     price_per_hour: 3.0,
                     max_nodes: 4,
+                    mig_profile: None,
+                    interruptions_per_1000h: 0,
                 }],
             }],
+            tenants: Vec::new(),
+            scheduler: SchedulerConfig::default(),
         }
     }
 }
@@ -103,7 +179,38 @@ impl CloudConfig {
                         pool.name
                     ));
                 }
+                if !(1..=1024).contains(&pool.max_nodes) {
+                    return Err(format!("pool {}: max_nodes must be 1..=1024", pool.name));
+                }
+                if !pool.price_per_hour.is_finite() || pool.price_per_hour < 0.0 {
+                    return Err(format!(
+                        "pool {}: price_per_hour must be a number >= 0",
+                        pool.name
+                    ));
+                }
+                crate::scheduler::node_spec(&region.name, pool)
+                    .map_err(|e| format!("pool {}: {e}", pool.name))?;
             }
+        }
+        let mut tenants = std::collections::BTreeSet::new();
+        for tenant in &self.tenants {
+            nephele_domain::validate_name("tenant", &tenant.name)?;
+            if !tenants.insert(&tenant.name) {
+                return Err(format!("tenant {:?} is declared twice", tenant.name));
+            }
+            if !tenant.weight.is_finite() || tenant.weight <= 0.0 {
+                return Err(format!("tenant {}: weight must be > 0", tenant.name));
+            }
+        }
+        if nephele_placement::Policy::parse(&self.scheduler.policy).is_none() {
+            return Err(format!(
+                "scheduler.policy {:?} is unknown; use one of: {}",
+                self.scheduler.policy,
+                nephele_placement::Policy::ALL.map(|p| p.name()).join(", ")
+            ));
+        }
+        if self.scheduler.tick_ms < 50 {
+            return Err("scheduler.tick_ms must be at least 50".into());
         }
         if self.heartbeat_interval_ms < 100 {
             return Err("heartbeat_interval_ms must be at least 100".into());
@@ -146,6 +253,18 @@ name = "us-east"
         assert_eq!(config.api_listen.port(), 9000);
         assert_eq!(config.quic_listen.port(), 7443);
         assert!(CloudConfig::from_toml("[[region]]\nname = \"A\"").is_err());
+        let example = CloudConfig::from_toml(include_str!("../../../deploy/cloud.example.toml"))
+            .expect("the shipped example is valid");
+        assert_eq!(example.tenants.len(), 2);
+        for bad in [
+            "[scheduler]\npolicy = \"magic\"\n[[region]]\nname=\"a\"",
+            "[[tenant]]\nname = \"t\"\nweight = 0\n[[region]]\nname=\"a\"",
+            "[[region]]\nname=\"a\"\n[[region.pool]]\nname=\"p\"\nnode_profile=\"nope\"",
+            "[[region]]\nname=\"a\"\n[[region.pool]]\nname=\"p\"\nnode_profile=\"gpu-4x-l4\"\nmax_nodes=0",
+            "[[region]]\nname=\"a\"\n[[region.pool]]\nname=\"p\"\nnode_profile=\"gpu-4x-l4\"\nmig_profile=\"1g.10gb\"",
+        ] {
+            assert!(CloudConfig::from_toml(bad).is_err(), "{bad}");
+        }
         assert!(CloudConfig::from_toml("bogus = 1").is_err());
         assert!(CloudConfig::from_toml("[[region]]\nname=\"a\"\n[[region]]\nname=\"a\"").is_err());
     }

@@ -62,6 +62,8 @@ pub enum ApiError {
     #[error("{0}")]
     Unauthorized(String),
     #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
     Internal(String),
 }
 
@@ -1188,13 +1190,27 @@ impl Handler<DeleteDeployment> for FederationActor {
     }
 }
 
-/// Checks an API bearer token; returns its role.
+/// Who an API token speaks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    pub role: String,
+    pub tenant: String,
+}
+
+impl Principal {
+    /// Admins act for every tenant; other roles only for their own.
+    pub fn is_admin(&self) -> bool {
+        self.role == "admin"
+    }
+}
+
+/// Checks an API bearer token; returns its role and tenant.
 #[derive(Message)]
-#[rtype(result = "Option<String>")]
+#[rtype(result = "Option<Principal>")]
 pub struct Authenticate(pub String);
 
 impl Handler<Authenticate> for FederationActor {
-    type Result = Option<String>;
+    type Result = Option<Principal>;
     fn handle(&mut self, message: Authenticate, _: &mut Self::Context) -> Self::Result {
         let (id, _) = message.0.split_once('.')?;
         let record: ApiTokenRecord = self.store.get(Table::ApiTokens, id).ok()??;
@@ -1202,7 +1218,10 @@ impl Handler<Authenticate> for FederationActor {
             sha256_hex(message.0.as_bytes()).as_bytes(),
             record.sha256.as_bytes(),
         )
-        .then_some(record.role)
+        .then_some(Principal {
+            role: record.role,
+            tenant: record.tenant,
+        })
     }
 }
 

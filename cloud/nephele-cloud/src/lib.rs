@@ -1,8 +1,8 @@
 //! The nephele control plane.
 //!
 //! `nephele-cloud` hosts the federation actor (single writer of durable state), one
-//! region actor per configured region (offload routing today; placement and autoscaling
-//! next), the QUIC gateway for agents, and the REST API. State lives in redb under the
+//! region actor per configured region (offload routing and the job scheduler;
+//! autoscaling next), the QUIC gateway for agents, and the REST API. State lives in redb under the
 //! data dir, created on first start together with the cluster CA and the
 //! manifest-signing key.
 //!
@@ -14,6 +14,7 @@ pub mod config;
 pub mod federation;
 pub mod gateway;
 pub mod region;
+pub mod scheduler;
 pub mod store;
 pub mod variants;
 
@@ -185,9 +186,14 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
     let metrics = nephele_telemetry::Registry::new();
     let mut regions = HashMap::new();
     for region in &config.regions {
+        let scheduler = scheduler::RegionScheduler::new(region, &config.tenants, &config.scheduler)
+            .map_err(|e| anyhow::anyhow!("region {}: {e}", region.name))?;
+        let tick = std::time::Duration::from_millis(config.scheduler.tick_ms);
         regions.insert(
             region.name.clone(),
-            region::RegionActor::new(region.name.clone()).start(),
+            region::RegionActor::new(scheduler, tick)
+                .with_metrics(metrics.clone())
+                .start(),
         );
     }
     let federation = federation::FederationActor::new(
@@ -200,6 +206,7 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
     )
     .start();
 
+    let regions_for_api = regions.clone();
     let gateway = Arc::new(gateway::Gateway {
         federation: federation.clone(),
         regions,
@@ -211,6 +218,8 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
     let state = actix_web::web::Data::new(api::ApiState {
         federation,
         metrics,
+        regions: regions_for_api,
+        default_region: config.default_region().to_string(),
     });
     let server = actix_web::HttpServer::new(move || {
         actix_web::App::new()

@@ -51,7 +51,7 @@ pub type JobId = u64;
 pub type TenantId = usize;
 
 /// Member `i` of job `j` holds cluster reservation `j << MEMBER_BITS | i`.
-const MEMBER_BITS: u32 = 16;
+pub const MEMBER_BITS: u32 = 16;
 /// The largest job id the queue accepts (ids share the reservation id space).
 pub const MAX_JOB_ID: JobId = (1 << (64 - MEMBER_BITS)) - 1;
 
@@ -489,6 +489,27 @@ impl Queue {
         if let Some(entry) = self.jobs.get_mut(&job) {
             entry.state = JobState::Finished { at: now };
         }
+        true
+    }
+
+    /// Removes a job in any state, as when its owner cancels it or a finished job is
+    /// forgotten: a running or terminating job gives its resources back first. The job
+    /// leaves no trace (a later tick drops a reservation or nominations it held).
+    /// Returns whether the job existed.
+    pub fn remove(&mut self, cluster: &mut Cluster, job: JobId) -> bool {
+        let Some(entry) = self.jobs.get(&job) else {
+            return false;
+        };
+        if matches!(
+            entry.state,
+            JobState::Running { .. } | JobState::Terminating { .. }
+        ) {
+            // Freed capacity the reservation did not count on.
+            self.reservation_dirty = true;
+        }
+        self.release(cluster, job);
+        self.jobs.remove(&job);
+        self.nominations.remove(&job);
         true
     }
 
@@ -1264,6 +1285,27 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    #[test]
+    fn remove_frees_resources_in_any_state_and_forgets_the_job() {
+        let mut c = cluster(&[2]);
+        let mut q = queue(QueueConfig::default(), 1);
+        q.submit(job(1, 0, PriorityClass::Batch, 0, 2)).unwrap();
+        q.submit(job(2, 0, PriorityClass::Batch, 1, 2)).unwrap();
+        assert_eq!(bound(&q.tick(&mut c, 1)), vec![1]);
+        // Pending: just gone.
+        assert!(q.remove(&mut c, 2));
+        assert_eq!(q.state(2), None);
+        // Running: its GPUs come back and the next job gets them.
+        assert!(q.remove(&mut c, 1));
+        assert_eq!(c.used_gpu_milli(), 0);
+        assert_eq!(q.usage()[0], Resources::default());
+        assert!(c.accounting_holds());
+        assert!(!q.remove(&mut c, 1));
+        q.submit(job(3, 0, PriorityClass::Batch, 2, 2)).unwrap();
+        assert_eq!(bound(&q.tick(&mut c, 2)), vec![3]);
+        assert_eq!(q.counts().running, 1);
     }
 
     #[test]

@@ -461,3 +461,358 @@ pub fn deploy(args: ApiArgs, command: DeployCommand) -> Result<()> {
     }
     Ok(())
 }
+
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum JobCommand {
+    /// Queue a job (one pod, or a gang of `--members` identical pods placed all or none)
+    /// in a region's scheduler; prints where it went or why it waits.
+    Submit {
+        name: String,
+        #[arg(long)]
+        region: Option<String>,
+        /// Tenant to charge (admins only; default: the token's tenant).
+        #[arg(long)]
+        tenant: Option<String>,
+        /// `best-effort`, `batch`, `production`, `system` or a number.
+        #[arg(long, default_value = "batch")]
+        priority: String,
+        #[arg(long, default_value_t = 1)]
+        members: u16,
+        /// Per member.
+        #[arg(long, default_value_t = 0)]
+        gpus: u8,
+        /// Share of one GPU in milli-GPU (with --gpus 1).
+        #[arg(long)]
+        gpu_milli: Option<u32>,
+        /// Acceptable GPU model, e.g. "NVIDIA L4" (repeat for several).
+        #[arg(long = "gpu-model")]
+        gpu_models: Vec<String>,
+        /// One MIG slice of this profile instead of GPUs, e.g. 1g.10gb.
+        #[arg(long)]
+        mig_profile: Option<String>,
+        #[arg(long, default_value_t = 1000)]
+        cpu_milli: u64,
+        #[arg(long, default_value_t = 1024)]
+        memory_mib: u64,
+        /// `any`, `same-node` or `prefer-same-node`.
+        #[arg(long, default_value = "any")]
+        topology: String,
+        /// Expected runtime in seconds (lets backfilling use the gap before a reservation).
+        #[arg(long)]
+        runtime: Option<u64>,
+        /// Never preempt it (default: preemptible below `production`).
+        #[arg(long)]
+        no_preempt: bool,
+        /// May run on spot capacity.
+        #[arg(long)]
+        spot_ok: bool,
+        /// Required node label, `key=value` (repeat for several).
+        #[arg(long = "selector")]
+        selectors: Vec<String>,
+    },
+    /// Jobs with their state and nodes.
+    List {
+        #[arg(long)]
+        region: Option<String>,
+        #[arg(long)]
+        tenant: Option<String>,
+    },
+    /// One job: placement, or why it is not placed.
+    Get {
+        name: String,
+        #[arg(long)]
+        region: Option<String>,
+        #[arg(long)]
+        tenant: Option<String>,
+    },
+    /// Cancel or end a job; its resources go back at once.
+    Delete {
+        name: String,
+        #[arg(long)]
+        region: Option<String>,
+        #[arg(long)]
+        tenant: Option<String>,
+    },
+}
+
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum RegionCommand {
+    List,
+    /// A region's node slots: who serves them, what is free, which jobs hold them.
+    Nodes {
+        name: String,
+    },
+}
+
+fn query(region: &Option<String>, tenant: &Option<String>) -> String {
+    let mut parts = Vec::new();
+    if let Some(region) = region {
+        parts.push(format!("region={region}"));
+    }
+    if let Some(tenant) = tenant {
+        parts.push(format!("tenant={tenant}"));
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!("?{}", parts.join("&"))
+    }
+}
+
+fn job_nodes(job: &Value) -> String {
+    let nodes: Vec<String> = job
+        .get("placement")
+        .and_then(|p| p.as_array())
+        .into_iter()
+        .flatten()
+        .map(|m| {
+            let gpus: Vec<String> = m
+                .get("gpus")
+                .and_then(|g| g.as_array())
+                .into_iter()
+                .flatten()
+                .map(|g| {
+                    let milli = g.get("milli").and_then(|x| x.as_u64()).unwrap_or(0);
+                    if milli == 1000 {
+                        s(g, "gpu")
+                    } else {
+                        format!("{}:{milli}m", s(g, "gpu"))
+                    }
+                })
+                .collect();
+            if gpus.is_empty() {
+                s(m, "node")
+            } else {
+                format!("{}[{}]", s(m, "node"), gpus.join(","))
+            }
+        })
+        .collect();
+    if nodes.is_empty() {
+        "-".into()
+    } else {
+        nodes.join(" ")
+    }
+}
+
+fn print_job(job: &Value) {
+    println!(
+        "job {}/{} in region {}: {} (priority {}, {} member(s))",
+        s(job, "tenant"),
+        s(job, "name"),
+        s(job, "region"),
+        s(job, "state"),
+        s(job, "priority"),
+        job.pointer("/spec/members")
+            .map(|m| m.to_string())
+            .unwrap_or("1".into())
+    );
+    match s(job, "state").as_str() {
+        "pending" => {
+            if let Some(why) = job.get("why_pending") {
+                println!("  not placed: {}", s(why, "message"));
+                if let Some(hint) = why.get("hint").and_then(|h| h.as_str()) {
+                    println!("  hint: {hint}");
+                }
+            }
+        }
+        state => {
+            println!("  nodes: {}", job_nodes(job));
+            if state == "terminating" {
+                println!(
+                    "  preempted by {}; resources taken at unix {}",
+                    s(job, "preempted_by"),
+                    s(job, "grace_deadline_unix")
+                );
+            }
+        }
+    }
+}
+
+pub fn job(args: ApiArgs, command: JobCommand) -> Result<()> {
+    let api = Api::new(&args.api, &args.token);
+    match command {
+        JobCommand::Submit {
+            name,
+            region,
+            tenant,
+            priority,
+            members,
+            gpus,
+            gpu_milli,
+            gpu_models,
+            mig_profile,
+            cpu_milli,
+            memory_mib,
+            topology,
+            runtime,
+            no_preempt,
+            spot_ok,
+            selectors,
+        } => {
+            let mut node_selector = serde_json::Map::new();
+            for selector in selectors {
+                let (key, value) = selector
+                    .split_once('=')
+                    .with_context(|| format!("--selector {selector:?} is not key=value"))?;
+                node_selector.insert(key.into(), Value::String(value.into()));
+            }
+            let priority: Value = priority
+                .parse::<u32>()
+                .map(Value::from)
+                .unwrap_or(Value::String(priority));
+            let mut body = serde_json::json!({
+                "name": name, "region": region, "tenant": tenant, "priority": priority,
+                "members": members, "gpus": gpus, "gpu_milli": gpu_milli,
+                "gpu_models": gpu_models, "mig_profile": mig_profile, "cpu_milli": cpu_milli,
+                "memory_mib": memory_mib, "topology": topology,
+                "expected_runtime_s": runtime, "spot_ok": spot_ok,
+                "node_selector": node_selector,
+            });
+            if no_preempt {
+                body["preemptible"] = Value::Bool(false);
+            }
+            let value = api.post("/v1/jobs", &body)?;
+            print(args.json, &value, print_job);
+        }
+        JobCommand::List { region, tenant } => {
+            let value = api.get(&format!("/v1/jobs{}", query(&region, &tenant)))?;
+            print(args.json, &value, |v| {
+                println!(
+                    "{:<10} {:<20} {:<10} {:<12} {:>8} {:>7}  NODES / WHY",
+                    "TENANT", "NAME", "REGION", "STATE", "PRIORITY", "MEMBERS"
+                );
+                for j in v.as_array().into_iter().flatten() {
+                    let detail = if s(j, "state") == "pending" {
+                        j.pointer("/why_pending/message")
+                            .and_then(|m| m.as_str())
+                            .unwrap_or("-")
+                            .to_string()
+                    } else {
+                        job_nodes(j)
+                    };
+                    println!(
+                        "{:<10} {:<20} {:<10} {:<12} {:>8} {:>7}  {}",
+                        s(j, "tenant"),
+                        s(j, "name"),
+                        s(j, "region"),
+                        s(j, "state"),
+                        s(j, "priority"),
+                        j.pointer("/spec/members")
+                            .map(|m| m.to_string())
+                            .unwrap_or("1".into()),
+                        detail
+                    );
+                }
+            });
+        }
+        JobCommand::Get {
+            name,
+            region,
+            tenant,
+        } => {
+            let value = api.get(&format!("/v1/jobs/{name}{}", query(&region, &tenant)))?;
+            print(args.json, &value, print_job);
+        }
+        JobCommand::Delete {
+            name,
+            region,
+            tenant,
+        } => {
+            let value = api.delete(&format!("/v1/jobs/{name}{}", query(&region, &tenant)))?;
+            print(args.json, &value, |v| {
+                println!(
+                    "deleted job {}/{} (was {})",
+                    s(v, "tenant"),
+                    s(v, "name"),
+                    s(v, "state")
+                )
+            });
+        }
+    }
+    Ok(())
+}
+
+pub fn region(args: ApiArgs, command: RegionCommand) -> Result<()> {
+    let api = Api::new(&args.api, &args.token);
+    match command {
+        RegionCommand::List => {
+            let value = api.get("/v1/regions")?;
+            print(args.json, &value, |v| {
+                println!(
+                    "{:<12} {:<12} {:>8} {:>7}  POOLS",
+                    "NAME", "CARBON ZONE", "DEVICES", "ONLINE"
+                );
+                for r in v.as_array().into_iter().flatten() {
+                    let pools: Vec<String> = r
+                        .get("pools")
+                        .and_then(|p| p.as_array())
+                        .into_iter()
+                        .flatten()
+                        .map(|p| {
+                            format!(
+                                "{} ({} x {}, {})",
+                                s(p, "name"),
+                                s(p, "max_nodes"),
+                                s(p, "node_profile"),
+                                s(p, "capacity_type")
+                            )
+                        })
+                        .collect();
+                    println!(
+                        "{:<12} {:<12} {:>8} {:>7}  {}",
+                        s(r, "name"),
+                        s(r, "carbon_zone"),
+                        s(r, "devices"),
+                        s(r, "online"),
+                        pools.join(", ")
+                    );
+                }
+            });
+        }
+        RegionCommand::Nodes { name } => {
+            let value = api.get(&format!("/v1/regions/{name}/nodes"))?;
+            print(args.json, &value, |v| {
+                println!(
+                    "{:<10} {:<10} {:<5} {:<14} {:>9} {:>10} {:<18} JOBS",
+                    "NODE", "POOL", "UP", "AGENT", "CPU FREE", "MEM FREE", "GPU FREE (milli)"
+                );
+                for n in v.as_array().into_iter().flatten() {
+                    let gpus: Vec<String> = n
+                        .get("gpu_free_milli")
+                        .and_then(|g| g.as_array())
+                        .into_iter()
+                        .flatten()
+                        .map(|g| g.to_string())
+                        .collect();
+                    let jobs: Vec<String> = n
+                        .get("jobs")
+                        .and_then(|j| j.as_array())
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|j| j.as_str().map(str::to_string))
+                        .collect();
+                    println!(
+                        "{:<10} {:<10} {:<5} {:<14} {:>9} {:>10} {:<18} {}",
+                        s(n, "name"),
+                        s(n, "pool"),
+                        s(n, "up"),
+                        s(n, "agent"),
+                        s(n, "cpu_free_milli"),
+                        s(n, "memory_free_mib"),
+                        if gpus.is_empty() {
+                            "-".into()
+                        } else {
+                            gpus.join(",")
+                        },
+                        if jobs.is_empty() {
+                            "-".into()
+                        } else {
+                            jobs.join(" ")
+                        }
+                    );
+                }
+            });
+        }
+    }
+    Ok(())
+}

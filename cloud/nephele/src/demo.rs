@@ -5,7 +5,8 @@
 //! them with join tokens, pushes the project's digits model, deploys it to the edge
 //! devices, and sends each device a burst of the model's held-out samples. The smallest
 //! device gets more concurrent requests than its single inference slot can answer
-//! within the SLO, so part of its burst is offloaded to the pool.
+//! within the SLO, so part of its burst is offloaded to the pool. Last, it submits jobs
+//! to eu-west's scheduler, where the pool agent fills a node slot.
 //!
 //! All agents share this machine's cores, so the demo gives each the inference slots
 //! its class would have relative to the others (`--workers`), not the host's.
@@ -567,11 +568,31 @@ pub fn run(args: DemoArgs) -> Result<()> {
     let status = api.get("/v1/deployments/digits")?;
     let devices = api.get("/v1/devices")?;
 
+    // The region scheduler: the pool agent fills one node slot of eu-west's spot pool.
+    progress(
+        args.json,
+        "submitting three jobs to eu-west's scheduler (a gang, a fine-tune, one too big)",
+    );
+    let mut jobs = Vec::new();
+    for body in [
+        serde_json::json!({"name": "sweep", "region": "eu-west", "members": 2, "gpus": 1,
+            "topology": "same-node", "priority": "best-effort", "spot_ok": true,
+            "cpu_milli": 4000, "memory_mib": 16384, "expected_runtime_s": 1800}),
+        serde_json::json!({"name": "finetune", "region": "eu-west", "gpus": 2,
+            "priority": "production", "spot_ok": true, "cpu_milli": 16000,
+            "memory_mib": 65536, "expected_runtime_s": 7200}),
+        serde_json::json!({"name": "pretrain", "region": "eu-west", "members": 2, "gpus": 8,
+            "spot_ok": true}),
+    ] {
+        jobs.push(api.post("/v1/jobs", &body)?);
+    }
+
     if args.json {
         println!(
             "{}",
             serde_json::to_string(&serde_json::json!({
                 "devices": reports,
+                "jobs": jobs,
                 "api": format!("http://{api_addr}"),
                 "elapsed_s": started.elapsed().as_secs_f64(),
             }))?
@@ -631,6 +652,43 @@ pub fn run(args: DemoArgs) -> Result<()> {
             .map(|a| a.iter().filter(|d| d["online"] == true).count())
             .unwrap_or(0);
         println!("{online} agents online");
+        println!();
+        println!("jobs in region eu-west (`nephele job list`):");
+        for job in &jobs {
+            let detail = if job["state"] == "pending" {
+                job["why_pending"]["message"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string()
+            } else {
+                job["placement"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|m| {
+                        let gpus: Vec<String> = m["gpus"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .map(|g| g["gpu"].to_string())
+                            .collect();
+                        format!(
+                            "{}[gpu {}]",
+                            m["node"].as_str().unwrap_or(""),
+                            gpus.join(",")
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            };
+            println!(
+                "  {:<10} {:<11} {:<8} {}",
+                job["name"].as_str().unwrap_or(""),
+                job["spec"]["priority"].as_str().unwrap_or("batch"),
+                job["state"].as_str().unwrap_or(""),
+                detail
+            );
+        }
         println!();
         println!(
             "dashboard: http://{api_addr}/   API: http://{api_addr}/v1  (token in {}{})",

@@ -1,6 +1,6 @@
 //! `nephele`: the command line for people.
 //!
-//! It talks to the REST API (`token`, `device`, `model`, `deploy`), and it embeds both
+//! It talks to the REST API (`token`, `device`, `model`, `deploy`, `job`, `region`), and it embeds both
 //! server roles (`nephele cloud …` = `nephele-cloud …`, `nephele edge …` =
 //! `nephele-edge …`, as k3s does) so that `nephele demo` can start a whole fleet of real
 //! processes from this one binary.
@@ -73,6 +73,20 @@ enum Command {
         #[command(subcommand)]
         command: client::DeployCommand,
     },
+    /// Jobs in the regions' schedulers (gangs, priorities, fair share, quotas).
+    Job {
+        #[command(flatten)]
+        api: client::ApiArgs,
+        #[command(subcommand)]
+        command: client::JobCommand,
+    },
+    /// Regions and their node slots.
+    Region {
+        #[command(flatten)]
+        api: client::ApiArgs,
+        #[command(subcommand)]
+        command: client::RegionCommand,
+    },
 }
 
 fn main() {
@@ -87,6 +101,8 @@ fn main() {
         Command::Device { api, command } => client::device(api, command),
         Command::Model { api, command } => client::model(api, command),
         Command::Deploy { api, command } => client::deploy(api, command),
+        Command::Job { api, command } => client::job(api, command),
+        Command::Region { api, command } => client::region(api, command),
     };
     if let Err(error) = result {
         eprintln!("nephele: error: {error:#}");

@@ -518,6 +518,11 @@ async fn reconcile(agent: &Arc<Agent>, desired: &DesiredState) {
                         slo_us: u64::from(assignment.slo_ms) * 1000,
                         profile,
                         fixed: None,
+                        // The same bound the offload policy accepts local work within:
+                        // what the router admitted on a coarser estimate and the
+                        // batcher then predicts to be later than that is refused (429)
+                        // instead of answered late.
+                        admit_within_us: Some(server.local_bound_us(assignment.slo_ms)),
                     },
                     server.slots.clone(),
                 );

@@ -12,6 +12,13 @@
 //! - every accepted request gets exactly one answer, its own row, and rows leave the
 //!   queue in arrival order; a request the bounded queue cannot take is handed back at
 //!   once as [`BatchError::Full`] (back-pressure), never dropped;
+//! - with [`BatcherConfig::admit_within_us`], a request whose predicted completion
+//!   ([`predicted_completion_us`]: the batches in flight, the batches ahead, its own)
+//!   is past the admission limit is refused at once as [`BatchError::Late`] with a
+//!   retry-after, rather than queued to be answered late (Triton's queue policy with
+//!   `REJECT`). The prediction's error is learned from the answers' measured latencies
+//!   ([`AdmissionControl`], a margin aimed at the 99.9th percentile); a request that finds the
+//!   batcher idle is always admitted;
 //! - the driver takes a due batch only once it holds an inference slot, so while every
 //!   slot is busy requests gather into larger batches instead of waiting one by one;
 //! - dropping the [`Batcher`] stops the driver after the queue has drained.
@@ -19,7 +26,10 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use nephele_infer_policy::batching::{ArrivalEstimator, BatchController, BatchQueue, BatchSetting};
+use nephele_infer_policy::batching::{
+    batch_service_us, drain_size, predicted_completion_us, AdmissionControl, ArrivalEstimator,
+    BatchController, BatchQueue, BatchSetting, DEFAULT_ERROR_QUANTILE_Z,
+};
 use tokio::sync::{oneshot, Notify, Semaphore};
 
 /// The arrival-rate estimate's time constant: a quarter second, so that the window
@@ -32,6 +42,12 @@ use tokio::time::Instant;
 pub enum BatchError {
     #[error("the batch queue is full ({capacity} requests waiting)")]
     Full { capacity: usize },
+    #[error("the request would be answered in {predicted_ms} ms, over the {limit_ms} ms this queue admits now; retry in {retry_after_ms} ms")]
+    Late {
+        predicted_ms: u64,
+        limit_ms: u64,
+        retry_after_ms: u64,
+    },
     #[error("{0}")]
     BadInput(String),
     #[error("inference failed: {0}")]
@@ -46,6 +62,10 @@ pub struct BatcherStatus {
     pub queued: usize,
     pub batches: u64,
     pub requests: u64,
+    /// Requests refused as predicted to be late.
+    pub late: u64,
+    /// What admission adds to a prediction for its error, µs (`None`: no admission).
+    pub admission_margin_us: Option<f64>,
 }
 
 /// One answer: the output row's shape (batch axis 1) and values.
@@ -53,6 +73,10 @@ type RowAnswer = Result<(Vec<usize>, Vec<f32>), BatchError>;
 
 struct Pending {
     row: Vec<f32>,
+    /// When it was queued (µs since `origin`).
+    arrived_us: u64,
+    /// Its predicted completion when admitted (µs after `arrived_us`).
+    predicted_us: Option<u64>,
     reply: oneshot::Sender<RowAnswer>,
 }
 
@@ -69,6 +93,11 @@ struct State {
     overhead_us: u64,
     batches: u64,
     requests: u64,
+    /// Refused by [`BatcherConfig::admit_within_us`].
+    late: u64,
+    /// When the batches dispatched so far are expected to be done (µs since `origin`).
+    busy_until_us: u64,
+    admission: Option<AdmissionControl>,
 }
 
 struct Shared {
@@ -96,6 +125,22 @@ impl Shared {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// What the driver takes when a batch is due. The setting says when to dispatch;
+    /// what is dispatched is everything queued up to the setting's size or, when more
+    /// waits (a burst the rate estimate has not caught up with, or every slot busy),
+    /// up to the size that drains a backlog fastest ([`drain_size`]: larger only where
+    /// batching buys throughput). A fixed setting (the benchmark's baselines) takes
+    /// exactly its size.
+    fn take(&self, state: &State) -> BatchSetting {
+        match self.fixed {
+            Some(fixed) => fixed,
+            None => BatchSetting {
+                max_batch: drain_size(&state.profile, self.slo_us).max(state.setting.max_batch),
+                window_us: state.setting.window_us,
+            },
+        }
+    }
 }
 
 /// How to batch one deployment.
@@ -109,6 +154,9 @@ pub struct BatcherConfig {
     pub profile: Vec<(usize, u64)>,
     /// Fix the setting instead of adapting it.
     pub fixed: Option<BatchSetting>,
+    /// Refuse at once ([`BatchError::Late`]) a request predicted to be answered later
+    /// than this; `None` queues every request the capacity allows.
+    pub admit_within_us: Option<u64>,
 }
 
 /// The batcher of one deployment (cheap to share behind an `Arc`).
@@ -124,6 +172,10 @@ impl Batcher {
         slots: Arc<Semaphore>,
     ) -> Batcher {
         let setting = config.fixed.unwrap_or(BatchSetting::UNBATCHED);
+        let admission = config.admit_within_us.map(|bound| {
+            let prior = batch_service_us(&config.profile, 1).unwrap_or(0);
+            AdmissionControl::new(bound, DEFAULT_ERROR_QUANTILE_Z, prior)
+        });
         let shared = Arc::new(Shared {
             model,
             profile: config.profile.clone(),
@@ -138,6 +190,9 @@ impl Batcher {
                 overhead_us: 0,
                 batches: 0,
                 requests: 0,
+                late: 0,
+                busy_until_us: 0,
+                admission,
             }),
             arrived: Notify::new(),
             slots,
@@ -163,10 +218,39 @@ impl Batcher {
                         .controller
                         .choose(rate, &state.profile, self.shared.slo_us);
             }
+            let busy_for_us = state.busy_until_us.saturating_sub(now);
+            let idle = state.queue.is_empty() && busy_for_us == 0;
+            let take = self.shared.take(&state);
+            let predicted_us = predicted_completion_us(
+                state.queue.len(),
+                take.max_batch,
+                take.window_us,
+                busy_for_us,
+                &state.profile,
+            );
+            if let (Some(admission), Some(predicted)) = (state.admission.as_ref(), predicted_us) {
+                if !idle && !admission.admits(predicted) {
+                    let limit_us = admission.limit_us();
+                    state.late += 1;
+                    return Err(BatchError::Late {
+                        predicted_ms: predicted.div_ceil(1000),
+                        limit_ms: limit_us / 1000,
+                        retry_after_ms: predicted.saturating_sub(limit_us).div_ceil(1000).max(1),
+                    });
+                }
+            }
             let capacity = state.queue.capacity();
             state
                 .queue
-                .push(Pending { row, reply }, now)
+                .push(
+                    Pending {
+                        row,
+                        arrived_us: now,
+                        predicted_us,
+                        reply,
+                    },
+                    now,
+                )
                 .map_err(|_| BatchError::Full { capacity })?;
         }
         self.shared.arrived.notify_one();
@@ -189,6 +273,8 @@ impl Batcher {
             queued: state.queue.len(),
             batches: state.batches,
             requests: state.requests,
+            late: state.late,
+            admission_margin_us: state.admission.as_ref().map(AdmissionControl::margin_us),
         }
     }
 }
@@ -231,20 +317,11 @@ async fn drive(shared: Arc<Shared>) {
         };
         let batch = {
             let mut state = shared.lock();
-            // The setting says when to dispatch; what is dispatched is everything queued
-            // up to the largest size that fits the SLO, so a backlog (a burst the rate
-            // estimate has not caught up with, or every slot busy) drains in large
-            // batches instead of one by one.
-            // A fixed setting (the benchmark's baselines) takes exactly its size.
-            let take = match shared.fixed {
-                Some(fixed) => fixed,
-                None => BatchSetting {
-                    max_batch: take_limit(&state.profile, shared.slo_us)
-                        .max(state.setting.max_batch),
-                    window_us: state.setting.window_us,
-                },
-            };
+            let take = shared.take(&state);
             let batch = state.queue.take_batch(&take);
+            let now = shared.now_us();
+            let expected = batch_service_us(&state.profile, batch.len()).unwrap_or(0);
+            state.busy_until_us = state.busy_until_us.max(now.saturating_add(expected));
             state.batches += 1;
             state.requests += batch.len() as u64;
             batch
@@ -255,18 +332,6 @@ async fn drive(shared: Arc<Shared>) {
             run_batch(&shared, batch).await;
         });
     }
-}
-
-/// The largest measured batch size whose service time (with the dispatch overhead) fits
-/// the SLO; 1 when none does.
-fn take_limit(profile: &[(usize, u64)], slo_us: u64) -> usize {
-    profile
-        .iter()
-        .filter(|(_, service)| *service <= slo_us)
-        .map(|(size, _)| *size)
-        .max()
-        .unwrap_or(1)
-        .max(1)
 }
 
 async fn run_batch(shared: &Arc<Shared>, batch: Vec<Pending>) {
@@ -338,6 +403,15 @@ async fn run_batch(shared: &Arc<Shared>, batch: Vec<Pending>) {
             if let Some(first) = row_out_shape.first_mut() {
                 *first = 1;
             }
+            let answered_us = shared.now_us();
+            if let Some(admission) = shared.lock().admission.as_mut() {
+                for pending in &good {
+                    if let Some(predicted) = pending.predicted_us {
+                        admission
+                            .observe(predicted, answered_us.saturating_sub(pending.arrived_us));
+                    }
+                }
+            }
             for (i, pending) in good.into_iter().enumerate() {
                 let row = out[i * per_row..(i + 1) * per_row].to_vec();
                 let _ = pending.reply.send(Ok((row_out_shape.clone(), row)));
@@ -370,7 +444,9 @@ mod tests {
     /// Many concurrent callers: every accepted request gets exactly its own row (the
     /// output of its own input, so nothing was swapped, reordered or lost), and every
     /// refused one was refused explicitly.
-    async fn check_every_request_is_answered_with_its_own_row(config: BatcherConfig) {
+    async fn check_every_request_is_answered_with_its_own_row(
+        config: BatcherConfig,
+    ) -> BatcherStatus {
         let model = model();
         let expected: Vec<Vec<f32>> = (0..400)
             .map(|i| model.infer(&[64], &row(i)).expect("runs").1)
@@ -393,7 +469,7 @@ mod tests {
                     }
                     answered += 1;
                 }
-                Err(BatchError::Full { .. }) => refused += 1,
+                Err(BatchError::Full { .. } | BatchError::Late { .. }) => refused += 1,
                 Err(other) => panic!("request {i}: {other}"),
             }
         }
@@ -401,6 +477,7 @@ mod tests {
         assert!(answered > 0);
         let status = batcher.status();
         assert_eq!(status.requests, answered as u64);
+        status
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -411,6 +488,7 @@ mod tests {
             slo_us: 50_000,
             profile,
             fixed: None,
+            admit_within_us: None,
         })
         .await;
     }
@@ -425,8 +503,38 @@ mod tests {
                 max_batch: 4,
                 window_us: 2_000,
             }),
+            admit_within_us: None,
         })
         .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn requests_predicted_late_are_refused_explicitly_and_the_rest_answered() {
+        // 400 callers at once against a bound of five batch-1 service times: most are
+        // refused as late, each with its own error, and none is lost.
+        let status = check_every_request_is_answered_with_its_own_row(BatcherConfig {
+            capacity: 1000,
+            slo_us: 50_000,
+            profile: vec![(1, 1_000), (4, 2_000)],
+            fixed: Some(BatchSetting::UNBATCHED),
+            admit_within_us: Some(5_000),
+        })
+        .await;
+        assert!(status.late > 0, "{status:?}");
+        assert!(status.late < 400, "{status:?}");
+    }
+
+    #[test]
+    fn a_late_refusal_says_when_to_retry() {
+        let error = BatchError::Late {
+            predicted_ms: 31,
+            limit_ms: 20,
+            retry_after_ms: 11,
+        };
+        assert_eq!(
+            error.to_string(),
+            "the request would be answered in 31 ms, over the 20 ms this queue admits now; retry in 11 ms"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -441,6 +549,7 @@ mod tests {
                     max_batch: 4,
                     window_us: 5_000,
                 }),
+                admit_within_us: None,
             },
             Arc::new(Semaphore::new(1)),
         );

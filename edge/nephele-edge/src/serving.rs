@@ -328,6 +328,16 @@ impl Server {
         self.breaker.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The latest answer local serving may give for a deployment with this SLO: the
+    /// SLO plus the offload policy's lateness tolerance (what [`decide`] accepts
+    /// locally when nothing better is at hand).
+    pub fn local_bound_us(&self, slo_ms: u32) -> u64 {
+        u64::from(slo_ms)
+            .saturating_mul(1000)
+            .saturating_mul(100 + u64::from(self.policy.lateness_tolerance_percent))
+            / 100
+    }
+
     /// State of the breaker on the path to the cloud, for telemetry and tests.
     pub fn breaker_state(&self) -> nephele_infer_policy::offload::BreakerState {
         self.breaker().state()
@@ -426,6 +436,10 @@ impl Server {
                             * deployment.batcher.per_row_service_us()
                             / 1000)
                             .max(1),
+                    },
+                    BatchError::Late { retry_after_ms, .. } => ServeError::Overloaded {
+                        deployment: deployment.name.clone(),
+                        retry_after_ms,
                     },
                     BatchError::BadInput(cause) => ServeError::BadInput(cause),
                     BatchError::Failed(cause) => ServeError::Failed(cause),

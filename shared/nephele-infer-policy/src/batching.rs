@@ -11,15 +11,19 @@
 //!
 //! | step | rule                                                                           |
 //! |------|--------------------------------------------------------------------------------|
-//! | 1    | candidates: the measured sizes whose `s(b)` ≤ SLO, and always `b = 1`          |
+//! | 1    | candidates: the measured sizes whose `s(b)` ≤ SLO, and always `b = 1`; going   |
+//! |      | up in size, a size stays only if its `b / s(b)` beats the last one kept by 5 % |
 //! | 2    | `max_batch` = the smallest candidate with `ρ(b)` ≤ target utilisation (0.8)    |
 //! | 3    | if none keeps up: the candidate with the highest `b / s(b)` (ties: smaller `b`) |
 //! | 4    | `max_batch = 1` → window 0: dispatch each request at once                      |
 //! | 5    | else window = `(b − 1) / λ` (time for the rest of the batch to arrive after    |
-//! |      | the first), clamped to [1 ms, 50 ms], then capped at `SLO − s(b)` (≥ 0)        |
+//! |      | the first), clamped to [1 ms, 50 ms], then capped at what batching saves,      |
+//! |      | `b · s(1) − s(b)` (waiting idles the device), and at `SLO − s(b)` (≥ 0)        |
 //!
 //! Only measured sizes are chosen (no interpolation): a batch size nobody measured is
-//! a guess about the hardware. Batch 1 is always possible; when the profile lacks it,
+//! a guess about the hardware. A larger batch holds all its requests until the whole
+//! batch is done, so it must buy throughput measurably (the 5 % of step 1) to be worth
+//! that latency; where batching does not pay (a CNN on a CPU) only batch 1 remains. Batch 1 is always possible; when the profile lacks it,
 //! `s(1)` is taken as the service time of the smallest measured size, an upper bound
 //! since a smaller batch is not slower. The utilisation target is the stand-in for the
 //! p99 SLO: queueing delay grows without bound as ρ → 1, so keeping ρ ≤ 0.8 keeps the
@@ -166,9 +170,17 @@ impl BatchController {
         let clamped_us = (collect_us as u64)
             .max(self.min_window_us)
             .min(self.max_window_us);
+        // Waiting idles the device; never wait longer for a batch of `b` than running
+        // `b` together saves over running them one by one: b · s(1) − s(b).
+        let single_us = candidates[0].1;
+        let saved_us = (max_batch as u64)
+            .saturating_mul(single_us)
+            .saturating_sub(service_us);
         BatchSetting {
             max_batch,
-            window_us: clamped_us.min(slo_us.saturating_sub(service_us)),
+            window_us: clamped_us
+                .min(saved_us)
+                .min(slo_us.saturating_sub(service_us)),
         }
     }
 }
@@ -191,7 +203,31 @@ fn candidates(profile: &[(usize, u64)], slo_us: u64) -> Vec<(usize, u64)> {
         measured.insert(0, (1, smallest_service_us));
     }
     measured.retain(|&(batch_size, service_us)| batch_size == 1 || service_us <= slo_us);
-    measured
+    // Keep a larger size only when it beats the last kept size's throughput by 5 %:
+    // b / s ≥ 1.05 · b' / s'  ⇔  20 · b · s' ≥ 21 · b' · s.
+    let mut kept: Vec<(usize, u64)> = Vec::with_capacity(measured.len());
+    for candidate in measured {
+        let pays = kept.last().is_none_or(|&(last_size, last_service)| {
+            20 * candidate.0 as u128 * u128::from(last_service.max(1))
+                >= 21 * last_size as u128 * u128::from(candidate.1.max(1))
+        });
+        if pays {
+            kept.push(candidate);
+        }
+    }
+    kept
+}
+
+/// How many queued requests to take at once when a backlog drains: the candidate
+/// (step 1 of the module table) with the highest throughput, so that a backlog is
+/// taken in larger batches only where batching buys throughput. 1 for an empty
+/// profile.
+pub fn drain_size(profile: &[(usize, u64)], slo_us: u64) -> usize {
+    let candidates = candidates(profile, slo_us);
+    if candidates.is_empty() {
+        return 1;
+    }
+    highest_throughput(&candidates).0
 }
 
 /// The size with the most requests per µs, compared exactly; ties go to the smaller.
@@ -299,6 +335,143 @@ impl<T> BatchQueue<T> {
     }
 }
 
+/// How many standard deviations of the prediction error [`AdmissionControl`] keeps in
+/// hand: 3.09, the normal 99.9 % quantile. Lateness on a shared machine has a heavier
+/// tail than a normal one (scheduling stalls), so this aims well past the p99 it is
+/// meant to hold.
+pub const DEFAULT_ERROR_QUANTILE_Z: f64 = 3.09;
+
+/// Admission by deadline that learns how wrong its predictions are (sans-IO).
+///
+/// [`predicted_completion_us`] misses what the profile does not see: a busy machine,
+/// scheduling delays, a slow batch. So each answered request reports its predicted and
+/// measured latency, and the control keeps an exponentially weighted mean `m` and
+/// standard deviation `σ` of the lateness (measured − predicted, at least 0; weight
+/// 1/64 per answer).
+/// A request is admitted when `predicted + m + z · σ ≤ bound`: with errors roughly
+/// normal, a share of about `1 − Φ(z)` of the answers is later than the bound. Before
+/// any answer the margin is the prior. The estimate moves the same way up and down, so a slow
+/// spell that raised the margin is forgotten as fast once answers come back in time.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdmissionControl {
+    bound_us: u64,
+    z: f64,
+    mean_us: f64,
+    var_us2: f64,
+}
+
+impl AdmissionControl {
+    const WEIGHT: f64 = 1.0 / 64.0;
+
+    /// A control holding answers to `bound_us`, keeping `z` deviations in hand (a
+    /// non-finite or negative `z` is taken as 0), that starts from an expected
+    /// lateness of `prior_us` (counted as one earlier answer, so the first answers
+    /// blend with it rather than replace it): a fresh queue knows nothing of its
+    /// machine yet, and one batch-1 service time is a modest guess.
+    pub fn new(bound_us: u64, z: f64, prior_us: u64) -> Self {
+        AdmissionControl {
+            bound_us,
+            z: if z.is_finite() { z.max(0.0) } else { 0.0 },
+            mean_us: prior_us as f64,
+            var_us2: 0.0,
+        }
+    }
+
+    /// The latency bound the answers are held to.
+    pub fn bound_us(&self) -> u64 {
+        self.bound_us
+    }
+
+    /// What is added to a prediction before comparing it with the bound (≥ 0).
+    pub fn margin_us(&self) -> f64 {
+        self.mean_us + self.z * self.var_us2.sqrt()
+    }
+
+    /// The highest prediction admitted now.
+    pub fn limit_us(&self) -> u64 {
+        (self.bound_us as f64 - self.margin_us()).max(0.0) as u64
+    }
+
+    /// Whether a request predicted to be answered in `predicted_us` is admitted.
+    pub fn admits(&self, predicted_us: u64) -> bool {
+        predicted_us as f64 + self.margin_us() <= self.bound_us as f64
+    }
+
+    /// One answered request: what was predicted when it was admitted, what it took.
+    /// An answer sooner than predicted counts as an error of 0: a batch that filled
+    /// before its window ran out says nothing about how late the next one may be, and
+    /// counting it would widen the spread the margin is made of.
+    pub fn observe(&mut self, predicted_us: u64, measured_us: u64) {
+        let error = measured_us.saturating_sub(predicted_us) as f64;
+        // West's exponentially weighted mean and variance.
+        let delta = error - self.mean_us;
+        self.mean_us += Self::WEIGHT * delta;
+        self.var_us2 = (1.0 - Self::WEIGHT) * (self.var_us2 + Self::WEIGHT * delta * delta);
+    }
+}
+
+/// Service time of one batch of `rows` requests from a measured profile: the smallest
+/// measured size that holds `rows` (a smaller batch is not slower than a larger one);
+/// past the largest measured size, whole batches of that size. `None` for an empty
+/// profile.
+pub fn batch_service_us(profile: &[(usize, u64)], rows: usize) -> Option<u64> {
+    let rows = rows.max(1);
+    let holding = profile
+        .iter()
+        .filter(|(size, _)| *size >= rows)
+        .min_by_key(|(size, service)| (*size, std::cmp::Reverse(*service)))
+        .map(|(_, service)| *service);
+    holding.or_else(|| {
+        let (largest, service) = profile
+            .iter()
+            .max_by_key(|(size, service)| (*size, *service))
+            .copied()?;
+        let largest = largest.max(1);
+        Some(service.saturating_mul(rows.div_ceil(largest) as u64))
+    })
+}
+
+/// When a request that joins the queue now would be answered (µs from now), for
+/// admission by deadline (a request that would miss it is refused at once, as Triton's
+/// queue policy does with `REJECT`, rather than queued to be answered late).
+///
+/// The request waits for the batches in flight (`busy_for_us`, and at least the window
+/// when the batch it joins will not fill), then for the full batches
+/// of `take` requests ahead of it, then for its own batch, which holds the rest:
+///
+/// ```text
+/// ahead + 1 = k · take + r   (1 ≤ r ≤ take)
+/// completion = max(busy_for, window if r < take else 0) + k · s(take) + s(r)
+/// ```
+///
+/// `None` when the profile is empty (nothing measured: nothing to predict with).
+/// Saturating; monotone in `busy_for_us`, and in `ahead` when the window is 0 (with a
+/// window, the request that fills a batch is answered sooner than the one before it).
+pub fn predicted_completion_us(
+    ahead: usize,
+    take: usize,
+    window_us: u64,
+    busy_for_us: u64,
+    profile: &[(usize, u64)],
+) -> Option<u64> {
+    let take = take.max(1);
+    let position = ahead.saturating_add(1);
+    let full_batches = (position - 1) / take;
+    let own = position - full_batches * take;
+    let full = batch_service_us(profile, take)?;
+    let last = batch_service_us(profile, own)?;
+    let waiting = if own < take {
+        busy_for_us.max(window_us)
+    } else {
+        busy_for_us
+    };
+    Some(
+        waiting
+            .saturating_add(full.saturating_mul(full_batches as u64))
+            .saturating_add(last),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -322,8 +495,9 @@ mod tests {
         // Idle and light load: no batching, no window.
         check(0.0, GPU, 100_000, (1, 0));
         check(300.0, GPU, 100_000, (1, 0));
-        // 600/s needs batches of 2: the second arrives in 1/600 s ≈ 1666 µs.
-        check(600.0, GPU, 100_000, (2, 1_666));
+        // 600/s needs batches of 2: the second arrives in 1/600 s ≈ 1666 µs, but a
+        // batch of 2 saves only 2 · 2000 − 2400 = 1600 µs, so no longer wait than that.
+        check(600.0, GPU, 100_000, (2, 1_600));
         // 1200/s: batches of 8, seven more arrive in 5833 µs.
         check(1_200.0, GPU, 100_000, (8, 5_833));
         // 1500/s: 16; 15 arrivals take 10 ms.
@@ -384,11 +558,13 @@ mod tests {
             min_window_us: 60_000,
             max_window_us: 50_000,
         };
+        // The window the nonsense bounds give (50 ms) is capped by what a batch of 16
+        // saves: 16 · 2 ms − 8 ms.
         assert_eq!(
             odd.choose(1_500.0, GPU, 100_000),
             BatchSetting {
                 max_batch: 16,
-                window_us: 50_000
+                window_us: 24_000
             }
         );
     }
@@ -471,7 +647,103 @@ mod tests {
         )
     }
 
+    #[test]
+    fn admission_learns_the_prediction_error() {
+        let mut control = AdmissionControl::new(20_000, DEFAULT_ERROR_QUANTILE_Z, 0);
+        // Nothing learned yet and no prior: the prediction is taken as it is.
+        assert!(control.admits(20_000));
+        assert!(!control.admits(20_001));
+        // A prior of 2 ms holds back that much until answers say otherwise.
+        let primed = AdmissionControl::new(20_000, DEFAULT_ERROR_QUANTILE_Z, 2_000);
+        assert!(primed.admits(18_000));
+        assert!(!primed.admits(18_001));
+        // Predictions 3 ms short every time: a bias of 3 ms and (once the start is
+        // forgotten) no spread.
+        for _ in 0..2_000 {
+            control.observe(5_000, 8_000);
+        }
+        assert!((control.margin_us() - 3_000.0).abs() < 1.0, "{control:?}");
+        assert!(control.admits(16_999));
+        assert!(!control.admits(17_100));
+        // Errors of 0 or 4 ms alternating: mean 2 ms, σ 2 ms, so ~2 + 3.09 · 2 ms.
+        for i in 0..2_000 {
+            control.observe(5_000, if i % 2 == 0 { 5_000 } else { 9_000 });
+        }
+        let margin = control.margin_us();
+        assert!((margin - 8_180.0).abs() < 300.0, "{margin}");
+        assert_eq!(control.limit_us(), (20_000.0 - margin) as u64);
+        // Answers sooner than predicted count as on time, not as negative lateness.
+        for _ in 0..2_000 {
+            control.observe(9_000, 5_000);
+        }
+        assert!(
+            control.margin_us() >= 0.0 && control.margin_us() < 50.0,
+            "{control:?}"
+        );
+        // Back to exact predictions: the margin is forgotten.
+        for _ in 0..2_000 {
+            control.observe(5_000, 5_000);
+        }
+        assert!(control.margin_us().abs() < 50.0, "{control:?}");
+    }
+
+    #[test]
+    fn a_backlog_drains_in_batches_only_where_batching_pays() {
+        // GPU-like: 16 is best (2 per ms).
+        assert_eq!(drain_size(GPU, 1_000_000), 16);
+        // Within a 4 ms SLO only 1, 2, 4 fit; 4 is best.
+        assert_eq!(drain_size(GPU, 4_000), 4);
+        // A CPU CNN: per-item cost flat (within noise): batch 1.
+        let flat = [(1, 1_600), (2, 3_150), (4, 6_300), (8, 12_500)];
+        assert_eq!(drain_size(&flat, 20_000), 1);
+        assert_eq!(drain_size(&[], 20_000), 1);
+    }
+
+    #[test]
+    fn batch_service_reads_the_smallest_size_that_holds_the_rows() {
+        assert_eq!(batch_service_us(GPU, 1), Some(2_000));
+        assert_eq!(batch_service_us(GPU, 3), Some(3_200));
+        assert_eq!(batch_service_us(GPU, 16), Some(8_000));
+        // Past the largest size: whole batches of it.
+        assert_eq!(batch_service_us(GPU, 17), Some(16_000));
+        assert_eq!(batch_service_us(&[], 1), None);
+    }
+
+    #[test]
+    fn completion_counts_the_work_in_flight_the_batches_ahead_and_its_own() {
+        // Alone, nothing running, batch 1: its own service only.
+        assert_eq!(predicted_completion_us(0, 1, 0, 0, GPU), Some(2_000));
+        // Alone in a batch of 4 that will not fill: the window, then s(1).
+        assert_eq!(predicted_completion_us(0, 4, 1_500, 0, GPU), Some(3_500));
+        // 9 ahead in batches of 4: two full batches, then its own batch of 2,
+        // after the 5 ms still running.
+        assert_eq!(
+            predicted_completion_us(9, 4, 1_500, 5_000, GPU),
+            Some(5_000 + 2 * 3_200 + 2_400)
+        );
+        assert_eq!(predicted_completion_us(0, 1, 0, 0, &[]), None);
+    }
+
     proptest! {
+        #[test]
+        fn completion_is_monotone_in_the_queue_and_the_work_in_flight(
+            ahead in 0usize..500,
+            take in 1usize..64,
+            window in 0u64..50_000,
+            busy in 0u64..100_000,
+            extra in 1usize..50,
+            more_busy in 1u64..10_000,
+        ) {
+            let now = predicted_completion_us(ahead, take, window, busy, GPU).unwrap();
+            let unwindowed = predicted_completion_us(ahead, take, 0, busy, GPU).unwrap();
+            let longer = predicted_completion_us(ahead + extra, take, 0, busy, GPU).unwrap();
+            prop_assert!(longer >= unwindowed);
+            prop_assert!(now >= unwindowed);
+            let busier = predicted_completion_us(ahead, take, window, busy + more_busy, GPU).unwrap();
+            prop_assert!(busier >= now);
+            // Never less than its own service alone.
+            prop_assert!(now >= 2_000);
+        }
         #[test]
         fn the_queue_never_reorders_duplicates_or_drops(
             ops in ops(),

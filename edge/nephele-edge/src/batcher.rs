@@ -221,10 +221,16 @@ impl Batcher {
             let busy_for_us = state.busy_until_us.saturating_sub(now);
             let idle = state.queue.is_empty() && busy_for_us == 0;
             let take = self.shared.take(&state);
+            // The head batch is due when the setting says (its window runs from the
+            // oldest request's arrival); an empty queue starts a whole window.
+            let window_left_us = state
+                .queue
+                .next_deadline_us(&state.setting)
+                .map_or(state.setting.window_us, |due| due.saturating_sub(now));
             let predicted_us = predicted_completion_us(
                 state.queue.len(),
                 take.max_batch,
-                take.window_us,
+                window_left_us,
                 busy_for_us,
                 &state.profile,
             );

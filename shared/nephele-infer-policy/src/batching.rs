@@ -410,47 +410,61 @@ impl AdmissionControl {
     }
 }
 
-/// Service time of one batch of `rows` requests from a measured profile: the smallest
-/// measured size that holds `rows` (a smaller batch is not slower than a larger one);
-/// past the largest measured size, whole batches of that size. `None` for an empty
-/// profile.
+/// Service time of one batch of `rows` requests from a measured profile: linear
+/// between the two measured sizes around `rows` (the runtime builds a plan for any
+/// size), the smallest size's time below it, and whole batches of the largest size
+/// past it. Services are first made non-decreasing in size (a larger batch measured
+/// faster than a smaller one counts as the smaller one's time), so the result never
+/// falls as `rows` grows. `None` for an empty profile.
 pub fn batch_service_us(profile: &[(usize, u64)], rows: usize) -> Option<u64> {
     let rows = rows.max(1);
-    let holding = profile
+    let mut sorted: Vec<(usize, u64)> = profile
         .iter()
-        .filter(|(size, _)| *size >= rows)
-        .min_by_key(|(size, service)| (*size, std::cmp::Reverse(*service)))
-        .map(|(_, service)| *service);
-    holding.or_else(|| {
-        let (largest, service) = profile
-            .iter()
-            .max_by_key(|(size, service)| (*size, *service))
-            .copied()?;
-        let largest = largest.max(1);
-        Some(service.saturating_mul(rows.div_ceil(largest) as u64))
-    })
+        .map(|&(size, service)| (size.max(1), service))
+        .collect();
+    sorted.sort_unstable();
+    let mut slowest = 0;
+    for entry in &mut sorted {
+        slowest = slowest.max(entry.1);
+        entry.1 = slowest;
+    }
+    let &(largest, largest_us) = sorted.last()?;
+    if rows > largest {
+        return Some(largest_us.saturating_mul(rows.div_ceil(largest) as u64));
+    }
+    let above = sorted.partition_point(|&(size, _)| size < rows);
+    let (upper, upper_us) = sorted[above];
+    if upper == rows || above == 0 {
+        return Some(upper_us);
+    }
+    let (lower, lower_us) = sorted[above - 1];
+    let share = (rows - lower) as f64 / (upper - lower) as f64;
+    Some(lower_us + ((upper_us - lower_us) as f64 * share).round() as u64)
 }
 
 /// When a request that joins the queue now would be answered (µs from now), for
 /// admission by deadline (a request that would miss it is refused at once, as Triton's
 /// queue policy does with `REJECT`, rather than queued to be answered late).
 ///
-/// The request waits for the batches in flight (`busy_for_us`, and at least the window
-/// when the batch it joins will not fill), then for the full batches
-/// of `take` requests ahead of it, then for its own batch, which holds the rest:
+/// The request waits for the batches in flight (`busy_for_us`; when it joins the first
+/// batch and that batch will not fill, also for what is left of that batch's window,
+/// `window_left_us`, which runs from the oldest request's arrival), then for the full
+/// batches of `take` requests ahead of it, then for its own batch, which holds the
+/// rest:
 ///
 /// ```text
 /// ahead + 1 = k · take + r   (1 ≤ r ≤ take)
-/// completion = max(busy_for, window if r < take else 0) + k · s(take) + s(r)
+/// completion = max(busy_for, window_left if k = 0 and r < take else 0) + k · s(take) + s(r)
 /// ```
 ///
-/// `None` when the profile is empty (nothing measured: nothing to predict with).
-/// Saturating; monotone in `busy_for_us`, and in `ahead` when the window is 0 (with a
-/// window, the request that fills a batch is answered sooner than the one before it).
+/// with `s` from [`batch_service_us`]. `None` when the profile is empty (nothing
+/// measured: nothing to predict with). Saturating; monotone in `busy_for_us`, and in
+/// `ahead` when no window is left (with one, the request that fills a batch is answered
+/// sooner than the one before it).
 pub fn predicted_completion_us(
     ahead: usize,
     take: usize,
-    window_us: u64,
+    window_left_us: u64,
     busy_for_us: u64,
     profile: &[(usize, u64)],
 ) -> Option<u64> {
@@ -460,8 +474,8 @@ pub fn predicted_completion_us(
     let own = position - full_batches * take;
     let full = batch_service_us(profile, take)?;
     let last = batch_service_us(profile, own)?;
-    let waiting = if own < take {
-        busy_for_us.max(window_us)
+    let waiting = if full_batches == 0 && own < take {
+        busy_for_us.max(window_left_us)
     } else {
         busy_for_us
     };
@@ -700,10 +714,15 @@ mod tests {
     }
 
     #[test]
-    fn batch_service_reads_the_smallest_size_that_holds_the_rows() {
+    fn batch_service_interpolates_between_measured_sizes() {
         assert_eq!(batch_service_us(GPU, 1), Some(2_000));
-        assert_eq!(batch_service_us(GPU, 3), Some(3_200));
+        // Between 2 (2.4 ms) and 4 (3.2 ms): linear.
+        assert_eq!(batch_service_us(GPU, 3), Some(2_800));
         assert_eq!(batch_service_us(GPU, 16), Some(8_000));
+        // Below the smallest measured size: its time.
+        assert_eq!(batch_service_us(&[(4, 3_200), (8, 4_800)], 1), Some(3_200));
+        // A larger size measured faster counts as the smaller one's time.
+        assert_eq!(batch_service_us(&[(1, 2_000), (2, 1_500)], 2), Some(2_000));
         // Past the largest size: whole batches of it.
         assert_eq!(batch_service_us(GPU, 17), Some(16_000));
         assert_eq!(batch_service_us(&[], 1), None);
@@ -713,8 +732,11 @@ mod tests {
     fn completion_counts_the_work_in_flight_the_batches_ahead_and_its_own() {
         // Alone, nothing running, batch 1: its own service only.
         assert_eq!(predicted_completion_us(0, 1, 0, 0, GPU), Some(2_000));
-        // Alone in a batch of 4 that will not fill: the window, then s(1).
+        // Alone in a batch of 4 that will not fill: the window left, then s(1).
         assert_eq!(predicted_completion_us(0, 4, 1_500, 0, GPU), Some(3_500));
+        // Third in that batch: the window left, then s(3); filling it: no window.
+        assert_eq!(predicted_completion_us(2, 4, 1_500, 0, GPU), Some(4_300));
+        assert_eq!(predicted_completion_us(3, 4, 1_500, 0, GPU), Some(3_200));
         // 9 ahead in batches of 4: two full batches, then its own batch of 2,
         // after the 5 ms still running.
         assert_eq!(
@@ -743,6 +765,16 @@ mod tests {
             prop_assert!(busier >= now);
             // Never less than its own service alone.
             prop_assert!(now >= 2_000);
+        }
+
+        #[test]
+        fn batch_service_never_falls_as_rows_grow(
+            profile in proptest::collection::vec((1usize..80, 1u64..100_000), 1..8),
+            rows in 1usize..200,
+        ) {
+            let here = batch_service_us(&profile, rows).unwrap();
+            let next = batch_service_us(&profile, rows + 1).unwrap();
+            prop_assert!(next >= here, "{profile:?}: {rows} → {here}, {} → {next}", rows + 1);
         }
         #[test]
         fn the_queue_never_reorders_duplicates_or_drops(

@@ -677,6 +677,37 @@ fn hard_examples_go_to_the_pool_and_a_cut_cloud_loses_no_request() {
     }
     assert!(hard > 0, "some held-out digits are below 99.99% confidence");
 
+    // A split variant: the head on the device, the tail in the pool, and the answer
+    // equals the whole model's.
+    cloud
+        .post(
+            "/v1/deployments",
+            &serde_json::json!({"name": "digits-split", "model": "digits-mlp",
+                "variant": "split@relu1", "selector": "tier=edge", "slo_ms": 50}),
+        )
+        .expect("deploy the split");
+    cloud
+        .wait_for(
+            "/v1/deployments/digits-split",
+            "the split ready on the edge and the pool",
+            |v| {
+                v["ready_devices"] == 1
+                    && v["devices"]
+                        .as_array()
+                        .map(|d| d.len() == 2 && d.iter().all(|r| r["ready"] == true))
+                        .unwrap_or(false)
+            },
+        )
+        .unwrap();
+    for row in data.features.iter().take(20) {
+        let (code, reply) = edge.infer("digits-split", row).unwrap();
+        assert_eq!(code, 200, "{reply}");
+        assert_eq!(reply["where"], "split", "{reply}");
+        assert_eq!(reply["computed_by"], "pool-1", "{reply}");
+        let (_, expected) = reference.infer(&[1, 64], row).unwrap();
+        assert_close(&outputs(&reply), &expected, "split answer");
+    }
+
     // Cut the control plane mid-burst: 8 clients × 30 requests.
     let endpoint = Arc::new(edge.endpoint.clone());
     let features = Arc::new(data.features.clone());
@@ -721,6 +752,18 @@ fn hard_examples_go_to_the_pool_and_a_cut_cloud_loses_no_request() {
         let (code, reply) = edge.infer("digits", row).unwrap();
         assert_eq!(code, 200, "{reply}");
         assert_eq!(reply["where"], "local", "{reply}");
+    }
+    // The split deployment runs its tail on the device while the cloud is away.
+    for row in data.features.iter().take(10) {
+        let (code, reply) = edge.infer("digits-split", row).unwrap();
+        assert_eq!(code, 200, "{reply}");
+        assert_eq!(reply["where"], "local", "{reply}");
+        let (_, expected) = reference.infer(&[1, 64], row).unwrap();
+        assert_close(
+            &outputs(&reply),
+            &expected,
+            "split answer without the cloud",
+        );
     }
 }
 

@@ -1013,7 +1013,7 @@ impl Handler<CreateDeployment> for FederationActor {
             let shipped: Vec<String> = ModelView::from(&model)
                 .variants
                 .iter()
-                .filter(|v| v.rejected.is_none() && v.cut.is_none())
+                .filter(|v| v.rejected.is_none())
                 .map(|v| v.name.clone())
                 .collect();
             if !shipped.contains(&spec.variant) {

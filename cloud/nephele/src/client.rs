@@ -177,7 +177,7 @@ pub enum DeployCommand {
         /// Never offload to the cloud pool.
         #[arg(long)]
         no_offload: bool,
-        /// `auto` (chosen per device from its profile) or a variant of the model, e.g. `int8`.
+        /// `auto` (chosen per device from its profile) or a variant of the model, e.g. `int8` or `split@relu1`.
         #[arg(long, default_value = "auto")]
         variant: String,
         /// Re-ask the pool when the local answer's top-class probability is below this (0..1).

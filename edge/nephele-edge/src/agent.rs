@@ -12,7 +12,7 @@
 //!
 //! Local serving goes on in every state: a lost control plane only stops offload.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -23,8 +23,8 @@ use nephele_domain::FirmwareProfile;
 use nephele_net::{read_frame, write_frame};
 use nephele_proto::{
     decode_payload, digest_hex, AgentMessage, CloudMessage, DeploymentPhase, DesiredState,
-    ErrorCode, ErrorFrame, Heartbeat, Hello, InferResponse, ModelManifest, RequestBody,
-    StreamRequest, StreamResponse, CHUNK_BYTES, MAX_FRAME_BYTES, PROTOCOL_VERSION,
+    ErrorCode, ErrorFrame, Heartbeat, Hello, InferResponse, InferStage, ModelManifest, RequestBody,
+    StreamRequest, StreamResponse, VariantKind, CHUNK_BYTES, MAX_FRAME_BYTES, PROTOCOL_VERSION,
 };
 use tokio::sync::watch;
 
@@ -349,7 +349,15 @@ async fn serve_cloud_stream(
         Ok(Some(StreamRequest {
             body: RequestBody::Infer(infer),
             ..
-        })) => match agent.server.serve(&infer.deployment, infer.input).await {
+        })) => match match &infer.stage {
+            InferStage::Whole => agent.server.serve(&infer.deployment, infer.input).await,
+            InferStage::Tail { variant } => {
+                agent
+                    .server
+                    .serve_tail(&infer.deployment, variant, infer.input)
+                    .await
+            }
+        } {
             Ok(answer) => StreamResponse::Inferred(InferResponse {
                 request_id: infer.request_id,
                 output: answer.output,
@@ -411,6 +419,60 @@ async fn reconciler(agent: Arc<Agent>, mut desired_rx: watch::Receiver<Option<De
     }
 }
 
+/// The split tails a deployment needs on this agent (see `reconcile`), loaded, and the
+/// split variant the device runs the head of, if any. On a device, a tail that cannot
+/// be fetched or loaded fails the deployment (it could not answer without the cloud);
+/// on a pool, such a tail is skipped with a warning and its requests are refused.
+async fn load_tails(
+    agent: &Arc<Agent>,
+    manifest: &ModelManifest,
+    variant: &nephele_proto::ModelVariant,
+) -> anyhow::Result<(HashMap<String, nephele_runtime::Model>, Option<String>)> {
+    let wanted: Vec<&nephele_proto::ModelVariant> = if agent.server.is_pool {
+        manifest
+            .variants
+            .iter()
+            .filter(|v| matches!(v.kind, VariantKind::Split { .. }))
+            .collect()
+    } else if matches!(variant.kind, VariantKind::Split { .. }) {
+        vec![variant]
+    } else {
+        Vec::new()
+    };
+    let mut tails = HashMap::new();
+    for split in wanted {
+        let VariantKind::Split {
+            tail_sha256,
+            tail_size,
+            ..
+        } = &split.kind
+        else {
+            continue;
+        };
+        let loaded = async {
+            let bytes = fetch_model(agent, tail_sha256, *tail_size).await?;
+            let name = format!("{}:{}:tail", manifest.name, split.name);
+            tokio::task::spawn_blocking(move || {
+                nephele_runtime::Model::load_variant(&name, &bytes, None)
+            })
+            .await?
+            .map_err(anyhow::Error::from)
+        }
+        .await;
+        match loaded {
+            Ok(model) => {
+                tails.insert(split.name.clone(), model);
+            }
+            Err(error) if agent.server.is_pool => {
+                tracing::warn!(variant = %split.name, error = %format!("{error:#}"), "split tail skipped");
+            }
+            Err(error) => return Err(error.context(format!("tail of {}", split.name))),
+        }
+    }
+    let split = matches!(variant.kind, VariantKind::Split { .. }).then(|| variant.name.clone());
+    Ok((tails, split))
+}
+
 fn set_phase(agent: &Agent, deployment: &str, phase: DeploymentPhase) {
     agent
         .server
@@ -463,21 +525,24 @@ async fn reconcile(agent: &Arc<Agent>, desired: &DesiredState) {
                 continue;
             }
         }
-        if matches!(variant.kind, nephele_proto::VariantKind::Split { .. }) {
-            let error = format!(
-                "variant {} is a head/tail split; this agent serves whole-model variants only",
-                variant.name
-            );
-            tracing::error!(deployment = %name, %error, "refusing deployment");
-            set_phase(agent, &name, DeploymentPhase::Failed(error));
-            continue;
-        }
         set_phase(agent, &name, DeploymentPhase::Downloading);
         let bytes = match fetch_model(agent, &variant.sha256, variant.size).await {
             Ok(bytes) => bytes,
             Err(error) => {
                 let message = format!("{error:#}");
                 tracing::warn!(deployment = %name, error = %message, "model download failed; will retry on the next desired state");
+                set_phase(agent, &name, DeploymentPhase::Failed(message));
+                continue;
+            }
+        };
+        // Tails of split variants: a device running a split keeps its own (to run the
+        // whole model when the cloud cannot take the tail); a pool loads every split
+        // variant's, since any device of the fleet may send it that tail.
+        let (tails, split) = match load_tails(agent, &manifest, &variant).await {
+            Ok(found) => found,
+            Err(error) => {
+                let message = format!("{error:#}");
+                tracing::warn!(deployment = %name, error = %message, "split tail not loaded; will retry on the next desired state");
                 set_phase(agent, &name, DeploymentPhase::Failed(message));
                 continue;
             }
@@ -526,13 +591,16 @@ async fn reconcile(agent: &Arc<Agent>, desired: &DesiredState) {
                     },
                     server.slots.clone(),
                 );
-                let deployment = Arc::new(Deployment::new(
-                    assignment.clone(),
-                    model,
-                    batcher,
-                    variant.sha256,
-                    variant.name.clone(),
-                ));
+                let deployment = Arc::new(
+                    Deployment::new(
+                        assignment.clone(),
+                        model,
+                        batcher,
+                        variant.sha256,
+                        variant.name.clone(),
+                    )
+                    .with_tails(tails, split),
+                );
                 server
                     .deployments
                     .write()

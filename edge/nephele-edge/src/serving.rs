@@ -17,6 +17,13 @@
 //! fails, the local answer stands. Offload failures open the circuit breaker, which
 //! keeps requests local until a probe succeeds. No request is dropped silently: each
 //! one gets an answer or an error.
+//!
+//! A deployment of a split variant (`split@<cut>`) runs its head here, through the
+//! batcher, and sends the activation at the cut to the region, whose pool replica runs
+//! the tail ([`InferStage::Tail`]); the answer is `where: "split"`. The agent keeps the
+//! tail too: while the cloud is unreachable or the breaker is open, or when the remote
+//! tail fails, it runs the tail itself (`where: "local"`), so a split deployment
+//! degrades to the whole model on the device rather than failing.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -29,8 +36,8 @@ use nephele_infer_policy::offload::{
 };
 use nephele_net::{read_frame, write_frame};
 use nephele_proto::{
-    Assignment, DeploymentPhase, DeploymentTelemetry, InferRequest, RequestBody, StreamRequest,
-    StreamResponse, Tensor, MAX_FRAME_BYTES, PROTOCOL_VERSION,
+    Assignment, DeploymentPhase, DeploymentTelemetry, InferRequest, InferStage, RequestBody,
+    StreamRequest, StreamResponse, Tensor, MAX_FRAME_BYTES, PROTOCOL_VERSION,
 };
 use nephele_telemetry::{LatencyWindow, Registry};
 use tokio::sync::Semaphore;
@@ -68,6 +75,11 @@ pub struct Deployment {
     served_offloaded: AtomicU64,
     failed: AtomicU64,
     latencies: Mutex<LatencyWindow>,
+    /// Tails of split variants by variant name: on a pool, every split variant of the
+    /// model; on a device that runs a split, its own (the local fallback).
+    tails: HashMap<String, nephele_runtime::Model>,
+    /// The split variant whose head `model` is, on a device that runs one.
+    split: Option<String>,
 }
 
 impl Deployment {
@@ -91,7 +103,21 @@ impl Deployment {
             served_offloaded: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             latencies: Mutex::new(LatencyWindow::new(4096)),
+            tails: HashMap::new(),
+            split: None,
         }
+    }
+
+    /// With the tails of split variants (by variant name) loaded, and, on a device
+    /// that runs one, the split variant whose head `model` is.
+    pub fn with_tails(
+        mut self,
+        tails: HashMap<String, nephele_runtime::Model>,
+        split: Option<String>,
+    ) -> Self {
+        self.tails = tails;
+        self.split = split;
+        self
     }
 
     fn params(&self) -> Assignment {
@@ -123,6 +149,8 @@ impl Deployment {
 pub enum Location {
     Local,
     Cloud,
+    /// The head here, the tail in the cloud.
+    Split,
 }
 
 #[derive(Debug)]
@@ -229,6 +257,10 @@ impl Server {
             });
         };
         input.validate().map_err(ServeError::BadInput)?;
+        if let (Some(variant), false) = (deployment.split.clone(), self.is_pool) {
+            let result = self.serve_split(&deployment, &variant, input).await;
+            return self.finish(&deployment, started, result);
+        }
         let params = deployment.params();
         let connection = if params.offload {
             self.connection()
@@ -268,7 +300,10 @@ impl Server {
         };
         let result = match (decision, connection) {
             (Route::Offload { fallback_local }, Some(connection)) => {
-                match self.offload(&connection, &deployment, input.clone()).await {
+                match self
+                    .offload(&connection, &deployment, input.clone(), InferStage::Whole)
+                    .await
+                {
                     Ok(answer) => Ok(answer),
                     Err(error) => {
                         tracing::debug!(deployment = %deployment.name, %error, "offload failed");
@@ -294,6 +329,16 @@ impl Server {
                 }
             }
         };
+        self.finish(&deployment, started, result)
+    }
+
+    /// Counts and times one request's outcome.
+    fn finish(
+        &self,
+        deployment: &Arc<Deployment>,
+        started: Instant,
+        result: Result<Answer, ServeError>,
+    ) -> Result<Answer, ServeError> {
         let mut answer = result.inspect_err(|_| {
             deployment.failed.fetch_add(1, Ordering::Relaxed);
         })?;
@@ -307,6 +352,7 @@ impl Server {
         let location = match answer.location {
             Location::Local => "local",
             Location::Cloud => "cloud",
+            Location::Split => "split",
         };
         self.count(&deployment.name, location);
         self.metrics
@@ -372,7 +418,10 @@ impl Server {
                 &[("deployment", &deployment.name)],
             )
             .inc();
-        match self.offload(connection, deployment, input).await {
+        match self
+            .offload(connection, deployment, input, InferStage::Whole)
+            .await
+        {
             Ok(mut answer) => {
                 // It was computed locally too; count it once, as offloaded.
                 deployment.served_local.fetch_sub(1, Ordering::Relaxed);
@@ -487,6 +536,116 @@ impl Server {
         })
     }
 
+    /// A split deployment: the head here (through the batcher, so it batches and is
+    /// admitted like any local work), then the tail in the region's pool, or here when
+    /// the cloud cannot take it.
+    async fn serve_split(
+        &self,
+        deployment: &Arc<Deployment>,
+        variant: &str,
+        input: Tensor,
+    ) -> Result<Answer, ServeError> {
+        let head = self.run_local(deployment, input).await?;
+        let activation = head.output;
+        let connection = if deployment.params().offload {
+            self.connection()
+        } else {
+            None
+        };
+        if let Some(connection) = connection {
+            if self.breaker().allow(self.now_us()) {
+                let stage = InferStage::Tail {
+                    variant: variant.to_string(),
+                };
+                match self
+                    .offload(&connection, deployment, activation.clone(), stage)
+                    .await
+                {
+                    Ok(mut answer) => {
+                        // The head ran here; count the request once, as offloaded.
+                        deployment.served_local.fetch_sub(1, Ordering::Relaxed);
+                        answer.location = Location::Split;
+                        return Ok(answer);
+                    }
+                    Err(error) => {
+                        tracing::debug!(deployment = %deployment.name, %error, "remote tail failed; running it here");
+                    }
+                }
+            }
+        }
+        let output = self.run_tail(deployment, variant, activation).await?;
+        Ok(Answer {
+            output,
+            computed_by: self.name.clone(),
+            location: Location::Local,
+            latency: Duration::ZERO,
+            hard_example: false,
+        })
+    }
+
+    /// Runs the tail of split variant `variant` of a deployment on `activation` (the
+    /// head's output at the cut): what a pool replica does for a device's split request.
+    pub async fn serve_tail(
+        &self,
+        deployment_name: &str,
+        variant: &str,
+        activation: Tensor,
+    ) -> Result<Answer, ServeError> {
+        let started = Instant::now();
+        let deployment = self
+            .deployment(deployment_name)
+            .ok_or_else(|| ServeError::NotFound(deployment_name.to_string()))?;
+        activation.validate().map_err(ServeError::BadInput)?;
+        let result = self
+            .run_tail(&deployment, variant, activation)
+            .await
+            .map(|output| {
+                deployment.served_local.fetch_add(1, Ordering::Relaxed);
+                Answer {
+                    output,
+                    computed_by: self.name.clone(),
+                    location: Location::Local,
+                    latency: Duration::ZERO,
+                    hard_example: false,
+                }
+            });
+        self.finish(&deployment, started, result)
+    }
+
+    async fn run_tail(
+        &self,
+        deployment: &Arc<Deployment>,
+        variant: &str,
+        activation: Tensor,
+    ) -> Result<Tensor, ServeError> {
+        let tail = deployment.tails.get(variant).cloned().ok_or_else(|| {
+            ServeError::BadInput(format!(
+                "deployment {} has no tail for variant {variant} here",
+                deployment.name
+            ))
+        })?;
+        let _permit = self
+            .slots
+            .acquire()
+            .await
+            .map_err(|e| ServeError::Failed(e.to_string()))?;
+        let shape: Vec<usize> = activation.shape.iter().map(|d| *d as usize).collect();
+        let (shape, data) =
+            tokio::task::spawn_blocking(move || tail.infer(&shape, &activation.data))
+                .await
+                .map_err(|e| ServeError::Failed(e.to_string()))?
+                .map_err(|e| match e {
+                    nephele_runtime::RuntimeError::BadInput { cause, .. } => {
+                        ServeError::BadInput(cause)
+                    }
+                    other => ServeError::Failed(other.to_string()),
+                })?;
+        Ok(Tensor {
+            shape: shape.iter().map(|d| *d as u32).collect(),
+            data,
+        })
+    }
+
     /// Sends one request to the cloud; the outcome feeds the circuit breaker and the
     /// round-trip estimate.
     async fn offload(
@@ -494,9 +653,12 @@ impl Server {
         connection: &quinn::Connection,
         deployment: &Arc<Deployment>,
         input: Tensor,
+        stage: InferStage,
     ) -> Result<Answer, String> {
         let started = Instant::now();
-        let result = self.offload_exchange(connection, deployment, input).await;
+        let result = self
+            .offload_exchange(connection, deployment, input, stage)
+            .await;
         let now_us = self.now_us();
         match &result {
             Ok(_) => {
@@ -529,6 +691,7 @@ impl Server {
         connection: &quinn::Connection,
         deployment: &Arc<Deployment>,
         input: Tensor,
+        stage: InferStage,
     ) -> Result<Answer, String> {
         let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
         let slo = Duration::from_millis(u64::from(deployment.params().slo_ms));
@@ -542,6 +705,7 @@ impl Server {
                         deployment: deployment.name.clone(),
                         request_id,
                         input,
+                        stage,
                     }),
                 },
             )

@@ -259,6 +259,18 @@ pub struct InferRequest {
     pub deployment: String,
     pub request_id: u64,
     pub input: Tensor,
+    /// What to run on `input`.
+    pub stage: InferStage,
+}
+
+/// What an inference request asks the serving agent to run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum InferStage {
+    /// The deployment's whole model on the request's input.
+    Whole,
+    /// Only the tail of the split variant `variant` (`split@<cut>`): the input is the
+    /// activation at the cut, as the device's head computed it.
+    Tail { variant: String },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -182,6 +182,21 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
                     deployment: "d".into(),
                     request_id: 99,
                     input: tensor(),
+                    stage: InferStage::Whole,
+                }),
+            }),
+        ),
+        (
+            "StreamRequest::Infer tail",
+            e(&StreamRequest {
+                protocol_version: PROTOCOL_VERSION,
+                body: RequestBody::Infer(InferRequest {
+                    deployment: "d".into(),
+                    request_id: 100,
+                    input: tensor(),
+                    stage: InferStage::Tail {
+                        variant: "split@relu1".into(),
+                    },
                 }),
             }),
         ),

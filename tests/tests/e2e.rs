@@ -708,6 +708,52 @@ fn hard_examples_go_to_the_pool_and_a_cut_cloud_loses_no_request() {
         assert_close(&outputs(&reply), &expected, "split answer");
     }
 
+    // `variant: split` lets the planner choose the cut per device from the link the
+    // device measured: on loopback, for a 0.03 MFLOP model, nothing beats running it
+    // all on the device, so the edge keeps `full`, and it still answers correctly.
+    cloud
+        .post(
+            "/v1/deployments",
+            &serde_json::json!({"name": "digits-planned", "model": "digits-mlp",
+                "variant": "split", "selector": "tier=edge", "slo_ms": 50}),
+        )
+        .expect("deploy with the planner");
+    let planned = cloud
+        .wait_for(
+            "/v1/deployments/digits-planned",
+            "the planned deployment ready on the edge",
+            |v| {
+                v["ready_devices"] == 1
+                    && v["devices"]
+                        .as_array()
+                        .map(|d| d.len() == 2 && d.iter().all(|r| r["ready"] == true))
+                        .unwrap_or(false)
+            },
+        )
+        .unwrap();
+    let edge_row = planned["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["device"] == "edge-1")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(edge_row["variant"], "full", "{planned}");
+    let devices = cloud.get("/v1/devices").unwrap();
+    let edge_view = devices
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == "edge-1")
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        edge_view["link"]["bandwidth_bps"].as_u64().unwrap_or(0) > 0,
+        "the edge measured its link while downloading: {edge_view}"
+    );
+    let (code, reply) = edge.infer("digits-planned", &data.features[0]).unwrap();
+    assert_eq!(code, 200, "{reply}");
+
     // Cut the control plane mid-burst: 8 clients × 30 requests.
     let endpoint = Arc::new(edge.endpoint.clone());
     let features = Arc::new(data.features.clone());

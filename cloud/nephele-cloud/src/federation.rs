@@ -94,6 +94,8 @@ pub struct FederationActor {
     regions: HashMap<String, Addr<RegionActor>>,
     sessions: HashMap<String, Session>,
     telemetry: HashMap<String, Telemetry>,
+    /// Per device, the link bandwidth its split cuts were last planned for (bits/s).
+    planned_bps: HashMap<String, u64>,
     generation: u64,
     next_session_id: u64,
     metrics: nephele_telemetry::Registry,
@@ -121,6 +123,7 @@ impl FederationActor {
             regions,
             sessions: HashMap::new(),
             telemetry: HashMap::new(),
+            planned_bps: HashMap::new(),
             generation,
             next_session_id: 1,
             metrics,
@@ -268,6 +271,17 @@ impl FederationActor {
             };
             let variant =
                 match nephele_proto::decode_payload::<ModelManifest>(&model.signed_manifest) {
+                    Ok(manifest)
+                        if device.role == AgentRole::Edge
+                            && deployment.variant == crate::variants::PLANNED_SPLIT =>
+                    {
+                        crate::variants::split_for(
+                            &manifest,
+                            &device.profile_toml,
+                            self.pool_profile(&device.region).as_deref(),
+                            self.link_of(&device.name),
+                        )
+                    }
                     Ok(manifest) => crate::variants::variant_for(
                         device.role,
                         &device.profile_toml,
@@ -297,6 +311,74 @@ impl FederationActor {
             generation: self.generation,
             assignments,
         })
+    }
+
+    /// The profile of a connected pool replica in `region` (the first by name): what a
+    /// split tail from that region runs on.
+    fn pool_profile(&self, region: &str) -> Option<String> {
+        let mut names: Vec<&String> = self.sessions.keys().collect();
+        names.sort();
+        names.into_iter().find_map(|name| {
+            let device = self
+                .store
+                .get::<DeviceRecord>(Table::Devices, name)
+                .ok()??;
+            (device.role == AgentRole::Pool && device.region == region)
+                .then_some(device.profile_toml)
+        })
+    }
+
+    /// The link a device last reported, once it has measured a transfer.
+    fn link_of(&self, device: &str) -> Option<nephele_infer_policy::split::Link> {
+        let link = self.telemetry.get(device)?.heartbeat.link;
+        (link.bandwidth_bps > 0).then_some(nephele_infer_policy::split::Link {
+            bandwidth_bps: link.bandwidth_bps as f64,
+            rtt_us: link.rtt_us as f64,
+        })
+    }
+
+    /// Re-plans a device's split cuts when its reported bandwidth has moved by more than
+    /// the replanning threshold since the last plan, and pushes it the new desired
+    /// state if it runs a `variant = "split"` deployment.
+    fn replan_if_link_moved(&mut self, name: &str) {
+        let Some(link) = self.link_of(name) else {
+            return;
+        };
+        let threshold = nephele_infer_policy::split::ReplanConfig::default().relative_threshold;
+        let moved = self.planned_bps.get(name).is_none_or(|&planned| {
+            (link.bandwidth_bps - planned as f64).abs() > threshold * planned as f64
+        });
+        if !moved {
+            return;
+        }
+        self.planned_bps
+            .insert(name.to_string(), link.bandwidth_bps as u64);
+        let Ok(Some(device)) = self.store.get::<DeviceRecord>(Table::Devices, name) else {
+            return;
+        };
+        let planned = self
+            .store
+            .list::<DeploymentRecord>(Table::Deployments)
+            .map(|all| {
+                all.iter().any(|d| {
+                    d.variant == crate::variants::PLANNED_SPLIT
+                        && Self::assignment_matches(&device, d)
+                })
+            })
+            .unwrap_or(false);
+        if !planned || device.role != AgentRole::Edge {
+            return;
+        }
+        self.generation += 1;
+        match self.desired_for(&device) {
+            Ok(desired) => {
+                tracing::info!(device = %name, bandwidth_bps = link.bandwidth_bps, rtt_us = link.rtt_us, "link moved; split cuts re-planned");
+                if let Some(session) = self.sessions.get(name) {
+                    let _ = session.tx.send(CloudMessage::DesiredState(desired));
+                }
+            }
+            Err(error) => tracing::error!(device = %name, %error, "cannot re-plan"),
+        }
     }
 
     /// Pushes every connected agent its desired state after a change.
@@ -488,12 +570,13 @@ impl Handler<AgentHeartbeat> for FederationActor {
             return;
         }
         self.telemetry.insert(
-            message.name,
+            message.name.clone(),
             Telemetry {
                 received_at: Instant::now(),
                 heartbeat: message.heartbeat,
             },
         );
+        self.replan_if_link_moved(&message.name);
     }
 }
 
@@ -639,6 +722,9 @@ pub struct DeviceView {
     pub last_heartbeat_ms_ago: Option<u64>,
     pub connected_for_s: Option<u64>,
     pub rss_bytes: Option<u64>,
+    /// The link to the control plane as the agent measures it (QUIC RTT; throughput of
+    /// its blob transfers, 0 until one was measured).
+    pub link: Option<nephele_proto::LinkReport>,
     pub local_endpoint: Option<String>,
     pub deployments: usize,
 }
@@ -693,6 +779,7 @@ impl FederationActor {
             last_heartbeat_ms_ago: heartbeat_age,
             connected_for_s: session.map(|s| s.connected_at.elapsed().as_secs()),
             rss_bytes: telemetry.map(|t| t.heartbeat.rss_bytes),
+            link: telemetry.map(|t| t.heartbeat.link),
             local_endpoint: session.map(|s| s.local_endpoint.clone()),
             deployments: telemetry
                 .map(|t| t.heartbeat.deployments.len())
@@ -1009,7 +1096,18 @@ impl Handler<CreateDeployment> for FederationActor {
                 spec.model
             )));
         };
-        if spec.variant != "auto" {
+        if spec.variant == crate::variants::PLANNED_SPLIT {
+            let has_split = ModelView::from(&model)
+                .variants
+                .iter()
+                .any(|v| v.rejected.is_none() && v.cut.is_some());
+            if !has_split {
+                return Err(ApiError::BadRequest(format!(
+                    "model {} has no shippable split variant for the planner to choose from",
+                    spec.model
+                )));
+            }
+        } else if spec.variant != "auto" {
             let shipped: Vec<String> = ModelView::from(&model)
                 .variants
                 .iter()
@@ -1018,7 +1116,7 @@ impl Handler<CreateDeployment> for FederationActor {
                 .collect();
             if !shipped.contains(&spec.variant) {
                 return Err(ApiError::BadRequest(format!(
-                    "model {} has no shippable variant {:?}; choose auto or one of {}",
+                    "model {} has no shippable variant {:?}; choose auto, split (the planner picks the cut per device) or one of {}",
                     spec.model,
                     spec.variant,
                     shipped.join(", ")

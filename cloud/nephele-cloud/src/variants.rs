@@ -18,6 +18,7 @@
 //! it. Split variants are placed by the split planner, not here.
 
 use nephele_domain::{AcceleratorKind, AgentRole, FirmwareProfile, Precision as ProfilePrecision};
+use nephele_infer_policy::split::{plan_split, AllowedCuts, LayerProfile, Link, SplitModel};
 use nephele_infer_policy::variant::{
     choose_variant, Constraints, DeviceCaps, Precision, VariantInfo, VariantKind as PolicyKind,
 };
@@ -96,6 +97,141 @@ fn candidates(manifest: &ModelManifest) -> Vec<VariantInfo> {
             })
         })
         .collect()
+}
+
+/// The deployment variant that asks the split planner to choose the cut per device.
+pub const PLANNED_SPLIT: &str = "split";
+
+/// The cut an edge device runs for a `variant = "split"` deployment: the Neurosurgeon
+/// choice ([`plan_split`]) over the manifest's cuts, with
+///
+/// | input            | from                                                                 |
+/// |------------------|----------------------------------------------------------------------|
+/// | segments         | the `split@` variants ordered by head FLOPs: FLOPs between cuts       |
+/// | edge / cloud time| segment FLOPs at the device's / the region's pool's peak fp32 (CPU)  |
+/// | bytes at a cut   | the variant's activation bytes; the model input for the whole offload |
+/// | link             | RTT and transfer throughput the device reports in its heartbeats     |
+///
+/// Peak TOPS overstate what a runtime reaches on both sides alike, so the comparison
+/// between sides holds better than the absolute times. The whole model, locally or as a
+/// whole offload (which the per-request offload policy already does), is `full`. No link
+/// measurement yet, no pool in the region, or no cut: `full`, with the reason.
+pub fn split_for(
+    manifest: &ModelManifest,
+    device_profile: &str,
+    pool_profile: Option<&str>,
+    link: Option<Link>,
+) -> VariantDecision {
+    let full = |why: String| VariantDecision {
+        variant: "full".into(),
+        why,
+    };
+    let Some(pool_profile) = pool_profile else {
+        return full("split planner: no pool replica in the region to run a tail".into());
+    };
+    let Some(link) = link.filter(|l| l.bandwidth_bps > 0.0) else {
+        return full("split planner: the device has not measured its link yet".into());
+    };
+    let (device, pool) = match (device_caps(device_profile), device_caps(pool_profile)) {
+        (Ok(device), Ok(pool)) => (device, pool),
+        (Err(error), _) | (_, Err(error)) => {
+            return full(format!("split planner: no usable profile ({error})"))
+        }
+    };
+    if device.peak_tops_fp32 <= 0.0 || pool.peak_tops_fp32 <= 0.0 {
+        return full("split planner: a profile has no fp32 peak".into());
+    }
+    let Some(full_flops) = manifest
+        .variants
+        .iter()
+        .find(|v| v.kind == VariantKind::Full)
+        .map(|v| v.flops)
+    else {
+        return full("split planner: the manifest has no full variant".into());
+    };
+    let mut cuts: Vec<(&str, u64, u64)> = manifest
+        .variants
+        .iter()
+        .filter_map(|v| match &v.kind {
+            VariantKind::Split {
+                head_flops,
+                activation_bytes,
+                ..
+            } => Some((v.name.as_str(), *head_flops, *activation_bytes)),
+            _ => None,
+        })
+        .collect();
+    if cuts.is_empty() {
+        return full("split planner: the model has no split variants".into());
+    }
+    cuts.sort_by_key(|&(name, head_flops, _)| (head_flops, name));
+    // tera-operations per second = 10⁶ operations per µs.
+    let time = |flops: u64, tops: f64| flops as f64 / (tops * 1e6);
+    let mut layers = Vec::with_capacity(cuts.len() + 1);
+    let mut done = 0u64;
+    for &(name, head_flops, activation_bytes) in &cuts {
+        let flops = head_flops.saturating_sub(done);
+        layers.push(LayerProfile {
+            name: name.to_string(),
+            edge_us: time(flops, device.peak_tops_fp32),
+            cloud_us: time(flops, pool.peak_tops_fp32),
+            output_bytes: activation_bytes,
+        });
+        done = done.max(head_flops);
+    }
+    let rest = full_flops.saturating_sub(done);
+    let output_bytes = tensor_bytes(manifest.outputs.first().map(|t| t.shape.as_slice()));
+    layers.push(LayerProfile {
+        name: "output".into(),
+        edge_us: time(rest, device.peak_tops_fp32),
+        cloud_us: time(rest, pool.peak_tops_fp32),
+        output_bytes,
+    });
+    let model = SplitModel {
+        layers,
+        input_bytes: tensor_bytes(manifest.inputs.first().map(|t| t.shape.as_slice())),
+        allowed_cuts: AllowedCuts::All,
+    };
+    let n_layers = model.layers.len();
+    match plan_split(&model, link, 0.0) {
+        Ok(plan) => {
+            let at = |cut: usize| plan.per_cut.get(cut).copied().unwrap_or(f64::INFINITY);
+            let summary = format!(
+                "at {:.1} Mbit/s, RTT {:.1} ms: local {:.3} ms, whole offload {:.3} ms",
+                link.bandwidth_bps / 1e6,
+                link.rtt_us / 1e3,
+                at(n_layers) / 1e3,
+                at(0) / 1e3
+            );
+            match cuts
+                .get(plan.cut.wrapping_sub(1))
+                .filter(|_| plan.cut < n_layers)
+            {
+                Some(&(name, _, _)) => VariantDecision {
+                    variant: name.to_string(),
+                    why: format!(
+                        "split planner: {name} expected {:.3} ms {summary}",
+                        plan.expected_us / 1e3
+                    ),
+                },
+                None => full(format!(
+                    "split planner: no cut beats the whole model {summary}"
+                )),
+            }
+        }
+        Err(error) => full(format!("split planner: {error}")),
+    }
+}
+
+/// f32 bytes of one row of a tensor (the batch dimension, `-1`, left out).
+fn tensor_bytes(shape: Option<&[i64]>) -> u64 {
+    shape
+        .unwrap_or(&[])
+        .iter()
+        .filter(|d| **d > 0)
+        .map(|d| *d as u64)
+        .product::<u64>()
+        .saturating_mul(4)
 }
 
 /// The variant `role`/`profile_toml` runs for a deployment that asked for `requested`.
@@ -223,5 +359,78 @@ mod tests {
         let decision = variant_for(AgentRole::Edge, "not toml [", &manifest(1000), "auto");
         assert_eq!(decision.variant, "full");
         assert!(decision.why.contains("profile"), "{decision:?}");
+    }
+
+    /// A CNN-like model: the input is large, the activation after most of the early
+    /// compute small, the rest of the compute heavy.
+    fn cnn_manifest() -> ModelManifest {
+        let split = |name: &str, head_flops: u64, activation_bytes: u64| ModelVariant {
+            name: name.into(),
+            kind: VariantKind::Split {
+                cut: name.trim_start_matches("split@").into(),
+                activation_bytes,
+                head_flops,
+                tail_flops: 2_000_000_000 - head_flops,
+                tail_sha256: [0; 32],
+                tail_size: 1,
+            },
+            precision: "fp32".into(),
+            sha256: [0; 32],
+            size: 1,
+            accuracy: None,
+            min_cosine: Some(1.0),
+            flops: 2_000_000_000,
+        };
+        let mut manifest = manifest(10_000_000);
+        manifest.inputs[0].shape = vec![-1, 3, 224, 224];
+        manifest.outputs = vec![TensorSpec {
+            name: "logits".into(),
+            shape: vec![-1, 1000],
+            dtype: "f32".into(),
+        }];
+        for variant in &mut manifest.variants {
+            variant.flops = 2_000_000_000;
+        }
+        // Listed out of order: the planner orders cuts by head FLOPs.
+        manifest.variants.push(split("split@b", 400_000_000, 8_192));
+        manifest
+            .variants
+            .push(split("split@a", 100_000_000, 200_704));
+        manifest
+    }
+
+    #[test]
+    fn the_split_planner_cuts_where_the_link_pays() {
+        let cnn = cnn_manifest();
+        let coral = profile("coral-dev-board");
+        let pool = Some(profile("gpu-4x-l4"));
+        let link = |mbit: f64| {
+            Some(Link {
+                bandwidth_bps: mbit * 1e6,
+                rtt_us: 10_000.0,
+            })
+        };
+        // 100 Mbit/s: the Coral's CPU (0.048 TOPS) runs the whole model in ~42 ms;
+        // after cut b, 8 KB cross in 0.7 ms and the pool's tail takes 0.5 ms: ~19.5 ms.
+        let fast = split_for(&cnn, coral, pool, link(100.0));
+        assert_eq!(fast.variant, "split@b", "{fast:?}");
+        assert!(fast.why.contains("local 41.667 ms"), "{fast:?}");
+        // 1 Mbit/s: 8 KB take 66 ms; nothing beats running it all on the device.
+        let slow = split_for(&cnn, coral, pool, link(1.0));
+        assert_eq!(slow.variant, "full", "{slow:?}");
+        assert!(slow.why.contains("no cut beats"), "{slow:?}");
+        // No measurement, no pool, no cut, a broken profile: the whole model.
+        for (decision, why) in [
+            (split_for(&cnn, coral, pool, None), "not measured"),
+            (split_for(&cnn, coral, None, link(100.0)), "no pool"),
+            (
+                split_for(&manifest(70_000), coral, pool, link(100.0)),
+                "no split variants",
+            ),
+            (split_for(&cnn, "not toml [", pool, link(100.0)), "profile"),
+        ] {
+            assert_eq!(decision.variant, "full", "{decision:?}");
+            assert!(decision.why.contains(why), "{why}: {decision:?}");
+        }
     }
 }

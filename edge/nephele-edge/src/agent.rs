@@ -23,8 +23,9 @@ use nephele_domain::FirmwareProfile;
 use nephele_net::{read_frame, write_frame};
 use nephele_proto::{
     decode_payload, digest_hex, AgentMessage, CloudMessage, DeploymentPhase, DesiredState,
-    ErrorCode, ErrorFrame, Heartbeat, Hello, InferResponse, InferStage, ModelManifest, RequestBody,
-    StreamRequest, StreamResponse, VariantKind, CHUNK_BYTES, MAX_FRAME_BYTES, PROTOCOL_VERSION,
+    ErrorCode, ErrorFrame, Heartbeat, Hello, InferResponse, InferStage, LinkReport, ModelManifest,
+    RequestBody, StreamRequest, StreamResponse, VariantKind, CHUNK_BYTES, MAX_FRAME_BYTES,
+    PROTOCOL_VERSION,
 };
 use tokio::sync::watch;
 
@@ -98,6 +99,8 @@ pub struct Agent {
     pub started: Instant,
     pub applied_generation: AtomicU64,
     pub cache_dir: PathBuf,
+    /// EWMA (1/4) of blob transfer throughput, bits per second (0: none measured).
+    pub link_bps: AtomicU64,
 }
 
 pub async fn run(args: RunArgs) -> Result<()> {
@@ -148,6 +151,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         local_endpoint: local_addr.to_string(),
         started: Instant::now(),
         applied_generation: AtomicU64::new(0),
+        link_bps: AtomicU64::new(0),
         cache_dir,
         enrolment,
     });
@@ -322,6 +326,10 @@ async fn run_session(
                     applied_generation: agent.applied_generation.load(Ordering::Relaxed),
                     rss_bytes: rss_bytes(),
                     deployments: agent.server.telemetry(),
+                    link: LinkReport {
+                        rtt_us: connection.rtt().as_micros() as u64,
+                        bandwidth_bps: agent.link_bps.load(Ordering::Relaxed),
+                    },
                 });
                 if let Err(error) = write_frame(&mut send, &beat).await {
                     break format!("heartbeat: {error}");
@@ -669,6 +677,7 @@ async fn fetch_model(agent: &Arc<Agent>, digest: &[u8; 32], size: u64) -> Result
         .clone()
         .context("not connected to the control plane")?;
     while (bytes.len() as u64) < size {
+        let chunk_started = Instant::now();
         let (mut send, mut recv) = connection.open_bi().await?;
         write_frame(
             &mut send,
@@ -692,6 +701,22 @@ async fn fetch_model(agent: &Arc<Agent>, digest: &[u8; 32], size: u64) -> Result
                     bail!("blob {hex} is {total_size} bytes at the control plane but the manifest says {size}");
                 }
                 bytes.extend_from_slice(&data);
+                // Throughput of the transfer itself: the chunk's time less one round
+                // trip (the request), at least a tenth of it; chunks under 16 KiB are
+                // mostly round trip and are not sampled.
+                if data.len() >= 16 * 1024 {
+                    let elapsed = chunk_started.elapsed().as_secs_f64();
+                    let rtt = connection.rtt().as_secs_f64();
+                    let seconds = (elapsed - rtt).max(elapsed / 10.0).max(1e-6);
+                    let sample = (data.len() as f64 * 8.0 / seconds) as u64;
+                    let previous = agent.link_bps.load(Ordering::Relaxed);
+                    let next = if previous == 0 {
+                        sample
+                    } else {
+                        (previous * 3 + sample) / 4
+                    };
+                    agent.link_bps.store(next.max(1), Ordering::Relaxed);
+                }
                 tokio::fs::write(&partial_path, &bytes).await?;
             }
             StreamResponse::Error(error) => bail!("control plane: {}", error.message),

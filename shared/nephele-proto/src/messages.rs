@@ -123,6 +123,17 @@ pub struct Heartbeat {
     pub applied_generation: u64,
     pub rss_bytes: u64,
     pub deployments: Vec<DeploymentTelemetry>,
+    /// The agent's link to the control plane as it measures it.
+    pub link: LinkReport,
+}
+
+/// A link measurement: what the split planner plans a device's cut with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct LinkReport {
+    /// QUIC's smoothed round-trip time, µs.
+    pub rtt_us: u64,
+    /// Throughput of recent blob transfers, bits per second (0: nothing measured yet).
+    pub bandwidth_bps: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -144,6 +144,10 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
                     DeploymentTelemetry::idle("f", DeploymentPhase::Pending),
                     DeploymentTelemetry::idle("g", DeploymentPhase::Downloading),
                 ],
+                link: LinkReport {
+                    rtt_us: 2_500,
+                    bandwidth_bps: 40_000_000,
+                },
             })),
         ),
         (

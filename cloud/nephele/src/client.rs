@@ -259,8 +259,16 @@ pub fn device(args: ApiArgs, command: DeviceCommand) -> Result<()> {
             let value = api.get("/v1/devices")?;
             print(args.json, &value, |v| {
                 println!(
-                    "{:<14} {:<5} {:<10} {:<22} {:<8} {:>6} {:>9}",
-                    "NAME", "ROLE", "REGION", "PROFILE", "HEALTH", "CORES", "RSS MB"
+                    "{:<14} {:<5} {:<10} {:<22} {:<8} {:>6} {:>9} {:>8} {:>10}",
+                    "NAME",
+                    "ROLE",
+                    "REGION",
+                    "PROFILE",
+                    "HEALTH",
+                    "CORES",
+                    "RSS MB",
+                    "RTT MS",
+                    "LINK MBIT"
                 );
                 for d in v.as_array().into_iter().flatten() {
                     let rss = d
@@ -268,15 +276,25 @@ pub fn device(args: ApiArgs, command: DeviceCommand) -> Result<()> {
                         .and_then(|r| r.as_u64())
                         .map(|r| format!("{:.1}", r as f64 / 1e6))
                         .unwrap_or("-".into());
+                    let link = |key: &str, scale: f64| {
+                        d.get("link")
+                            .and_then(|l| l.get(key))
+                            .and_then(|v| v.as_u64())
+                            .filter(|v| *v > 0)
+                            .map(|v| format!("{:.1}", v as f64 / scale))
+                            .unwrap_or("-".into())
+                    };
                     println!(
-                        "{:<14} {:<5} {:<10} {:<22} {:<8} {:>6} {:>9}",
+                        "{:<14} {:<5} {:<10} {:<22} {:<8} {:>6} {:>9} {:>8} {:>10}",
                         s(d, "name"),
                         s(d, "role"),
                         s(d, "region"),
                         s(d, "profile"),
                         s(d, "health"),
                         s(d, "cpu_cores"),
-                        rss
+                        rss,
+                        link("rtt_us", 1e3),
+                        link("bandwidth_bps", 1e6)
                     );
                 }
             });

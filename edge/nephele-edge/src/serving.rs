@@ -646,6 +646,15 @@ impl Server {
         input: Tensor,
         stage: InferStage,
     ) -> Result<Answer, String> {
+        // Too large for one frame: a property of the request, not of the cloud's
+        // health, so the breaker does not hear of it (the caller serves it here).
+        let bytes = input.data.len().saturating_mul(4);
+        if bytes > nephele_proto::MAX_TENSOR_BYTES {
+            return Err(format!(
+                "{bytes} bytes is over the {} a request may carry",
+                nephele_proto::MAX_TENSOR_BYTES
+            ));
+        }
         let started = Instant::now();
         let result = self
             .offload_exchange(connection, deployment, input, stage)

@@ -10,8 +10,13 @@
 //! Σ edge_us[0..k]                                          (edge part)
 //!   + if k < L: rtt_us + bytes(k) · 8 / bandwidth_bps · 1e6 (send the cut tensor)
 //!               + cloud_queue_us + Σ cloud_us[k..L]         (cloud part)
+//!               + bytes(L) · 8 / bandwidth_bps · 1e6        (the answer comes back)
 //! bytes(0) = input_bytes, bytes(k) = output_bytes[k - 1]
 //! ```
+//!
+//! The link is taken as symmetric (agents measure one throughput). The answer's leg
+//! matters for models whose output is large: a detector's score map can be a third of
+//! its input (measured over a shaped link in `nephele bench split`).
 //!
 //! | cut          | runs on the edge | sends            | pays the RTT |
 //! |--------------|------------------|------------------|--------------|
@@ -30,6 +35,8 @@
 //!   not finite. An infinite bandwidth means free transfer. So with no link only the
 //!   all-local cut remains; if it is not allowed there is no feasible cut.
 //! - Layer costs must be finite and non-negative: anything else is a typed error.
+//! - With [`SplitModel::max_transfer_bytes`], a remote cut that would send or receive
+//!   more than that in one message is infeasible (the wire protocol's frame limit).
 //!
 //! [`Replanner`] keeps a plan current as bandwidth samples arrive: it replans when its
 //! EWMA estimate moves far enough from the bandwidth the current plan was made for.
@@ -77,6 +84,9 @@ pub struct SplitModel {
     pub input_bytes: u64,
     /// The cuts the model can be split at.
     pub allowed_cuts: AllowedCuts,
+    /// The most one message over the link may carry (`None`: no limit).
+    #[serde(default)]
+    pub max_transfer_bytes: Option<u64>,
 }
 
 /// The chosen cut.
@@ -182,7 +192,14 @@ pub fn plan_split(
                     0 => model.input_bytes,
                     _ => model.layers[cut - 1].output_bytes,
                 };
-                let transfer_us = bytes as f64 * 8.0 / link.bandwidth_bps * 1e6;
+                let answer = model.layers.last().map_or(0, |layer| layer.output_bytes);
+                if model
+                    .max_transfer_bytes
+                    .is_some_and(|limit| bytes.max(answer) > limit)
+                {
+                    return f64::INFINITY;
+                }
+                let transfer_us = (bytes as f64 + answer as f64) * 8.0 / link.bandwidth_bps * 1e6;
                 edge_prefix[cut] + link.rtt_us + transfer_us + cloud_queue_us + cloud_suffix[cut]
             }
         })
@@ -336,10 +353,11 @@ mod tests {
             layers: vec![
                 layer("conv1", 10_000.0, 400_000),
                 layer("conv2", 20_000.0, 20_000),
-                layer("fc", 30_000.0, 4_000),
+                layer("fc", 30_000.0, 400),
             ],
             input_bytes: 150_000,
             allowed_cuts,
+            max_transfer_bytes: None,
         }
     }
 
@@ -369,12 +387,27 @@ mod tests {
         let model = cnn(AllowedCuts::All);
         // 1 Mbit/s: sending anything costs more than computing everything (60 ms).
         check(&model, MBIT, Ok((3, 60_000.0)));
-        // 10 Mbit/s: after conv2, 20 kB is 16 ms: 30 + 10 + 16 + 1.5 = 57.5 ms.
-        check(&model, 10.0 * MBIT, Ok((2, 57_500.0)));
-        // 100 Mbit/s: the 150 kB input is 12 ms: 10 + 12 + 3 = 25 ms.
-        check(&model, 100.0 * MBIT, Ok((0, 25_000.0)));
+        // 10 Mbit/s: after conv2, 20 kB up is 16 ms and the 400 B answer down 0.32 ms:
+        // 30 + 10 + 16 + 1.5 + 0.32 = 57.82 ms.
+        check(&model, 10.0 * MBIT, Ok((2, 57_820.0)));
+        // 100 Mbit/s: the 150 kB input is 12 ms: 10 + 12 + 3 + 0.032 = 25.032 ms.
+        check(&model, 100.0 * MBIT, Ok((0, 25_032.0)));
         // Free transfer: full offload, RTT and cloud compute only.
         check(&model, f64::INFINITY, Ok((0, 13_000.0)));
+    }
+
+    #[test]
+    fn a_cut_over_the_message_limit_is_not_a_candidate() {
+        // At 100 Mbit/s the whole offload wins (see above), but its 150 kB input is over
+        // a 100 kB limit; conv2's 20 kB is under it: 30 + 10 + 1.6 + 1.5 + 0.032 ms.
+        let mut model = cnn(AllowedCuts::All);
+        model.max_transfer_bytes = Some(100_000);
+        check(&model, 100.0 * MBIT, Ok((2, 43_132.0)));
+        let plan = plan_split(&model, link(100.0 * MBIT), 0.0).unwrap();
+        assert_eq!(plan.per_cut[..2], [f64::INFINITY; 2]);
+        // An answer over the limit leaves only local.
+        model.max_transfer_bytes = Some(300);
+        check(&model, 100.0 * MBIT, Ok((3, 60_000.0)));
     }
 
     #[test]
@@ -421,6 +454,7 @@ mod tests {
             layers: vec![],
             input_bytes: 10,
             allowed_cuts: AllowedCuts::All,
+            max_transfer_bytes: None,
         };
         check(&empty, MBIT, Ok((0, 0.0)));
         // A cloud queue that is not a number disables the remote leg too.
@@ -442,6 +476,7 @@ mod tests {
             }],
             input_bytes: 1_000,
             allowed_cuts: AllowedCuts::All,
+            max_transfer_bytes: None,
         };
         check(&model, MBIT, Ok((1, 20_000.0)));
     }
@@ -554,6 +589,7 @@ mod tests {
             rtt_us in 0.0..1e6f64,
             cloud_queue_us in 0.0..1e6f64,
             allowed_mask in proptest::collection::vec(any::<bool>(), 13),
+            max_transfer_bytes in proptest::option::of(0u64..20_000_000),
         ) {
             let n_layers = layers.len();
             let cuts: Vec<usize> = (0..=n_layers).filter(|cut| allowed_mask[*cut]).collect();
@@ -561,6 +597,7 @@ mod tests {
                 layers: layers.clone(),
                 input_bytes,
                 allowed_cuts: AllowedCuts::Only(cuts.clone()),
+                max_transfer_bytes,
             };
             let link = Link { bandwidth_bps, rtt_us };
             // An independent reading of the formula in the module docs.
@@ -573,8 +610,14 @@ mod tests {
                     return f64::INFINITY;
                 }
                 let bytes = if cut == 0 { input_bytes } else { layers[cut - 1].output_bytes };
+                let answer = layers.last().map_or(0, |layer| layer.output_bytes);
+                if max_transfer_bytes.is_some_and(|limit| bytes > limit || answer > limit) {
+                    return f64::INFINITY;
+                }
                 let cloud: f64 = layers[cut..].iter().map(|layer| layer.cloud_us).sum();
-                edge + rtt_us + bytes as f64 * 8.0 / bandwidth_bps * 1e6 + cloud_queue_us + cloud
+                edge + rtt_us + (bytes as f64 + answer as f64) * 8.0 / bandwidth_bps * 1e6
+                    + cloud_queue_us
+                    + cloud
             };
             match plan_split(&model, link, cloud_queue_us) {
                 Ok(plan) => {
@@ -595,7 +638,10 @@ mod tests {
                 }
                 Err(SplitError::NoAllowedCut) => prop_assert!(cuts.is_empty()),
                 Err(SplitError::NoFeasibleCut) => {
-                    prop_assert!(bandwidth_bps == 0.0 && !cuts.contains(&n_layers));
+                    // A dead link or the message limit rules out every remote cut, and
+                    // local is not allowed.
+                    prop_assert!(!cuts.contains(&n_layers));
+                    prop_assert!(cuts.iter().all(|&cut| oracle(cut).is_infinite()));
                 }
                 Err(other) => prop_assert!(false, "unexpected {other}"),
             }
@@ -615,6 +661,7 @@ mod tests {
                 layers: vec![LayerProfile { name: "x".into(), edge_us, cloud_us, output_bytes }],
                 input_bytes,
                 allowed_cuts: AllowedCuts::All,
+                max_transfer_bytes: None,
             };
             if let Ok(plan) = plan_split(&model, Link { bandwidth_bps, rtt_us }, cloud_queue_us) {
                 prop_assert!(plan.expected_us.is_finite() && plan.expected_us >= 0.0);

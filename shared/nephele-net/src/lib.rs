@@ -6,6 +6,7 @@
 //! moves bytes securely and reports who is on the other end.
 
 pub mod framing;
+pub mod link;
 pub mod pki;
 pub mod tls;
 pub mod token;

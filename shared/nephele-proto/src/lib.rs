@@ -33,5 +33,10 @@ pub const ALPN: &[u8] = b"nephele/1";
 /// Hard upper bound of one frame's payload. Model chunks are [`CHUNK_BYTES`], far below.
 pub const MAX_FRAME_BYTES: usize = 4 * 1024 * 1024;
 
+/// The largest tensor one inference frame carries: [`MAX_FRAME_BYTES`] less room for
+/// the request's other fields (deployment name, shape, ids). The split planner never
+/// chooses a cut whose activation or answer is larger.
+pub const MAX_TENSOR_BYTES: usize = MAX_FRAME_BYTES - 64 * 1024;
+
 /// Size of one model chunk fetched on its own stream.
 pub const CHUNK_BYTES: u32 = 256 * 1024;

@@ -35,6 +35,9 @@ use tokio::sync::{oneshot, Notify, Semaphore};
 /// The arrival-rate estimate's time constant: a quarter second, so that the window
 /// follows a burst within a few hundred milliseconds.
 const ARRIVAL_TIME_CONSTANT_US: u64 = 250_000;
+/// A pause longer than this between a batch ending with work waiting and the next
+/// starting is not counted as dispatch overhead.
+const MAX_DISPATCH_GAP_US: u64 = 5_000;
 use tokio::time::Instant;
 
 /// Why a request was not answered by the model.
@@ -85,8 +88,14 @@ struct State {
     /// chooses from. Without it a tiny model looks able to run batch 1 far faster than
     /// the hand-off allows.
     profile: Vec<(usize, u64)>,
-    /// EWMA (1/8) of that per-batch overhead, µs.
+    /// EWMA (1/8) of that per-batch overhead, µs: the batch's time beyond its measured
+    /// service, plus the gap between the previous batch ending with this one already due
+    /// and this one starting (waking the driver, an inference slot, a blocking thread). That
+    /// gap idles the model once per batch, so it is what makes batches worth forming
+    /// under load even for a model whose compute does not batch.
     overhead_us: u64,
+    /// When the last batch ended with the next one already due (µs since `origin`).
+    backlogged_since_us: Option<u64>,
     batches: u64,
     requests: u64,
     /// Refused by [`BatcherConfig::admit_within_us`].
@@ -184,6 +193,7 @@ impl Batcher {
                 setting,
                 profile: config.profile,
                 overhead_us: 0,
+                backlogged_since_us: None,
                 batches: 0,
                 requests: 0,
                 late: 0,
@@ -365,6 +375,18 @@ async fn run_batch(shared: &Arc<Shared>, batch: Vec<Pending>) {
     let data: Vec<f32> = good.iter().flat_map(|p| p.row.iter().copied()).collect();
     let model = shared.model.clone();
     let rows = good.len() as u64;
+    // Idle time since the previous batch left work waiting; a longer pause is the
+    // driver waiting for a window, not overhead.
+    let gap_us = {
+        let now = shared.now_us();
+        shared
+            .lock()
+            .backlogged_since_us
+            .take()
+            .map(|since| now.saturating_sub(since))
+            .filter(|gap| *gap <= MAX_DISPATCH_GAP_US)
+            .unwrap_or(0)
+    };
     let started = Instant::now();
     let result = tokio::task::spawn_blocking(move || model.infer(&shape, &data))
         .await
@@ -380,7 +402,7 @@ async fn run_batch(shared: &Arc<Shared>, batch: Vec<Pending>) {
             .map(|(size, service)| (rows / *size as u64).max(1) * service)
             .min()
             .unwrap_or(0);
-        let extra = elapsed_us.saturating_sub(measured);
+        let extra = elapsed_us.saturating_sub(measured) + gap_us;
         {
             let mut state = shared.lock();
             state.overhead_us = if state.batches <= 1 {
@@ -421,6 +443,14 @@ async fn run_batch(shared: &Arc<Shared>, batch: Vec<Pending>) {
                 let _ = pending.reply.send(Err(BatchError::Failed(cause.clone())));
             }
         }
+    }
+    // A batch already due: the time until it starts is dispatch overhead (a batch
+    // still inside its window is not due, and its wait is the window's).
+    let now = shared.now_us();
+    let mut state = shared.lock();
+    let setting = state.setting;
+    if state.queue.ready(now, &setting) {
+        state.backlogged_since_us = Some(now);
     }
 }
 

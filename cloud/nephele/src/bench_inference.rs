@@ -132,6 +132,74 @@ fn measure_candle(
     .map_err(|e| anyhow::anyhow!("{e}"))
 }
 
+/// candle's int8 variant of a BERT encoder against its fp32 safetensors: file sizes,
+/// agreement over the validation rows, and batch-1 latency with the Q8_0 matrices
+/// computed by candle's quantized matmul and dequantized to f32; the faster is chosen.
+fn candle_int8_row(model: &BenchModel, dir: &Path, duration: Duration) -> Result<Int8Row> {
+    use nephele_runtime::candle_bert::{quantize_int8, Int8Compute};
+    let weights = std::fs::read(dir.join("model.safetensors"))?;
+    let config = std::fs::read_to_string(dir.join("config.json"))?;
+    let fp32 = CandleBert::load(model.name, &weights, &config)?;
+    let gguf = quantize_int8(model.name, &weights, &config)?;
+    let rows = &model.validation.rows;
+    let seq = rows.first().map_or(0, Vec::len);
+    let embed = |bert: &CandleBert| -> Result<Vec<Vec<f32>>> {
+        rows.iter()
+            .map(|row| bert.embed(1, seq, row).map_err(anyhow::Error::from))
+            .collect()
+    };
+    let cosine = |a: &[f32], b: &[f32]| {
+        let dot: f64 = a.iter().zip(b).map(|(x, y)| f64::from(x * y)).sum();
+        let norm = |v: &[f32]| v.iter().map(|x| f64::from(x * x)).sum::<f64>().sqrt();
+        dot / (norm(a) * norm(b)).max(1e-12)
+    };
+    let reference = embed(&fp32)?;
+    let fp32_p50 = measure_candle(&fp32, rows, 1, duration / 2)?.p50_ms;
+    let mut measured = Vec::new();
+    for compute in [Int8Compute::Quantized, Int8Compute::Float] {
+        let bert = CandleBert::load_gguf(model.name, &gguf, compute)?;
+        let min_cosine = embed(&bert)?
+            .iter()
+            .zip(&reference)
+            .map(|(a, b)| cosine(a, b))
+            .fold(1.0, f64::min);
+        let p50 = measure_candle(&bert, rows, 1, duration / 2)?.p50_ms;
+        measured.push((compute, p50, min_cosine));
+    }
+    let &(compute, p50, min_cosine) = measured
+        .iter()
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .context("two computes measured")?;
+    let name = |c: Int8Compute| match c {
+        Int8Compute::Quantized => "Q8_0 matmul",
+        Int8Compute::Float => "dequantized to f32",
+    };
+    let shipped = min_cosine >= 0.99;
+    Ok(Int8Row {
+        model: model.name.to_string(),
+        backend: "candle",
+        int8_compute: Some(format!(
+            "{} ({})",
+            name(compute),
+            measured
+                .iter()
+                .map(|(c, ms, _)| format!("{} {ms:.1} ms", name(*c)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+        fp32_bytes: weights.len() as u64,
+        int8_bytes: gguf.len() as u64,
+        size_ratio: weights.len() as f64 / gguf.len().max(1) as f64,
+        fp32_accuracy_pct: None,
+        int8_accuracy_pct: None,
+        min_cosine: Some(min_cosine),
+        fp32_p50_ms: fp32_p50,
+        int8_p50_ms: p50,
+        shipped,
+        rejected: (!shipped).then(|| format!("min cosine {min_cosine:.4} < 0.99")),
+    })
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct RuntimeRow {
     pub model: String,
@@ -153,6 +221,10 @@ pub struct RuntimeRow {
 #[derive(Debug, Clone, Serialize)]
 pub struct Int8Row {
     pub model: String,
+    /// `tract` (ONNX, int8 weights folded back to f32 at load) or `candle` (GGUF Q8_0).
+    pub backend: &'static str,
+    /// For candle: how the int8 matrices were computed and why (the faster of the two).
+    pub int8_compute: Option<String>,
     pub fp32_bytes: u64,
     pub int8_bytes: u64,
     pub size_ratio: f64,
@@ -540,6 +612,8 @@ pub fn run(args: InferenceArgs) -> Result<()> {
         };
         int8_rows.push(Int8Row {
             model: model.name.to_string(),
+            backend: "tract",
+            int8_compute: None,
             fp32_bytes: full.size(),
             int8_bytes: int8.size(),
             size_ratio: full.size() as f64 / int8.size().max(1) as f64,
@@ -551,6 +625,18 @@ pub fn run(args: InferenceArgs) -> Result<()> {
             shipped: int8.rejected.is_none(),
             rejected: int8.rejected.clone(),
         });
+    }
+
+    // candle's int8: the encoder as Q8_0 GGUF, computed both ways.
+    for model in &models {
+        let Some(dir) = &model.candle_dir else {
+            continue;
+        };
+        progress(args.json, &format!("{}: candle int8", model.name));
+        match candle_int8_row(model, dir, duration) {
+            Ok(row) => int8_rows.push(row),
+            Err(error) => skipped.push(format!("{}: candle int8: {error:#}", model.name)),
+        }
     }
 
     // 3. Batching: adaptive against batch 1 and fixed sizes, under open-loop load.
@@ -844,8 +930,9 @@ fn print_tables(report: &Report) {
     println!("\nint8 weights vs fp32");
     for r in &report.int8 {
         println!(
-            "  {:<18} {:>10} → {:>10} bytes ({:.2}×)  accuracy {} → {}  min cosine {}  p50 {:.3} → {:.3} ms  {}",
+            "  {:<18} {:<6} {:>10} → {:>10} bytes ({:.2}×)  accuracy {} → {}  min cosine {}  p50 {:.3} → {:.3} ms  {}{}",
             r.model,
+            r.backend,
             r.fp32_bytes,
             r.int8_bytes,
             r.size_ratio,
@@ -854,7 +941,10 @@ fn print_tables(report: &Report) {
             opt(r.min_cosine, 5),
             r.fp32_p50_ms,
             r.int8_p50_ms,
-            r.rejected.as_deref().unwrap_or("shipped")
+            r.rejected.as_deref().unwrap_or("shipped"),
+            r.int8_compute
+                .as_deref()
+                .map_or(String::new(), |c| format!("  int8 computed as {c}"))
         );
     }
     println!(

@@ -7,17 +7,26 @@
 //! ids are all 0. Loading checks every tensor's presence and shape against the config,
 //! so a truncated or mismatched file is an error naming the tensor, never a panic.
 //!
+//! int8: [`quantize_int8`] writes the encoder as GGUF with every weight matrix and
+//! embedding table in candle's Q8_0 (blocks of 32 int8 values sharing an f16 scale,
+//! 8.5 bits per weight) and biases and norms in f32, the config in the file's metadata.
+//! [`CandleBert::load_gguf`] runs it either with candle's quantized matmul
+//! ([`Int8Compute::Quantized`], activations quantized to Q8 on the fly) or dequantized
+//! to f32 ([`Int8Compute::Float`]: the smaller file, the f32 speed); which is faster is
+//! measured, not assumed (`nephele bench inference`).
+//!
 //! Not here: tokenisation (the caller sends ids), other architectures, GPU (candle's
 //! CUDA path would sit behind a cargo feature).
 
 use std::collections::HashMap;
 
-use candle_core::{DType, Device, Tensor, D};
+use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
+use candle_core::{DType, Device, Module, Tensor, D};
 
 use crate::RuntimeError;
 
 /// The parts of a Hugging Face BERT `config.json` the forward pass needs.
-#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
 pub struct BertConfig {
     pub hidden_size: usize,
     pub num_hidden_layers: usize,
@@ -38,16 +47,26 @@ fn default_act() -> String {
     "gelu".into()
 }
 
+/// A weight matrix as the forward pass uses it.
+enum Weight {
+    /// Transposed to `[in, out]` for a plain matmul.
+    Float(Tensor),
+    /// Q8_0 blocks, `[out, in]` as stored; candle's quantized matmul.
+    Int8(QMatMul),
+}
+
 struct Linear {
-    /// `[out, in]` as stored (PyTorch layout).
-    weight_t: Tensor,
+    weight: Weight,
     bias: Tensor,
 }
 
 impl Linear {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        x.broadcast_matmul(&self.weight_t)?
-            .broadcast_add(&self.bias)
+        let y = match &self.weight {
+            Weight::Float(weight_t) => x.broadcast_matmul(weight_t)?,
+            Weight::Int8(matrix) => matrix.forward(&x.contiguous()?)?,
+        };
+        y.broadcast_add(&self.bias)
     }
 }
 
@@ -110,12 +129,22 @@ fn softmax_last(x: &Tensor) -> candle_core::Result<Tensor> {
 impl CandleBert {
     /// Loads from the bytes of `model.safetensors` and `config.json`.
     pub fn load(name: &str, safetensors: &[u8], config_json: &str) -> Result<Self, RuntimeError> {
-        let load = |cause: String| RuntimeError::Load {
-            model: name.to_string(),
-            cause,
-        };
-        let config: BertConfig =
-            serde_json::from_str(config_json).map_err(|e| load(format!("config.json: {e}")))?;
+        let config = parse_config(name, config_json)?;
+        let tensors = candle_core::safetensors::load_buffer(safetensors, &Device::Cpu)
+            .map_err(|e| load_error(name, format!("safetensors: {e}")))?;
+        Self::build(name, config, &Weights::Float(tensors))
+    }
+
+    /// Loads the int8 file [`quantize_int8`] writes, computing its matrices as
+    /// `compute` says.
+    pub fn load_gguf(name: &str, gguf: &[u8], compute: Int8Compute) -> Result<Self, RuntimeError> {
+        let (config_json, tensors) = read_gguf(name, gguf)?;
+        let config = parse_config(name, &config_json)?;
+        Self::build(name, config, &Weights::Int8(tensors, compute))
+    }
+
+    fn build(name: &str, config: BertConfig, weights: &Weights) -> Result<Self, RuntimeError> {
+        let load = |cause: String| load_error(name, cause);
         if config.hidden_act != "gelu" {
             return Err(RuntimeError::Unsupported {
                 model: name.to_string(),
@@ -136,30 +165,52 @@ impl CandleBert {
             )));
         }
         let device = Device::Cpu;
-        let tensors: HashMap<String, Tensor> =
-            candle_core::safetensors::load_buffer(safetensors, &device)
-                .map_err(|e| load(format!("safetensors: {e}")))?;
         let (h, i) = (config.hidden_size, config.intermediate_size);
-        let get = |key: &str, shape: &[usize]| -> Result<Tensor, RuntimeError> {
-            let tensor = tensors
-                .get(key)
-                .ok_or_else(|| load(format!("tensor {key} is missing")))?;
-            if tensor.dims() != shape {
+        let check = |key: &str, dims: &[usize], shape: &[usize]| {
+            if dims != shape {
                 return Err(load(format!(
-                    "tensor {key} has shape {:?}, the config needs {shape:?}",
-                    tensor.dims()
+                    "tensor {key} has shape {dims:?}, the config needs {shape:?}"
                 )));
             }
+            Ok(())
+        };
+        let get = |key: &str, shape: &[usize]| -> Result<Tensor, RuntimeError> {
+            let tensor = match weights {
+                Weights::Float(tensors) => tensors.get(key).cloned(),
+                Weights::Int8(tensors, _) => tensors
+                    .get(key)
+                    .map(|q| q.dequantize(&device))
+                    .transpose()
+                    .map_err(|e| load(format!("tensor {key}: {e}")))?,
+            }
+            .ok_or_else(|| load(format!("tensor {key} is missing")))?;
+            check(key, tensor.dims(), shape)?;
             tensor
                 .to_dtype(DType::F32)
                 .map_err(|e| load(format!("tensor {key}: {e}")))
         };
         let linear = |prefix: &str, out: usize, inp: usize| -> Result<Linear, RuntimeError> {
+            let key = format!("{prefix}.weight");
+            let weight = match weights {
+                Weights::Int8(tensors, Int8Compute::Quantized) => {
+                    let matrix = tensors
+                        .get(&key)
+                        .ok_or_else(|| load(format!("tensor {key} is missing")))?;
+                    check(&key, matrix.shape().dims(), &[out, inp])?;
+                    Weight::Int8(
+                        QMatMul::from_arc(matrix.clone())
+                            .map_err(|e| load(format!("{key}: {e}")))?,
+                    )
+                }
+                _ => Weight::Float(
+                    get(&key, &[out, inp])?
+                        .t()
+                        .and_then(|t| t.contiguous())
+                        .map_err(|e| load(format!("{prefix}: {e}")))?,
+                ),
+            };
             Ok(Linear {
-                weight_t: get(&format!("{prefix}.weight"), &[out, inp])?
-                    .t()
-                    .and_then(|t| t.contiguous())
-                    .map_err(|e| load(format!("{prefix}: {e}")))?,
+                weight,
                 bias: get(&format!("{prefix}.bias"), &[out])?,
             })
         };
@@ -294,6 +345,111 @@ impl CandleBert {
     }
 }
 
+/// How the matrices of an int8 file are computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Int8Compute {
+    /// candle's Q8_0 matmul (the activations are quantized to Q8 as well).
+    Quantized,
+    /// Dequantized to f32 at load: the int8 file's size, f32's compute.
+    Float,
+}
+
+/// Where the forward pass's tensors come from.
+enum Weights {
+    Float(HashMap<String, Tensor>),
+    Int8(HashMap<String, std::sync::Arc<QTensor>>, Int8Compute),
+}
+
+/// The GGUF metadata key that holds the model's `config.json`.
+const CONFIG_KEY: &str = "nephele.bert.config";
+
+fn load_error(name: &str, cause: String) -> RuntimeError {
+    RuntimeError::Load {
+        model: name.to_string(),
+        cause,
+    }
+}
+
+fn parse_config(name: &str, config_json: &str) -> Result<BertConfig, RuntimeError> {
+    serde_json::from_str(config_json).map_err(|e| load_error(name, format!("config.json: {e}")))
+}
+
+/// Whether `bytes` start like a GGUF file (what [`quantize_int8`] writes).
+pub fn is_gguf(bytes: &[u8]) -> bool {
+    bytes.starts_with(b"GGUF")
+}
+
+fn read_gguf(
+    name: &str,
+    bytes: &[u8],
+) -> Result<(String, HashMap<String, std::sync::Arc<QTensor>>), RuntimeError> {
+    let load = |cause: String| load_error(name, cause);
+    if !is_gguf(bytes) {
+        return Err(load("not a GGUF file (no GGUF magic)".into()));
+    }
+    let mut reader = std::io::Cursor::new(bytes);
+    // candle's reader trusts the header's counts and lengths; a damaged file must not
+    // take the caller down with it.
+    let content = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        gguf_file::Content::read(&mut reader)
+    }))
+    .map_err(|_| load("GGUF header is corrupt".into()))?
+    .map_err(|e| load(format!("GGUF: {e}")))?;
+    let config = match content.metadata.get(CONFIG_KEY) {
+        Some(gguf_file::Value::String(config)) => config.clone(),
+        _ => return Err(load(format!("GGUF metadata has no {CONFIG_KEY}"))),
+    };
+    let mut tensors = HashMap::with_capacity(content.tensor_infos.len());
+    for key in content.tensor_infos.keys() {
+        let tensor = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            content.tensor(&mut reader, key, &Device::Cpu)
+        }))
+        .map_err(|_| load(format!("tensor {key} is corrupt")))?
+        .map_err(|e| load(format!("tensor {key}: {e}")))?;
+        tensors.insert(key.clone(), std::sync::Arc::new(tensor));
+    }
+    Ok((config, tensors))
+}
+
+/// The int8 file of a BERT encoder given as `model.safetensors` + `config.json`: GGUF
+/// with every 2-D `*.weight` whose rows are a multiple of 32 long (the linear layers and
+/// the embedding tables) in Q8_0, the rest in f32, and the config in the metadata. The
+/// model is loaded first, so a file that would not run is refused here, not on a device.
+pub fn quantize_int8(
+    name: &str,
+    safetensors: &[u8],
+    config_json: &str,
+) -> Result<Vec<u8>, RuntimeError> {
+    CandleBert::load(name, safetensors, config_json)?;
+    let load = |cause: String| load_error(name, cause);
+    let tensors = candle_core::safetensors::load_buffer(safetensors, &Device::Cpu)
+        .map_err(|e| load(format!("safetensors: {e}")))?;
+    let mut names: Vec<&String> = tensors.keys().collect();
+    names.sort();
+    let mut quantized = Vec::with_capacity(names.len());
+    for key in names {
+        let tensor = tensors[key]
+            .to_dtype(DType::F32)
+            .map_err(|e| load(format!("tensor {key}: {e}")))?;
+        let dims = tensor.dims();
+        let dtype = if key.ends_with(".weight") && dims.len() == 2 && dims[1] % 32 == 0 {
+            GgmlDType::Q8_0
+        } else {
+            GgmlDType::F32
+        };
+        let q =
+            QTensor::quantize(&tensor, dtype).map_err(|e| load(format!("tensor {key}: {e}")))?;
+        quantized.push((key.as_str(), q));
+    }
+    let config = gguf_file::Value::String(config_json.to_string());
+    let refs: Vec<(&str, &QTensor)> = quantized.iter().map(|(k, q)| (*k, q)).collect();
+    let mut out = std::io::Cursor::new(Vec::new());
+    gguf_file::write(&mut out, &[(CONFIG_KEY, &config)], &refs)
+        .map_err(|e| load(format!("writing GGUF: {e}")))?;
+    Ok(out.into_inner())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -314,5 +470,115 @@ mod tests {
         let _ = std::fs::remove_file(&path);
         let error = CandleBert::load("tiny", &bytes, config).unwrap_err();
         assert!(error.to_string().contains("is missing"), "{error}");
+    }
+
+    /// A small random BERT in the real tensor layout, as `(safetensors, config.json)`.
+    fn tiny_bert() -> (Vec<u8>, String) {
+        let (h, i, vocab, positions, layers) = (64, 128, 96, 16, 2);
+        let config = format!(
+            r#"{{"hidden_size": {h}, "num_hidden_layers": {layers}, "num_attention_heads": 2,
+            "intermediate_size": {i}, "max_position_embeddings": {positions}, "vocab_size": {vocab}}}"#
+        );
+        let device = Device::Cpu;
+        let random = |shape: &[usize]| Tensor::randn(0f32, 0.2, shape, &device).unwrap();
+        let ones = |n: usize| Tensor::ones(n, DType::F32, &device).unwrap();
+        let mut tensors = HashMap::new();
+        let mut put = |key: String, tensor: Tensor| {
+            tensors.insert(key, tensor);
+        };
+        put(
+            "embeddings.word_embeddings.weight".into(),
+            random(&[vocab, h]),
+        );
+        put(
+            "embeddings.position_embeddings.weight".into(),
+            random(&[positions, h]),
+        );
+        put(
+            "embeddings.token_type_embeddings.weight".into(),
+            random(&[2, h]),
+        );
+        put("embeddings.LayerNorm.weight".into(), ones(h));
+        put("embeddings.LayerNorm.bias".into(), random(&[h]));
+        for l in 0..layers {
+            let p = format!("encoder.layer.{l}");
+            for (name, out, inp) in [
+                ("attention.self.query", h, h),
+                ("attention.self.key", h, h),
+                ("attention.self.value", h, h),
+                ("attention.output.dense", h, h),
+                ("intermediate.dense", i, h),
+                ("output.dense", h, i),
+            ] {
+                put(format!("{p}.{name}.weight"), random(&[out, inp]));
+                put(format!("{p}.{name}.bias"), random(&[out]));
+            }
+            for name in ["attention.output.LayerNorm", "output.LayerNorm"] {
+                put(format!("{p}.{name}.weight"), ones(h));
+                put(format!("{p}.{name}.bias"), random(&[h]));
+            }
+        }
+        let path = std::env::temp_dir().join(format!(
+            "nephele-tiny-bert-{}-{:?}.st",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        candle_core::safetensors::save(&tensors, &path).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        (bytes, config)
+    }
+
+    fn cosine(a: &[f32], b: &[f32]) -> f32 {
+        let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+        let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        dot / (norm(a) * norm(b)).max(1e-12)
+    }
+
+    #[test]
+    fn the_int8_file_is_smaller_and_agrees_with_fp32_either_way_it_is_computed() {
+        let (safetensors, config) = tiny_bert();
+        let gguf = quantize_int8("tiny", &safetensors, &config).unwrap();
+        assert!(is_gguf(&gguf));
+        let ratio = safetensors.len() as f64 / gguf.len() as f64;
+        assert!(ratio >= 3.0, "int8 file only {ratio:.2}x smaller");
+        let fp32 = CandleBert::load("tiny", &safetensors, &config).unwrap();
+        // Three rows of 8 ids, the last padded.
+        let ids: Vec<f32> = [
+            [5, 17, 33, 2, 90, 41, 8, 1],
+            [60, 61, 62, 63, 64, 65, 66, 67],
+            [3, 9, 27, 81, 0, 0, 0, 0],
+        ]
+        .iter()
+        .flatten()
+        .map(|&id| id as f32)
+        .collect();
+        let expected = fp32.embed(3, 8, &ids).unwrap();
+        for compute in [Int8Compute::Quantized, Int8Compute::Float] {
+            let int8 = CandleBert::load_gguf("tiny", &gguf, compute).unwrap();
+            let got = int8.embed(3, 8, &ids).unwrap();
+            for row in 0..3 {
+                let range = row * 64..(row + 1) * 64;
+                let c = cosine(&got[range.clone()], &expected[range]);
+                assert!(c >= 0.99, "{compute:?} row {row}: cosine {c}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_damaged_int8_file_is_refused_with_the_model_name() {
+        let (safetensors, config) = tiny_bert();
+        let gguf = quantize_int8("tiny", &safetensors, &config).unwrap();
+        for cut in [3, 40, gguf.len() / 2, gguf.len() - 7] {
+            let error =
+                CandleBert::load_gguf("tiny", &gguf[..cut], Int8Compute::Quantized).unwrap_err();
+            assert!(error.to_string().contains("model tiny"), "{error}");
+        }
+        let error = CandleBert::load_gguf("tiny", &safetensors, Int8Compute::Float).unwrap_err();
+        assert!(error.to_string().contains("not a GGUF"), "{error}");
+        // A config the file does not match is refused before anything is written.
+        let wrong = config.replace("\"vocab_size\": 96", "\"vocab_size\": 97");
+        let error = quantize_int8("tiny", &safetensors, &wrong).unwrap_err();
+        assert!(error.to_string().contains("word_embeddings"), "{error}");
     }
 }

@@ -996,3 +996,81 @@ fn jobs_are_scheduled_onto_pool_agents() {
         "{metrics}"
     );
 }
+
+/// A BERT sentence encoder pushed as safetensors + config for candle: the control plane
+/// builds and checks its f32 and Q8_0 GGUF variants, agents load them through the same
+/// `Model` and batcher as ONNX models, and the answers are the encoder's.
+#[test]
+fn a_bert_encoder_pushed_for_candle_is_served_in_both_variants() {
+    use base64::Engine as _;
+    use nephele_runtime::candle_bert::{tiny_random_bert, CandleBert};
+    let cloud = Cloud::start("candle").expect("cloud");
+    let edge = Edge::start(
+        &cloud,
+        "edge-1",
+        "eu-west",
+        &["--profile", "rpi5-8gb", "--label", "tier=edge"],
+        &[],
+    )
+    .unwrap();
+    let (safetensors, config) = tiny_random_bert(11).unwrap();
+    let upload = serde_json::json!({
+        "bert": {
+            "safetensors_base64": base64::engine::general_purpose::STANDARD.encode(&safetensors),
+            "config": serde_json::from_str::<Value>(&config).unwrap(),
+            "sequence": 8,
+        }
+    });
+    let url = format!("{}/v1/models/tiny-bert", cloud.api);
+    let (status, body) = cloud.client().raw_json("PUT", &url, &upload).unwrap();
+    assert_eq!(status, 201, "{body}");
+    let names: Vec<&str> = body["variants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["full", "int8"], "{body}");
+    // Both kinds of upload at once, or a sequence BERT cannot take, are refused.
+    let both = serde_json::json!({"onnx_base64": "", "bert": upload["bert"].clone()});
+    assert_eq!(cloud.client().raw_json("PUT", &url, &both).unwrap().0, 400);
+    let mut long = upload.clone();
+    long["bert"]["sequence"] = serde_json::json!(100_000);
+    let refused = cloud.client().raw_json("PUT", &url, &long).unwrap();
+    assert_eq!(refused.0, 400, "{}", refused.1);
+    for variant in ["full", "int8"] {
+        let name = format!("bert-{variant}");
+        cloud
+            .post(
+                "/v1/deployments",
+                &serde_json::json!({"name": name, "model": "tiny-bert", "variant": variant,
+                    "selector": "tier=edge", "slo_ms": 200}),
+            )
+            .unwrap();
+        cloud
+            .wait_for(
+                &format!("/v1/deployments/{name}"),
+                &format!("{name} ready"),
+                |v| v["ready_devices"] == 1,
+            )
+            .unwrap();
+    }
+    let reference = CandleBert::load("reference", &safetensors, &config).unwrap();
+    for r in 0..10usize {
+        let row: Vec<f32> = (0..8).map(|p| ((r * 13 + p * 5) % 95 + 1) as f32).collect();
+        let expected = reference.embed(1, 8, &row).unwrap();
+        let (code, full) = edge.infer("bert-full", &row).unwrap();
+        assert_eq!(code, 200, "{full}");
+        assert_close(&outputs(&full), &expected, "candle full answer");
+        let (code, int8) = edge.infer("bert-int8", &row).unwrap();
+        assert_eq!(code, 200, "{int8}");
+        let got = outputs(&int8);
+        let dot: f32 = got.iter().zip(&expected).map(|(a, b)| a * b).sum();
+        let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        let cosine = dot / (norm(&got) * norm(&expected));
+        assert!(cosine >= 0.99, "int8 answer cosine {cosine}");
+    }
+    // A row that is not token ids is a clear 400, not a crash.
+    let (code, reply) = edge.infer("bert-full", &[0.5; 8]).unwrap();
+    assert_eq!(code, 400, "{reply}");
+}

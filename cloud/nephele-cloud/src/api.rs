@@ -171,9 +171,12 @@ async fn delete_device(
 
 /// `PUT /v1/models/{name}` with either the ONNX file itself as the body, or JSON
 /// `{"onnx_base64": "...", "validation": {"rows": [[f32, ...], ...], "labels": [int, ...]}}`
-/// (labels optional). Variants are measured on the validation rows; without them, on
-/// [`SYNTHETIC_ROWS`] deterministic pseudo-random rows in [0, 1), which checks output
-/// agreement but not accuracy (the model view says which).
+/// (labels optional), or, for a BERT sentence encoder run by candle,
+/// `{"bert": {"safetensors_base64": "...", "config": {...config.json...}, "sequence": 128},
+/// "validation": {"rows": [[token ids as f32, ...]]}}`. Variants are measured on the
+/// validation rows; without them, on [`SYNTHETIC_ROWS`] deterministic pseudo-random rows
+/// (in [0, 1) for ONNX, token ids for BERT), which checks output agreement but not
+/// accuracy (the model view says which).
 async fn put_model(
     request: HttpRequest,
     state: web::Data<ApiState>,
@@ -193,53 +196,126 @@ async fn put_model(
         .get(actix_web::http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("application/json"));
-    let (bytes, validation) = if is_json {
+    let (source, validation) = if is_json {
         let upload: ModelUpload = serde_json::from_slice(&body).map_err(|e| {
             ApiError::BadRequest(format!(
-                "invalid JSON model upload ({e}); expected {{\"onnx_base64\": ..., \"validation\": {{\"rows\": [[...]], \"labels\": [...]}}}}"
+                "invalid JSON model upload ({e}); expected {{\"onnx_base64\": ..., \"validation\": {{\"rows\": [[...]], \"labels\": [...]}}}} or {{\"bert\": {{\"safetensors_base64\": ..., \"config\": {{...}}, \"sequence\": N}}, \"validation\": ...}}"
             ))
         })?;
         use base64::Engine as _;
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(upload.onnx_base64.as_bytes())
-            .map_err(|e| ApiError::BadRequest(format!("onnx_base64 is not base64: {e}")))?;
-        (bytes, upload.validation)
+        let decode = |field: &str, text: &str| {
+            base64::engine::general_purpose::STANDARD
+                .decode(text.as_bytes())
+                .map_err(|e| ApiError::BadRequest(format!("{field} is not base64: {e}")))
+        };
+        let source = match (upload.onnx_base64, upload.bert) {
+            (Some(onnx), None) => Source::Onnx(decode("onnx_base64", &onnx)?),
+            (None, Some(bert)) => {
+                if bert.sequence == 0 || bert.sequence > MAX_BERT_SEQUENCE {
+                    return Err(ApiError::BadRequest(format!(
+                        "bert.sequence must be 1..={MAX_BERT_SEQUENCE}, got {}",
+                        bert.sequence
+                    )));
+                }
+                Source::Bert {
+                    safetensors: decode("bert.safetensors_base64", &bert.safetensors_base64)?,
+                    config: bert.config.to_string(),
+                    sequence: bert.sequence,
+                }
+            }
+            _ => {
+                return Err(ApiError::BadRequest(
+                    "give exactly one of onnx_base64 and bert".into(),
+                ))
+            }
+        };
+        (source, upload.validation)
     } else {
-        (body.to_vec(), None)
+        (Source::Onnx(body.to_vec()), None)
     };
     // Load it once with the same runtime the agents use and derive its variants, off the
     // async threads, so a corrupt or unsupported model is refused here rather than on
     // every device.
     let check_name = name.clone();
     let built = web::block(move || -> Result<_, ApiError> {
-        let model = nephele_runtime::Model::load_onnx(&check_name, &bytes)
-            .map_err(|e| ApiError::BadRequest(e.to_string()))?;
-        let (set, description) = match validation {
-            Some(upload) => {
-                let description = match &upload.labels {
-                    Some(_) => format!("{} labelled rows", upload.rows.len()),
-                    None => format!("{} unlabelled rows", upload.rows.len()),
-                };
-                (
-                    nephele_runtime::variants::ValidationSet {
-                        rows: upload.rows,
-                        labels: upload.labels,
-                    },
-                    description,
-                )
-            }
-            None => (
-                synthetic_validation(&model),
-                format!("{SYNTHETIC_ROWS} synthetic rows, uniform in [0, 1) (no labels: agreement only)"),
-            ),
+        let bad = |e: nephele_runtime::RuntimeError| ApiError::BadRequest(e.to_string());
+        let describe = |upload: &ValidationUpload| match &upload.labels {
+            Some(_) => format!("{} labelled rows", upload.rows.len()),
+            None => format!("{} unlabelled rows", upload.rows.len()),
         };
-        let variants = nephele_runtime::variants::build_variants(&check_name, &bytes, &set)
-            .map_err(|e| ApiError::BadRequest(e.to_string()))?;
-        Ok((bytes, model, variants, description))
+        match source {
+            Source::Onnx(bytes) => {
+                let model = nephele_runtime::Model::load_onnx(&check_name, &bytes).map_err(bad)?;
+                let (set, description) = match validation {
+                    Some(upload) => {
+                        let description = describe(&upload);
+                        (
+                            nephele_runtime::variants::ValidationSet {
+                                rows: upload.rows,
+                                labels: upload.labels,
+                            },
+                            description,
+                        )
+                    }
+                    None => (
+                        synthetic_validation(&model),
+                        format!("{SYNTHETIC_ROWS} synthetic rows, uniform in [0, 1) (no labels: agreement only)"),
+                    ),
+                };
+                let variants = nephele_runtime::variants::build_variants(&check_name, &bytes, &set)
+                    .map_err(bad)?;
+                Ok((bytes, model, variants, description, nephele_runtime::FORMAT_ONNX))
+            }
+            Source::Bert {
+                safetensors,
+                config,
+                sequence,
+            } => {
+                let (set, description) = match validation {
+                    Some(upload) => {
+                        let description = describe(&upload);
+                        (
+                            nephele_runtime::variants::ValidationSet {
+                                rows: upload.rows,
+                                labels: upload.labels,
+                            },
+                            description,
+                        )
+                    }
+                    None => {
+                        let vocab = serde_json::from_str::<serde_json::Value>(&config)
+                            .ok()
+                            .and_then(|c| c["vocab_size"].as_u64())
+                            .unwrap_or(2)
+                            .max(2);
+                        (
+                            synthetic_token_rows(sequence, vocab),
+                            format!("{SYNTHETIC_ROWS} synthetic rows of token ids (no labels: agreement only)"),
+                        )
+                    }
+                };
+                let variants = nephele_runtime::variants::build_bert_variants(
+                    &check_name,
+                    &safetensors,
+                    &config,
+                    sequence,
+                    &set,
+                )
+                .map_err(bad)?;
+                let full = variants
+                    .get("full")
+                    .and_then(|v| v.files.first())
+                    .cloned()
+                    .ok_or_else(|| ApiError::Internal("no full variant built".into()))?;
+                let model =
+                    nephele_runtime::Model::load_bert_gguf(&check_name, &full, sequence).map_err(bad)?;
+                Ok((full, model, variants, description, nephele_runtime::FORMAT_CANDLE_BERT))
+            }
+        }
     })
     .await
     .map_err(|e| ApiError::Internal(e.to_string()))??;
-    let (bytes, model, variants, validation) = built;
+    let (bytes, model, variants, validation, format) = built;
     let view = forward!(
         state,
         "put_model",
@@ -250,10 +326,24 @@ async fn put_model(
             outputs: vec![model.output().clone()],
             variants,
             validation,
+            format: format.to_string(),
         }
     )?;
     Ok(HttpResponse::Created().json(view))
 }
+
+/// What a model upload carries.
+enum Source {
+    Onnx(Vec<u8>),
+    Bert {
+        safetensors: Vec<u8>,
+        config: String,
+        sequence: usize,
+    },
+}
+
+/// The longest token sequence a BERT upload may ask for (BERT's own position limit).
+const MAX_BERT_SEQUENCE: usize = 512;
 
 /// Rows the variants are checked on when the upload brings none.
 pub const SYNTHETIC_ROWS: usize = 64;
@@ -261,8 +351,19 @@ pub const SYNTHETIC_ROWS: usize = 64;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ModelUpload {
-    onnx_base64: String,
+    onnx_base64: Option<String>,
+    bert: Option<BertUpload>,
     validation: Option<ValidationUpload>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BertUpload {
+    safetensors_base64: String,
+    /// The model's `config.json`, as JSON.
+    config: serde_json::Value,
+    /// Token ids per input row (the model's input is `[batch, sequence]`).
+    sequence: usize,
 }
 
 #[derive(Debug, Deserialize)]
@@ -270,6 +371,29 @@ struct ModelUpload {
 struct ValidationUpload {
     rows: Vec<Vec<f32>>,
     labels: Option<Vec<usize>>,
+}
+
+/// Deterministic rows of `sequence` token ids below `vocab`, the last quarter of each
+/// row padding (id 0), from the same generator as [`synthetic_validation`].
+fn synthetic_token_rows(sequence: usize, vocab: u64) -> nephele_runtime::variants::ValidationSet {
+    let mut state: u64 = 0x6e65_7068_656c_6521;
+    let rows = (0..SYNTHETIC_ROWS)
+        .map(|_| {
+            (0..sequence)
+                .map(|position| {
+                    state = state
+                        .wrapping_mul(6_364_136_223_846_793_005)
+                        .wrapping_add(1_442_695_040_888_963_407);
+                    if position >= sequence - sequence / 4 {
+                        0.0
+                    } else {
+                        (1 + (state >> 33) % (vocab - 1)) as f32
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    nephele_runtime::variants::ValidationSet { rows, labels: None }
 }
 
 /// Deterministic rows in [0, 1) shaped like the model's input (a 64-bit LCG, so every

@@ -876,6 +876,8 @@ pub struct PutModel {
     pub variants: nephele_runtime::variants::VariantSet,
     /// What the variants were measured on, e.g. `360 labelled rows`.
     pub validation: String,
+    /// The manifest format: `nephele_runtime::FORMAT_ONNX` or `FORMAT_CANDLE_BERT`.
+    pub format: String,
 }
 
 fn sha256_of(bytes: &[u8]) -> [u8; 32] {
@@ -967,7 +969,7 @@ impl Handler<PutModel> for FederationActor {
         }
         let manifest = ModelManifest {
             name: message.name.clone(),
-            format: "onnx".into(),
+            format: message.format.clone(),
             created_unix: now_unix(),
             inputs: message.inputs.iter().map(spec).collect(),
             outputs: message.outputs.iter().map(spec).collect(),

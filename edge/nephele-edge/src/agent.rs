@@ -556,6 +556,12 @@ async fn reconcile(agent: &Arc<Agent>, desired: &DesiredState) {
             }
         };
         let model_name = manifest.name.clone();
+        let format = manifest.format.clone();
+        let input_shape = manifest
+            .inputs
+            .first()
+            .map(|spec| spec.shape.clone())
+            .unwrap_or_default();
         // A pool replica takes the overflow of a whole fleet, so its queue is not the
         // per-device bound of the deployment.
         let capacity = if server.is_pool {
@@ -567,7 +573,12 @@ async fn reconcile(agent: &Arc<Agent>, desired: &DesiredState) {
         let max_batch = capacity.clamp(1, 64);
         let loaded = tokio::task::spawn_blocking(move || {
             #[allow(unused_mut)]
-            let mut model = nephele_runtime::Model::load_variant(&model_name, &bytes, None)?;
+            let mut model = nephele_runtime::Model::load_shipped(
+                &model_name,
+                &bytes,
+                &format,
+                &input_shape,
+            )?;
             #[cfg(feature = "onnxruntime")]
             match model.attach_onnxruntime(&bytes) {
                 Ok(()) => match model.choose_backend(20) {

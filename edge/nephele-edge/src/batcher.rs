@@ -357,15 +357,16 @@ async fn run_batch(shared: &Arc<Shared>, batch: Vec<Pending>) {
         .iter()
         .map(|d| (*d).max(1) as usize)
         .collect();
-    let row_len: usize = row_shape.iter().product();
-    // A row of the wrong length is answered alone, so it cannot fail the others.
-    let (good, bad): (Vec<Pending>, Vec<Pending>) =
-        batch.into_iter().partition(|p| p.row.len() == row_len);
-    for pending in bad {
-        let got = pending.row.len();
-        let _ = pending.reply.send(Err(BatchError::BadInput(format!(
-            "{got} values for an input row of {row_len}"
-        ))));
+    // A bad row (wrong length; for an encoder, a value that is no token id) is answered
+    // alone, so it cannot fail the others.
+    let mut good = Vec::with_capacity(batch.len());
+    for pending in batch {
+        match shared.model.check_row(&pending.row) {
+            Ok(()) => good.push(pending),
+            Err(cause) => {
+                let _ = pending.reply.send(Err(BatchError::BadInput(cause)));
+            }
+        }
     }
     if good.is_empty() {
         return;

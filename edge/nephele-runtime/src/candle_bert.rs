@@ -262,6 +262,38 @@ impl CandleBert {
         self.config.hidden_size
     }
 
+    /// Whether every value is a token id of this model's vocabulary (a whole number in
+    /// `0..vocab_size`; 0 is padding).
+    pub fn check_ids(&self, ids: &[f32]) -> Result<(), String> {
+        match ids.iter().find(|id| {
+            !(id.is_finite() && **id >= 0.0 && id.fract() == 0.0)
+                || **id as usize >= self.config.vocab_size
+        }) {
+            Some(id) => Err(format!(
+                "{id} is not a token id of a {}-word vocabulary",
+                self.config.vocab_size
+            )),
+            None => Ok(()),
+        }
+    }
+
+    pub fn config(&self) -> &BertConfig {
+        &self.config
+    }
+
+    /// Multiply-adds × 2 for one row of `seq` tokens: the linear layers and the two
+    /// attention products (embeddings, norms and softmax left out, as tract's count
+    /// leaves out element-wise work).
+    pub fn flops(&self, seq: usize) -> u64 {
+        let (h, i, s) = (
+            self.config.hidden_size as u64,
+            self.config.intermediate_size as u64,
+            seq as u64,
+        );
+        let per_layer = 2 * s * (4 * h * h + 2 * h * i) + 2 * 2 * s * s * h;
+        per_layer * self.config.num_hidden_layers as u64
+    }
+
     /// Embeds `batch` rows of `seq` token ids (as f32, 0 = padding): `[batch, hidden]`.
     pub fn embed(&self, batch: usize, seq: usize, ids: &[f32]) -> Result<Vec<f32>, RuntimeError> {
         let bad = |cause: String| RuntimeError::BadInput {
@@ -277,18 +309,8 @@ impl CandleBert {
                 self.config.max_position_embeddings
             )));
         }
-        let mut token_ids = Vec::with_capacity(ids.len());
-        for id in ids {
-            if !(id.is_finite() && *id >= 0.0 && id.fract() == 0.0)
-                || *id as usize >= self.config.vocab_size
-            {
-                return Err(bad(format!(
-                    "{id} is not a token id of a {}-word vocabulary",
-                    self.config.vocab_size
-                )));
-            }
-            token_ids.push(*id as u32);
-        }
+        self.check_ids(ids).map_err(bad)?;
+        let token_ids: Vec<u32> = ids.iter().map(|id| *id as u32).collect();
         self.forward(batch, seq, token_ids)
             .map_err(|e| RuntimeError::Run {
                 model: self.name.clone(),
@@ -375,6 +397,12 @@ fn parse_config(name: &str, config_json: &str) -> Result<BertConfig, RuntimeErro
     serde_json::from_str(config_json).map_err(|e| load_error(name, format!("config.json: {e}")))
 }
 
+/// Whether a GGUF file holds any quantized (non-f32) matrix.
+pub fn has_quantized_matrices(name: &str, bytes: &[u8]) -> Result<bool, RuntimeError> {
+    let (_, tensors) = read_gguf(name, bytes)?;
+    Ok(tensors.values().any(|t| t.dtype() != GgmlDType::F32))
+}
+
 /// Whether `bytes` start like a GGUF file (what [`quantize_int8`] writes).
 pub fn is_gguf(bytes: &[u8]) -> bool {
     bytes.starts_with(b"GGUF")
@@ -421,6 +449,25 @@ pub fn quantize_int8(
     safetensors: &[u8],
     config_json: &str,
 ) -> Result<Vec<u8>, RuntimeError> {
+    to_gguf(name, safetensors, config_json, true)
+}
+
+/// The same encoder as one self-describing GGUF file in f32: what the control plane
+/// ships as a candle model's `full` variant (weights and config in one artifact).
+pub fn full_gguf(
+    name: &str,
+    safetensors: &[u8],
+    config_json: &str,
+) -> Result<Vec<u8>, RuntimeError> {
+    to_gguf(name, safetensors, config_json, false)
+}
+
+fn to_gguf(
+    name: &str,
+    safetensors: &[u8],
+    config_json: &str,
+    int8: bool,
+) -> Result<Vec<u8>, RuntimeError> {
     CandleBert::load(name, safetensors, config_json)?;
     let load = |cause: String| load_error(name, cause);
     let tensors = candle_core::safetensors::load_buffer(safetensors, &Device::Cpu)
@@ -433,7 +480,7 @@ pub fn quantize_int8(
             .to_dtype(DType::F32)
             .map_err(|e| load(format!("tensor {key}: {e}")))?;
         let dims = tensor.dims();
-        let dtype = if key.ends_with(".weight") && dims.len() == 2 && dims[1] % 32 == 0 {
+        let dtype = if int8 && key.ends_with(".weight") && dims.len() == 2 && dims[1] % 32 == 0 {
             GgmlDType::Q8_0
         } else {
             GgmlDType::F32
@@ -448,6 +495,74 @@ pub fn quantize_int8(
     gguf_file::write(&mut out, &[(CONFIG_KEY, &config)], &refs)
         .map_err(|e| load(format!("writing GGUF: {e}")))?;
     Ok(out.into_inner())
+}
+
+/// A small BERT encoder with deterministic pseudo-random weights in the real tensor
+/// layout (hidden 64, 2 heads, 2 layers, 96-word vocabulary, 16 positions), as
+/// `(model.safetensors bytes, config.json)`: the fixture tests and examples push when
+/// they need a candle model and no downloaded one.
+pub fn tiny_random_bert(seed: u64) -> Result<(Vec<u8>, String), RuntimeError> {
+    let (h, i, vocab, positions, layers) = (64usize, 128usize, 96usize, 16usize, 2usize);
+    let config = format!(
+        r#"{{"hidden_size": {h}, "num_hidden_layers": {layers}, "num_attention_heads": 2, "intermediate_size": {i}, "max_position_embeddings": {positions}, "vocab_size": {vocab}}}"#
+    );
+    let fail = |e: candle_core::Error| load_error("tiny-bert", e.to_string());
+    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut random = |shape: &[usize]| -> Result<Tensor, RuntimeError> {
+        let n: usize = shape.iter().product();
+        let values: Vec<f32> = (0..n)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.4
+            })
+            .collect();
+        Tensor::from_vec(values, shape, &Device::Cpu).map_err(fail)
+    };
+    let ones = |n: usize| Tensor::ones(n, DType::F32, &Device::Cpu).map_err(fail);
+    let mut tensors: HashMap<String, Tensor> = HashMap::new();
+    tensors.insert(
+        "embeddings.word_embeddings.weight".into(),
+        random(&[vocab, h])?,
+    );
+    tensors.insert(
+        "embeddings.position_embeddings.weight".into(),
+        random(&[positions, h])?,
+    );
+    tensors.insert(
+        "embeddings.token_type_embeddings.weight".into(),
+        random(&[2, h])?,
+    );
+    tensors.insert("embeddings.LayerNorm.weight".into(), ones(h)?);
+    tensors.insert("embeddings.LayerNorm.bias".into(), random(&[h])?);
+    for l in 0..layers {
+        let p = format!("encoder.layer.{l}");
+        for (name, out, inp) in [
+            ("attention.self.query", h, h),
+            ("attention.self.key", h, h),
+            ("attention.self.value", h, h),
+            ("attention.output.dense", h, h),
+            ("intermediate.dense", i, h),
+            ("output.dense", h, i),
+        ] {
+            tensors.insert(format!("{p}.{name}.weight"), random(&[out, inp])?);
+            tensors.insert(format!("{p}.{name}.bias"), random(&[out])?);
+        }
+        for name in ["attention.output.LayerNorm", "output.LayerNorm"] {
+            tensors.insert(format!("{p}.{name}.weight"), ones(h)?);
+            tensors.insert(format!("{p}.{name}.bias"), random(&[h])?);
+        }
+    }
+    let path = std::env::temp_dir().join(format!(
+        "nephele-tiny-bert-{}-{seed}-{:?}.safetensors",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    candle_core::safetensors::save(&tensors, &path).map_err(fail)?;
+    let bytes = std::fs::read(&path).map_err(|e| load_error("tiny-bert", e.to_string()));
+    let _ = std::fs::remove_file(&path);
+    Ok((bytes?, config))
 }
 
 #[cfg(test)]
@@ -472,61 +587,8 @@ mod tests {
         assert!(error.to_string().contains("is missing"), "{error}");
     }
 
-    /// A small random BERT in the real tensor layout, as `(safetensors, config.json)`.
     fn tiny_bert() -> (Vec<u8>, String) {
-        let (h, i, vocab, positions, layers) = (64, 128, 96, 16, 2);
-        let config = format!(
-            r#"{{"hidden_size": {h}, "num_hidden_layers": {layers}, "num_attention_heads": 2,
-            "intermediate_size": {i}, "max_position_embeddings": {positions}, "vocab_size": {vocab}}}"#
-        );
-        let device = Device::Cpu;
-        let random = |shape: &[usize]| Tensor::randn(0f32, 0.2, shape, &device).unwrap();
-        let ones = |n: usize| Tensor::ones(n, DType::F32, &device).unwrap();
-        let mut tensors = HashMap::new();
-        let mut put = |key: String, tensor: Tensor| {
-            tensors.insert(key, tensor);
-        };
-        put(
-            "embeddings.word_embeddings.weight".into(),
-            random(&[vocab, h]),
-        );
-        put(
-            "embeddings.position_embeddings.weight".into(),
-            random(&[positions, h]),
-        );
-        put(
-            "embeddings.token_type_embeddings.weight".into(),
-            random(&[2, h]),
-        );
-        put("embeddings.LayerNorm.weight".into(), ones(h));
-        put("embeddings.LayerNorm.bias".into(), random(&[h]));
-        for l in 0..layers {
-            let p = format!("encoder.layer.{l}");
-            for (name, out, inp) in [
-                ("attention.self.query", h, h),
-                ("attention.self.key", h, h),
-                ("attention.self.value", h, h),
-                ("attention.output.dense", h, h),
-                ("intermediate.dense", i, h),
-                ("output.dense", h, i),
-            ] {
-                put(format!("{p}.{name}.weight"), random(&[out, inp]));
-                put(format!("{p}.{name}.bias"), random(&[out]));
-            }
-            for name in ["attention.output.LayerNorm", "output.LayerNorm"] {
-                put(format!("{p}.{name}.weight"), ones(h));
-                put(format!("{p}.{name}.bias"), random(&[h]));
-            }
-        }
-        let path = std::env::temp_dir().join(format!(
-            "nephele-tiny-bert-{}-{:?}.st",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        candle_core::safetensors::save(&tensors, &path).unwrap();
-        let bytes = std::fs::read(&path).unwrap();
-        let _ = std::fs::remove_file(&path);
-        (bytes, config)
+        tiny_random_bert(7).unwrap()
     }
 
     fn cosine(a: &[f32], b: &[f32]) -> f32 {
@@ -580,5 +642,51 @@ mod tests {
         let wrong = config.replace("\"vocab_size\": 96", "\"vocab_size\": 97");
         let error = quantize_int8("tiny", &safetensors, &wrong).unwrap_err();
         assert!(error.to_string().contains("word_embeddings"), "{error}");
+    }
+
+    #[test]
+    fn a_bert_pushed_for_candle_gets_checked_variants_and_serves_through_model() {
+        let (safetensors, config) = tiny_bert();
+        let rows: Vec<Vec<f32>> = (0..6)
+            .map(|r| (0..8).map(|p| ((r * 7 + p * 3) % 95 + 1) as f32).collect())
+            .collect();
+        let set = crate::variants::build_bert_variants(
+            "tiny",
+            &safetensors,
+            &config,
+            8,
+            &crate::variants::ValidationSet {
+                rows: rows.clone(),
+                labels: None,
+            },
+        )
+        .unwrap();
+        let names: Vec<&str> = set.variants.iter().map(|v| v.name.as_str()).collect();
+        assert_eq!(names, ["full", "int8"]);
+        assert!(set.variants.iter().all(|v| v.rejected.is_none()), "{set:?}");
+        let int8 = set.get("int8").unwrap();
+        assert!(int8.agreement.unwrap().min_cosine >= 0.99);
+        assert!(set.get("full").unwrap().size() > 3 * int8.size());
+        // Served through `Model` as an agent loads it: same answers as candle directly.
+        let reference = CandleBert::load("tiny", &safetensors, &config).unwrap();
+        let full = &set.get("full").unwrap().files[0];
+        let model =
+            crate::Model::load_shipped("tiny", full, crate::FORMAT_CANDLE_BERT, &[-1, 8]).unwrap();
+        assert_eq!(model.backend(), "candle");
+        assert_eq!(model.input().shape, vec![-1, 8]);
+        let batch: Vec<f32> = rows[..2].iter().flatten().copied().collect();
+        let (shape, out) = model.infer(&[2, 8], &batch).unwrap();
+        assert_eq!(shape, vec![2, 64]);
+        let expected = reference.embed(2, 8, &batch).unwrap();
+        for (a, b) in out.iter().zip(&expected) {
+            assert!((a - b).abs() <= 1e-5, "{a} vs {b}");
+        }
+        // Wrong shapes and formats are errors, not panics.
+        assert!(model.infer(&[1, 9], &[1.0; 9]).is_err());
+        assert!(
+            crate::Model::load_shipped("tiny", full, crate::FORMAT_CANDLE_BERT, &[-1]).is_err()
+        );
+        assert!(crate::Model::load_shipped("tiny", full, "tflite", &[-1, 8]).is_err());
+        assert!(crate::Model::load_shipped("tiny", full, crate::FORMAT_ONNX, &[-1, 8]).is_err());
     }
 }

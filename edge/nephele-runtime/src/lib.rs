@@ -1,7 +1,9 @@
 //! The inference runtime the edge and pool roles share.
 //!
-//! Today it has one backend, tract, for ONNX models with f32 inputs and outputs. A model
-//! is prepared once (typed, optimised, its batch dimension fixed to 1 so the plan is
+//! Two backends behind one [`Model`]: tract for ONNX models with f32 inputs and
+//! outputs, and candle for BERT sentence encoders shipped as GGUF
+//! ([`Model::load_bert_gguf`]; input token ids as f32 `[N, seq]`, output the pooled
+//! embedding `[N, hidden]`). An ONNX model is prepared once (typed, optimised, its batch dimension fixed to 1 so the plan is
 //! static) and then run from any number of threads. Loading never takes the caller
 //! down: corrupt, truncated or unsupported models give a [`RuntimeError`] naming the
 //! model and the cause, including when the parser itself panics.
@@ -10,8 +12,8 @@
 //! head/tail splits), measured against the full model; [`onnx_edit`] rewrites the ONNX
 //! files for it.
 //!
-//! Not here (yet): batching and candle. Those build on [`Model::infer`] without
-//! changing its contract.
+//! Batching lives with the agent (`nephele-edge`'s batcher) and builds on
+//! [`Model::infer`], whatever the backend.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -36,6 +38,12 @@ pub enum RuntimeError {
     #[error("model {model}: inference failed: {cause}")]
     Run { model: String, cause: String },
 }
+
+/// The manifest `format` of an ONNX model (tract, or onnxruntime where it measures
+/// faster).
+pub const FORMAT_ONNX: &str = "onnx";
+/// The manifest `format` of a BERT encoder run by candle, shipped as GGUF.
+pub const FORMAT_CANDLE_BERT: &str = "candle-bert-gguf";
 
 /// Name and shape of a model input or output; `-1` marks the symbolic batch dimension.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -74,6 +82,8 @@ pub struct Model {
     onnxruntime: Option<Arc<ort_backend::OrtSession>>,
     /// Whether [`Model::choose_backend`] found onnxruntime faster for this model.
     use_onnxruntime: Arc<std::sync::atomic::AtomicBool>,
+    /// A candle model ([`Model::load_bert_gguf`]); the tract fields are then empty.
+    candle: Option<Arc<candle_bert::CandleBert>>,
 }
 
 /// What [`Model::choose_backend`] measured and chose.
@@ -249,6 +259,7 @@ impl Model {
             #[cfg(feature = "onnxruntime")]
             onnxruntime: None,
             use_onnxruntime: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            candle: None,
             input: TensorInfo {
                 name: input_name,
                 shape: input_shape,
@@ -263,6 +274,104 @@ impl Model {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Loads a shipped variant file by its manifest `format` ([`FORMAT_ONNX`] or
+    /// [`FORMAT_CANDLE_BERT`]); `input_shape` is the manifest's input shape (batch
+    /// first), which gives a candle model its sequence length.
+    pub fn load_shipped(
+        name: &str,
+        bytes: &[u8],
+        format: &str,
+        input_shape: &[i64],
+    ) -> Result<Model, RuntimeError> {
+        match format {
+            FORMAT_ONNX => Self::load_variant(name, bytes, None),
+            FORMAT_CANDLE_BERT => match input_shape {
+                [_, seq] if *seq > 0 => Self::load_bert_gguf(name, bytes, *seq as usize),
+                other => Err(RuntimeError::Unsupported {
+                    model: name.to_string(),
+                    cause: format!("input shape {other:?}; a candle BERT takes [batch, sequence]"),
+                }),
+            },
+            other => Err(RuntimeError::Unsupported {
+                model: name.to_string(),
+                cause: format!("model format {other:?}; this agent runs {FORMAT_ONNX} and {FORMAT_CANDLE_BERT}"),
+            }),
+        }
+    }
+
+    /// Loads a BERT encoder shipped as GGUF (`candle_bert::full_gguf` or
+    /// `candle_bert::quantize_int8`) for rows of `seq` token ids. An int8 file is run the
+    /// faster way on this machine: both ways are timed on one row at load.
+    pub fn load_bert_gguf(name: &str, bytes: &[u8], seq: usize) -> Result<Model, RuntimeError> {
+        use candle_bert::{CandleBert, Int8Compute};
+        if seq == 0 {
+            return Err(RuntimeError::BadInput {
+                model: name.to_string(),
+                cause: "a sequence length of 0".into(),
+            });
+        }
+        let float = CandleBert::load_gguf(name, bytes, Int8Compute::Float)?;
+        let row = vec![0.0f32; seq];
+        let time = |bert: &CandleBert| -> Result<std::time::Duration, RuntimeError> {
+            bert.embed(1, seq, &row)?;
+            let started = std::time::Instant::now();
+            bert.embed(1, seq, &row)?;
+            Ok(started.elapsed())
+        };
+        let mut bert = float;
+        if candle_bert::has_quantized_matrices(name, bytes)? {
+            let quantized = CandleBert::load_gguf(name, bytes, Int8Compute::Quantized)?;
+            if time(&quantized)? < time(&bert)? {
+                bert = quantized;
+            }
+        } else {
+            time(&bert)?;
+        }
+        let hidden = bert.hidden_size();
+        Ok(Model {
+            name: name.to_string(),
+            inference: Arc::new(InferenceModel::default()),
+            plans: Arc::new(Default::default()),
+            halve: Arc::new(Default::default()),
+            #[cfg(feature = "onnxruntime")]
+            onnxruntime: None,
+            use_onnxruntime: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            candle: Some(Arc::new(bert)),
+            input: TensorInfo {
+                name: "input_ids".into(),
+                shape: vec![-1, seq as i64],
+            },
+            output: TensorInfo {
+                name: "sentence_embedding".into(),
+                shape: vec![-1, hidden as i64],
+            },
+            row_len: seq,
+        })
+    }
+
+    /// Checks one input row (without the batch axis) on its own, so that a batcher can
+    /// answer a bad row alone instead of failing the batch it would join: its length,
+    /// and for a candle encoder that every value is a token id.
+    pub fn check_row(&self, row: &[f32]) -> Result<(), String> {
+        if row.len() != self.row_len {
+            return Err(format!(
+                "{} values for an input row of {}",
+                row.len(),
+                self.row_len
+            ));
+        }
+        match &self.candle {
+            Some(bert) => bert.check_ids(row),
+            None => Ok(()),
+        }
+    }
+
+    /// Compute for one row in FLOPs, for a candle model (`None` for ONNX: see
+    /// `variants::flops`, which reads tract's cost model).
+    pub fn candle_flops(&self) -> Option<u64> {
+        self.candle.as_ref().map(|bert| bert.flops(self.row_len))
     }
 
     /// Loads the same file into onnxruntime as well (feature `onnxruntime`); the model
@@ -284,6 +393,9 @@ impl Model {
 
     /// The backend that runs this model now.
     pub fn backend(&self) -> &'static str {
+        if self.candle.is_some() {
+            return "candle";
+        }
         if self
             .use_onnxruntime
             .load(std::sync::atomic::Ordering::Relaxed)
@@ -313,7 +425,7 @@ impl Model {
             });
         }
         Ok(BackendChoice {
-            backend: "tract",
+            backend: self.backend(),
             tract_us,
             onnxruntime_us: None,
         })
@@ -515,6 +627,10 @@ impl Model {
         }
         if batch == 0 {
             return Err(bad("empty batch".into()));
+        }
+        if let Some(bert) = &self.candle {
+            let out = bert.embed(batch, self.row_len, data)?;
+            return Ok((vec![batch, bert.hidden_size()], out));
         }
         #[cfg(feature = "onnxruntime")]
         if self

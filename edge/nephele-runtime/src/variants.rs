@@ -302,6 +302,95 @@ pub fn build_variants_with(
     })
 }
 
+/// The variants of a BERT encoder pushed as `model.safetensors` + `config.json` for
+/// candle: `full` is the encoder as one f32 GGUF file, `int8` the same in Q8_0
+/// ([`crate::candle_bert::quantize_int8`]), checked against `full` on `validation`
+/// (rows of `seq` token ids) by the same rules as an ONNX model's int8. No split
+/// variants: a candle model is not cut.
+pub fn build_bert_variants(
+    name: &str,
+    safetensors: &[u8],
+    config_json: &str,
+    seq: usize,
+    validation: &ValidationSet,
+) -> Result<VariantSet, RuntimeError> {
+    use crate::candle_bert::{full_gguf, quantize_int8};
+    if validation.rows.is_empty() {
+        return Err(RuntimeError::BadInput {
+            model: name.to_string(),
+            cause: "the validation set is empty; variants cannot be checked against it".into(),
+        });
+    }
+    if let Some(row) = validation.rows.iter().find(|row| row.len() != seq) {
+        return Err(RuntimeError::BadInput {
+            model: name.to_string(),
+            cause: format!("a validation row has {} token ids, not {seq}", row.len()),
+        });
+    }
+    let full = full_gguf(name, safetensors, config_json)?;
+    let full_model = Model::load_bert_gguf(name, &full, seq)?;
+    let reference = run_all(&full_model, &validation.rows)?;
+    let full_accuracy = accuracy(&reference, validation.labels.as_ref());
+    let flops = full_model.candle_flops().unwrap_or(0);
+    let mut int8 = BuiltVariant {
+        name: "int8".into(),
+        precision: "int8-q8_0".into(),
+        files: Vec::new(),
+        flops,
+        accuracy: None,
+        agreement: None,
+        cut: None,
+        quantization: None,
+        rejected: None,
+    };
+    let built = quantize_int8(name, safetensors, config_json).and_then(|bytes| {
+        let model = Model::load_bert_gguf(&format!("{name}/int8"), &bytes, seq)?;
+        let outputs = run_all(&model, &validation.rows)?;
+        Ok((bytes, outputs))
+    });
+    match built {
+        Err(error) => int8.rejected = Some(format!("could not be built: {error}")),
+        Ok((bytes, outputs)) => {
+            let measured = agreement(&reference, &outputs);
+            int8.accuracy = accuracy(&outputs, validation.labels.as_ref());
+            int8.files = vec![bytes];
+            int8.agreement = Some(measured);
+            let drop = match (full_accuracy, int8.accuracy) {
+                (Some(full), Some(quantized)) => full - quantized,
+                _ => 0.0,
+            };
+            if measured.min_cosine < MIN_INT8_COSINE {
+                int8.rejected = Some(format!(
+                    "outputs disagree with fp32: min cosine {:.4} < {MIN_INT8_COSINE}",
+                    measured.min_cosine
+                ));
+            } else if drop > MAX_INT8_ACCURACY_DROP_POINTS {
+                int8.rejected = Some(format!(
+                    "loses {drop:.2} accuracy points (> {MAX_INT8_ACCURACY_DROP_POINTS})"
+                ));
+            }
+        }
+    }
+    Ok(VariantSet {
+        model: name.to_string(),
+        full_input_bytes: seq as u64 * 4,
+        variants: vec![
+            BuiltVariant {
+                name: "full".into(),
+                precision: "fp32".into(),
+                files: vec![full],
+                flops,
+                accuracy: full_accuracy,
+                agreement: Some(agreement(&reference, &reference)),
+                cut: None,
+                quantization: None,
+                rejected: None,
+            },
+            int8,
+        ],
+    })
+}
+
 fn int8_variant(
     name: &str,
     graph: &OnnxGraph,

@@ -146,11 +146,17 @@ pub enum DeviceCommand {
 
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum ModelCommand {
-    /// Upload an ONNX file. The control plane derives its variants (int8 weights,
-    /// head/tail splits) and checks each against the full model on the validation rows.
+    /// Upload an ONNX file, or a BERT sentence encoder for candle (`--bert-sequence`).
+    /// The control plane derives its variants (int8 weights, head/tail splits for ONNX)
+    /// and checks each against the full model on the validation rows.
     Push {
         name: String,
+        /// The ONNX file; with `--bert-sequence`, a directory with `model.safetensors`
+        /// and `config.json` (a Hugging Face BERT checkpoint).
         file: std::path::PathBuf,
+        /// Push FILE as a BERT encoder run by candle, taking rows of this many token ids.
+        #[arg(long, value_name = "TOKENS")]
+        bert_sequence: Option<usize>,
         /// JSON with the rows to check variants on: `{"rows" or "features": [[...]],
         /// "labels": [...]}` (labels optional). Without it, 64 synthetic rows are used,
         /// which measures agreement but not accuracy.
@@ -330,6 +336,41 @@ pub fn upload_body(model: &[u8], validation: &std::path::Path) -> Result<Value> 
     }))
 }
 
+/// The upload of a BERT encoder for candle: the checkpoint directory's
+/// `model.safetensors` and `config.json`, the sequence length, and optional validation
+/// rows of token ids.
+fn bert_upload_body(
+    dir: &std::path::Path,
+    sequence: usize,
+    validation: Option<&std::path::Path>,
+) -> Result<Value> {
+    use base64::Engine as _;
+    let weights_path = dir.join("model.safetensors");
+    let weights = std::fs::read(&weights_path).with_context(|| {
+        format!(
+            "cannot read {} (--bert-sequence takes a checkpoint directory)",
+            weights_path.display()
+        )
+    })?;
+    let config_path = dir.join("config.json");
+    let config: Value = serde_json::from_str(
+        &std::fs::read_to_string(&config_path)
+            .with_context(|| format!("cannot read {}", config_path.display()))?,
+    )
+    .with_context(|| format!("{} is not JSON", config_path.display()))?;
+    let mut body = serde_json::json!({
+        "bert": {
+            "safetensors_base64": base64::engine::general_purpose::STANDARD.encode(&weights),
+            "config": config,
+            "sequence": sequence,
+        }
+    });
+    if let Some(validation) = validation {
+        body["validation"] = upload_body(&[], validation)?["validation"].clone();
+    }
+    Ok(body)
+}
+
 /// The variant table of a model view.
 fn print_variants(model: &Value) {
     println!(
@@ -364,17 +405,26 @@ pub fn model(args: ApiArgs, command: ModelCommand) -> Result<()> {
         ModelCommand::Push {
             name,
             file,
+            bert_sequence,
             validation,
         } => {
-            let bytes =
-                std::fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?;
             let path = format!("/v1/models/{name}");
-            let value = match validation {
-                Some(validation) => {
+            let value = match (bert_sequence, validation) {
+                (Some(sequence), validation) => {
+                    let body = bert_upload_body(&file, sequence, validation.as_deref())?;
+                    api.put_json(&path, &body)?
+                }
+                (None, Some(validation)) => {
+                    let bytes = std::fs::read(&file)
+                        .with_context(|| format!("cannot read {}", file.display()))?;
                     let body = upload_body(&bytes, &validation)?;
                     api.put_json(&path, &body)?
                 }
-                None => api.put_bytes(&path, &bytes)?,
+                (None, None) => {
+                    let bytes = std::fs::read(&file)
+                        .with_context(|| format!("cannot read {}", file.display()))?;
+                    api.put_bytes(&path, &bytes)?
+                }
             };
             print(args.json, &value, |v| {
                 println!(

@@ -16,6 +16,9 @@
 //! | 2    | `max_batch` = the smallest candidate with `ρ(b)` ≤ target utilisation (0.8)    |
 //! | 3    | if none keeps up: the candidate with the highest `b / s(b)` (ties: smaller `b`) |
 //! | 4    | `max_batch = 1` → window 0: dispatch each request at once                      |
+//! | 4b   | window 0 as well when waiting does not pay: a wait of `w` gathers `λ · w`      |
+//! |      | requests, each saving `s(1) − s(b) / b`, so only if `λ · (s(1) − s(b)/b) ≥ 1`  |
+//! |      | (requests queued behind a running batch still go together: greedy batching)   |
 //! | 5    | else window = `(b − 1) / λ` (time for the rest of the batch to arrive after    |
 //! |      | the first), clamped to [1 ms, 50 ms], then capped at what batching saves,      |
 //! |      | `b · s(1) − s(b)` (waiting idles the device), and at `SLO − s(b)` (≥ 0)        |
@@ -170,9 +173,23 @@ impl BatchController {
         let clamped_us = (collect_us as u64)
             .max(self.min_window_us)
             .min(self.max_window_us);
-        // Waiting idles the device; never wait longer for a batch of `b` than running
-        // `b` together saves over running them one by one: b · s(1) − s(b).
+        // Waiting idles the device. A wait of w gathers about r · w more requests, each
+        // saving s(1) − s(b)/b over running alone, so it pays only when r · (s(1) −
+        // s(b)/b) ≥ 1; otherwise dispatch at once (window 0): requests that queue behind
+        // a running batch still go together, without the device ever waiting for them.
+        // (Measured: waiting 7 ms for batches of 8 at 90% load on a model that only
+        // batches away its dispatch overhead gathered 4, idled the device and cut its
+        // throughput by a quarter.)
         let single_us = candidates[0].1;
+        let saving_per_request_us = single_us as f64 - service_us as f64 / max_batch as f64;
+        if rate_per_s * saving_per_request_us / 1e6 < 1.0 {
+            return BatchSetting {
+                max_batch,
+                window_us: 0,
+            };
+        }
+        // Never wait longer for a batch of `b` than running `b` together saves over
+        // running them one by one: b · s(1) − s(b).
         let saved_us = (max_batch as u64)
             .saturating_mul(single_us)
             .saturating_sub(service_us);
@@ -349,19 +366,31 @@ pub const DEFAULT_ERROR_QUANTILE_Z: f64 = 3.09;
 /// standard deviation `σ` of the lateness (measured − predicted, at least 0; weight
 /// 1/64 per answer).
 /// A request is admitted when `predicted + m + z · σ ≤ bound`: with errors roughly
-/// normal, a share of about `1 − Φ(z)` of the answers is later than the bound. Before
+/// normal, a share of about `1 − Φ(z)` of the answers is later than the bound; `z` is
+/// raised by the answers that actually are, until they are [`Self::MISS_TARGET`] of
+/// the answers (see [`AdmissionControl::observe`]). Before
 /// any answer the margin is the prior. The estimate moves the same way up and down, so a slow
 /// spell that raised the margin is forgotten as fast once answers come back in time.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AdmissionControl {
     bound_us: u64,
     z: f64,
+    /// The `z` given at construction: what the calibration never goes below.
+    z_floor: f64,
     mean_us: f64,
     var_us2: f64,
 }
 
 impl AdmissionControl {
     const WEIGHT: f64 = 1.0 / 64.0;
+    /// The share of admitted requests that may be answered past the bound: half the
+    /// 1 % a p99 objective leaves.
+    pub const MISS_TARGET: f64 = 0.005;
+    /// How far one answer moves `z`: up by about this on a miss, down by this ×
+    /// [`Self::MISS_TARGET`] on an answer in time, so `z` settles where misses are
+    /// [`Self::MISS_TARGET`] of answers (stochastic approximation of a quantile).
+    const Z_STEP: f64 = 0.05;
+    const Z_MAX: f64 = 10.0;
 
     /// A control holding answers to `bound_us`, keeping `z` deviations in hand (a
     /// non-finite or negative `z` is taken as 0), that starts from an expected
@@ -369,9 +398,15 @@ impl AdmissionControl {
     /// blend with it rather than replace it): a fresh queue knows nothing of its
     /// machine yet, and one batch-1 service time is a modest guess.
     pub fn new(bound_us: u64, z: f64, prior_us: u64) -> Self {
+        let z = if z.is_finite() {
+            z.clamp(0.0, Self::Z_MAX)
+        } else {
+            0.0
+        };
         AdmissionControl {
             bound_us,
-            z: if z.is_finite() { z.max(0.0) } else { 0.0 },
+            z,
+            z_floor: z,
             mean_us: prior_us as f64,
             var_us2: 0.0,
         }
@@ -396,7 +431,15 @@ impl AdmissionControl {
     /// An answer sooner than predicted counts as an error of 0: a batch that filled
     /// before its window ran out says nothing about how late the next one may be, and
     /// counting it would widen the spread the margin is made of.
+    ///
+    /// It also calibrates `z` against the bound itself: the error's tail on a busy
+    /// machine is heavier than a normal one (the bench saw about 1 % of answers past the
+    /// bound at z = 3.09, not 0.1 %), so each answer past the bound raises `z` and each
+    /// one in time lowers it a little, never below the `z` it started with.
     pub fn observe(&mut self, predicted_us: u64, measured_us: u64) {
+        let missed = f64::from(u8::from(measured_us > self.bound_us));
+        self.z = (self.z + Self::Z_STEP * (missed - Self::MISS_TARGET))
+            .clamp(self.z_floor, Self::Z_MAX.max(self.z_floor));
         let error = measured_us.saturating_sub(predicted_us) as f64;
         // West's exponentially weighted mean and variance.
         let delta = error - self.mean_us;
@@ -504,9 +547,11 @@ mod tests {
         // Idle and light load: no batching, no window.
         check(0.0, GPU, 100_000, (1, 0));
         check(300.0, GPU, 100_000, (1, 0));
-        // 600/s needs batches of 2: the second arrives in 1/600 s ≈ 1666 µs, but a
-        // batch of 2 saves only 2 · 2000 − 2400 = 1600 µs, so no longer wait than that.
-        check(600.0, GPU, 100_000, (2, 1_600));
+        // 600/s needs batches of 2, but waiting for the second does not pay: a wait of
+        // w gathers 600 · w requests, each saving 2000 − 2400 / 2 = 800 µs, which is
+        // 0.48 µs per µs waited. So no window: what queues behind a running batch goes
+        // together, and the device never idles for it.
+        check(600.0, GPU, 100_000, (2, 0));
         // 1200/s: batches of 8, seven more arrive in 5833 µs.
         check(1_200.0, GPU, 100_000, (8, 5_833));
         // 1500/s: 16; 15 arrivals take 10 ms.
@@ -523,7 +568,7 @@ mod tests {
         check(5_000.0, GPU, 5_000, (8, 200));
         // Very slow arrivals needing batches still wait at most 50 ms.
         let slow_device = &[(1, 1_000_000), (64, 2_000_000)];
-        check(1.0, slow_device, 10_000_000, (64, 50_000));
+        check(2.0, slow_device, 10_000_000, (64, 50_000));
     }
 
     #[test]
@@ -694,6 +739,33 @@ mod tests {
             control.observe(5_000, 5_000);
         }
         assert!(control.margin_us().abs() < 50.0, "{control:?}");
+    }
+
+    #[test]
+    fn admission_raises_its_quantile_when_answers_miss_the_bound_and_relaxes_after() {
+        let mut control = AdmissionControl::new(20_000, DEFAULT_ERROR_QUANTILE_Z, 0);
+        // Errors of 0 or 4 ms (σ 2 ms): the margin is about 2 + 3.09 · 2 ms.
+        for i in 0..2_000 {
+            control.observe(5_000, if i % 2 == 0 { 5_000 } else { 9_000 });
+        }
+        let calm = control.margin_us();
+        // Now 1 answer in 20 is past the bound, though its error (1.5 ms) is one the
+        // spread already covers: ten times the target share of misses.
+        for i in 0..2_000 {
+            match i {
+                i if i % 20 == 0 => control.observe(19_000, 20_500),
+                i if i % 2 == 0 => control.observe(5_000, 5_000),
+                _ => control.observe(5_000, 9_000),
+            }
+        }
+        let stressed = control.margin_us();
+        assert!(stressed > calm + 2_000.0, "{calm} → {stressed}");
+        // Back in time for long enough: z returns to where it started, not below.
+        for i in 0..200_000 {
+            control.observe(5_000, if i % 2 == 0 { 5_000 } else { 9_000 });
+        }
+        let relaxed = control.margin_us();
+        assert!((relaxed - calm).abs() < 300.0, "{calm} vs {relaxed}");
     }
 
     #[test]

@@ -747,7 +747,16 @@ pub fn run(args: InferenceArgs) -> Result<()> {
                 .row_shape;
             let mut shape = vec![1usize];
             shape.extend_from_slice(row_shape);
-            let service_us: Vec<u64> = (0..200)
+            // Service times are replayed in turn, so each sample stands for
+            // requests/samples requests: with 200, one scheduling hiccup while measuring
+            // came back 44 times (within-SLO 0.981 in one run, 0.996-0.998 in others).
+            // 2,000 samples (about 3 s) keep a hiccup to what it is, a rare event.
+            for i in 0..20 {
+                model
+                    .infer(&shape, &rows[i % rows.len()])
+                    .map_err(|e| anyhow::anyhow!("{e}"))?;
+            }
+            let service_us: Vec<u64> = (0..2_000)
                 .map(|i| {
                     let begun = Instant::now();
                     model

@@ -428,13 +428,15 @@ pub fn run(args: SplitArgs) -> Result<()> {
         serde_json::to_vec_pretty(&report)?,
     )?;
     write_csv(&args.out, &report)?;
+    let plots = write_plots(&args.out, &report)?;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         print_tables(&report);
         println!(
-            "\nresults: {} and split-cuts.csv",
-            args.out.join("split.json").display()
+            "\nresults: {} and split-cuts.csv{}",
+            args.out.join("split.json").display(),
+            plots.iter().map(|p| format!(", {p}")).collect::<String>()
         );
     }
     Ok(())
@@ -625,6 +627,76 @@ async fn measure_model(
     }
     serving.abort();
     Ok((summary, cut_rows))
+}
+
+/// One SVG per model with at least two link rates: end-to-end latency against the
+/// link rate (both on log scales) for local, the whole offload, and the planner's cut as
+/// predicted (dashed) and as measured. Returns the file names written.
+fn write_plots(out: &std::path::Path, report: &SplitReport) -> Result<Vec<String>> {
+    use nephele_sim::plot::{svg_xy, XyLine};
+    let mut written = Vec::new();
+    let mut models: Vec<&str> = report.summary.iter().map(|s| s.model.as_str()).collect();
+    models.dedup();
+    for model in models {
+        let rows: Vec<&SummaryRow> = report.summary.iter().filter(|s| s.model == model).collect();
+        if rows.len() < 2 {
+            continue;
+        }
+        let series = |pick: &dyn Fn(&SummaryRow) -> Option<f64>| -> Vec<(f64, f64)> {
+            rows.iter()
+                .filter_map(|r| Some((r.mbits.log10(), pick(r)?.max(1e-3).log10())))
+                .collect()
+        };
+        let lines = [
+            ("local", series(&|r| Some(r.local_ms)), 0, false),
+            ("whole offload", series(&|r| r.full_offload_ms), 1, false),
+            (
+                "planner, measured",
+                series(&|r| r.chosen_measured_ms),
+                2,
+                false,
+            ),
+            (
+                "planner, predicted",
+                series(&|r| Some(r.chosen_predicted_ms)),
+                2,
+                true,
+            ),
+            (
+                "best cut measured",
+                series(&|r| Some(r.best_measured_ms)),
+                3,
+                true,
+            ),
+        ]
+        .into_iter()
+        .filter(|(_, points, _, _)| !points.is_empty())
+        .map(|(name, points, colour, dashed)| XyLine {
+            name: name.into(),
+            points,
+            colour,
+            dashed,
+        })
+        .collect::<Vec<_>>();
+        let svg = svg_xy(
+            &format!(
+                "{model}: end-to-end latency over a shaped link ({})",
+                report.scenario["device"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .split(" (")
+                    .next()
+                    .unwrap_or_default()
+            ),
+            "log10 link rate (Mbit/s)",
+            "log10 latency (ms)",
+            &lines,
+        );
+        let name = format!("split-{model}.svg");
+        std::fs::write(out.join(&name), svg)?;
+        written.push(name);
+    }
+    Ok(written)
 }
 
 fn opt(value: Option<f64>, digits: usize) -> String {

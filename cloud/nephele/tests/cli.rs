@@ -126,7 +126,7 @@ fn bench_split_measures_every_cut_over_a_shaped_link() {
             "split",
             "--json",
             "--mbits",
-            "10",
+            "10,100",
             "--repeats",
             "2",
         ])
@@ -143,12 +143,12 @@ fn bench_split_measures_every_cut_over_a_shaped_link() {
     );
     let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     let summary = report["summary"].as_array().unwrap();
-    assert_eq!(summary.len(), 1, "{report}");
+    assert_eq!(summary.len(), 2, "one row per link rate: {report}");
     assert_eq!(summary[0]["model"], "digits-mlp");
     let cuts = report["cuts"].as_array().unwrap();
     assert!(
-        cuts.len() >= 3,
-        "offload, at least one cut, local: {report}"
+        cuts.len() >= 6,
+        "offload, at least one cut, local, at two rates: {report}"
     );
     for cut in cuts {
         let measured = cut["measured_ms"].as_f64().unwrap();
@@ -164,5 +164,10 @@ fn bench_split_measures_every_cut_over_a_shaped_link() {
     );
     assert!(dir.join("out/split.json").exists());
     assert!(dir.join("out/split-cuts.csv").exists());
+    let plot = std::fs::read_to_string(dir.join("out/split-digits-mlp.svg")).unwrap();
+    assert!(
+        plot.starts_with("<svg") && plot.contains("planner, measured"),
+        "{plot}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

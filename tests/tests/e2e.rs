@@ -623,6 +623,7 @@ fn hard_examples_go_to_the_pool_and_a_cut_cloud_loses_no_request() {
     // An unknown variant is refused with the ones that exist.
     let (status, body) = cloud.put_model("digits-mlp", MODEL_ONNX).expect("upload");
     assert_eq!(status, 201, "{body}");
+    assert_eq!(body["format"], "onnx", "{body}");
     let names: Vec<&str> = body["variants"]
         .as_array()
         .unwrap()
@@ -1031,6 +1032,7 @@ fn a_bert_encoder_pushed_for_candle_is_served_in_both_variants() {
         .map(|v| v["name"].as_str().unwrap())
         .collect();
     assert_eq!(names, ["full", "int8"], "{body}");
+    assert_eq!(body["format"], "candle-bert-gguf", "{body}");
     // Both kinds of upload at once, or a sequence BERT cannot take, are refused.
     let both = serde_json::json!({"onnx_base64": "", "bert": upload["bert"].clone()});
     assert_eq!(cloud.client().raw_json("PUT", &url, &both).unwrap().0, 400);

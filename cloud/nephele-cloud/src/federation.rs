@@ -832,6 +832,8 @@ pub struct ModelView {
     pub validation: String,
     /// Every variant built on push; those with `rejected` set are not shipped.
     pub variants: Vec<VariantRecord>,
+    /// `onnx` (tract, or onnxruntime) or `candle-bert-gguf` (candle).
+    pub format: String,
 }
 
 impl From<&ModelRecord> for ModelView {
@@ -860,6 +862,7 @@ impl From<&ModelRecord> for ModelView {
             outputs: record.outputs.clone(),
             validation: record.validation.clone(),
             variants,
+            format: record.format.clone(),
         }
     }
 }
@@ -1005,6 +1008,7 @@ impl Handler<PutModel> for FederationActor {
                 })
                 .collect(),
             validation: message.validation,
+            format: message.format,
         };
         self.store.put(Table::Models, &record.name, &record)?;
         tracing::info!(

@@ -104,6 +104,14 @@ pub struct ModelRecord {
     /// What the variants were measured on.
     #[serde(default)]
     pub validation: String,
+    /// The manifest format (`onnx`, `candle-bert-gguf`); records from before formats
+    /// are ONNX.
+    #[serde(default = "onnx_format")]
+    pub format: String,
+}
+
+fn onnx_format() -> String {
+    nephele_runtime::FORMAT_ONNX.to_string()
 }
 
 /// One variant as built and measured on push; `rejected` says why it is not shipped.

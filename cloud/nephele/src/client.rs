@@ -428,8 +428,9 @@ pub fn model(args: ApiArgs, command: ModelCommand) -> Result<()> {
             };
             print(args.json, &value, |v| {
                 println!(
-                    "model {} stored: sha256 {} ({} bytes); variants checked on {}",
+                    "model {} ({}) stored: sha256 {} ({} bytes); variants checked on {}",
                     s(v, "name"),
+                    s(v, "format"),
                     s(v, "sha256"),
                     s(v, "size"),
                     s(v, "validation")
@@ -440,11 +441,12 @@ pub fn model(args: ApiArgs, command: ModelCommand) -> Result<()> {
         ModelCommand::List => {
             let value = api.get("/v1/models")?;
             print(args.json, &value, |v| {
-                println!("{:<20} {:>10} SHA256", "NAME", "BYTES");
+                println!("{:<20} {:<17} {:>10} SHA256", "NAME", "FORMAT", "BYTES");
                 for m in v.as_array().into_iter().flatten() {
                     println!(
-                        "{:<20} {:>10} {}",
+                        "{:<20} {:<17} {:>10} {}",
                         s(m, "name"),
+                        s(m, "format"),
                         s(m, "size"),
                         s(m, "sha256")
                     );

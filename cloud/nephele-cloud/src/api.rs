@@ -239,24 +239,11 @@ async fn put_model(
     let check_name = name.clone();
     let built = web::block(move || -> Result<_, ApiError> {
         let bad = |e: nephele_runtime::RuntimeError| ApiError::BadRequest(e.to_string());
-        let describe = |upload: &ValidationUpload| match &upload.labels {
-            Some(_) => format!("{} labelled rows", upload.rows.len()),
-            None => format!("{} unlabelled rows", upload.rows.len()),
-        };
         match source {
             Source::Onnx(bytes) => {
                 let model = nephele_runtime::Model::load_onnx(&check_name, &bytes).map_err(bad)?;
-                let (set, description) = match validation {
-                    Some(upload) => {
-                        let description = describe(&upload);
-                        (
-                            nephele_runtime::variants::ValidationSet {
-                                rows: upload.rows,
-                                labels: upload.labels,
-                            },
-                            description,
-                        )
-                    }
+                let (set, description) = match validation.map(ValidationUpload::into_set) {
+                    Some(given) => given,
                     None => (
                         synthetic_validation(&model),
                         format!("{SYNTHETIC_ROWS} synthetic rows, uniform in [0, 1) (no labels: agreement only)"),
@@ -271,17 +258,8 @@ async fn put_model(
                 config,
                 sequence,
             } => {
-                let (set, description) = match validation {
-                    Some(upload) => {
-                        let description = describe(&upload);
-                        (
-                            nephele_runtime::variants::ValidationSet {
-                                rows: upload.rows,
-                                labels: upload.labels,
-                            },
-                            description,
-                        )
-                    }
+                let (set, description) = match validation.map(ValidationUpload::into_set) {
+                    Some(given) => given,
                     None => {
                         let vocab = serde_json::from_str::<serde_json::Value>(&config)
                             .ok()
@@ -373,22 +351,37 @@ struct ValidationUpload {
     labels: Option<Vec<usize>>,
 }
 
-/// Deterministic rows of `sequence` token ids below `vocab`, the last quarter of each
-/// row padding (id 0), from the same generator as [`synthetic_validation`].
-fn synthetic_token_rows(sequence: usize, vocab: u64) -> nephele_runtime::variants::ValidationSet {
+impl ValidationUpload {
+    /// The set to measure variants on and how the model view describes it.
+    fn into_set(self) -> (nephele_runtime::variants::ValidationSet, String) {
+        let description = match &self.labels {
+            Some(_) => format!("{} labelled rows", self.rows.len()),
+            None => format!("{} unlabelled rows", self.rows.len()),
+        };
+        let set = nephele_runtime::variants::ValidationSet {
+            rows: self.rows,
+            labels: self.labels,
+        };
+        (set, description)
+    }
+}
+
+/// [`SYNTHETIC_ROWS`] deterministic rows of `row_len` values: `value(position, state)`
+/// turns each step of a 64-bit LCG into a value, so every control plane derives the same
+/// set.
+fn synthetic_rows(
+    row_len: usize,
+    mut value: impl FnMut(usize, u64) -> f32,
+) -> nephele_runtime::variants::ValidationSet {
     let mut state: u64 = 0x6e65_7068_656c_6521;
     let rows = (0..SYNTHETIC_ROWS)
         .map(|_| {
-            (0..sequence)
+            (0..row_len)
                 .map(|position| {
                     state = state
                         .wrapping_mul(6_364_136_223_846_793_005)
                         .wrapping_add(1_442_695_040_888_963_407);
-                    if position >= sequence - sequence / 4 {
-                        0.0
-                    } else {
-                        (1 + (state >> 33) % (vocab - 1)) as f32
-                    }
+                    value(position, state)
                 })
                 .collect()
         })
@@ -396,26 +389,26 @@ fn synthetic_token_rows(sequence: usize, vocab: u64) -> nephele_runtime::variant
     nephele_runtime::variants::ValidationSet { rows, labels: None }
 }
 
-/// Deterministic rows in [0, 1) shaped like the model's input (a 64-bit LCG, so every
-/// control plane derives the same set).
+/// Rows of `sequence` token ids below `vocab`, the last quarter of each row padding
+/// (id 0).
+fn synthetic_token_rows(sequence: usize, vocab: u64) -> nephele_runtime::variants::ValidationSet {
+    synthetic_rows(sequence, |position, state| {
+        if position >= sequence - sequence / 4 {
+            0.0
+        } else {
+            (1 + (state >> 33) % (vocab - 1)) as f32
+        }
+    })
+}
+
+/// Rows in [0, 1) shaped like the model's input.
 fn synthetic_validation(
     model: &nephele_runtime::Model,
 ) -> nephele_runtime::variants::ValidationSet {
     let row_len: i64 = model.input().shape[1..].iter().product();
-    let mut state: u64 = 0x6e65_7068_656c_6521;
-    let rows = (0..SYNTHETIC_ROWS)
-        .map(|_| {
-            (0..row_len.max(0))
-                .map(|_| {
-                    state = state
-                        .wrapping_mul(6_364_136_223_846_793_005)
-                        .wrapping_add(1_442_695_040_888_963_407);
-                    (state >> 40) as f32 / (1u64 << 24) as f32
-                })
-                .collect()
-        })
-        .collect();
-    nephele_runtime::variants::ValidationSet { rows, labels: None }
+    synthetic_rows(row_len.max(0) as usize, |_, state| {
+        (state >> 40) as f32 / (1u64 << 24) as f32
+    })
 }
 
 async fn list_models(

@@ -148,21 +148,14 @@ fn candle_int8_row(model: &BenchModel, dir: &Path, duration: Duration) -> Result
             .map(|row| bert.embed(1, seq, row).map_err(anyhow::Error::from))
             .collect()
     };
-    let cosine = |a: &[f32], b: &[f32]| {
-        let dot: f64 = a.iter().zip(b).map(|(x, y)| f64::from(x * y)).sum();
-        let norm = |v: &[f32]| v.iter().map(|x| f64::from(x * x)).sum::<f64>().sqrt();
-        dot / (norm(a) * norm(b)).max(1e-12)
-    };
     let reference = embed(&fp32)?;
     let fp32_p50 = measure_candle(&fp32, rows, 1, duration / 2)?.p50_ms;
     let mut measured = Vec::new();
     for compute in [Int8Compute::Quantized, Int8Compute::Float] {
         let bert = CandleBert::load_gguf(model.name, &gguf, compute)?;
-        let min_cosine = embed(&bert)?
-            .iter()
-            .zip(&reference)
-            .map(|(a, b)| cosine(a, b))
-            .fold(1.0, f64::min);
+        // The same agreement measure the control plane ships variants by.
+        let min_cosine =
+            nephele_runtime::variants::agreement(&reference, &embed(&bert)?).min_cosine;
         let p50 = measure_candle(&bert, rows, 1, duration / 2)?.p50_ms;
         measured.push((compute, p50, min_cosine));
     }
@@ -899,7 +892,7 @@ fn write_csv(out: &Path, report: &Report) -> Result<()> {
     Ok(())
 }
 
-fn opt(value: Option<f64>, digits: usize) -> String {
+pub(crate) fn opt(value: Option<f64>, digits: usize) -> String {
     value.map_or("-".into(), |v| format!("{v:.digits$}"))
 }
 

@@ -33,7 +33,7 @@ use nephele_runtime::onnx_edit::OnnxGraph;
 use nephele_runtime::Model;
 use serde::Serialize;
 
-use crate::bench_inference::{machine, models, progress, BenchModel};
+use crate::bench_inference::{machine, models, opt, progress, BenchModel};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct SplitArgs {
@@ -697,10 +697,6 @@ fn write_plots(out: &std::path::Path, report: &SplitReport) -> Result<Vec<String
         written.push(name);
     }
     Ok(written)
-}
-
-fn opt(value: Option<f64>, digits: usize) -> String {
-    value.map_or("-".into(), |v| format!("{v:.digits$}"))
 }
 
 fn write_csv(out: &std::path::Path, report: &SplitReport) -> Result<()> {

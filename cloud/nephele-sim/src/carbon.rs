@@ -16,6 +16,11 @@
 //!   of the baseline; captured share = forecast saving / oracle saving; deadlines met.
 //! - Headline: ad hoc, 1-hour jobs, 8 hours of slack, per zone; the goal is a captured
 //!   share ≥ 0.9.
+//! - What information would reach it: the headline again with the first 1, 2 and 3
+//!   forecast hours replaced by the measured values ([`KnownAhead`], reads the future on
+//!   purpose), the rest still forecast. No forecast made from the past can beat knowing
+//!   those hours, so a zone below the goal here is below it for every such forecaster
+//!   used with the same decision rule.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -23,8 +28,8 @@ use std::time::Instant;
 
 use anyhow::{bail, Context as _, Result};
 use nephele_placement::carbon::{
-    choose_region, no_shift, oracle, run_online, ForecastTable, Job, ProfileBlend, RegionOffer,
-    RegionWeights, RidgeForecaster,
+    choose_region, no_shift, oracle, run_online, ForecastTable, Forecaster, Job, ProfileBlend,
+    RegionOffer, RegionWeights, RidgeForecaster,
 };
 use serde::Serialize;
 
@@ -189,6 +194,39 @@ pub struct Headline {
     pub mean_captured: f64,
     pub zones_at_goal: usize,
     pub goal: f64,
+    /// The same scenario with the first `hours_known` forecast hours replaced by the
+    /// measured values: the bound on what a better short-term forecast could add.
+    pub known_ahead: Vec<KnownAheadRow>,
+}
+
+/// The headline with the next `hours_known` hours known exactly.
+#[derive(Debug, Clone, Serialize)]
+pub struct KnownAheadRow {
+    pub hours_known: usize,
+    pub per_zone: Vec<(String, Option<f64>)>,
+    pub mean_captured: f64,
+    pub zones_at_goal: usize,
+}
+
+/// A forecast table whose first `hours` hours are replaced by the measured series: it
+/// reads the future on purpose, to bound what a better short-term forecast could add.
+pub struct KnownAhead<'a> {
+    pub table: &'a ForecastTable,
+    pub series: &'a [f64],
+    pub hours: usize,
+}
+
+impl Forecaster for KnownAhead<'_> {
+    fn forecast(&self, history: &[f64], horizon: usize) -> Vec<f64> {
+        let mut row = self.table.forecast(history, horizon);
+        let next = history.len();
+        for (h, value) in row.iter_mut().enumerate().take(self.hours) {
+            if let Some(actual) = self.series.get(next + h) {
+                *value = *actual;
+            }
+        }
+        row
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -221,7 +259,11 @@ fn jobs(
 }
 
 /// Runs one cell: (baseline, forecast, oracle) mean intensities and deadlines met.
-fn evaluate(series: &[f64], table: &ForecastTable, jobs: &[Job]) -> Result<(f64, f64, f64, usize)> {
+fn evaluate(
+    series: &[f64],
+    table: &impl Forecaster,
+    jobs: &[Job],
+) -> Result<(f64, f64, f64, usize)> {
     let (mut base, mut online, mut best, mut met) = (0.0, 0.0, 0.0, 0);
     for job in jobs {
         let b = no_shift(job, series)?;
@@ -420,6 +462,38 @@ pub fn shift_experiment(
         })
         .collect();
     let goal = 0.9;
+    let mut known_ahead = Vec::new();
+    for hours in 1..=3 {
+        let mut per_zone = Vec::new();
+        for (info, table) in infos.iter().zip(&tables) {
+            let series = &info.carbon.values;
+            let set = jobs(
+                Scenario::AdHoc,
+                config.nightly_hour,
+                dh,
+                sh,
+                split,
+                series.len(),
+            );
+            let known = KnownAhead {
+                table,
+                series,
+                hours,
+            };
+            let (b, o, p, _) = evaluate(series, &known, &set)?;
+            per_zone.push((info.carbon.zone.clone(), captured(b, o, p)));
+        }
+        known_ahead.push(KnownAheadRow {
+            hours_known: hours,
+            mean_captured: per_zone.iter().map(|(_, c)| c.unwrap_or(0.0)).sum::<f64>()
+                / per_zone.len().max(1) as f64,
+            zones_at_goal: per_zone
+                .iter()
+                .filter(|(_, c)| c.is_some_and(|c| c >= goal))
+                .count(),
+            per_zone,
+        });
+    }
     let headline = Headline {
         scenario: format!("ad-hoc {dh} h jobs, {sh} h slack, Jul–Dec 2023"),
         mean_captured: per_zone.iter().map(|(_, c)| c.unwrap_or(0.0)).sum::<f64>()
@@ -430,6 +504,7 @@ pub fn shift_experiment(
             .count(),
         per_zone,
         goal,
+        known_ahead,
     };
     let spatial = spatial(&infos, &tables, split);
     Ok(ShiftReport {
@@ -610,6 +685,42 @@ impl ShiftReport {
             self.headline.zones_at_goal,
             self.headline.per_zone.len()
         );
+        if !self.headline.known_ahead.is_empty() {
+            let _ = writeln!(
+                out,
+                "What a better short-term forecast could add: captured share with the next k hours known exactly (the rest forecast), same rule:"
+            );
+            let _ = write!(out, "{:<12}", "k hours");
+            for (zone, _) in &self.headline.per_zone {
+                let _ = write!(out, " {zone:>11}");
+            }
+            let _ = writeln!(out, " {:>8} {:>8}", "mean", "at goal");
+            let rows = std::iter::once((
+                0,
+                &self.headline.per_zone,
+                self.headline.mean_captured,
+                self.headline.zones_at_goal,
+            ))
+            .chain(
+                self.headline
+                    .known_ahead
+                    .iter()
+                    .map(|k| (k.hours_known, &k.per_zone, k.mean_captured, k.zones_at_goal)),
+            );
+            for (hours, per_zone, mean, at_goal) in rows {
+                let label = if hours == 0 {
+                    "0 (forecast)".to_string()
+                } else {
+                    hours.to_string()
+                };
+                let _ = write!(out, "{label:<12}");
+                for (_, c) in per_zone {
+                    let _ = write!(out, " {:>11}", opt(*c));
+                }
+                let _ = writeln!(out, " {mean:>8.3} {:>4}/{:<3}", at_goal, per_zone.len());
+            }
+            let _ = writeln!(out);
+        }
         let _ = writeln!(out, "Saving % forecast / oracle (captured share) by slack:");
         for scenario in [Scenario::Nightly, Scenario::AdHoc] {
             for &duration in &self.config.durations {
@@ -809,8 +920,35 @@ mod tests {
         assert!(headline > 0.8, "captured {headline}");
         // A flat series has nothing to capture.
         assert_eq!(report.headline.per_zone[1].1, None);
+        // Knowing hours ahead never beats perfect foresight, and knowing them all up to
+        // the window would be perfect foresight itself.
+        assert_eq!(report.headline.known_ahead.len(), 3);
+        for row in &report.headline.known_ahead {
+            let share = row.per_zone[0].1.expect("A has a saving");
+            assert!(share <= 1.0 + 1e-9, "{row:?}");
+            assert_eq!(row.per_zone[1].1, None);
+        }
         assert!(report.table().contains("Headline"));
+        assert!(report.table().contains("next k hours known"));
         assert_eq!(report.csv().lines().count(), 1 + report.rows.len());
         assert!(report.svg().starts_with("<svg"));
+    }
+
+    #[test]
+    fn knowing_the_whole_window_is_perfect_foresight() {
+        let values = synthetic(24 * 20);
+        let table = ForecastModel::Profile(ProfileBlend::default()).table(&values, 9);
+        let set = jobs(Scenario::AdHoc, 1, 1, 8, 24 * 5, values.len());
+        let known = KnownAhead {
+            table: &table,
+            series: &values,
+            hours: 8,
+        };
+        let (base, online, best, met) = evaluate(&values, &known, &set).expect("runs");
+        assert_eq!(met, set.len());
+        assert!((online - best).abs() < 1e-9, "{online} vs {best}");
+        assert!(best < base);
+        let (_, forecast, _, _) = evaluate(&values, &table, &set).expect("runs");
+        assert!(forecast >= online - 1e-9);
     }
 }

@@ -368,6 +368,21 @@ impl RidgeForecaster {
     /// Row `t` of the result is the forecast made at hour `t` for hours `t + 1 ..= t +
     /// horizon`, from `series[..=t]` only (a property test checks this).
     pub fn table(&self, series: &[f64], horizon: usize) -> ForecastTable {
+        ForecastTable {
+            rows: self.rows_from(series, horizon, 0),
+        }
+    }
+
+    /// The forecast made at the series' last hour: the last row of [`Self::table`],
+    /// without solving the models of the earlier rows (what a live scheduler needs).
+    pub fn latest(&self, series: &[f64], horizon: usize) -> Vec<f64> {
+        self.rows_from(series, horizon, series.len().saturating_sub(1))
+            .pop()
+            .unwrap_or_else(|| vec![f64::NAN; horizon])
+    }
+
+    /// Rows `from..series.len()` of the table; the fit still runs over every hour.
+    fn rows_from(&self, series: &[f64], horizon: usize, from: usize) -> Vec<Vec<f64>> {
         const P: usize = RIDGE_FEATURES;
         let fallback = self.profiler();
         let forget = if self.half_life_days > 0.0 && self.half_life_days.is_finite() {
@@ -387,7 +402,7 @@ impl RidgeForecaster {
         let mut weight = vec![0.0f64; horizon];
         // features[t][h-1]: inputs at origin t for horizon h, kept until the target arrives.
         let mut pending: Vec<Vec<Option<[f64; P]>>> = Vec::with_capacity(series.len());
-        let mut rows = Vec::with_capacity(series.len());
+        let mut rows = Vec::with_capacity(series.len().saturating_sub(from));
         for now in 0..series.len() {
             let history = &series[..=now];
             let actual = series[now];
@@ -417,6 +432,10 @@ impl RidgeForecaster {
             }
             let inputs: Vec<Option<[f64; P]>> =
                 (1..=horizon).map(|h| self.features(history, h)).collect();
+            if now < from {
+                pending.push(inputs);
+                continue;
+            }
             let simple = fallback.forecast(history, horizon);
             let row = (1..=horizon)
                 .map(|h| {
@@ -439,7 +458,7 @@ impl RidgeForecaster {
             pending.push(inputs);
             rows.push(row);
         }
-        ForecastTable { rows }
+        rows
     }
 }
 
@@ -1002,6 +1021,9 @@ mod tests {
             let table = ridge.table(&series, 12);
             let changed_table = ridge.table(&changed, 12);
             prop_assert_eq!(table.row(now), changed_table.row(now));
+            // What a live scheduler computes is the table's row at its last hour.
+            let latest = ridge.latest(&series[..=now], 12);
+            prop_assert_eq!(Some(latest.as_slice()), table.row(now));
             let release = now.min(series.len().saturating_sub(12));
             if release + 12 <= series.len() {
                 let job = Job::with_slack(release, 2, 10);

@@ -9,7 +9,8 @@
 //! [`queue`] orders pending jobs (priority classes, DRF across tenants, quotas),
 //! preempts lower-priority work and keeps large gangs from starving (reservation with
 //! EASY backfilling). [`carbon`] forecasts grid carbon intensity from past data and
-//! decides when a deferrable job starts and which region takes it. This crate has no
+//! decides when a deferrable job starts and which region takes it; [`grid`] is the
+//! live form of that, a region's measured hourly series as a feed pushes it. This crate has no
 //! dependencies at all.
 
 pub mod carbon;
@@ -18,6 +19,7 @@ pub mod cost;
 pub mod fairness;
 pub mod fragmentation;
 pub mod gang;
+pub mod grid;
 pub mod model;
 pub mod policy;
 pub mod queue;

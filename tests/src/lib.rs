@@ -139,8 +139,13 @@ name = "us-east"
 
 impl Cloud {
     pub fn start(label: &str) -> Result<Cloud> {
+        Cloud::start_with(label, TWO_REGIONS)
+    }
+
+    /// A control plane with this configuration (TOML).
+    pub fn start_with(label: &str, config: &str) -> Result<Cloud> {
         let dir = temp_dir(label);
-        std::fs::write(dir.join("cloud.toml"), TWO_REGIONS)?;
+        std::fs::write(dir.join("cloud.toml"), config)?;
         let mut cloud = Cloud {
             dir,
             api: String::new(),

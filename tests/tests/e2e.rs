@@ -1076,3 +1076,225 @@ fn a_bert_encoder_pushed_for_candle_is_served_in_both_variants() {
     let (code, reply) = edge.infer("bert-full", &[0.5; 8]).unwrap();
     assert_eq!(code, 400, "{reply}");
 }
+
+const CARBON_REGIONS: &str = r#"
+heartbeat_interval_ms = 300
+[scheduler]
+tick_ms = 200
+[[region]]
+name = "green"
+carbon_zone = "CA-ON"
+[[region.pool]]
+name = "l4"
+node_profile = "gpu-4x-l4"
+max_nodes = 1
+[[region]]
+name = "brown"
+carbon_zone = "DE"
+[[region.pool]]
+name = "l4"
+node_profile = "gpu-4x-l4"
+max_nodes = 1
+"#;
+
+/// 30 days of hourly carbon in Electricity Maps' file format, dated June 2023: a daily
+/// cycle around `level` whose lowest hour falls 6 hours after the file's last hour.
+fn carbon_file(path: &std::path::Path, level: f64) {
+    let mut text = String::from(
+        "Datetime (UTC),Zone Id,Carbon Intensity gCO₂eq/kWh (direct),Data Estimated\n",
+    );
+    for i in 0..720i64 {
+        let phase = (i - 725).rem_euclid(24) as f64;
+        let value = level + 200.0 - 100.0 * (phase / 24.0 * std::f64::consts::TAU).cos();
+        text.push_str(&format!(
+            "2023-06-{:02} {:02}:00:00,XX,{value:.2},false\n",
+            1 + i / 24,
+            i % 24
+        ));
+    }
+    std::fs::write(path, text).unwrap();
+}
+
+#[test]
+fn carbon_aware_jobs_go_to_the_greener_region_and_wait_for_the_greener_hour() {
+    let cloud = Cloud::start_with("carbon", CARBON_REGIONS).expect("cloud");
+    let http = cloud.client();
+    let url = |path: &str| format!("{}{path}", cloud.api);
+    let _pools: Vec<Edge> = ["green", "brown"]
+        .iter()
+        .map(|region| {
+            Edge::start(
+                &cloud,
+                &format!("pool-{region}"),
+                region,
+                &["--role", "pool", "--profile", "gpu-4x-l4"],
+                &[],
+            )
+            .unwrap()
+        })
+        .collect();
+    for region in ["green", "brown"] {
+        cloud
+            .wait_for(
+                &format!("/v1/regions/{region}/nodes"),
+                "pool slot up",
+                |v| v[0]["up"] == true,
+            )
+            .unwrap();
+    }
+
+    // No signal yet: the grid view says so and how to fix it.
+    let grid = cloud.get("/v1/regions/green/grid").unwrap();
+    assert_eq!(grid["signal"], "none", "{grid}");
+    assert!(grid["note"].as_str().unwrap().contains("nephele grid push"));
+
+    // The CLI replays a file as if live: its last hour becomes the current hour.
+    for (region, level) in [("green", 50.0), ("brown", 300.0)] {
+        let file = cloud.dir.join(format!("{region}.csv"));
+        carbon_file(&file, level);
+        let output = std::process::Command::new(nephele_e2e::bin("nephele"))
+            .args(["grid", "push", region, "--carbon"])
+            .arg(&file)
+            .args(["--as-of", "2023-06-30T23:00", "--days", "30"])
+            .args(["--api", &cloud.api, "--token", &cloud.token])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(stdout.contains("kept 720"), "{stdout}");
+        assert!(stdout.contains("signal fresh"), "{stdout}");
+    }
+    let grid = cloud.get("/v1/regions/brown/grid").unwrap();
+    assert_eq!(grid["signal"], "fresh", "{grid}");
+    assert_eq!(grid["measured_hours"], 720);
+    let outlook = grid["outlook"].as_array().unwrap();
+    assert_eq!(outlook.len(), 72);
+    let now_hour = outlook[0]["unix"].as_u64().unwrap() / 3600;
+    let greenest = (0..24)
+        .min_by(|a, b| {
+            let c = |i: usize| outlook[i]["carbon_g_per_kwh"].as_f64().unwrap();
+            c(*a).total_cmp(&c(*b))
+        })
+        .unwrap();
+    // The hour may have turned since the push; the trough stays where it was.
+    let trough = grid["latest_measured_unix"].as_u64().unwrap() / 3600 + 6;
+    assert_eq!(now_hour + greenest as u64, trough, "{grid:#}");
+
+    // "auto": the greener region, with how it was chosen.
+    let (status, train) = http
+        .raw_json(
+            "POST",
+            &url("/v1/jobs"),
+            &serde_json::json!({"name": "train", "region": "auto", "gpus": 2, "expected_runtime_s": 3600}),
+        )
+        .unwrap();
+    assert_eq!(status, 201, "{train}");
+    assert_eq!(train["region"], "green", "{train:#}");
+    assert_eq!(train["state"], "running", "{train:#}");
+    assert_eq!(train["region_choice"]["chosen"], "green");
+    assert_eq!(
+        train["region_choice"]["candidates"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+
+    // A deadline makes it wait for the trough, out of the queue.
+    let deadline = (now_hour + 20) * 3600;
+    let (status, nightly) = http
+        .raw_json(
+            "POST",
+            &url("/v1/jobs"),
+            &serde_json::json!({"name": "nightly", "region": "brown", "gpus": 1,
+                "expected_runtime_s": 3600, "deadline_unix": deadline}),
+        )
+        .unwrap();
+    assert_eq!(status, 201, "{nightly}");
+    assert_eq!(nightly["state"], "deferred", "{nightly:#}");
+    assert_eq!(
+        nightly["deferral"]["best_start_unix"].as_u64(),
+        Some(trough * 3600),
+        "{nightly:#}"
+    );
+    assert_eq!(nightly["deferral"]["latest_start_unix"], deadline - 3600);
+    let nodes = cloud.get("/v1/regions/brown/nodes").unwrap();
+    assert!(nodes[0]["jobs"].as_array().unwrap().is_empty(), "{nodes}");
+    let output = std::process::Command::new(nephele_e2e::bin("nephele"))
+        .args(["job", "get", "nightly", "--region", "brown"])
+        .args(["--api", &cloud.api, "--token", &cloud.token])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("deferred"), "{stdout}");
+    assert!(
+        stdout.contains("waiting for a lower-carbon hour"),
+        "{stdout}"
+    );
+
+    // Bad input is a 400 that says why, and changes nothing.
+    for (body, expect) in [
+        (
+            serde_json::json!({"points": [{"unix": (now_hour + 2) * 3600, "carbon_g_per_kwh": 10.0}]}),
+            "has not begun",
+        ),
+        (
+            serde_json::json!({"points": [{"unix": now_hour * 3600, "carbon_g_per_kwh": -5.0}]}),
+            "outside",
+        ),
+        (
+            serde_json::json!({"points": [{"when": 1}]}),
+            "invalid grid push",
+        ),
+        (serde_json::json!({"points": []}), "no points"),
+    ] {
+        let (status, reply) = http
+            .raw_json("PUT", &url("/v1/regions/brown/grid"), &body)
+            .unwrap();
+        assert_eq!(status, 400, "{body}: {reply}");
+        assert!(
+            reply["message"].as_str().unwrap().contains(expect),
+            "{reply}"
+        );
+    }
+    assert_eq!(
+        cloud.get("/v1/regions/brown/grid").unwrap()["measured_hours"],
+        720
+    );
+    let (status, _) = http
+        .raw_json(
+            "PUT",
+            &url("/v1/regions/nowhere/grid"),
+            &serde_json::json!({"points": []}),
+        )
+        .unwrap();
+    assert_eq!(status, 404);
+    let (status, reply) = http
+        .raw_json(
+            "POST",
+            &url("/v1/jobs"),
+            &serde_json::json!({"name": "x", "region": "brown", "deadline_unix": deadline}),
+        )
+        .unwrap();
+    assert_eq!(status, 400, "{reply}");
+
+    // The queue gauges count the held job; deleting it lets it go.
+    let metrics = cloud
+        .client()
+        .request("GET", &url("/metrics"), None)
+        .unwrap();
+    let metrics = metrics.as_str().unwrap_or_default().to_string();
+    assert!(
+        metrics.contains("nephele_scheduler_jobs{region=\"brown\",state=\"deferred\"} 1"),
+        "{metrics}"
+    );
+    cloud
+        .client()
+        .request("DELETE", &url("/v1/jobs/nightly"), None)
+        .unwrap();
+    assert!(cloud.get("/v1/jobs/nightly").is_err());
+}

@@ -9,8 +9,12 @@ use actix_web::{http::StatusCode, web, HttpRequest, HttpResponse, ResponseError}
 use serde::Deserialize;
 
 use crate::federation::*;
-use crate::region::{DeleteJob, GetJob, ListJobs, ListNodes, RegionActor, SubmitJob};
-use crate::scheduler::{JobSpec, JobView, SchedError};
+use crate::region::{
+    DeleteJob, GetGrid, GetJob, ListJobs, ListNodes, OfferJob, PushGrid, RegionActor, SubmitJob,
+};
+use crate::scheduler::{
+    choose_region_for, JobSpec, JobView, RegionWeightsConfig, SchedError, AUTO_REGION,
+};
 
 pub struct ApiState {
     pub federation: Addr<FederationActor>,
@@ -18,7 +22,12 @@ pub struct ApiState {
     /// Region actors by name, for the job routes.
     pub regions: std::collections::HashMap<String, Addr<RegionActor>>,
     pub default_region: String,
+    /// For jobs submitted with `"region": "auto"`.
+    pub region_weights: RegionWeightsConfig,
 }
+
+/// Largest grid push accepted (a year of hours is about 0.9 MB).
+pub const MAX_GRID_BYTES: usize = 4 * 1024 * 1024;
 
 /// Largest job spec accepted.
 pub const MAX_JOB_BYTES: usize = 64 * 1024;
@@ -564,18 +573,109 @@ async fn submit_job(
         ))
     })?;
     let tenant = acting_tenant(&principal, spec.tenant.as_deref())?;
-    let region = spec
-        .region
-        .clone()
-        .unwrap_or_else(|| state.default_region.clone());
+    let (region, choice) = match spec.region.as_deref() {
+        Some(AUTO_REGION) => {
+            let mut offers = Vec::new();
+            for (_, actor) in regions_to_search(&state, None)? {
+                offers.push(
+                    actor
+                        .send(OfferJob { spec: spec.clone() })
+                        .await
+                        .map_err(mailbox)?,
+                );
+            }
+            let choice = choose_region_for(&offers, state.region_weights)?;
+            (choice.chosen.clone(), Some(choice))
+        }
+        Some(name) => (name.to_string(), None),
+        None => (state.default_region.clone(), None),
+    };
     let actor = region_actor(&state, &region)?;
     let result = actor
-        .send(SubmitJob { tenant, spec })
+        .send(SubmitJob {
+            tenant,
+            spec,
+            choice,
+        })
         .await
         .map_err(mailbox)
         .and_then(|r| r.map_err(ApiError::from));
     count(&state, "submit_job", result.is_ok());
     Ok(HttpResponse::Created().json(result?))
+}
+
+/// One hour of a grid push.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GridPointBody {
+    /// Any second of the hour (UTC); the hour it falls in is stored.
+    pub unix: u64,
+    pub carbon_g_per_kwh: Option<f64>,
+    pub price_per_mwh: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GridPushBody {
+    pub points: Vec<GridPointBody>,
+}
+
+/// `PUT /v1/regions/{name}/grid` (admins: a carbon feed's token): hourly measured
+/// carbon intensity and prices; all points are stored or none.
+async fn push_grid(
+    request: HttpRequest,
+    state: web::Data<ApiState>,
+    name: web::Path<String>,
+    body: web::Bytes,
+) -> Result<HttpResponse, ApiError> {
+    let principal = authorize(&request, &state).await?;
+    if !principal.is_admin() {
+        return Err(ApiError::Forbidden(
+            "pushing grid data needs an admin token (a feed acts for every tenant)".into(),
+        ));
+    }
+    if body.len() > MAX_GRID_BYTES {
+        return Err(ApiError::BadRequest(format!(
+            "grid push of {} bytes; at most {MAX_GRID_BYTES} (send a year in several pushes)",
+            body.len()
+        )));
+    }
+    let parsed: GridPushBody = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::BadRequest(format!(
+            "invalid grid push ({e}); expected {{\"points\": [{{\"unix\", \"carbon_g_per_kwh\"?, \"price_per_mwh\"?}}, ...]}}"
+        ))
+    })?;
+    let points = parsed
+        .points
+        .iter()
+        .map(|p| nephele_placement::grid::GridPoint {
+            hour: p.unix / nephele_placement::grid::HOUR_S,
+            carbon: p.carbon_g_per_kwh,
+            price: p.price_per_mwh,
+        })
+        .collect();
+    let actor = region_actor(&state, &name)?;
+    let result = actor
+        .send(PushGrid { points })
+        .await
+        .map_err(mailbox)
+        .and_then(|r| r.map_err(ApiError::from));
+    count(&state, "push_grid", result.is_ok());
+    Ok(HttpResponse::Ok().json(result?))
+}
+
+/// `GET /v1/regions/{name}/grid`: the signal, and the next 72 hours as the carbon
+/// decisions see them.
+async fn get_grid(
+    request: HttpRequest,
+    state: web::Data<ApiState>,
+    name: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    authorize(&request, &state).await?;
+    let actor = region_actor(&state, &name)?;
+    let view = actor.send(GetGrid).await.map_err(mailbox)?;
+    count(&state, "get_grid", true);
+    Ok(HttpResponse::Ok().json(view))
 }
 
 /// `GET /v1/jobs[?region=&tenant=]`: the caller's tenant's jobs; admins see every
@@ -756,6 +856,8 @@ pub fn routes(config: &mut web::ServiceConfig) {
         )
         .route("/v1/regions", web::get().to(list_regions))
         .route("/v1/regions/{name}/nodes", web::get().to(list_nodes))
+        .route("/v1/regions/{name}/grid", web::put().to(push_grid))
+        .route("/v1/regions/{name}/grid", web::get().to(get_grid))
         .route("/v1/jobs", web::post().to(submit_job))
         .route("/v1/jobs", web::get().to(list_jobs))
         .route("/v1/jobs/{name}", web::get().to(get_job))

@@ -67,6 +67,8 @@ pub struct SchedulerConfig {
     pub preemption: bool,
     /// Dominant resource fairness across tenants (else FIFO across tenants).
     pub fairness: bool,
+    /// How jobs submitted with `"region": "auto"` weigh carbon, price and free capacity.
+    pub region_weights: crate::scheduler::RegionWeightsConfig,
 }
 
 impl Default for SchedulerConfig {
@@ -78,6 +80,7 @@ impl Default for SchedulerConfig {
             aging_s: 3600,
             preemption: true,
             fairness: true,
+            region_weights: Default::default(),
         }
     }
 }
@@ -168,6 +171,12 @@ impl CloudConfig {
         let mut seen = std::collections::BTreeSet::new();
         for region in &self.regions {
             nephele_domain::validate_name("region", &region.name)?;
+            if region.name == crate::scheduler::AUTO_REGION {
+                return Err(format!(
+                    "a region may not be called {:?}: jobs use that name to let the control plane choose",
+                    crate::scheduler::AUTO_REGION
+                ));
+            }
             if !seen.insert(&region.name) {
                 return Err(format!("region {:?} is declared twice", region.name));
             }
@@ -191,6 +200,17 @@ impl CloudConfig {
                 crate::scheduler::node_spec(&region.name, pool)
                     .map_err(|e| format!("pool {}: {e}", pool.name))?;
             }
+        }
+        let w = &self.scheduler.region_weights;
+        if [w.carbon, w.price, w.capacity]
+            .iter()
+            .any(|v| !v.is_finite() || *v < 0.0)
+            || w.carbon + w.price + w.capacity <= 0.0
+        {
+            return Err(
+                "[scheduler.region_weights]: carbon, price and capacity must be numbers >= 0, not all 0"
+                    .into(),
+            );
         }
         let mut tenants = std::collections::BTreeSet::new();
         for tenant in &self.tenants {
@@ -262,6 +282,9 @@ name = "us-east"
             "[[region]]\nname=\"a\"\n[[region.pool]]\nname=\"p\"\nnode_profile=\"nope\"",
             "[[region]]\nname=\"a\"\n[[region.pool]]\nname=\"p\"\nnode_profile=\"gpu-4x-l4\"\nmax_nodes=0",
             "[[region]]\nname=\"a\"\n[[region.pool]]\nname=\"p\"\nnode_profile=\"gpu-4x-l4\"\nmig_profile=\"1g.10gb\"",
+            "[[region]]\nname=\"auto\"",
+            "[scheduler.region_weights]\ncarbon = -1\n[[region]]\nname=\"a\"",
+            "[scheduler.region_weights]\ncarbon = 0\nprice = 0\ncapacity = 0\n[[region]]\nname=\"a\"",
         ] {
             assert!(CloudConfig::from_toml(bad).is_err(), "{bad}");
         }

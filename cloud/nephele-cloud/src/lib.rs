@@ -220,6 +220,7 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
         metrics,
         regions: regions_for_api,
         default_region: config.default_region().to_string(),
+        region_weights: config.scheduler.region_weights,
     });
     let server = actix_web::HttpServer::new(move || {
         actix_web::App::new()

@@ -11,7 +11,12 @@ use std::time::Duration;
 
 use actix::prelude::*;
 
-use crate::scheduler::{JobSpec, JobView, NodeView, RegionScheduler, SchedError, SchedEvent};
+use nephele_placement::grid::GridPoint;
+
+use crate::scheduler::{
+    GridPushView, GridView, JobOffer, JobSpec, JobView, NodeView, RegionChoiceView,
+    RegionScheduler, SchedError, SchedEvent,
+};
 
 struct PoolMember {
     session_id: u64,
@@ -69,6 +74,12 @@ impl RegionActor {
                 SchedEvent::Requeued { job } => {
                     tracing::info!(region = %self.name, %job, "job lost its resources and waits again")
                 }
+                SchedEvent::Deferred { job, reason } => {
+                    tracing::info!(region = %self.name, %job, %reason, "deferrable job held")
+                }
+                SchedEvent::Released { job, reason } => {
+                    tracing::info!(region = %self.name, %job, %reason, "deferrable job queued")
+                }
             }
         }
         if let Some(metrics) = &self.metrics {
@@ -77,6 +88,8 @@ impl RegionActor {
                     SchedEvent::Placed { .. } => "placed",
                     SchedEvent::Preempting { .. } => "preempted",
                     SchedEvent::Requeued { .. } => "requeued",
+                    SchedEvent::Deferred { .. } => "deferred",
+                    SchedEvent::Released { .. } => "released",
                 };
                 metrics
                     .counter(
@@ -86,8 +99,13 @@ impl RegionActor {
                     )
                     .inc();
             }
-            let mut by_state: BTreeMap<&str, i64> =
-                [("pending", 0), ("running", 0), ("terminating", 0)].into();
+            let mut by_state: BTreeMap<&str, i64> = [
+                ("deferred", 0),
+                ("pending", 0),
+                ("running", 0),
+                ("terminating", 0),
+            ]
+            .into();
             for job in self.scheduler.list(None) {
                 *by_state.entry(job.state).or_default() += 1;
             }
@@ -102,6 +120,19 @@ impl RegionActor {
             }
         }
     }
+
+    /// The current hour's carbon as the region's decisions see it (0 without a signal).
+    fn grid_gauge(&self, grid: &GridView) {
+        if let Some(metrics) = &self.metrics {
+            metrics
+                .gauge(
+                    "nephele_grid_carbon_g_per_kwh",
+                    "Carbon intensity of the current hour as the region's carbon decisions see it (measured or forecast; 0 without a fresh signal), gCO2eq/kWh.",
+                    &[("region", &self.name)],
+                )
+                .set(grid.outlook.first().map_or(0, |h| h.carbon_g_per_kwh.round() as i64));
+        }
+    }
 }
 
 impl Actor for RegionActor {
@@ -109,8 +140,13 @@ impl Actor for RegionActor {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.run_interval(self.tick, |actor, _| {
-            let events = actor.scheduler.tick(unix_now());
+            let now = unix_now();
+            let events = actor.scheduler.tick(now);
             actor.report(events);
+            if actor.metrics.is_some() {
+                let grid = actor.scheduler.grid_view(now);
+                actor.grid_gauge(&grid);
+            }
         });
     }
 }
@@ -223,14 +259,19 @@ impl Handler<PickPool> for RegionActor {
 pub struct SubmitJob {
     pub tenant: String,
     pub spec: JobSpec,
+    /// How the region was chosen, for `"region": "auto"`.
+    pub choice: Option<RegionChoiceView>,
 }
 
 impl Handler<SubmitJob> for RegionActor {
     type Result = Result<JobView, SchedError>;
     fn handle(&mut self, message: SubmitJob, _: &mut Self::Context) -> Self::Result {
-        let (view, events) = self
-            .scheduler
-            .submit(&message.tenant, message.spec, unix_now())?;
+        let (view, events) = self.scheduler.submit_chosen(
+            &message.tenant,
+            message.spec,
+            message.choice,
+            unix_now(),
+        )?;
         tracing::info!(region = %self.name, job = %format!("{}/{}", view.tenant, view.name), state = view.state, "job submitted");
         self.report(events);
         Ok(view)
@@ -292,5 +333,49 @@ impl Handler<ListNodes> for RegionActor {
     type Result = Vec<NodeView>;
     fn handle(&mut self, _: ListNodes, _: &mut Self::Context) -> Self::Result {
         self.scheduler.nodes()
+    }
+}
+
+/// What this region offers a job, for `"region": "auto"`.
+#[derive(Message)]
+#[rtype(result = "JobOffer")]
+pub struct OfferJob {
+    pub spec: JobSpec,
+}
+
+impl Handler<OfferJob> for RegionActor {
+    type Result = MessageResult<OfferJob>;
+    fn handle(&mut self, message: OfferJob, _: &mut Self::Context) -> Self::Result {
+        MessageResult(self.scheduler.offer(&message.spec, unix_now()))
+    }
+}
+
+/// `PUT /v1/regions/{name}/grid`: measurements from a carbon (and price) feed.
+#[derive(Message)]
+#[rtype(result = "Result<GridPushView, SchedError>")]
+pub struct PushGrid {
+    pub points: Vec<GridPoint>,
+}
+
+impl Handler<PushGrid> for RegionActor {
+    type Result = Result<GridPushView, SchedError>;
+    fn handle(&mut self, message: PushGrid, _: &mut Self::Context) -> Self::Result {
+        let (view, events) = self.scheduler.push_grid(&message.points, unix_now())?;
+        tracing::info!(region = %self.name, kept = view.kept, too_old = view.too_old, signal = view.grid.signal, "grid measurements stored");
+        self.report(events);
+        self.grid_gauge(&view.grid);
+        Ok(view)
+    }
+}
+
+/// `GET /v1/regions/{name}/grid`.
+#[derive(Message)]
+#[rtype(result = "GridView")]
+pub struct GetGrid;
+
+impl Handler<GetGrid> for RegionActor {
+    type Result = MessageResult<GetGrid>;
+    fn handle(&mut self, _: GetGrid, _: &mut Self::Context) -> Self::Result {
+        MessageResult(self.scheduler.grid_view(unix_now()))
     }
 }

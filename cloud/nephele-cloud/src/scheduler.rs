@@ -15,10 +15,24 @@
 //! Jobs are named per tenant. What a job does once placed (a container, a training
 //! process) is not carried out yet: a placed job holds its resources until it is
 //! deleted, preempted, or its node goes away.
+//!
+//! Carbon: each region keeps the grid signal a feed pushes (`PUT
+//! /v1/regions/{name}/grid`, a [`GridSeries`]). A job with a `deadline_unix` is
+//! *deferrable*: it is held as `deferred`, out of the queue, while the forecast says a
+//! later window is greener ([`GridSeries::decide`], the rule `nephele sim shift`
+//! measures), and released into the queue when this hour is the greenest left, when the
+//! signal is missing or stale, or at its latest start (`deadline − expected runtime`),
+//! whatever the forecast. [`RegionScheduler::offer`] and [`choose_region`] rank regions
+//! for a job submitted with `"region": "auto"` (spatial shifting).
 
 use std::collections::BTreeMap;
 
 use nephele_domain::AcceleratorKind;
+use nephele_placement::carbon::{self, Excluded, RegionOffer, RegionWeights};
+use nephele_placement::grid::{
+    utc_hour, DeferDecision, Deferral, GridError, GridPoint, GridSeries, NoOutlook, StartReason,
+    HOUR_S,
+};
 use nephele_placement::queue::{JobState, Quota, Tenant, WhyPending};
 use nephele_placement::{
     Binding, CapacityType, Cluster, Effect, Job, JobId, MigPartition, MigProfile, NodeSpec,
@@ -30,6 +44,12 @@ use crate::config::{PoolConfig, RegionConfig, SchedulerConfig, TenantConfig};
 
 /// Most members of one gang.
 pub const MAX_MEMBERS: u16 = 1024;
+
+/// Longest a deferrable job may be given between now and its deadline.
+pub const MAX_DEFER_S: u64 = 30 * 24 * 3600;
+
+/// The region name that asks the control plane to choose one.
+pub const AUTO_REGION: &str = "auto";
 
 /// Why a request to the scheduler was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -67,7 +87,8 @@ pub enum TopologySpec {
 #[serde(deny_unknown_fields)]
 pub struct JobSpec {
     pub name: String,
-    /// Region to queue in (default: the first configured region).
+    /// Region to queue in (default: the first configured region); `auto` lets the
+    /// control plane choose by carbon, price and free capacity.
     #[serde(default)]
     pub region: Option<String>,
     /// Tenant charged (default: the API token's tenant; only admins may name another).
@@ -102,6 +123,11 @@ pub struct JobSpec {
     /// What backfilling and the starvation reservation plan with; unknown if absent.
     #[serde(default)]
     pub expected_runtime_s: Option<u64>,
+    /// Finish by this unix second. Makes the job deferrable: it may wait for a
+    /// lower-carbon hour, and starts by `deadline_unix − expected_runtime_s` whatever
+    /// the forecast says. Needs `expected_runtime_s`.
+    #[serde(default)]
+    pub deadline_unix: Option<u64>,
     /// How often the job checkpoints (for the expected cost of spot interruptions).
     #[serde(default)]
     pub checkpoint_interval_s: Option<u64>,
@@ -170,13 +196,84 @@ pub struct WhyPendingView {
     pub hint: Option<String>,
 }
 
+/// A deferrable job's carbon plan: while it waits, and after it was released.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DeferralView {
+    pub deadline_unix: u64,
+    /// It starts by then whatever the forecast says.
+    pub latest_start_unix: u64,
+    /// `waiting` (held out of the queue) or `released` (queued).
+    pub state: &'static str,
+    /// Why it waits, or why it was released, in words.
+    pub reason: String,
+    /// Mean carbon (gCO₂eq/kWh) of its window had it started on submission, as
+    /// measured and forecast then.
+    pub carbon_at_submit: Option<f64>,
+    /// Mean carbon of the window starting at the last decision (waiting) or at release.
+    pub carbon_now: Option<f64>,
+    /// While waiting: the start hour and mean carbon of the greenest window forecast.
+    pub best_start_unix: Option<u64>,
+    pub best_carbon: Option<f64>,
+    pub released_unix: Option<u64>,
+}
+
+/// One region as `"region": "auto"` weighed it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RegionCandidate {
+    pub region: String,
+    /// Weighted, normalised score in [0, 1]; lower is better. `None` when excluded.
+    pub score: Option<f64>,
+    /// Mean carbon of the job's greenest window there (within its deadline).
+    pub carbon_g_per_kwh: Option<f64>,
+    pub best_start_unix: Option<u64>,
+    pub price_per_mwh: Option<f64>,
+    /// Free capacity on connected nodes, in the choice's unit.
+    pub free: f64,
+    /// Why it was not ranked.
+    pub excluded: Option<String>,
+}
+
+/// How a region was chosen for `"region": "auto"`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RegionChoiceView {
+    pub chosen: String,
+    pub reason: String,
+    /// `gpu` (whole GPUs) or `cpu` (cores): what `free` and `demand` count.
+    pub unit: &'static str,
+    pub demand: f64,
+    pub weights: RegionWeightsConfig,
+    pub candidates: Vec<RegionCandidate>,
+}
+
+/// Relative weight of carbon, price and free capacity in `"region": "auto"`; only the
+/// ratios matter (see [`carbon::choose_region`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RegionWeightsConfig {
+    pub carbon: f64,
+    pub price: f64,
+    pub capacity: f64,
+}
+
+impl Default for RegionWeightsConfig {
+    /// Carbon first, then price, with some weight on headroom.
+    fn default() -> Self {
+        RegionWeightsConfig {
+            carbon: 0.6,
+            price: 0.3,
+            capacity: 0.1,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct JobView {
     pub name: String,
     pub tenant: String,
     pub region: String,
-    /// `pending`, `running` (placed; resources held) or `terminating` (preempted,
-    /// within its grace period).
+    /// `deferred` (waiting for a lower-carbon hour, not queued yet), `pending`,
+    /// `running` (placed; resources held) or `terminating` (preempted, within its grace
+    /// period).
     pub state: &'static str,
     pub priority: u32,
     pub preemptible: bool,
@@ -189,7 +286,58 @@ pub struct JobView {
     pub grace_deadline_unix: Option<u64>,
     /// Times it lost its resources (preemption or node loss) and waited again.
     pub requeues: u32,
+    /// For a job with a deadline: its carbon plan.
+    pub deferral: Option<DeferralView>,
+    /// For a job submitted with `"region": "auto"`: how this region was chosen.
+    pub region_choice: Option<RegionChoiceView>,
     pub spec: JobSpec,
+}
+
+/// One hour of a region's grid outlook.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GridHourView {
+    pub unix: u64,
+    pub carbon_g_per_kwh: f64,
+    /// A measurement (else the forecast).
+    pub measured: bool,
+    pub price_per_mwh: Option<f64>,
+}
+
+/// `GET /v1/regions/{name}/grid`: what the region's carbon decisions see.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GridView {
+    pub region: String,
+    pub carbon_zone: Option<String>,
+    /// `fresh`, `stale` (newest measurement too old: jobs do not wait) or `none`.
+    pub signal: &'static str,
+    pub note: Option<String>,
+    pub measured_hours: usize,
+    pub latest_measured_unix: Option<u64>,
+    /// From the current hour on (72 h), measured where pushed, forecast otherwise.
+    pub outlook: Vec<GridHourView>,
+    pub deferred_jobs: usize,
+}
+
+/// `PUT /v1/regions/{name}/grid`: what the push kept.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GridPushView {
+    pub kept: usize,
+    /// Points older than the 90 days a region keeps, not stored.
+    pub too_old: usize,
+    pub grid: GridView,
+}
+
+/// What one region can offer a job, for `"region": "auto"`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobOffer {
+    pub region: String,
+    /// Why this region could never take the job (its pools lack what it asks for).
+    pub unfit: Option<String>,
+    pub unit: &'static str,
+    pub demand: f64,
+    pub free: f64,
+    /// The job's greenest window there (start hour, carbon, price), or why none.
+    pub window: Result<(u64, f64, f64), String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -231,6 +379,16 @@ pub enum SchedEvent {
     Requeued {
         job: String,
     },
+    /// A deferrable job was submitted and waits for a lower-carbon hour.
+    Deferred {
+        job: String,
+        reason: String,
+    },
+    /// A deferrable job left its wait and joined the queue.
+    Released {
+        job: String,
+        reason: String,
+    },
 }
 
 struct Slot {
@@ -252,6 +410,16 @@ struct JobMeta {
     started_unix: Option<u64>,
     preempted_by: Option<JobId>,
     requeues: u32,
+    /// A deferrable job's plan, and the queue job it becomes when released.
+    deferral: Option<Deferred>,
+    region_choice: Option<RegionChoiceView>,
+}
+
+struct Deferred {
+    plan: Deferral,
+    /// Held out of the queue while `Some`.
+    held: Option<Job>,
+    view: DeferralView,
 }
 
 /// A node template for `pool`, from its built-in firmware profile, and the name of its
@@ -360,6 +528,10 @@ fn default_typical() -> TypicalPods {
 
 pub struct RegionScheduler {
     region: String,
+    carbon_zone: Option<String>,
+    grid: GridSeries,
+    /// One empty, up node per pool: what a job could ever fit on here.
+    templates: Cluster,
     cluster: Cluster,
     queue: Queue,
     slots: Vec<Slot>,
@@ -381,6 +553,7 @@ impl RegionScheduler {
         let mut gpu_models: Vec<String> = Vec::new();
         let mut nodes = Vec::new();
         let mut slots = Vec::new();
+        let mut templates = Vec::new();
         for pool in &region.pools {
             let (template, model) = node_spec(&region.name, pool)?;
             let interned = model.as_ref().map(|m| {
@@ -389,6 +562,10 @@ impl RegionScheduler {
                     gpu_models.len() - 1
                 }) as u16
             });
+            let mut shape = template.clone();
+            shape.name = pool.name.clone();
+            shape.gpu_model = interned;
+            templates.push(shape);
             for index in 0..pool.max_nodes {
                 let mut spec = template.clone();
                 spec.name = format!("{}-{index}", pool.name);
@@ -439,6 +616,9 @@ impl RegionScheduler {
         };
         Ok(RegionScheduler {
             region: region.name.clone(),
+            carbon_zone: region.carbon_zone.clone(),
+            grid: GridSeries::default(),
+            templates: Cluster::new(templates),
             cluster,
             tenants: tenant_list.iter().map(|t| t.name.clone()).collect(),
             queue: Queue::new(queue_config, tenant_list, default_typical()),
@@ -604,11 +784,22 @@ impl RegionScheduler {
     }
 
     /// Queues a job for `tenant` and runs one scheduling pass, so the answer already
-    /// says where it went or why not.
+    /// says where it went or why not. A job with a deadline may be held as `deferred`.
     pub fn submit(
         &mut self,
         tenant: &str,
+        spec: JobSpec,
+        now: u64,
+    ) -> Result<(JobView, Vec<SchedEvent>), SchedError> {
+        self.submit_chosen(tenant, spec, None, now)
+    }
+
+    /// [`Self::submit`] for a job whose region was chosen by [`choose_region_for`].
+    pub fn submit_chosen(
+        &mut self,
+        tenant: &str,
         mut spec: JobSpec,
+        region_choice: Option<RegionChoiceView>,
         now: u64,
     ) -> Result<(JobView, Vec<SchedEvent>), SchedError> {
         nephele_domain::validate_name("job", &spec.name).map_err(SchedError::BadRequest)?;
@@ -659,9 +850,18 @@ impl RegionScheduler {
                 .preemptible
                 .unwrap_or(priority < PriorityClass::Production.priority()),
         };
-        self.queue
-            .submit(job)
-            .map_err(|e| SchedError::BadRequest(e.to_string()))?;
+        let deferral = match spec.deadline_unix {
+            None => None,
+            Some(deadline) => Some(self.plan_deferral(&spec, deadline, now)?),
+        };
+        let held = if deferral.is_some() {
+            Some(job)
+        } else {
+            self.queue
+                .submit(job)
+                .map_err(|e| SchedError::BadRequest(e.to_string()))?;
+            None
+        };
         self.by_name.insert(key, id);
         self.jobs.insert(
             id,
@@ -673,13 +873,269 @@ impl RegionScheduler {
                 started_unix: None,
                 preempted_by: None,
                 requeues: 0,
+                deferral: deferral.map(|(plan, view)| Deferred { plan, held, view }),
+                region_choice,
             },
         );
-        let events = self.tick(now);
+        let mut events = self.tick(now);
+        if let Some(deferred) = self.jobs.get(&id).and_then(|m| m.deferral.as_ref()) {
+            if deferred.held.is_some() {
+                events.push(SchedEvent::Deferred {
+                    job: self.qualified(id),
+                    reason: deferred.view.reason.clone(),
+                });
+            }
+        }
         let view = self
             .view_of(id)
             .ok_or_else(|| SchedError::NotFound("the job vanished during its first pass".into()))?;
         Ok((view, events))
+    }
+
+    /// Checks a deadline and plans the wait; the first decision is the next tick's.
+    fn plan_deferral(
+        &mut self,
+        spec: &JobSpec,
+        deadline: u64,
+        now: u64,
+    ) -> Result<(Deferral, DeferralView), SchedError> {
+        let bad = |m: String| Err(SchedError::BadRequest(m));
+        let Some(runtime) = spec.expected_runtime_s.filter(|r| *r > 0) else {
+            return bad(
+                "deadline_unix needs expected_runtime_s (> 0): the runtime decides when the job must start"
+                    .into(),
+            );
+        };
+        let Some(plan) = Deferral::new(runtime, deadline).filter(|p| p.latest_start >= now) else {
+            return bad(format!(
+                "deadline_unix {deadline} leaves less than expected_runtime_s ({runtime} s) after now ({now})"
+            ));
+        };
+        if deadline - now > MAX_DEFER_S {
+            return bad(format!(
+                "deadline_unix {deadline} is more than {} days away",
+                MAX_DEFER_S / 86_400
+            ));
+        }
+        let carbon_at_submit = self
+            .grid
+            .best_window(now, None, plan.duration_hours)
+            .ok()
+            .map(|w| w.carbon);
+        let view = DeferralView {
+            deadline_unix: deadline,
+            latest_start_unix: plan.latest_start,
+            state: "waiting",
+            reason: "not decided yet".into(),
+            carbon_at_submit,
+            carbon_now: carbon_at_submit,
+            best_start_unix: None,
+            best_carbon: None,
+            released_unix: None,
+        };
+        Ok((plan, view))
+    }
+
+    /// This hour's start-or-wait decision for every held job; released ones join the
+    /// queue with `now` as their submission time.
+    fn release_deferred(&mut self, now: u64) -> Vec<SchedEvent> {
+        let mut events = Vec::new();
+        let held: Vec<JobId> = self
+            .jobs
+            .iter()
+            .filter(|(_, m)| m.deferral.as_ref().is_some_and(|d| d.held.is_some()))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in held {
+            let Some(meta) = self.jobs.get_mut(&id) else {
+                continue;
+            };
+            let name = format!("{}/{}", self.tenants[meta.tenant], meta.name);
+            let Some(deferred) = meta.deferral.as_mut() else {
+                continue;
+            };
+            let view = &mut deferred.view;
+            match self.grid.decide(now, &deferred.plan) {
+                DeferDecision::Wait {
+                    now_carbon,
+                    best_hour,
+                    best_carbon,
+                } => {
+                    view.carbon_now = Some(now_carbon);
+                    view.best_start_unix = Some(best_hour * HOUR_S);
+                    view.best_carbon = Some(best_carbon);
+                    view.reason = format!(
+                        "waiting for a lower-carbon hour: {now_carbon:.0} g/kWh if it started now, {best_carbon:.0} forecast from {}",
+                        utc_hour(best_hour)
+                    );
+                }
+                DeferDecision::Start(reason) => {
+                    let Some(mut job) = deferred.held.take() else {
+                        continue;
+                    };
+                    job.submit = now;
+                    view.carbon_now = self
+                        .grid
+                        .best_window(now, None, deferred.plan.duration_hours)
+                        .ok()
+                        .map(|w| w.carbon);
+                    view.reason = match reason {
+                        StartReason::LatestStart => {
+                            "released at its latest start: any later would miss the deadline"
+                                .to_string()
+                        }
+                        StartReason::NoSignal(why) => format!("released without waiting: {why}"),
+                        StartReason::LowestNow { carbon } => format!(
+                            "released: no later window is forecast below this one ({carbon:.0} g/kWh)"
+                        ),
+                    };
+                    if let Err(error) = self.queue.submit(job.clone()) {
+                        // Cannot happen for a fresh id; keep it held rather than lose it.
+                        view.reason = format!("could not queue it ({error}); retrying");
+                        deferred.held = Some(job);
+                        continue;
+                    }
+                    view.state = "released";
+                    view.released_unix = Some(now);
+                    view.best_start_unix = None;
+                    view.best_carbon = None;
+                    events.push(SchedEvent::Released {
+                        job: name,
+                        reason: view.reason.clone(),
+                    });
+                }
+            }
+        }
+        events
+    }
+
+    /// Stores grid measurements (all or none) and re-decides the held jobs.
+    pub fn push_grid(
+        &mut self,
+        points: &[GridPoint],
+        now: u64,
+    ) -> Result<(GridPushView, Vec<SchedEvent>), SchedError> {
+        let ingested = self
+            .grid
+            .ingest(points, now)
+            .map_err(|e: GridError| SchedError::BadRequest(e.to_string()))?;
+        let events = self.tick(now);
+        Ok((
+            GridPushView {
+                kept: ingested.kept,
+                too_old: ingested.too_old,
+                grid: self.grid_view(now),
+            },
+            events,
+        ))
+    }
+
+    /// The grid signal as the carbon decisions see it at `now`.
+    pub fn grid_view(&mut self, now: u64) -> GridView {
+        let deferred_jobs = self
+            .jobs
+            .values()
+            .filter(|m| m.deferral.as_ref().is_some_and(|d| d.held.is_some()))
+            .count();
+        let (signal, note, outlook) = match self.grid.outlook(now) {
+            Ok(outlook) => (
+                "fresh",
+                None,
+                (0..outlook.carbon.len())
+                    .map(|i| GridHourView {
+                        unix: (outlook.from_hour + i as u64) * HOUR_S,
+                        carbon_g_per_kwh: outlook.carbon[i],
+                        measured: outlook.measured[i],
+                        price_per_mwh: Some(outlook.price[i]).filter(|p| p.is_finite()),
+                    })
+                    .collect(),
+            ),
+            Err(why @ NoOutlook::NoData) => (
+                "none",
+                Some(format!(
+                    "{why}: push measurements with `nephele grid push {}` (PUT /v1/regions/{}/grid); until then deferrable jobs start at once",
+                    self.region, self.region
+                )),
+                Vec::new(),
+            ),
+            Err(why @ NoOutlook::Stale { .. }) => (
+                "stale",
+                Some(format!(
+                    "{why}: deferrable jobs start at once until the feed catches up"
+                )),
+                Vec::new(),
+            ),
+        };
+        GridView {
+            region: self.region.clone(),
+            carbon_zone: self.carbon_zone.clone(),
+            signal,
+            note,
+            measured_hours: self.grid.measured_hours(),
+            latest_measured_unix: self.grid.latest_measured().map(|h| h * HOUR_S),
+            outlook,
+            deferred_jobs,
+        }
+    }
+
+    /// What this region offers `spec` for `"region": "auto"`: whether it could ever
+    /// take it, its free capacity, and the job's greenest window here.
+    pub fn offer(&mut self, spec: &JobSpec, now: u64) -> JobOffer {
+        let members = f64::from(spec.members.max(1));
+        let gpu_job = spec.gpus > 0 || spec.mig_profile.is_some();
+        let per_member =
+            if let Some(profile) = spec.mig_profile.as_deref().and_then(MigProfile::parse) {
+                f64::from(profile.milli()) / 1000.0
+            } else if spec.gpus > 0 {
+                f64::from(spec.gpus) * f64::from(spec.gpu_milli.unwrap_or(1000)) / 1000.0
+            } else {
+                spec.cpu_milli as f64 / 1000.0
+            };
+        let free = self
+            .cluster
+            .state
+            .iter()
+            .filter(|state| state.up)
+            .map(|state| {
+                if gpu_job {
+                    state.gpu_left.iter().map(|m| f64::from(*m)).sum::<f64>() / 1000.0
+                } else {
+                    state.cpu_left as f64 / 1000.0
+                }
+            })
+            // Not `sum()`: an empty f64 sum is -0.0.
+            .fold(0.0, |total, free| total + free);
+        let unfit = match self.pod_of(spec) {
+            Err(error) => Some(error.to_string()),
+            Ok(_) if self.slots.is_empty() => Some(format!("region {} has no pools", self.region)),
+            Ok(pod) => (!(0..self.templates.nodes.len())
+                .any(|i| self.templates.check(i, &pod).is_ok()))
+            .then(|| {
+                format!(
+                    "no pool of region {} has nodes that fit one member",
+                    self.region
+                )
+            }),
+        };
+        let duration = spec
+            .expected_runtime_s
+            .map_or(1, |r| r.div_ceil(HOUR_S).max(1) as usize);
+        let latest = spec
+            .deadline_unix
+            .and_then(|d| d.checked_sub(spec.expected_runtime_s.unwrap_or(0)));
+        let window = self
+            .grid
+            .best_window(now, latest, duration)
+            .map(|w| (w.start_hour * HOUR_S, w.carbon, w.price))
+            .map_err(|why| why.to_string());
+        JobOffer {
+            region: self.region.clone(),
+            unfit,
+            unit: if gpu_job { "gpu" } else { "cpu" },
+            demand: per_member * members,
+            free,
+            window,
+        }
     }
 
     fn lookup(&self, tenant: &str, name: &str) -> Result<JobId, SchedError> {
@@ -715,10 +1171,11 @@ impl RegionScheduler {
         Ok((view, events))
     }
 
-    /// One scheduling pass at `now` (unix seconds).
+    /// One scheduling pass at `now` (unix seconds): held jobs whose hour has come join
+    /// the queue, then the queue runs.
     pub fn tick(&mut self, now: u64) -> Vec<SchedEvent> {
+        let mut events = self.release_deferred(now);
         let effects = self.queue.tick(&mut self.cluster, now);
-        let mut events = Vec::new();
         for effect in effects {
             match effect {
                 Effect::Bind { job, bindings } => {
@@ -875,6 +1332,27 @@ impl RegionScheduler {
 
     fn view_of(&self, id: JobId) -> Option<JobView> {
         let meta = self.jobs.get(&id)?;
+        let deferral = meta.deferral.as_ref().map(|d| d.view.clone());
+        if let Some(job) = meta.deferral.as_ref().and_then(|d| d.held.as_ref()) {
+            return Some(JobView {
+                name: meta.name.clone(),
+                tenant: self.tenants[meta.tenant].clone(),
+                region: self.region.clone(),
+                state: "deferred",
+                priority: job.priority,
+                preemptible: job.preemptible,
+                submitted_unix: meta.submitted_unix,
+                started_unix: None,
+                placement: Vec::new(),
+                why_pending: None,
+                preempted_by: None,
+                grace_deadline_unix: None,
+                requeues: meta.requeues,
+                deferral,
+                region_choice: meta.region_choice.clone(),
+                spec: meta.spec.clone(),
+            });
+        }
         let job = self.queue.job(id)?;
         let state = self.queue.state(id)?;
         let (name, placement, grace) = match state {
@@ -899,6 +1377,8 @@ impl RegionScheduler {
             preempted_by: grace.and(meta.preempted_by).map(|by| self.qualified(by)),
             grace_deadline_unix: grace,
             requeues: meta.requeues,
+            deferral,
+            region_choice: meta.region_choice.clone(),
             spec: meta.spec.clone(),
         })
     }
@@ -971,6 +1451,136 @@ impl RegionScheduler {
     pub fn accounting_holds(&self) -> bool {
         self.cluster.accounting_holds()
     }
+}
+
+/// Chooses a region for a job from every region's [`JobOffer`] (spatial shifting).
+///
+/// Regions that could never take the job are left out. Among the rest, those with a
+/// fresh grid signal are ranked by [`carbon::choose_region`] on the carbon of the job's
+/// greenest window within its deadline, price (only when every candidate has one) and
+/// free capacity; regions without a signal are not compared on carbon, so they are
+/// chosen only when no region has one, and then by free capacity alone. When no region
+/// has the free capacity now, the job is queued where carbon and price are best.
+pub fn choose_region_for(
+    offers: &[JobOffer],
+    weights: RegionWeightsConfig,
+) -> Result<RegionChoiceView, SchedError> {
+    let fit: Vec<&JobOffer> = offers.iter().filter(|o| o.unfit.is_none()).collect();
+    if fit.is_empty() {
+        let why: Vec<String> = offers
+            .iter()
+            .map(|o| format!("{}: {}", o.region, o.unfit.as_deref().unwrap_or("?")))
+            .collect();
+        return Err(SchedError::BadRequest(format!(
+            "no region can take this job ({})",
+            if why.is_empty() {
+                "no regions".to_string()
+            } else {
+                why.join("; ")
+            }
+        )));
+    }
+    let signalled: Vec<&JobOffer> = fit.iter().copied().filter(|o| o.window.is_ok()).collect();
+    let use_carbon = !signalled.is_empty();
+    let pool = if use_carbon { signalled } else { fit };
+    let priced = use_carbon
+        && pool
+            .iter()
+            .all(|o| o.window.as_ref().is_ok_and(|w| w.2.is_finite()));
+    let inputs: Vec<RegionOffer> = pool
+        .iter()
+        .map(|o| {
+            let (carbon, price) = match &o.window {
+                Ok((_, carbon, price)) if use_carbon => {
+                    (*carbon, if priced { *price } else { 0.0 })
+                }
+                _ => (0.0, 0.0),
+            };
+            RegionOffer {
+                name: o.region.clone(),
+                carbon_forecast: vec![carbon],
+                price,
+                free_capacity: o.free,
+            }
+        })
+        .collect();
+    let clean = |w: f64| if w.is_finite() && w > 0.0 { w } else { 0.0 };
+    let used = RegionWeights {
+        carbon: if use_carbon {
+            clean(weights.carbon)
+        } else {
+            0.0
+        },
+        price: if priced { clean(weights.price) } else { 0.0 },
+        capacity: clean(weights.capacity),
+    };
+    let demand = pool.first().map_or(0.0, |o| o.demand);
+    let mut ranking = carbon::choose_region(&inputs, demand, used);
+    let mut full = false;
+    if ranking.ranked.is_empty() {
+        full = true;
+        ranking = carbon::choose_region(&inputs, 0.0, used);
+    }
+    let best = ranking
+        .ranked
+        .first()
+        .ok_or_else(|| SchedError::BadRequest("no region could be ranked for this job".into()))?;
+    let chosen = pool[best.index];
+    let mut reason = match (&chosen.window, use_carbon) {
+        (Ok((start, carbon, _)), true) => format!(
+            "lowest score {:.2} of {}: {carbon:.0} g/kWh for its greenest window (from {})",
+            best.score,
+            inputs.len(),
+            utc_hour(start / HOUR_S)
+        ),
+        _ => "no region has a grid signal: chosen by free capacity".to_string(),
+    };
+    if full {
+        reason.push_str(
+            "; no region has the free capacity now, so it queues where carbon and price are best",
+        );
+    }
+    let candidates = offers
+        .iter()
+        .map(|o| {
+            let index = pool.iter().position(|p| std::ptr::eq(*p, o));
+            let ranked = index.and_then(|i| ranking.ranked.iter().find(|r| r.index == i));
+            let excluded = if let Some(why) = &o.unfit {
+                Some(why.clone())
+            } else if let Err(why) = &o.window {
+                Some(if use_carbon {
+                    format!("no grid signal ({why}), so it cannot be compared on carbon")
+                } else {
+                    format!("no grid signal ({why})")
+                })
+            } else {
+                index
+                    .and_then(|i| ranking.excluded.iter().find(|(e, _)| *e == i))
+                    .map(|(_, why)| match why {
+                        Excluded::NoCapacity => "not enough free capacity now".to_string(),
+                        Excluded::BadInput => "no usable carbon or price figure".to_string(),
+                    })
+            };
+            let window = o.window.as_ref().ok();
+            RegionCandidate {
+                region: o.region.clone(),
+                score: ranked.map(|r| r.score),
+                carbon_g_per_kwh: window.map(|w| w.1),
+                best_start_unix: window.map(|w| w.0),
+                price_per_mwh: window.map(|w| w.2).filter(|p| p.is_finite()),
+                free: o.free,
+                excluded: if ranked.is_some() { None } else { excluded },
+            }
+        })
+        .collect();
+    Ok(RegionChoiceView {
+        chosen: chosen.region.clone(),
+        reason,
+        unit: chosen.unit,
+        demand,
+        weights,
+        candidates,
+    })
 }
 
 #[cfg(test)]
@@ -1247,6 +1857,256 @@ mod tests {
             .contains("1g.10gb"));
     }
 
+    /// Lowest at 03:00 UTC, highest at 15:00 (gCO₂eq/kWh), plus `level`.
+    fn cycle(hour: u64, level: f64) -> f64 {
+        level + 200.0 - 100.0 * (((hour % 24) as f64 - 3.0) / 24.0 * std::f64::consts::TAU).cos()
+    }
+
+    /// 30 days of measurements ending with the hour of `now`.
+    fn feed(s: &mut RegionScheduler, now: u64, level: f64) {
+        let end = now / HOUR_S;
+        let points: Vec<GridPoint> = (end - 30 * 24 + 1..=end)
+            .map(|hour| GridPoint {
+                hour,
+                carbon: Some(cycle(hour, level)),
+                price: Some(40.0),
+            })
+            .collect();
+        s.push_grid(&points, now).expect("valid push");
+    }
+
+    /// 2023-11-14 16:00 UTC: the next trough is 11 hours away.
+    const NOW: u64 = 1_699_977_600 + 60;
+
+    #[test]
+    fn a_deferrable_job_waits_for_the_greener_hour_and_never_past_its_latest_start() {
+        let mut s = scheduler(1);
+        s.agent_joined("pool-a", "gpu-4x-l4");
+        feed(&mut s, NOW, 0.0);
+        let trough = (NOW / HOUR_S..NOW / HOUR_S + 24)
+            .find(|h| h % 24 == 3)
+            .expect("a 03:00");
+        let body = |name: &str, deadline: u64| {
+            spec(serde_json::json!({
+                "name": name, "gpus": 1, "expected_runtime_s": 3600, "deadline_unix": deadline
+            }))
+        };
+        let (view, events) = s
+            .submit("alpha", body("night", NOW + 20 * HOUR_S), NOW)
+            .expect("accepted");
+        assert_eq!(view.state, "deferred");
+        let plan = view.deferral.expect("a plan");
+        assert_eq!(plan.state, "waiting");
+        assert_eq!(plan.latest_start_unix, NOW + 19 * HOUR_S);
+        assert_eq!(plan.best_start_unix, Some(trough * HOUR_S));
+        assert!(plan.best_carbon.expect("best") < plan.carbon_now.expect("now"));
+        assert!(plan.reason.contains("lower-carbon hour"), "{}", plan.reason);
+        assert!(matches!(&events[..], [SchedEvent::Deferred { job, .. }] if job == "alpha/night"));
+        assert!(view.placement.is_empty() && s.nodes()[0].jobs.is_empty());
+        // A job without a deadline is not held.
+        let (now_job, _) = s
+            .submit(
+                "alpha",
+                spec(serde_json::json!({"name": "now", "gpus": 1})),
+                NOW,
+            )
+            .expect("accepted");
+        assert_eq!(now_job.state, "running");
+        // Its latest start falls within this hour: it goes at once, whatever the forecast.
+        let (tight, _) = s
+            .submit("alpha", body("tight", NOW + 3600 + 1200), NOW)
+            .expect("accepted");
+        assert_eq!(tight.state, "running");
+        let plan = tight.deferral.expect("a plan");
+        assert_eq!(plan.state, "released");
+        assert!(plan.reason.contains("latest start"), "{}", plan.reason);
+        // Hour by hour, with the feed's measurement of each hour, it waits for 03:00.
+        let mut hour = NOW / HOUR_S;
+        while hour < trough {
+            hour += 1;
+            let now = hour * HOUR_S + 30;
+            s.push_grid(
+                &[GridPoint {
+                    hour,
+                    carbon: Some(cycle(hour, 0.0)),
+                    price: None,
+                }],
+                now,
+            )
+            .expect("valid push");
+            let state = s.get("alpha", "night").expect("exists").state;
+            if hour < trough {
+                assert_eq!(state, "deferred", "hour {}", hour % 24);
+            }
+        }
+        let night = s.get("alpha", "night").expect("exists");
+        assert_eq!(night.state, "running");
+        let plan = night.deferral.expect("a plan");
+        assert_eq!(plan.state, "released");
+        assert_eq!(plan.released_unix, Some(trough * HOUR_S + 30));
+        assert!(plan.carbon_now.expect("now") < plan.carbon_at_submit.expect("then"));
+        assert!(s.accounting_holds());
+    }
+
+    #[test]
+    fn deadlines_are_checked_and_no_signal_means_no_wait() {
+        let mut s = scheduler(1);
+        s.agent_joined("pool-a", "gpu-4x-l4");
+        for (body, expect) in [
+            (
+                serde_json::json!({"name": "x", "deadline_unix": NOW + 7200}),
+                "needs expected_runtime_s",
+            ),
+            (
+                serde_json::json!({"name": "x", "deadline_unix": NOW + 600, "expected_runtime_s": 3600}),
+                "leaves less than",
+            ),
+            (
+                serde_json::json!({"name": "x", "deadline_unix": NOW + 40 * 86_400, "expected_runtime_s": 60}),
+                "days away",
+            ),
+        ] {
+            match s.submit("alpha", spec(body.clone()), NOW) {
+                Err(SchedError::BadRequest(message)) => {
+                    assert!(message.contains(expect), "{body}: {message}")
+                }
+                other => panic!("{body}: {other:?}"),
+            }
+        }
+        let (view, _) = s
+            .submit(
+                "alpha",
+                spec(serde_json::json!({
+                    "name": "later", "expected_runtime_s": 60, "deadline_unix": NOW + 86_400
+                })),
+                NOW,
+            )
+            .expect("accepted");
+        assert_eq!(view.state, "running");
+        let plan = view.deferral.expect("a plan");
+        assert!(
+            plan.reason.contains("no carbon measurements"),
+            "{}",
+            plan.reason
+        );
+        let grid = s.grid_view(NOW);
+        assert_eq!(grid.signal, "none");
+        assert!(grid.note.expect("note").contains("nephele grid push"));
+        // A measurement from the future is refused and changes nothing.
+        let future = GridPoint {
+            hour: NOW / HOUR_S + 1,
+            carbon: Some(10.0),
+            price: None,
+        };
+        assert!(matches!(
+            s.push_grid(&[future], NOW),
+            Err(SchedError::BadRequest(m)) if m.contains("has not begun")
+        ));
+        assert_eq!(s.grid_view(NOW).measured_hours, 0);
+        // A deferred job can be deleted while it waits.
+        feed(&mut s, NOW, 0.0);
+        let (held, _) = s
+            .submit(
+                "alpha",
+                spec(serde_json::json!({
+                    "name": "held", "expected_runtime_s": 3600, "deadline_unix": NOW + 20 * HOUR_S
+                })),
+                NOW,
+            )
+            .expect("accepted");
+        assert_eq!(held.state, "deferred");
+        assert_eq!(s.grid_view(NOW).deferred_jobs, 1);
+        let (gone, _) = s.delete("alpha", "held", NOW).expect("exists");
+        assert_eq!(gone.state, "deferred");
+        assert!(s.get("alpha", "held").is_err());
+        assert_eq!(s.grid_view(NOW).deferred_jobs, 0);
+    }
+
+    fn named_region(name: &str, agents: usize) -> RegionScheduler {
+        let mut config = region(1);
+        config.name = name.into();
+        let mut s =
+            RegionScheduler::new(&config, &tenants(), &SchedulerConfig::default()).expect("valid");
+        for a in 0..agents {
+            s.agent_joined(&format!("{name}-{a}"), "gpu-4x-l4");
+        }
+        s
+    }
+
+    #[test]
+    fn auto_region_takes_the_greener_region_with_room() {
+        let job = spec(serde_json::json!({"name": "t", "gpus": 2, "expected_runtime_s": 3600}));
+        let mut green = named_region("green", 1);
+        let mut brown = named_region("brown", 1);
+        feed(&mut green, NOW, 0.0);
+        feed(&mut brown, NOW, 300.0);
+        let weights = RegionWeightsConfig::default();
+        let offers = [brown.offer(&job, NOW), green.offer(&job, NOW)];
+        assert_eq!(offers[0].unit, "gpu");
+        assert_eq!((offers[0].demand, offers[0].free), (2.0, 4.0));
+        let choice = choose_region_for(&offers, weights).expect("a region");
+        assert_eq!(choice.chosen, "green");
+        assert!(choice.reason.contains("g/kWh"), "{}", choice.reason);
+        assert!(choice.candidates.iter().all(|c| c.score.is_some()));
+        // A deadline lets the comparison use each region's greenest window.
+        let deferrable = spec(serde_json::json!({
+            "name": "t", "gpus": 2, "expected_runtime_s": 3600, "deadline_unix": NOW + 20 * HOUR_S
+        }));
+        let offer = green.offer(&deferrable, NOW);
+        let now_only = green.offer(&job, NOW);
+        assert!(offer.window.as_ref().expect("w").1 < now_only.window.as_ref().expect("w").1);
+        // No room in the green region now: the brown one, which has it.
+        let mut full_green = named_region("green", 0);
+        feed(&mut full_green, NOW, 0.0);
+        let offers = [brown.offer(&job, NOW), full_green.offer(&job, NOW)];
+        let choice = choose_region_for(&offers, weights).expect("a region");
+        assert_eq!(choice.chosen, "brown");
+        let excluded = &choice.candidates[1];
+        assert_eq!(
+            excluded.excluded.as_deref(),
+            Some("not enough free capacity now")
+        );
+        // A region without a signal is not compared on carbon.
+        let mut dark = named_region("dark", 1);
+        let offers = [dark.offer(&job, NOW), brown.offer(&job, NOW)];
+        let choice = choose_region_for(&offers, weights).expect("a region");
+        assert_eq!(choice.chosen, "brown");
+        assert!(choice.candidates[0]
+            .excluded
+            .as_deref()
+            .expect("excluded")
+            .contains("no grid signal"));
+        // Without any signal it goes by free capacity alone.
+        let mut empty = named_region("empty", 0);
+        let offers = [empty.offer(&job, NOW), dark.offer(&job, NOW)];
+        let choice = choose_region_for(&offers, weights).expect("a region");
+        assert_eq!(choice.chosen, "dark");
+        // A region whose pools cannot hold it is never chosen; none at all is a 400.
+        let huge = spec(serde_json::json!({"name": "t", "gpus": 8}));
+        let offers = [green.offer(&huge, NOW)];
+        assert!(offers[0].unfit.is_some());
+        assert!(matches!(
+            choose_region_for(&offers, weights),
+            Err(SchedError::BadRequest(m)) if m.contains("no region can take")
+        ));
+        // And the chosen region records how.
+        let (view, _) = green
+            .submit_chosen("alpha", job.clone(), Some(choice_for_test()), NOW)
+            .expect("accepted");
+        assert_eq!(view.region_choice.expect("recorded").chosen, "green");
+    }
+
+    fn choice_for_test() -> RegionChoiceView {
+        RegionChoiceView {
+            chosen: "green".into(),
+            reason: "test".into(),
+            unit: "gpu",
+            demand: 2.0,
+            weights: RegionWeightsConfig::default(),
+            candidates: Vec::new(),
+        }
+    }
+
     #[derive(Debug, Clone)]
     enum Op {
         Join(usize),
@@ -1260,6 +2120,10 @@ mod tests {
         },
         Delete(usize),
         Tick(u64),
+        /// A measurement for the current hour.
+        Grid(u16),
+        /// A job that may wait up to this many hours.
+        Deferrable(u8),
     }
 
     fn op() -> impl proptest::strategy::Strategy<Value = Op> {
@@ -1272,6 +2136,9 @@ mod tests {
             ),
             1 => (0usize..30).prop_map(Op::Delete),
             2 => (1u64..20).prop_map(Op::Tick),
+            1 => (1u64..7200).prop_map(Op::Tick),
+            1 => (0u16..800).prop_map(Op::Grid),
+            1 => (0u8..10).prop_map(Op::Deferrable),
         ]
     }
 
@@ -1309,6 +2176,20 @@ mod tests {
                         }
                     }
                     Op::Tick(dt) => { now += dt; s.tick(now); }
+                    Op::Grid(value) => {
+                        let point = GridPoint { hour: now / HOUR_S, carbon: Some(f64::from(value)), price: None };
+                        s.push_grid(&[point], now).expect("valid measurement");
+                    }
+                    Op::Deferrable(hours) => {
+                        let body = serde_json::json!({
+                            "name": format!("j{submitted}"),
+                            "gpus": 1,
+                            "expected_runtime_s": 1800,
+                            "deadline_unix": now + 1800 + u64::from(hours) * HOUR_S,
+                        });
+                        s.submit("alpha", spec(body), now).expect("valid job");
+                        submitted += 1;
+                    }
                 }
                 proptest::prop_assert!(s.accounting_holds());
                 let nodes = s.nodes();
@@ -1316,6 +2197,12 @@ mod tests {
                 for job in &jobs {
                     match job.state {
                         "pending" => proptest::prop_assert!(job.placement.is_empty() && job.why_pending.is_some()),
+                        // Held out of the queue, and never past its latest start.
+                        "deferred" => {
+                            proptest::prop_assert!(job.placement.is_empty());
+                            let plan = job.deferral.as_ref().expect("a plan");
+                            proptest::prop_assert!(plan.latest_start_unix > now, "held past its latest start");
+                        }
                         _ => {
                             proptest::prop_assert_eq!(job.placement.len(), usize::from(job.spec.members));
                             for member in &job.placement {

@@ -207,9 +207,16 @@ fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
-/// Hours since 1970 of `YYYY-MM-DD HH:MM:SS[+00:00]` (UTC); minutes are dropped, so
-/// IN-WE's half-hour prices count for the hour that holds them.
-fn parse_utc_hour(text: &str) -> Option<i64> {
+/// `YYYY-MM-DD HH:00` (UTC) of an hour since 1970 (0 for earlier hours).
+pub fn format_utc_hour(hour: i64) -> String {
+    nephele_placement::grid::utc_hour(u64::try_from(hour).unwrap_or(0))
+        .trim_end_matches(" UTC")
+        .to_string()
+}
+
+/// Hours since 1970 of `YYYY-MM-DD HH:MM:SS[+00:00]` or `YYYY-MM-DDTHH:MM[Z]` (UTC);
+/// minutes are dropped, so IN-WE's half-hour prices count for the hour that holds them.
+pub fn parse_utc_hour(text: &str) -> Option<i64> {
     let text = text.trim();
     let number = |range: std::ops::Range<usize>| text.get(range)?.parse::<i64>().ok();
     let (year, month, day, hour) = (
@@ -221,13 +228,16 @@ fn parse_utc_hour(text: &str) -> Option<i64> {
     if text.get(4..5)? != "-" || !(1..=12).contains(&month) || !(1..=31).contains(&day) {
         return None;
     }
+    if !matches!(text.get(10..11)?, " " | "T") {
+        return None;
+    }
     if !(0..24).contains(&hour) {
         return None;
     }
-    if let Some(offset) = text.get(19..) {
-        if !offset.is_empty() && offset != "+00:00" && offset != "Z" {
-            return None;
-        }
+    let rest = text.get(13..).unwrap_or("");
+    let offset = rest.trim_start_matches(|c: char| c == ':' || c.is_ascii_digit());
+    if !offset.is_empty() && offset != "+00:00" && offset != "Z" {
+        return None;
     }
     Some(days_from_civil(year, month, day) * 24 + hour)
 }
@@ -346,17 +356,56 @@ fn load_hourly(
     Ok(series)
 }
 
+/// What an hourly grid file holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GridColumn {
+    /// Electricity Maps' `Carbon Intensity gCO₂eq/kWh (direct)`.
+    Carbon,
+    /// `Price (USD/MWh)`.
+    Price,
+}
+
+fn is_carbon_column(header: &str) -> bool {
+    header.starts_with("Carbon Intensity") && header.ends_with("(direct)")
+}
+
+/// One hourly file in the format of `../shared/data` (Electricity Maps carbon, or
+/// GreenDCC prices), whichever its header says.
+pub fn load_grid_file(path: &Path) -> Result<(GridColumn, HourlySeries)> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let header = text.lines().next().unwrap_or("");
+    let zone = path
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .and_then(|s| s.split('_').next())
+        .unwrap_or("?")
+        .to_string();
+    let headers: Vec<&str> = header.split(',').map(str::trim).collect();
+    if headers.iter().any(|h| is_carbon_column(h)) {
+        Ok((
+            GridColumn::Carbon,
+            load_hourly(path, &zone, is_carbon_column, Some("Data Estimated"))?,
+        ))
+    } else if headers.contains(&"Price (USD/MWh)") {
+        Ok((
+            GridColumn::Price,
+            load_hourly(path, &zone, |h| h == "Price (USD/MWh)", None)?,
+        ))
+    } else {
+        bail!(
+            "{}: no `Carbon Intensity gCO₂eq/kWh (direct)` or `Price (USD/MWh)` column in its header",
+            path.display()
+        )
+    }
+}
+
 /// `carbon-intensity-hourly-2023/<zone>_2023_hourly.csv`, direct intensity (gCO₂eq/kWh).
 pub fn load_carbon(data: &Path, zone: &str) -> Result<HourlySeries> {
     let path = data
         .join("carbon-intensity-hourly-2023")
         .join(format!("{zone}_2023_hourly.csv"));
-    load_hourly(
-        &path,
-        zone,
-        |h| h.starts_with("Carbon Intensity") && h.ends_with("(direct)"),
-        Some("Data Estimated"),
-    )
+    load_hourly(&path, zone, is_carbon_column, Some("Data Estimated"))
 }
 
 /// `electricity-prices-hourly-2023/<zone>_electricity_prices_2023.csv` (USD/MWh).
@@ -421,6 +470,43 @@ mod tests {
         assert_eq!(parse_utc_hour("2024-01-01 00:00:00"), Some(start + 8760));
         assert_eq!(parse_utc_hour("2023-01-01 01:00:00+01:00"), None);
         assert_eq!(parse_utc_hour("garbage"), None);
+        assert_eq!(parse_utc_hour("2023-07-01T12:00Z"), Some(start + 4356));
+        assert_eq!(parse_utc_hour("2023-07-01T12"), Some(start + 4356));
+        assert_eq!(parse_utc_hour("2023-07-01X12:00"), None);
+        for hour in [start, start + 4356, start + 8759, 0, 24 * 366 * 60 + 5] {
+            assert_eq!(parse_utc_hour(&format_utc_hour(hour)), Some(hour), "{hour}");
+        }
+        assert_eq!(format_utc_hour(start + 4356), "2023-07-01 12:00");
+    }
+
+    #[test]
+    fn grid_files_are_told_apart_by_their_header() {
+        let dir = std::env::temp_dir().join(format!("nephele-gridfile-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("tmp");
+        let carbon = dir.join("XX_2023_hourly.csv");
+        std::fs::write(
+            &carbon,
+            "Datetime (UTC),Carbon Intensity gCO₂eq/kWh (direct),Data Estimated\n2023-01-01 00:00:00,10,false\n2023-01-01 01:00:00,12,false\n",
+        )
+        .expect("write");
+        let (kind, series) = load_grid_file(&carbon).expect("loads");
+        assert_eq!(
+            (kind, series.values.clone(), series.zone.as_str()),
+            (GridColumn::Carbon, vec![10.0, 12.0], "XX")
+        );
+        let price = dir.join("XX_electricity_prices_2023.csv");
+        std::fs::write(
+            &price,
+            "Datetime (UTC),Datetime (Local),Price (USD/MWh)\n2023-01-01 00:00:00+00:00,x,-3.5\n",
+        )
+        .expect("write");
+        assert_eq!(load_grid_file(&price).expect("loads").0, GridColumn::Price);
+        let other = dir.join("other.csv");
+        std::fs::write(&other, "a,b\n1,2\n").expect("write");
+        let error = load_grid_file(&other).expect_err("refused").to_string();
+        assert!(error.contains("no `Carbon Intensity"), "{error}");
+        assert!(load_grid_file(&dir.join("missing.csv")).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
 

@@ -538,11 +538,17 @@ pub enum JobCommand {
     /// in a region's scheduler; prints where it went or why it waits.
     Submit {
         name: String,
+        /// Region to queue in; `auto` lets the control plane choose by carbon, price
+        /// and free capacity.
         #[arg(long)]
         region: Option<String>,
         /// Tenant to charge (admins only; default: the token's tenant).
         #[arg(long)]
         tenant: Option<String>,
+        /// Finish within this long (`90m`, `8h`, `2d`) or by this unix second: the job
+        /// may wait for a lower-carbon hour (needs --runtime).
+        #[arg(long)]
+        deadline: Option<String>,
         /// `best-effort`, `batch`, `production`, `system` or a number.
         #[arg(long, default_value = "batch")]
         priority: String,
@@ -605,6 +611,203 @@ pub enum JobCommand {
     },
 }
 
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// `90m`, `8h`, `2d` (from `now`) or a unix second.
+fn parse_deadline(text: &str, now: u64) -> Result<u64> {
+    let text = text.trim();
+    let (number, unit) = text.split_at(
+        text.find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(text.len()),
+    );
+    let value: u64 = number
+        .parse()
+        .with_context(|| format!("--deadline {text:?}: expected 90m, 8h, 2d or a unix second"))?;
+    let seconds = match unit {
+        "" => return Ok(value),
+        "s" => value,
+        "m" => value * 60,
+        "h" => value * 3600,
+        "d" => value * 86_400,
+        _ => bail!("--deadline {text:?}: the unit must be s, m, h or d"),
+    };
+    Ok(now + seconds)
+}
+
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum GridCommand {
+    /// What a region's carbon decisions see: the signal and the next hours, measured or
+    /// forecast.
+    Show {
+        region: String,
+        /// Hours to list (up to 72).
+        #[arg(long, default_value_t = 24)]
+        hours: usize,
+    },
+    /// Push hourly measurements from files in the `../shared/data` format (Electricity
+    /// Maps carbon intensity, GreenDCC prices), as a carbon feed would.
+    Push {
+        region: String,
+        /// A carbon-intensity file (`Carbon Intensity gCO₂eq/kWh (direct)` column).
+        #[arg(long)]
+        carbon: Option<std::path::PathBuf>,
+        /// A price file (`Price (USD/MWh)` column).
+        #[arg(long)]
+        prices: Option<std::path::PathBuf>,
+        /// Replay a past series as if live: this hour of the files (UTC,
+        /// `2023-07-01T12:00`) becomes the current hour, and nothing after it is sent.
+        #[arg(long)]
+        as_of: Option<String>,
+        /// Days of history to send, ending at --as-of (or now).
+        #[arg(long, default_value_t = 60)]
+        days: u64,
+    },
+}
+
+pub fn grid(args: ApiArgs, command: GridCommand) -> Result<()> {
+    let api = Api::new(&args.api, &args.token);
+    match command {
+        GridCommand::Show { region, hours } => {
+            let value = api.get(&format!("/v1/regions/{region}/grid"))?;
+            print(args.json, &value, |v| print_grid(v, hours));
+        }
+        GridCommand::Push {
+            region,
+            carbon,
+            prices,
+            as_of,
+            days,
+        } => {
+            if carbon.is_none() && prices.is_none() {
+                bail!("nothing to push: give --carbon FILE and/or --prices FILE");
+            }
+            let now_hour = (unix_now() / 3600) as i64;
+            let anchor = match &as_of {
+                Some(text) => nephele_sim::trace::parse_utc_hour(text).with_context(|| {
+                    format!("--as-of {text:?}: expected a UTC time such as 2023-07-01T12:00")
+                })?,
+                None => now_hour,
+            };
+            let shift = now_hour - anchor;
+            let first = anchor - days.max(1) as i64 * 24 + 1;
+            let mut hours: std::collections::BTreeMap<i64, (Option<f64>, Option<f64>)> =
+                Default::default();
+            for path in carbon.iter().chain(prices.iter()) {
+                let (kind, series) = nephele_sim::trace::load_grid_file(path)?;
+                let span = (
+                    series.start_hour,
+                    series.start_hour + series.values.len() as i64 - 1,
+                );
+                let mut used = 0;
+                for (i, value) in series.values.iter().enumerate() {
+                    let hour = series.start_hour + i as i64;
+                    if hour < first || hour > anchor {
+                        continue;
+                    }
+                    let entry = hours.entry(hour + shift).or_default();
+                    match kind {
+                        nephele_sim::trace::GridColumn::Carbon => entry.0 = Some(*value),
+                        nephele_sim::trace::GridColumn::Price => entry.1 = Some(*value),
+                    }
+                    used += 1;
+                }
+                if used == 0 {
+                    bail!(
+                        "{} covers {} … {} UTC, none of it in the {days} days up to {} UTC; to replay it as if live, pass --as-of with a time inside it",
+                        path.display(),
+                        nephele_sim::trace::format_utc_hour(span.0),
+                        nephele_sim::trace::format_utc_hour(span.1),
+                        nephele_sim::trace::format_utc_hour(anchor)
+                    );
+                }
+            }
+            let points: Vec<Value> = hours
+                .iter()
+                .filter(|(hour, _)| **hour >= 0)
+                .map(|(hour, (carbon, price))| {
+                    serde_json::json!({
+                        "unix": *hour as u64 * 3600,
+                        "carbon_g_per_kwh": carbon,
+                        "price_per_mwh": price,
+                    })
+                })
+                .collect();
+            let sent = points.len();
+            let value = api.put_json(
+                &format!("/v1/regions/{region}/grid"),
+                &serde_json::json!({ "points": points }),
+            )?;
+            print(args.json, &value, |v| {
+                println!(
+                    "region {region}: sent {sent} hours ({} … {} UTC of the files{}), kept {}, {} older than the 90 days a region keeps",
+                    nephele_sim::trace::format_utc_hour(first),
+                    nephele_sim::trace::format_utc_hour(anchor),
+                    if shift != 0 { ", replayed as the hours up to now" } else { "" },
+                    s(v, "kept"),
+                    s(v, "too_old")
+                );
+                print_grid(&v["grid"], 12);
+            });
+        }
+    }
+    Ok(())
+}
+
+fn print_grid(v: &Value, hours: usize) {
+    println!(
+        "grid of region {} (zone {}): signal {}, {} hours measured, newest {}, {} deferred job(s)",
+        s(v, "region"),
+        s(v, "carbon_zone"),
+        s(v, "signal"),
+        s(v, "measured_hours"),
+        utc(&v["latest_measured_unix"]),
+        s(v, "deferred_jobs")
+    );
+    if let Some(note) = v["note"].as_str() {
+        println!("  {note}");
+    }
+    let outlook: Vec<&Value> = v["outlook"].as_array().into_iter().flatten().collect();
+    if outlook.is_empty() {
+        return;
+    }
+    println!(
+        "  {:<20} {:>12} {:<9} {:>10}",
+        "HOUR", "gCO2eq/kWh", "", "PRICE/MWh"
+    );
+    for hour in outlook.iter().take(hours.clamp(1, 72)) {
+        println!(
+            "  {:<20} {:>12.1} {:<9} {:>10}",
+            utc(&hour["unix"]),
+            hour["carbon_g_per_kwh"].as_f64().unwrap_or(f64::NAN),
+            if hour["measured"].as_bool() == Some(true) {
+                "measured"
+            } else {
+                "forecast"
+            },
+            hour["price_per_mwh"]
+                .as_f64()
+                .map_or("-".into(), |p| format!("{p:.1}"))
+        );
+    }
+    if let Some((i, best)) = outlook
+        .iter()
+        .enumerate()
+        .filter_map(|(i, h)| h["carbon_g_per_kwh"].as_f64().map(|c| (i, c)))
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+    {
+        println!(
+            "  greenest hour in the next {}: {} at {best:.1} g/kWh",
+            outlook.len(),
+            utc(&outlook[i]["unix"])
+        );
+    }
+}
+
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum RegionCommand {
     List,
@@ -664,6 +867,66 @@ fn job_nodes(job: &Value) -> String {
     }
 }
 
+/// `YYYY-MM-DD HH:00 UTC` of a unix second.
+fn utc(unix: &Value) -> String {
+    unix.as_u64().map_or("-".into(), |u| {
+        format!(
+            "{} UTC",
+            nephele_sim::trace::format_utc_hour((u / 3600) as i64)
+        )
+    })
+}
+
+fn print_carbon_plan(job: &Value) {
+    if let Some(plan) = job.get("deferral").filter(|p| !p.is_null()) {
+        println!(
+            "  carbon: {} (deadline {}, starts by {} at the latest)",
+            s(plan, "reason"),
+            utc(&plan["deadline_unix"]),
+            utc(&plan["latest_start_unix"])
+        );
+        if let (Some(then), Some(now)) = (
+            plan["carbon_at_submit"].as_f64(),
+            plan["carbon_now"].as_f64(),
+        ) {
+            if s(plan, "state") == "released" {
+                println!(
+                    "  carbon: {now:.0} g/kWh at release against {then:.0} had it started on submission ({:+.1}%)",
+                    (now - then) / then.max(1e-9) * 100.0
+                );
+            }
+        }
+    }
+    if let Some(choice) = job.get("region_choice").filter(|p| !p.is_null()) {
+        println!(
+            "  region: {} ({})",
+            s(choice, "chosen"),
+            s(choice, "reason")
+        );
+        for c in choice["candidates"].as_array().into_iter().flatten() {
+            let carbon = c["carbon_g_per_kwh"]
+                .as_f64()
+                .map_or("-".into(), |v| format!("{v:.0} g/kWh"));
+            let price = c["price_per_mwh"]
+                .as_f64()
+                .map_or("-".into(), |v| format!("{v:.1}/MWh"));
+            let verdict = match (c["score"].as_f64(), c["excluded"].as_str()) {
+                (Some(score), _) => format!("score {score:.2}"),
+                (None, Some(why)) => format!("excluded: {why}"),
+                _ => "-".into(),
+            };
+            println!(
+                "    {:<12} {:>10} {:>10} free {:>6} {}  {verdict}",
+                s(c, "region"),
+                carbon,
+                price,
+                s(c, "free"),
+                s(choice, "unit")
+            );
+        }
+    }
+}
+
 fn print_job(job: &Value) {
     println!(
         "job {}/{} in region {}: {} (priority {}, {} member(s))",
@@ -676,7 +939,9 @@ fn print_job(job: &Value) {
             .map(|m| m.to_string())
             .unwrap_or("1".into())
     );
+    print_carbon_plan(job);
     match s(job, "state").as_str() {
+        "deferred" => {}
         "pending" => {
             if let Some(why) = job.get("why_pending") {
                 println!("  not placed: {}", s(why, "message"));
@@ -705,6 +970,7 @@ pub fn job(args: ApiArgs, command: JobCommand) -> Result<()> {
             name,
             region,
             tenant,
+            deadline,
             priority,
             members,
             gpus,
@@ -741,6 +1007,9 @@ pub fn job(args: ApiArgs, command: JobCommand) -> Result<()> {
             if no_preempt {
                 body["preemptible"] = Value::Bool(false);
             }
+            if let Some(deadline) = deadline {
+                body["deadline_unix"] = Value::from(parse_deadline(&deadline, unix_now())?);
+            }
             let value = api.post("/v1/jobs", &body)?;
             print(args.json, &value, print_job);
         }
@@ -752,13 +1021,16 @@ pub fn job(args: ApiArgs, command: JobCommand) -> Result<()> {
                     "TENANT", "NAME", "REGION", "STATE", "PRIORITY", "MEMBERS"
                 );
                 for j in v.as_array().into_iter().flatten() {
-                    let detail = if s(j, "state") == "pending" {
-                        j.pointer("/why_pending/message")
+                    let why = |pointer: &str| {
+                        j.pointer(pointer)
                             .and_then(|m| m.as_str())
                             .unwrap_or("-")
                             .to_string()
-                    } else {
-                        job_nodes(j)
+                    };
+                    let detail = match s(j, "state").as_str() {
+                        "pending" => why("/why_pending/message"),
+                        "deferred" => why("/deferral/reason"),
+                        _ => job_nodes(j),
                     };
                     println!(
                         "{:<10} {:<20} {:<10} {:<12} {:>8} {:>7}  {}",
@@ -885,4 +1157,20 @@ pub fn region(args: ApiArgs, command: RegionCommand) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadlines_parse_relative_or_absolute() {
+        assert_eq!(parse_deadline("8h", 1000).expect("ok"), 1000 + 8 * 3600);
+        assert_eq!(parse_deadline("90m", 0).expect("ok"), 5400);
+        assert_eq!(parse_deadline("2d", 0).expect("ok"), 172_800);
+        assert_eq!(parse_deadline("1700000000", 5).expect("ok"), 1_700_000_000);
+        assert!(parse_deadline("8 hours", 0).is_err());
+        assert!(parse_deadline("h", 0).is_err());
+        assert!(parse_deadline("3w", 0).is_err());
+    }
 }

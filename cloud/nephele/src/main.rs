@@ -1,6 +1,6 @@
 //! `nephele`: the command line for people.
 //!
-//! It talks to the REST API (`token`, `device`, `model`, `deploy`, `job`, `region`), and it embeds both
+//! It talks to the REST API (`token`, `device`, `model`, `deploy`, `job`, `region`, `grid`), and it embeds both
 //! server roles (`nephele cloud …` = `nephele-cloud …`, `nephele edge …` =
 //! `nephele-edge …`, as k3s does) so that `nephele demo` can start a whole fleet of real
 //! processes from this one binary.
@@ -88,6 +88,14 @@ enum Command {
         #[command(subcommand)]
         command: client::RegionCommand,
     },
+    /// Each region's grid signal: carbon intensity and prices, measured and forecast
+    /// (what carbon-aware jobs plan with).
+    Grid {
+        #[command(flatten)]
+        api: client::ApiArgs,
+        #[command(subcommand)]
+        command: client::GridCommand,
+    },
 }
 
 fn main() {
@@ -104,6 +112,7 @@ fn main() {
         Command::Deploy { api, command } => client::deploy(api, command),
         Command::Job { api, command } => client::job(api, command),
         Command::Region { api, command } => client::region(api, command),
+        Command::Grid { api, command } => client::grid(api, command),
     };
     if let Err(error) = result {
         eprintln!("nephele: error: {error:#}");

@@ -53,8 +53,30 @@ pub struct InferenceArgs {
     /// Where the JSON and CSV results are written.
     #[arg(long, default_value = "target/bench-results")]
     pub out: PathBuf,
+    /// Run only these parts (repeat or comma-separate): runtime, int8, batching,
+    /// offload. Keys of the parts not run are null. Default: all.
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<Section>,
+    /// Only these models (repeat or comma-separate), e.g. ppocr-cls. Default: all.
+    #[arg(long = "model", value_delimiter = ',')]
+    pub models_only: Vec<String>,
     #[arg(long)]
     pub json: bool,
+}
+
+/// The parts of `nephele bench inference`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Section {
+    Runtime,
+    Int8,
+    Batching,
+    Offload,
+}
+
+impl InferenceArgs {
+    fn runs(&self, section: Section) -> bool {
+        self.only.is_empty() || self.only.contains(&section)
+    }
 }
 
 pub(crate) struct BenchModel {
@@ -482,7 +504,26 @@ fn batching_level(runtime: &tokio::runtime::Runtime, level: Level<'_>) -> (f64, 
 pub fn run(args: InferenceArgs) -> Result<()> {
     let started = Instant::now();
     let mut skipped = Vec::new();
-    let models = models(&args.models, &args.out, &mut skipped)?;
+    let mut models = models(&args.models, &args.out, &mut skipped)?;
+    if !args.models_only.is_empty() {
+        let known: Vec<&str> = models.iter().map(|m| m.name).collect();
+        if let Some(unknown) = args
+            .models_only
+            .iter()
+            .find(|name| !known.contains(&name.as_str()))
+        {
+            anyhow::bail!(
+                "--model {unknown}: not among the models here ({}){}",
+                known.join(", "),
+                if skipped.is_empty() {
+                    String::new()
+                } else {
+                    format!("; {}", skipped.join("; "))
+                }
+            );
+        }
+        models.retain(|m| args.models_only.iter().any(|name| name == m.name));
+    }
     let duration = Duration::from_secs_f64(args.seconds.max(0.1));
 
     // 1. Runtime against onnxruntime.
@@ -498,6 +539,10 @@ pub fn run(args: InferenceArgs) -> Result<()> {
         let profile = tract
             .tune_batches(max_batch, 3)
             .map_err(|e| anyhow::anyhow!("{e}"))?;
+        if !args.runs(Section::Runtime) {
+            loaded.push((model.name.to_string(), tract, profile));
+            continue;
+        }
         let mut stats = Vec::new();
         for &batch in &model.batches {
             stats.push(
@@ -575,7 +620,7 @@ pub fn run(args: InferenceArgs) -> Result<()> {
 
     // 2. int8 against fp32.
     let mut int8_rows = Vec::new();
-    for model in &models {
+    for model in models.iter().filter(|_| args.runs(Section::Int8)) {
         progress(args.json, &format!("{}: int8 variant", model.name));
         let set = build_variants_with(
             model.name,
@@ -621,7 +666,7 @@ pub fn run(args: InferenceArgs) -> Result<()> {
     }
 
     // candle's int8: the encoder as Q8_0 GGUF, computed both ways.
-    for model in &models {
+    for model in models.iter().filter(|_| args.runs(Section::Int8)) {
         let Some(dir) = &model.candle_dir else {
             continue;
         };
@@ -644,6 +689,7 @@ pub fn run(args: InferenceArgs) -> Result<()> {
     let mut adaptive_p99: f64 = 0.0;
     for (name, model, profile) in loaded
         .iter()
+        .filter(|_| args.runs(Section::Batching))
         .filter(|(name, _, _)| name == "digits-mlp" || name == "ppocr-cls")
     {
         let rows = &models
@@ -717,6 +763,7 @@ pub fn run(args: InferenceArgs) -> Result<()> {
     let mut offload = Vec::new();
     let mut scenario = None;
     match nephele_sim::trace::load_azure_arrivals(&args.data) {
+        _ if !args.runs(Section::Offload) => {}
         Err(error) => skipped.push(format!(
             "offload: {error:#}; pass --data with the shared traces"
         )),

@@ -18,7 +18,9 @@
 //!   retry-after, rather than queued to be answered late (Triton's queue policy with
 //!   `REJECT`). The prediction's error is learned from the answers' measured latencies
 //!   ([`AdmissionControl`], a margin aimed at the 99.9th percentile); a request that finds the
-//!   batcher idle is always admitted;
+//!   batcher idle is always admitted. Past capacity (arrivals at least as fast as the
+//!   drain size is served) the limit is also capped at what keeps the device busy
+//!   ([`overload_limit_us`]), so a standing queue does not sit at the bound;
 //! - the driver takes a due batch only once it holds an inference slot, so while every
 //!   slot is busy requests gather into larger batches instead of waiting one by one;
 //! - dropping the [`Batcher`] stops the driver after the queue has drained.
@@ -27,8 +29,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use nephele_infer_policy::batching::{
-    batch_service_us, drain_size, predicted_completion_us, AdmissionControl, ArrivalEstimator,
-    BatchController, BatchQueue, BatchSetting, DEFAULT_ERROR_QUANTILE_Z,
+    batch_service_us, drain_size, overload_limit_us, predicted_completion_us, AdmissionControl,
+    ArrivalEstimator, BatchController, BatchQueue, BatchSetting, DEFAULT_ERROR_QUANTILE_Z,
 };
 use tokio::sync::{oneshot, Notify, Semaphore};
 
@@ -141,10 +143,22 @@ impl Shared {
         match self.fixed {
             Some(fixed) => fixed,
             None => BatchSetting {
-                max_batch: drain_size(&state.profile, self.slo_us).max(state.setting.max_batch),
+                max_batch: drain_size(&state.profile, self.budget_us(state))
+                    .max(state.setting.max_batch),
                 window_us: state.setting.window_us,
             },
         }
+    }
+
+    /// The latency the batch settings plan for: the SLO, or, with admission, the limit
+    /// it admits up to now (its bound less the learned error margin), so that a machine
+    /// whose answers run late gets smaller batches rather than late answers.
+    fn budget_us(&self, state: &State) -> u64 {
+        state
+            .admission
+            .as_ref()
+            .map_or(self.slo_us, |a| a.limit_us().min(self.slo_us))
+            .max(1)
     }
 }
 
@@ -227,12 +241,10 @@ impl Batcher {
             let mut state = self.shared.lock();
             let now = self.shared.now_us();
             state.arrivals.observe(now);
+            let rate = state.arrivals.rate(now);
             if self.shared.fixed.is_none() {
-                let rate = state.arrivals.rate(now);
-                state.setting =
-                    self.shared
-                        .controller
-                        .choose(rate, &state.profile, self.shared.slo_us);
+                let budget = self.shared.budget_us(&state);
+                state.setting = self.shared.controller.choose(rate, &state.profile, budget);
             }
             let busy_for_us = state.busy_until_us.saturating_sub(now);
             let idle = state.queue.is_empty() && busy_for_us == 0;
@@ -251,8 +263,12 @@ impl Batcher {
                 &state.profile,
             );
             if let (Some(admission), Some(predicted)) = (state.admission.as_ref(), predicted_us) {
-                if !idle && !admission.admits(predicted) {
-                    let limit_us = admission.limit_us();
+                // Past capacity, no standing queue beyond what keeps the device busy.
+                let standing =
+                    overload_limit_us(rate, &state.profile, take.max_batch, admission.bound_us());
+                let over_standing = standing.is_some_and(|cap| predicted > cap);
+                if !idle && (!admission.admits(predicted) || over_standing) {
+                    let limit_us = admission.limit_us().min(standing.unwrap_or(u64::MAX));
                     state.late += 1;
                     return Err(BatchError::Late {
                         predicted_ms: predicted.div_ceil(1000),

@@ -319,7 +319,26 @@ impl Server {
                 return Err(self.reject(&deployment, retry_after_ms))
             }
             (Route::Offload { .. }, None) | (Route::Local, _) => {
-                let local = self.run_local(&deployment, input.clone()).await;
+                let mut local = self.run_local(&deployment, input.clone()).await;
+                // The local queue refused it (full, or predicted past what it admits
+                // now): overflow goes to the cloud when the breaker allows, before a 429.
+                if let (Err(ServeError::Overloaded { .. }), false, true) =
+                    (&local, self.is_pool, params.offload)
+                {
+                    if let Some(connection) = self.connection() {
+                        if self.breaker().allow(self.now_us()) {
+                            match self
+                                .offload(&connection, &deployment, input.clone(), InferStage::Whole)
+                                .await
+                            {
+                                Ok(answer) => local = Ok(answer),
+                                Err(error) => {
+                                    tracing::debug!(deployment = %deployment.name, %error, "overflow offload failed; refusing")
+                                }
+                            }
+                        }
+                    }
+                }
                 match (&local, params.hard_example_threshold, self.connection()) {
                     (Ok(answer), Some(threshold), Some(connection)) if !self.is_pool => self
                         .hard_example(&deployment, &connection, input, answer, threshold)

@@ -945,70 +945,82 @@ pub(crate) fn opt(value: Option<f64>, digits: usize) -> String {
 
 fn print_tables(report: &Report) {
     println!("Machine: {}", report.machine);
-    println!("\nRuntime: tract (and candle where it applies) vs onnxruntime, 1 thread each");
-    println!(
-        "  {:<18} {:>5} {:>10} {:>11} {:>12} {:>10} {:>10} {:>10} {:>11} {:>8}",
-        "MODEL",
-        "BATCH",
-        "TRACT P50",
-        "CANDLE P50",
-        "ORT-BE P50",
-        "ORT P50",
-        "TRACT /S",
-        "ORT /S",
-        "CHOSEN",
-        "P50 ×"
-    );
-    println!("  (ORT-BE: the onnxruntime backend in this process, with `--features onnxruntime`; ORT: onnxruntime from Python)");
-    for r in &report.runtime {
-        let ort = |key: &str| r.onnxruntime.as_ref().and_then(|v| v[key].as_f64());
+    if !report.runtime.is_empty() {
+        println!("\nRuntime: tract (and candle where it applies) vs onnxruntime, 1 thread each");
         println!(
-            "  {:<18} {:>5} {:>8.3}ms {:>9}ms {:>10}ms {:>8}ms {:>10.1} {:>10} {:>11} {:>8}",
-            r.model,
-            r.batch,
-            r.tract.p50_ms,
-            opt(r.candle.map(|c| c.p50_ms), 3),
-            opt(r.onnxruntime_backend.map(|c| c.p50_ms), 3),
-            opt(ort("p50_ms"), 3),
-            r.tract.items_per_s,
-            opt(ort("items_per_s"), 1),
-            r.chosen,
-            opt(r.p50_ratio, 2)
+            "  {:<18} {:>5} {:>10} {:>11} {:>12} {:>10} {:>10} {:>10} {:>11} {:>8}",
+            "MODEL",
+            "BATCH",
+            "TRACT P50",
+            "CANDLE P50",
+            "ORT-BE P50",
+            "ORT P50",
+            "TRACT /S",
+            "ORT /S",
+            "CHOSEN",
+            "P50 ×"
         );
+        println!("  (ORT-BE: the onnxruntime backend in this process, with `--features onnxruntime`; ORT: onnxruntime from Python)");
+        for r in &report.runtime {
+            let ort = |key: &str| r.onnxruntime.as_ref().and_then(|v| v[key].as_f64());
+            println!(
+                "  {:<18} {:>5} {:>8.3}ms {:>9}ms {:>10}ms {:>8}ms {:>10.1} {:>10} {:>11} {:>8}",
+                r.model,
+                r.batch,
+                r.tract.p50_ms,
+                opt(r.candle.map(|c| c.p50_ms), 3),
+                opt(r.onnxruntime_backend.map(|c| c.p50_ms), 3),
+                opt(ort("p50_ms"), 3),
+                r.tract.items_per_s,
+                opt(ort("items_per_s"), 1),
+                r.chosen,
+                opt(r.p50_ratio, 2)
+            );
+        }
     }
-    println!("\nint8 weights vs fp32");
-    for r in &report.int8 {
-        println!(
-            "  {:<18} {:<6} {:>10} → {:>10} bytes ({:.2}×)  accuracy {} → {}  min cosine {}  p50 {:.3} → {:.3} ms  {}{}",
-            r.model,
-            r.backend,
-            r.fp32_bytes,
-            r.int8_bytes,
-            r.size_ratio,
-            opt(r.fp32_accuracy_pct, 2),
-            opt(r.int8_accuracy_pct, 2),
-            opt(r.min_cosine, 5),
-            r.fp32_p50_ms,
-            r.int8_p50_ms,
-            r.rejected.as_deref().unwrap_or("shipped"),
-            r.int8_compute
-                .as_deref()
-                .map_or(String::new(), |c| format!("  int8 computed as {c}"))
-        );
+    if !report.int8.is_empty() {
+        println!("\nint8 weights vs fp32");
+        for r in &report.int8 {
+            println!(
+                "  {:<18} {:<6} {:>10} → {:>10} bytes ({:.2}×)  accuracy {} → {}  min cosine {}  p50 {:.3} → {:.3} ms  {}{}",
+                r.model,
+                r.backend,
+                r.fp32_bytes,
+                r.int8_bytes,
+                r.size_ratio,
+                opt(r.fp32_accuracy_pct, 2),
+                opt(r.int8_accuracy_pct, 2),
+                opt(r.min_cosine, 5),
+                r.fp32_p50_ms,
+                r.int8_p50_ms,
+                r.rejected.as_deref().unwrap_or("shipped"),
+                r.int8_compute
+                    .as_deref()
+                    .map_or(String::new(), |c| format!("  int8 computed as {c}"))
+            );
+        }
     }
-    println!(
-        "\nDynamic batching (open-loop arrivals, SLO {} ms)",
-        report.batching_slo_ms
-    );
-    println!(
-        "  {:<12} {:<10} {:>10} {:>12} {:>9} {:>9} {:>8}",
-        "MODEL", "CONFIG", "OFFERED/S", "THROUGHPUT/S", "P50 MS", "P99 MS", "REFUSED"
-    );
-    for r in &report.batching {
+    if !report.batching.is_empty() {
         println!(
-            "  {:<12} {:<10} {:>10.0} {:>12.1} {:>9.3} {:>9.3} {:>8}",
-            r.model, r.config, r.offered_per_s, r.throughput_per_s, r.p50_ms, r.p99_ms, r.refused
+            "\nDynamic batching (open-loop arrivals, SLO {} ms)",
+            report.batching_slo_ms
         );
+        println!(
+            "  {:<12} {:<10} {:>10} {:>12} {:>9} {:>9} {:>8}",
+            "MODEL", "CONFIG", "OFFERED/S", "THROUGHPUT/S", "P50 MS", "P99 MS", "REFUSED"
+        );
+        for r in &report.batching {
+            println!(
+                "  {:<12} {:<10} {:>10.0} {:>12.1} {:>9.3} {:>9.3} {:>8}",
+                r.model,
+                r.config,
+                r.offered_per_s,
+                r.throughput_per_s,
+                r.p50_ms,
+                r.p99_ms,
+                r.refused
+            );
+        }
     }
     if let Some(scenario) = &report.offload_scenario {
         println!("\nOffload under the Azure LLM arrivals: {scenario}");

@@ -717,6 +717,23 @@ fn hard_examples_go_to_the_pool_and_a_cut_cloud_loses_no_request() {
         .cloned()
         .unwrap_or_default();
     assert_eq!(edge_row["variant"], "full", "{planned}");
+    // Both sides report the compute time they measured at load, which the planner
+    // uses instead of the profiles' peak TOPS.
+    let measured = cloud
+        .wait_for(
+            "/v1/deployments/digits-planned",
+            "measured service times",
+            |v| {
+                v["devices"]
+                    .as_array()
+                    .is_some_and(|rows| rows.iter().all(|r| r["service_ms"].as_f64() > Some(0.0)))
+            },
+        )
+        .unwrap();
+    assert!(
+        measured["devices"].as_array().unwrap().len() >= 2,
+        "{measured}"
+    );
     let devices = cloud.get("/v1/devices").unwrap();
     let edge_view = devices
         .as_array()

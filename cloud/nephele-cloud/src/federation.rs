@@ -96,6 +96,12 @@ pub struct FederationActor {
     telemetry: HashMap<String, Telemetry>,
     /// Per device, the link bandwidth its split cuts were last planned for (bits/s).
     planned_bps: HashMap<String, u64>,
+    /// Per (device, model): batch 1's compute time of the whole model as the agent
+    /// measured it (µs), from heartbeats of a deployment running `full` or a weights-only
+    /// int8 variant; kept when the device moves on to a split head.
+    measured_full_us: HashMap<(String, String), u64>,
+    /// Per (device, model): the measured time its split cut was last planned with.
+    planned_full_us: HashMap<(String, String), u64>,
     generation: u64,
     next_session_id: u64,
     metrics: nephele_telemetry::Registry,
@@ -124,6 +130,8 @@ impl FederationActor {
             sessions: HashMap::new(),
             telemetry: HashMap::new(),
             planned_bps: HashMap::new(),
+            measured_full_us: HashMap::new(),
+            planned_full_us: HashMap::new(),
             generation,
             next_session_id: 1,
             metrics,
@@ -275,11 +283,19 @@ impl FederationActor {
                         if device.role == AgentRole::Edge
                             && deployment.variant == crate::variants::PLANNED_SPLIT =>
                     {
+                        let pool = self.pool_replica(&device.region);
+                        let measured = crate::variants::MeasuredTimes {
+                            device_full_us: self.full_time(&device.name, &model.name),
+                            pool_full_us: pool
+                                .as_ref()
+                                .and_then(|(name, _)| self.full_time(name, &model.name)),
+                        };
                         crate::variants::split_for(
                             &manifest,
                             &device.profile_toml,
-                            self.pool_profile(&device.region).as_deref(),
+                            pool.as_ref().map(|(_, profile)| profile.as_str()),
                             self.link_of(&device.name),
+                            measured,
                         )
                     }
                     Ok(manifest) => crate::variants::variant_for(
@@ -313,9 +329,9 @@ impl FederationActor {
         })
     }
 
-    /// The profile of a connected pool replica in `region` (the first by name): what a
+    /// A connected pool replica in `region` (the first by name) and its profile: what a
     /// split tail from that region runs on.
-    fn pool_profile(&self, region: &str) -> Option<String> {
+    fn pool_replica(&self, region: &str) -> Option<(String, String)> {
         let mut names: Vec<&String> = self.sessions.keys().collect();
         names.sort();
         names.into_iter().find_map(|name| {
@@ -324,8 +340,45 @@ impl FederationActor {
                 .get::<DeviceRecord>(Table::Devices, name)
                 .ok()??;
             (device.role == AgentRole::Pool && device.region == region)
-                .then_some(device.profile_toml)
+                .then_some((device.name, device.profile_toml))
         })
+    }
+
+    /// The whole model's batch-1 compute time `device` measured for `model`, µs.
+    fn full_time(&self, device: &str, model: &str) -> Option<u64> {
+        self.measured_full_us
+            .get(&(device.to_string(), model.to_string()))
+            .copied()
+    }
+
+    /// Keeps the whole-model compute times a heartbeat reports (deployments running
+    /// `full` or a weights-only int8 variant, which computes at full's speed).
+    fn record_measured_times(&mut self, name: &str, heartbeat: &Heartbeat) {
+        for telemetry in &heartbeat.deployments {
+            if telemetry.service_us == 0 || telemetry.phase != DeploymentPhase::Ready {
+                continue;
+            }
+            let Ok(Some(deployment)) = self
+                .store
+                .get::<DeploymentRecord>(Table::Deployments, &telemetry.deployment)
+            else {
+                continue;
+            };
+            let Ok(Some(model)) = self
+                .store
+                .get::<ModelRecord>(Table::Models, &deployment.model)
+            else {
+                continue;
+            };
+            let whole = nephele_proto::decode_payload::<ModelManifest>(&model.signed_manifest)
+                .ok()
+                .and_then(|m| m.variants.into_iter().find(|v| v.name == telemetry.variant))
+                .is_some_and(|v| matches!(v.kind, VariantKind::Full | VariantKind::Int8Weights));
+            if whole {
+                self.measured_full_us
+                    .insert((name.to_string(), model.name), telemetry.service_us);
+            }
+        }
     }
 
     /// The link a device last reported, once it has measured a transfer.
@@ -345,14 +398,30 @@ impl FederationActor {
             return;
         };
         let threshold = nephele_infer_policy::split::ReplanConfig::default().relative_threshold;
-        let moved = self.planned_bps.get(name).is_none_or(|&planned| {
-            (link.bandwidth_bps - planned as f64).abs() > threshold * planned as f64
-        });
-        if !moved {
+        let apart = |now: f64, then: f64| (now - then).abs() > threshold * then;
+        let moved_link = self
+            .planned_bps
+            .get(name)
+            .is_none_or(|&planned| apart(link.bandwidth_bps, planned as f64));
+        // A compute time measured since the last plan (or moved as much) re-plans too:
+        // the first plan of a device is made from its profile's peak TOPS.
+        let moved_times: Vec<((String, String), u64)> = self
+            .measured_full_us
+            .iter()
+            .filter(|((device, _), _)| device == name)
+            .filter(|(key, &us)| {
+                self.planned_full_us
+                    .get(*key)
+                    .is_none_or(|&planned| apart(us as f64, planned as f64))
+            })
+            .map(|(key, &us)| (key.clone(), us))
+            .collect();
+        if !moved_link && moved_times.is_empty() {
             return;
         }
         self.planned_bps
             .insert(name.to_string(), link.bandwidth_bps as u64);
+        self.planned_full_us.extend(moved_times);
         let Ok(Some(device)) = self.store.get::<DeviceRecord>(Table::Devices, name) else {
             return;
         };
@@ -372,7 +441,7 @@ impl FederationActor {
         self.generation += 1;
         match self.desired_for(&device) {
             Ok(desired) => {
-                tracing::info!(device = %name, bandwidth_bps = link.bandwidth_bps, rtt_us = link.rtt_us, "link moved; split cuts re-planned");
+                tracing::info!(device = %name, bandwidth_bps = link.bandwidth_bps, rtt_us = link.rtt_us, "link or measured compute time moved; split cuts re-planned");
                 if let Some(session) = self.sessions.get(name) {
                     let _ = session.tx.send(CloudMessage::DesiredState(desired));
                 }
@@ -569,6 +638,7 @@ impl Handler<AgentHeartbeat> for FederationActor {
         if self.sessions.get(&message.name).map(|s| s.id) != Some(message.session_id) {
             return;
         }
+        self.record_measured_times(&message.name, &message.heartbeat);
         self.telemetry.insert(
             message.name.clone(),
             Telemetry {
@@ -1170,6 +1240,8 @@ pub struct DeviceDeploymentStatus {
     pub served_offloaded: u64,
     pub failed: u64,
     pub queue_len: u32,
+    /// Batch 1's compute time the agent measured for its variant when it loaded it.
+    pub service_ms: f64,
     pub p50_ms: f64,
     pub p99_ms: f64,
 }
@@ -1227,6 +1299,9 @@ impl FederationActor {
                 served_offloaded: telemetry.map(|t| t.served_offloaded).unwrap_or(0),
                 failed: telemetry.map(|t| t.failed).unwrap_or(0),
                 queue_len: telemetry.map(|t| t.queue_len).unwrap_or(0),
+                service_ms: telemetry
+                    .map(|t| t.service_us as f64 / 1000.0)
+                    .unwrap_or(0.0),
                 p50_ms: telemetry.map(|t| t.p50_us as f64 / 1000.0).unwrap_or(0.0),
                 p99_ms: telemetry.map(|t| t.p99_us as f64 / 1000.0).unwrap_or(0.0),
             });

@@ -102,25 +102,35 @@ fn candidates(manifest: &ModelManifest) -> Vec<VariantInfo> {
 /// The deployment variant that asks the split planner to choose the cut per device.
 pub const PLANNED_SPLIT: &str = "split";
 
+/// Whole-model compute times (batch 1, µs) the agents measured for one model: on the
+/// device being planned for and on the pool replica that would run its tail.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MeasuredTimes {
+    pub device_full_us: Option<u64>,
+    pub pool_full_us: Option<u64>,
+}
+
 /// The cut an edge device runs for a `variant = "split"` deployment: the Neurosurgeon
 /// choice ([`plan_split`]) over the manifest's cuts, with
 ///
 /// | input            | from                                                                 |
 /// |------------------|----------------------------------------------------------------------|
 /// | segments         | the `split@` variants ordered by head FLOPs: FLOPs between cuts       |
-/// | edge / cloud time| segment FLOPs at the device's / the region's pool's peak fp32 (CPU)  |
+/// | edge / cloud time| the whole model's compute time the device / the pool replica measured (`MeasuredTimes`), shared out by segment FLOPs; before a measurement, segment FLOPs at the profile's peak fp32 |
 /// | bytes at a cut   | the variant's activation bytes; the model input for the whole offload |
 /// | link             | RTT and transfer throughput the device reports in its heartbeats     |
 ///
-/// Peak TOPS overstate what a runtime reaches on both sides alike, so the comparison
-/// between sides holds better than the absolute times. The whole model, locally or as a
-/// whole offload (which the per-request offload policy already does), is `full`. No link
-/// measurement yet, no pool in the region, or no cut: `full`, with the reason.
+/// Peak TOPS overstate what a runtime reaches, and not by the same factor on every
+/// device, so a measured time replaces them as soon as the agent reports one (the
+/// federation re-plans then). The whole model, locally or as a whole offload (which the
+/// per-request offload policy already does), is `full`. No link measurement yet, no
+/// pool in the region, or no cut: `full`, with the reason.
 pub fn split_for(
     manifest: &ModelManifest,
     device_profile: &str,
     pool_profile: Option<&str>,
     link: Option<Link>,
+    measured: MeasuredTimes,
 ) -> VariantDecision {
     let full = |why: String| VariantDecision {
         variant: "full".into(),
@@ -165,16 +175,25 @@ pub fn split_for(
         return full("split planner: the model has no split variants".into());
     }
     cuts.sort_by_key(|&(name, head_flops, _)| (head_flops, name));
-    // tera-operations per second = 10⁶ operations per µs.
-    let time = |flops: u64, tops: f64| flops as f64 / (tops * 1e6);
+    // A measured whole-model time shared out by FLOPs; else the peak: tera-operations
+    // per second = 10⁶ operations per µs.
+    let timer = |measured_us: Option<u64>, tops: f64| {
+        let measured = measured_us.filter(|us| *us > 0 && full_flops > 0);
+        move |flops: u64| match measured {
+            Some(us) => flops as f64 / full_flops as f64 * us as f64,
+            None => flops as f64 / (tops * 1e6),
+        }
+    };
+    let edge_time = timer(measured.device_full_us, device.peak_tops_fp32);
+    let cloud_time = timer(measured.pool_full_us, pool.peak_tops_fp32);
     let mut layers = Vec::with_capacity(cuts.len() + 1);
     let mut done = 0u64;
     for &(name, head_flops, activation_bytes) in &cuts {
         let flops = head_flops.saturating_sub(done);
         layers.push(LayerProfile {
             name: name.to_string(),
-            edge_us: time(flops, device.peak_tops_fp32),
-            cloud_us: time(flops, pool.peak_tops_fp32),
+            edge_us: edge_time(flops),
+            cloud_us: cloud_time(flops),
             output_bytes: activation_bytes,
         });
         done = done.max(head_flops);
@@ -183,10 +202,19 @@ pub fn split_for(
     let output_bytes = tensor_bytes(manifest.outputs.first().map(|t| t.shape.as_slice()));
     layers.push(LayerProfile {
         name: "output".into(),
-        edge_us: time(rest, device.peak_tops_fp32),
-        cloud_us: time(rest, pool.peak_tops_fp32),
+        edge_us: edge_time(rest),
+        cloud_us: cloud_time(rest),
         output_bytes,
     });
+    let source = |us: Option<u64>| match us.filter(|us| *us > 0) {
+        Some(us) => format!("measured {:.3} ms", us as f64 / 1e3),
+        None => "from peak TOPS".to_string(),
+    };
+    let inputs = format!(
+        "device time {}, pool time {}",
+        source(measured.device_full_us),
+        source(measured.pool_full_us)
+    );
     let model = SplitModel {
         layers,
         input_bytes: tensor_bytes(manifest.inputs.first().map(|t| t.shape.as_slice())),
@@ -199,7 +227,7 @@ pub fn split_for(
         Ok(plan) => {
             let at = |cut: usize| plan.per_cut.get(cut).copied().unwrap_or(f64::INFINITY);
             let summary = format!(
-                "at {:.1} Mbit/s, RTT {:.1} ms: local {:.3} ms, whole offload {:.3} ms",
+                "at {:.1} Mbit/s, RTT {:.1} ms: local {:.3} ms, whole offload {:.3} ms ({inputs})",
                 link.bandwidth_bps / 1e6,
                 link.rtt_us / 1e3,
                 at(n_layers) / 1e3,
@@ -414,22 +442,60 @@ mod tests {
         };
         // 100 Mbit/s: the Coral's CPU (0.048 TOPS) runs the whole model in ~42 ms;
         // after cut b, 8 KB cross in 0.7 ms and the pool's tail takes 0.5 ms: ~19.5 ms.
-        let fast = split_for(&cnn, coral, pool, link(100.0));
+        let fast = split_for(&cnn, coral, pool, link(100.0), MeasuredTimes::default());
         assert_eq!(fast.variant, "split@b", "{fast:?}");
         assert!(fast.why.contains("local 41.667 ms"), "{fast:?}");
         // 1 Mbit/s: 8 KB take 66 ms; nothing beats running it all on the device.
-        let slow = split_for(&cnn, coral, pool, link(1.0));
+        let slow = split_for(&cnn, coral, pool, link(1.0), MeasuredTimes::default());
         assert_eq!(slow.variant, "full", "{slow:?}");
         assert!(slow.why.contains("no cut beats"), "{slow:?}");
+        assert!(fast.why.contains("device time from peak TOPS"), "{fast:?}");
+        // Measured: a device that runs the whole model in 4 ms, not the 42 its peak
+        // says, keeps it even at 100 Mbit/s (any offload costs the 10 ms round trip); one
+        // measured at 400 ms splits after b even at 1 Mbit/s, where the estimate kept
+        // the whole model (80 ms head, 66 ms for 8 KB up, 33 ms for the answer back).
+        let measured = |device_ms: u64| MeasuredTimes {
+            device_full_us: Some(device_ms * 1000),
+            pool_full_us: Some(1_000),
+        };
+        let quick = split_for(&cnn, coral, pool, link(100.0), measured(4));
+        assert_eq!(quick.variant, "full", "{quick:?}");
+        assert!(
+            quick.why.contains("device time measured 4.000 ms"),
+            "{quick:?}"
+        );
+        let sluggish = split_for(&cnn, coral, pool, link(1.0), measured(400));
+        assert_eq!(sluggish.variant, "split@b", "{sluggish:?}");
         // No measurement, no pool, no cut, a broken profile: the whole model.
         for (decision, why) in [
-            (split_for(&cnn, coral, pool, None), "not measured"),
-            (split_for(&cnn, coral, None, link(100.0)), "no pool"),
             (
-                split_for(&manifest(70_000), coral, pool, link(100.0)),
+                split_for(&cnn, coral, pool, None, MeasuredTimes::default()),
+                "not measured",
+            ),
+            (
+                split_for(&cnn, coral, None, link(100.0), MeasuredTimes::default()),
+                "no pool",
+            ),
+            (
+                split_for(
+                    &manifest(70_000),
+                    coral,
+                    pool,
+                    link(100.0),
+                    MeasuredTimes::default(),
+                ),
                 "no split variants",
             ),
-            (split_for(&cnn, "not toml [", pool, link(100.0)), "profile"),
+            (
+                split_for(
+                    &cnn,
+                    "not toml [",
+                    pool,
+                    link(100.0),
+                    MeasuredTimes::default(),
+                ),
+                "profile",
+            ),
         ] {
             assert_eq!(decision.variant, "full", "{decision:?}");
             assert!(decision.why.contains(why), "{why}: {decision:?}");

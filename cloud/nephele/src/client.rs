@@ -469,8 +469,17 @@ fn print_deployment(d: &Value) {
         s(d, "desired_devices")
     );
     println!(
-        "  {:<14} {:<5} {:<22} {:<12} {:>8} {:>9} {:>8} {:>8}",
-        "DEVICE", "ROLE", "PROFILE", "PHASE", "LOCAL", "OFFLOADED", "P50 MS", "P99 MS"
+        "  {:<14} {:<5} {:<22} {:<12} {:<16} {:>8} {:>9} {:>10} {:>8} {:>8}",
+        "DEVICE",
+        "ROLE",
+        "PROFILE",
+        "PHASE",
+        "VARIANT",
+        "LOCAL",
+        "OFFLOADED",
+        "COMPUTE MS",
+        "P50 MS",
+        "P99 MS"
     );
     for row in d
         .get("devices")
@@ -479,13 +488,15 @@ fn print_deployment(d: &Value) {
         .flatten()
     {
         println!(
-            "  {:<14} {:<5} {:<22} {:<12} {:>8} {:>9} {:>8} {:>8}",
+            "  {:<14} {:<5} {:<22} {:<12} {:<16} {:>8} {:>9} {:>10} {:>8} {:>8}",
             s(row, "device"),
             s(row, "role"),
             s(row, "profile"),
             s(row, "phase"),
+            s(row, "variant"),
             s(row, "served_local"),
             s(row, "served_offloaded"),
+            s(row, "service_ms"),
             s(row, "p50_ms"),
             s(row, "p99_ms")
         );

@@ -301,6 +301,12 @@ impl Batcher {
         answer
     }
 
+    /// Batch 1's compute time as measured when the model was loaded (µs; 0 without a
+    /// profile): what the control plane plans with.
+    pub fn measured_service_us(&self) -> u64 {
+        batch_service_us(&self.shared.profile, 1).unwrap_or(0)
+    }
+
     /// Measured service time per request as batches run now (0 before the first):
     /// what a new request costs the local queue.
     pub fn per_row_service_us(&self) -> u64 {

@@ -139,6 +139,7 @@ impl Deployment {
             queue_len: self.queued.load(Ordering::Relaxed),
             p50_us: latencies.quantile(0.5),
             p99_us: latencies.quantile(0.99),
+            service_us: self.batcher.measured_service_us(),
         }
     }
 }

@@ -155,6 +155,10 @@ pub struct DeploymentTelemetry {
     pub queue_len: u32,
     pub p50_us: u64,
     pub p99_us: u64,
+    /// Compute time of one request (batch 1) that the agent measured for this variant
+    /// when it loaded it, µs; 0 when not measured. What the control plane plans split
+    /// cuts with, instead of the profile's peak TOPS.
+    pub service_us: u64,
 }
 
 impl DeploymentTelemetry {
@@ -170,6 +174,7 @@ impl DeploymentTelemetry {
             queue_len: 0,
             p50_us: 0,
             p99_us: 0,
+            service_us: 0,
         }
     }
 }

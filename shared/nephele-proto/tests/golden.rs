@@ -139,6 +139,7 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
                         queue_len: 1,
                         p50_us: 120,
                         p99_us: 900,
+                        service_us: 85,
                     },
                     DeploymentTelemetry::idle("e", DeploymentPhase::Failed("bad".into())),
                     DeploymentTelemetry::idle("f", DeploymentPhase::Pending),

@@ -1543,7 +1543,7 @@ pub fn choose_region_for(
     let candidates = offers
         .iter()
         .map(|o| {
-            let index = pool.iter().position(|p| std::ptr::eq(*p, o));
+            let index = pool.iter().position(|p| p.region == o.region);
             let ranked = index.and_then(|i| ranking.ranked.iter().find(|r| r.index == i));
             let excluded = if let Some(why) = &o.unfit {
                 Some(why.clone())

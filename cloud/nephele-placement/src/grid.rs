@@ -426,13 +426,9 @@ impl GridSeries {
 
     fn compute(&self, now_hour: u64) -> Result<Outlook, NoOutlook> {
         // The newest measurement that is not after the current hour.
-        let upto = usize::try_from(now_hour.saturating_sub(self.first_hour))
-            .unwrap_or(usize::MAX)
-            .saturating_add(1)
-            .min(self.carbon.len());
-        if now_hour < self.first_hour {
+        let Some(upto) = self.upto(now_hour) else {
             return Err(NoOutlook::NoData);
-        }
+        };
         let last = self.carbon[..upto]
             .iter()
             .rposition(|v| v.is_finite())
@@ -478,6 +474,18 @@ impl GridSeries {
         })
     }
 
+    /// How many stored hours are not after `now_hour` (`None` when the series starts
+    /// later); carbon and prices share the index.
+    fn upto(&self, now_hour: u64) -> Option<usize> {
+        let past = now_hour.checked_sub(self.first_hour)?;
+        Some(
+            usize::try_from(past)
+                .unwrap_or(usize::MAX)
+                .saturating_add(1)
+                .min(self.carbon.len()),
+        )
+    }
+
     fn price_at(&self, hour: u64) -> Option<f64> {
         let index = usize::try_from(hour.checked_sub(self.first_hour)?).ok()?;
         self.price.get(index).copied().filter(|v| v.is_finite())
@@ -495,13 +503,9 @@ impl GridSeries {
                 return value;
             }
         }
-        let upto = usize::try_from(now_hour.saturating_sub(self.first_hour))
-            .unwrap_or(usize::MAX)
-            .saturating_add(1)
-            .min(self.price.len());
-        if now_hour < self.first_hour {
+        let Some(upto) = self.upto(now_hour) else {
             return f64::NAN;
-        }
+        };
         self.price[..upto]
             .iter()
             .rev()

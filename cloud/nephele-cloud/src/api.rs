@@ -105,6 +105,19 @@ fn count(state: &ApiState, route: &'static str, ok: bool) {
         .inc();
 }
 
+/// As `forward!`, to a region actor whose answer is a scheduler result.
+macro_rules! ask_region {
+    ($state:expr, $route:literal, $actor:expr, $message:expr) => {{
+        let result = $actor
+            .send($message)
+            .await
+            .map_err(mailbox)
+            .and_then(|r| r.map_err(ApiError::from));
+        count(&$state, $route, result.is_ok());
+        result
+    }};
+}
+
 macro_rules! forward {
     ($state:expr, $route:literal, $message:expr) => {{
         let result = $state
@@ -591,16 +604,16 @@ async fn submit_job(
         None => (state.default_region.clone(), None),
     };
     let actor = region_actor(&state, &region)?;
-    let result = actor
-        .send(SubmitJob {
+    let result = ask_region!(
+        state,
+        "submit_job",
+        actor,
+        SubmitJob {
             tenant,
             spec,
             choice,
-        })
-        .await
-        .map_err(mailbox)
-        .and_then(|r| r.map_err(ApiError::from));
-    count(&state, "submit_job", result.is_ok());
+        }
+    );
     Ok(HttpResponse::Created().json(result?))
 }
 
@@ -655,12 +668,7 @@ async fn push_grid(
         })
         .collect();
     let actor = region_actor(&state, &name)?;
-    let result = actor
-        .send(PushGrid { points })
-        .await
-        .map_err(mailbox)
-        .and_then(|r| r.map_err(ApiError::from));
-    count(&state, "push_grid", result.is_ok());
+    let result = ask_region!(state, "push_grid", actor, PushGrid { points });
     Ok(HttpResponse::Ok().json(result?))
 }
 
@@ -771,15 +779,15 @@ async fn delete_job(
     let principal = authorize(&request, &state).await?;
     let query = parse_query(&request)?;
     let (actor, tenant, _) = find_job(&state, &principal, &query, &name).await?;
-    let result = actor
-        .send(DeleteJob {
+    let result = ask_region!(
+        state,
+        "delete_job",
+        actor,
+        DeleteJob {
             tenant,
             name: name.into_inner(),
-        })
-        .await
-        .map_err(mailbox)
-        .and_then(|r| r.map_err(ApiError::from));
-    count(&state, "delete_job", result.is_ok());
+        }
+    );
     Ok(HttpResponse::Ok().json(result?))
 }
 

@@ -454,8 +454,24 @@ impl Cluster {
             .sum()
     }
 
-    /// Why `node` cannot take `pod` now, if it cannot. Cheap and static checks first.
+    /// Why `node` cannot take `pod` now, if it cannot. Cheap and static checks first;
+    /// anti-affinity, which reads the other reservations, last.
     pub fn check(&self, node: usize, pod: &PodRequest) -> Result<(), Reason> {
+        self.check_resources(node, pod)?;
+        if let Some(group) = pod.anti_affinity {
+            if self
+                .reservations
+                .values()
+                .any(|(other, binding)| binding.node == node && other.anti_affinity == Some(group))
+            {
+                return Err(Reason::AntiAffinity);
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Cluster::check`] without anti-affinity: what depends on the node's own state.
+    fn check_resources(&self, node: usize, pod: &PodRequest) -> Result<(), Reason> {
         let spec = &self.nodes[node];
         let state = &self.state[node];
         if !state.up {
@@ -530,6 +546,27 @@ impl Cluster {
         pod: &PodRequest,
         binding: &Binding,
     ) -> Result<(), ReserveError> {
+        self.reserve_on(id, pod, binding, false)
+    }
+
+    /// Puts back a reservation that was just taken off (a trial without it): on a node
+    /// that takes no new work (its agent away, drained) too, since that work runs there.
+    pub fn restore(
+        &mut self,
+        id: u64,
+        pod: &PodRequest,
+        binding: &Binding,
+    ) -> Result<(), ReserveError> {
+        self.reserve_on(id, pod, binding, true)
+    }
+
+    fn reserve_on(
+        &mut self,
+        id: u64,
+        pod: &PodRequest,
+        binding: &Binding,
+        even_unavailable: bool,
+    ) -> Result<(), ReserveError> {
         if let Some((_, existing)) = self.reservations.get(&id) {
             return if existing == binding {
                 Ok(())
@@ -540,8 +577,15 @@ impl Cluster {
         if binding.node >= self.nodes.len() {
             return Err(ReserveError::UnknownNode);
         }
-        self.check(binding.node, pod)
-            .map_err(ReserveError::DoesNotFit)?;
+        let unavailable = even_unavailable && !self.state[binding.node].up;
+        if unavailable {
+            self.state[binding.node].up = true;
+        }
+        let checked = self.check(binding.node, pod);
+        if unavailable {
+            self.state[binding.node].up = false;
+        }
+        checked.map_err(ReserveError::DoesNotFit)?;
         self.validate_gpus(pod, binding)
             .map_err(ReserveError::DoesNotFit)?;
         let old = self.key(binding.node);

@@ -307,6 +307,22 @@ impl GridSeries {
         self.carbon.get(index).copied().filter(|v| v.is_finite())
     }
 
+    /// Every stored hour with a value, oldest first: what [`GridSeries::ingest`] takes
+    /// back to rebuild the series (a region keeps its grid signal across restarts).
+    pub fn points(&self) -> Vec<GridPoint> {
+        (0..self.carbon.len())
+            .filter_map(|index| {
+                let carbon = Some(self.carbon[index]).filter(|v| v.is_finite());
+                let price = Some(self.price[index]).filter(|v| v.is_finite());
+                (carbon.is_some() || price.is_some()).then_some(GridPoint {
+                    hour: self.first_hour + index as u64,
+                    carbon,
+                    price,
+                })
+            })
+            .collect()
+    }
+
     /// Stores `points` at `now` (unix seconds): all of them, or none when one is bad.
     pub fn ingest(&mut self, points: &[GridPoint], now: u64) -> Result<Ingested, GridError> {
         let now_hour = now / HOUR_S;

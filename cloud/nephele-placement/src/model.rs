@@ -180,6 +180,10 @@ pub struct PodRequest {
     pub data_location: Option<(u16, u16)>,
     /// Spread across domains with the other members of a job.
     pub spread: Option<Spread>,
+    /// Never on a node that already holds a pod of the same group (a deployment's
+    /// replicas: one per node, since one agent serves a deployment once). Read from
+    /// other placements, so such pods take the node-by-node path.
+    pub anti_affinity: Option<u64>,
 }
 
 impl PodRequest {
@@ -235,6 +239,8 @@ pub enum Reason {
     NoMigSlice,
     InsufficientGpu,
     NvlinkDomain,
+    /// A pod of the same anti-affinity group is already on the node.
+    AntiAffinity,
 }
 
 impl Reason {
@@ -251,6 +257,7 @@ impl Reason {
             Reason::SpotNotAllowed => "spot not allowed",
             Reason::NoMigSlice => "no free mig slice of the profile",
             Reason::NvlinkDomain => "gpus not in one nvlink domain",
+            Reason::AntiAffinity => "a replica of the same deployment is already there",
         }
     }
 }

@@ -489,7 +489,11 @@ pub fn place_with(
     rng: &mut Rng,
 ) -> Result<Placement, Unschedulable> {
     let policy = objective.policy;
-    if policy != Policy::Random && priority == cluster.priority() && pod.spread.is_none() {
+    if policy != Policy::Random
+        && priority == cluster.priority()
+        && pod.spread.is_none()
+        && pod.anti_affinity.is_none()
+    {
         return place_grouped(cluster, pod, objective, typical);
     }
     let mut rejected: BTreeMap<Reason, u32> = BTreeMap::new();

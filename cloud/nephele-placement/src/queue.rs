@@ -513,6 +513,92 @@ impl Queue {
         true
     }
 
+    /// Adds a job that is already running at `bindings` (restored books after a
+    /// control-plane restart, once its nodes are back): its members are reserved exactly
+    /// there, also on nodes that take no new work (the processes run there), and it is
+    /// running since `start`. When a binding no longer fits (the node changed, or
+    /// something else took the room), nothing is reserved and the job is left pending.
+    /// Returns whether it was adopted as running.
+    pub fn adopt(
+        &mut self,
+        cluster: &mut Cluster,
+        job: Job,
+        bindings: &[Binding],
+        start: u64,
+    ) -> Result<bool, QueueError> {
+        let id = job.id;
+        let members = job.members.clone();
+        self.submit(job)?;
+        if bindings.len() != members.len() {
+            return Ok(false);
+        }
+        for (member, (pod, binding)) in members.iter().zip(bindings).enumerate() {
+            if cluster
+                .restore(reservation_id(id, member), pod, binding)
+                .is_err()
+            {
+                for done in 0..member {
+                    cluster.unreserve(reservation_id(id, done));
+                }
+                return Ok(false);
+            }
+        }
+        if let Some(entry) = self.jobs.get_mut(&id) {
+            entry.state = JobState::Running {
+                start,
+                bindings: bindings.to_vec(),
+            };
+            entry.why = None;
+            let (tenant, demand) = (entry.job.tenant, entry.demand);
+            self.usage[tenant].add(demand);
+        }
+        Ok(true)
+    }
+
+    /// Asks a running job to stop within `grace_seconds` for a reason of the shell's
+    /// (its node is drained, its attempt failed): it becomes terminating, keeps its
+    /// resources until then, and is requeued by the tick after the deadline (or at once
+    /// by [`Queue::stopped`]). Not counted as a preemption. Returns whether it was
+    /// running.
+    pub fn evict(&mut self, job: JobId, now: u64, grace_seconds: u64) -> bool {
+        let Some(entry) = self.jobs.get_mut(&job) else {
+            return false;
+        };
+        let JobState::Running { start, bindings } = &entry.state else {
+            return false;
+        };
+        entry.state = JobState::Terminating {
+            start: *start,
+            deadline: now.saturating_add(grace_seconds),
+            bindings: bindings.clone(),
+        };
+        true
+    }
+
+    /// A terminating job's processes have all exited before its grace deadline: its
+    /// resources are given back now and it waits again, as when the deadline passes.
+    /// Returns whether it was terminating.
+    pub fn stopped(&mut self, cluster: &mut Cluster, job: JobId, now: u64) -> bool {
+        let Some(entry) = self.jobs.get(&job) else {
+            return false;
+        };
+        if !matches!(entry.state, JobState::Terminating { .. }) {
+            return false;
+        }
+        self.reservation_dirty = true;
+        self.release(cluster, job);
+        if let Some(entry) = self.jobs.get_mut(&job) {
+            if let JobState::Terminating { start, .. } = entry.state {
+                let ran = now.saturating_sub(start);
+                entry.remaining = entry.remaining.map(|r| r.saturating_sub(ran).max(1));
+            }
+            entry.state = JobState::Pending;
+            entry.queued_since = now;
+            entry.why = None;
+        }
+        true
+    }
+
     /// A node went away: its jobs (every member of a gang with one member there) lose
     /// their resources and wait again. Returns their ids.
     pub fn node_lost(&mut self, cluster: &mut Cluster, node: usize, now: u64) -> Vec<JobId> {
@@ -682,7 +768,7 @@ impl Queue {
         let out = f(self, cluster);
         for (id, pod, binding) in &taken {
             // Cannot fail: the same resources were just given back.
-            let _ = cluster.reserve(*id, pod, binding);
+            let _ = cluster.restore(*id, pod, binding);
         }
         out
     }

@@ -1,0 +1,107 @@
+//! The job spec that `POST /v1/jobs` takes.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+
+/// A job priority: a class name or a number (higher is more important).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum PrioritySpec {
+    Class(String),
+    Value(u32),
+}
+
+/// Where a gang's members may go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TopologySpec {
+    #[default]
+    Any,
+    /// Every member on the node of the first (hard).
+    SameNode,
+    /// On one node when possible, anywhere otherwise.
+    PreferSameNode,
+}
+
+/// `POST /v1/jobs`: one pod, or a gang of `members` identical pods placed all or none.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSpec {
+    pub name: String,
+    /// Region to queue in (default: the first configured region); `auto` lets the
+    /// control plane choose by carbon, price and free capacity.
+    #[serde(default)]
+    pub region: Option<String>,
+    /// Tenant charged (default: the API token's tenant; only admins may name another).
+    #[serde(default)]
+    pub tenant: Option<String>,
+    /// `best-effort`, `batch` (default), `production`, `system`, or a number.
+    #[serde(default)]
+    pub priority: Option<PrioritySpec>,
+    #[serde(default = "one_member")]
+    pub members: u16,
+    /// Per member.
+    #[serde(default = "default_cpu_milli")]
+    pub cpu_milli: u64,
+    #[serde(default = "default_memory_mib")]
+    pub memory_mib: u64,
+    #[serde(default)]
+    pub gpus: u8,
+    /// Share of each GPU in milli-GPU (1..=1000); below 1000 only with `gpus = 1`.
+    #[serde(default)]
+    pub gpu_milli: Option<u32>,
+    /// Acceptable GPU models (as the firmware profiles name them); empty: any.
+    #[serde(default)]
+    pub gpu_models: Vec<String>,
+    /// One MIG slice of this profile (e.g. `1g.10gb`) instead of whole GPUs.
+    #[serde(default)]
+    pub mig_profile: Option<String>,
+    /// All of a member's GPUs in one NVLink domain.
+    #[serde(default)]
+    pub same_nvlink: bool,
+    #[serde(default)]
+    pub topology: TopologySpec,
+    /// What backfilling and the starvation reservation plan with; unknown if absent.
+    #[serde(default)]
+    pub expected_runtime_s: Option<u64>,
+    /// Finish by this unix second. Makes the job deferrable: it may wait for a
+    /// lower-carbon hour, and starts by `deadline_unix − expected_runtime_s` whatever
+    /// the forecast says. Needs `expected_runtime_s`.
+    #[serde(default)]
+    pub deadline_unix: Option<u64>,
+    /// How often the job checkpoints (for the expected cost of spot interruptions).
+    #[serde(default)]
+    pub checkpoint_interval_s: Option<u64>,
+    /// May be preempted by higher priorities (default: below `production`).
+    #[serde(default)]
+    pub preemptible: Option<bool>,
+    /// May run on spot capacity.
+    #[serde(default)]
+    pub spot_ok: bool,
+    /// Node labels required (`nephele.io/pool`, `nephele.io/profile` are set on every
+    /// node).
+    #[serde(default)]
+    pub node_selector: BTreeMap<String, String>,
+    #[serde(default)]
+    pub tolerations: Vec<String>,
+}
+
+fn one_member() -> u16 {
+    1
+}
+fn default_cpu_milli() -> u64 {
+    1000
+}
+fn default_memory_mib() -> u64 {
+    1024
+}
+
+impl JobSpec {
+    /// A one-member job with the defaults, for tests and the CLI.
+    pub fn named(name: &str) -> JobSpec {
+        serde_json::from_value(serde_json::json!({ "name": name }))
+            .unwrap_or_else(|_| unreachable!("a name alone is a valid spec"))
+    }
+}

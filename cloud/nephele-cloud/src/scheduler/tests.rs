@@ -1,0 +1,643 @@
+//! Tests of the region scheduler core.
+
+use super::*;
+
+fn region(max_nodes: u32) -> RegionConfig {
+    RegionConfig {
+        name: "eu".into(),
+        carbon_zone: None,
+        pools: vec![PoolConfig {
+            name: "l4".into(),
+            node_profile: "gpu-4x-l4".into(),
+            capacity_type: "on-demand".into(),
+            price_per_hour: 3.0,
+            max_nodes,
+            mig_profile: None,
+            interruptions_per_1000h: 0,
+        }],
+    }
+}
+
+fn tenants() -> Vec<TenantConfig> {
+    ["alpha", "beta"]
+        .into_iter()
+        .map(|name| TenantConfig {
+            name: name.into(),
+            weight: 1.0,
+            quota_cpu_milli: None,
+            quota_memory_mib: None,
+            quota_gpu_milli: (name == "beta").then_some(2000),
+        })
+        .collect()
+}
+
+fn scheduler(max_nodes: u32) -> RegionScheduler {
+    let config = SchedulerConfig {
+        grace_s: 10,
+        ..SchedulerConfig::default()
+    };
+    RegionScheduler::new(&region(max_nodes), &tenants(), &config).expect("valid")
+}
+
+fn spec(value: serde_json::Value) -> JobSpec {
+    serde_json::from_value(value).expect("valid spec")
+}
+
+#[test]
+fn jobs_wait_for_pool_agents_and_say_why() {
+    let mut s = scheduler(2);
+    let (view, _) = s
+        .submit(
+            "alpha",
+            spec(serde_json::json!({"name": "train", "gpus": 2})),
+            100,
+        )
+        .expect("accepted");
+    assert_eq!(view.state, "pending");
+    let why = view.why_pending.expect("why");
+    assert_eq!(why.message, "0/2 nodes can take it: 2 node down");
+    assert!(why.hint.expect("hint").contains("--role pool"));
+    assert_eq!(
+        s.agent_joined("pool-a", "gpu-4x-l4").as_deref(),
+        Some("l4-0")
+    );
+    // An agent with another profile gets no slot.
+    assert_eq!(s.agent_joined("cpu-1", "x86-cpu-server"), None);
+    let events = s.tick(101);
+    assert_eq!(
+        events,
+        vec![SchedEvent::Placed {
+            job: "alpha/train".into(),
+            nodes: vec!["l4-0".into()]
+        }]
+    );
+    let view = s.get("alpha", "train").expect("exists");
+    assert_eq!(view.state, "running");
+    assert_eq!(view.placement[0].agent.as_deref(), Some("pool-a"));
+    assert_eq!(view.placement[0].gpus.len(), 2);
+    // Tenant isolation: beta does not see alpha's job.
+    assert!(matches!(
+        s.get("beta", "train"),
+        Err(SchedError::NotFound(_))
+    ));
+    assert_eq!(s.list(Some("beta")).len(), 0);
+    assert_eq!(s.list(None).len(), 1);
+    assert!(s.accounting_holds());
+}
+
+#[test]
+fn a_gang_is_placed_whole_and_requeued_whole_when_a_node_goes() {
+    let mut s = scheduler(2);
+    s.agent_joined("pool-a", "gpu-4x-l4");
+    s.agent_joined("pool-b", "gpu-4x-l4");
+    let (view, _) = s
+        .submit(
+            "alpha",
+            spec(serde_json::json!({"name": "gang", "members": 2, "gpus": 3})),
+            0,
+        )
+        .expect("accepted");
+    assert_eq!(view.state, "running");
+    let nodes: Vec<&str> = view.placement.iter().map(|p| p.node.as_str()).collect();
+    assert_eq!(nodes.len(), 2);
+    assert_ne!(nodes[0], nodes[1]);
+    // A 3-member gang of 3 GPUs cannot fit in 2 nodes of 4: nothing is held for it.
+    let (big, _) = s
+        .submit(
+            "alpha",
+            spec(serde_json::json!({"name": "big", "members": 3, "gpus": 3})),
+            1,
+        )
+        .expect("accepted");
+    assert_eq!(big.state, "pending");
+    let free: u32 = s
+        .nodes()
+        .iter()
+        .flat_map(|n| n.gpu_free_milli.clone())
+        .sum();
+    assert_eq!(free, 2000);
+    let requeued = s.agent_left("pool-b", 5);
+    assert_eq!(requeued, vec!["alpha/gang".to_string()]);
+    let view = s.get("alpha", "gang").expect("exists");
+    assert_eq!(view.state, "pending");
+    assert_eq!(view.requeues, 1);
+    assert!(s.nodes().iter().all(|n| n.jobs.is_empty()));
+    // The agent comes back to its own slot and the gang runs again.
+    assert_eq!(
+        s.agent_joined("pool-b", "gpu-4x-l4").as_deref(),
+        Some("l4-1")
+    );
+    s.tick(6);
+    assert_eq!(s.get("alpha", "gang").expect("exists").state, "running");
+    assert!(s.accounting_holds());
+}
+
+#[test]
+fn higher_priority_preempts_after_the_grace_period_and_delete_frees_at_once() {
+    let mut s = scheduler(1);
+    s.agent_joined("pool-a", "gpu-4x-l4");
+    s.submit(
+        "alpha",
+        spec(serde_json::json!({"name": "low", "gpus": 4, "priority": "best-effort"})),
+        0,
+    )
+    .expect("accepted");
+    let (high, events) = s
+        .submit(
+            "alpha",
+            spec(serde_json::json!({"name": "high", "gpus": 4, "priority": "production"})),
+            1,
+        )
+        .expect("accepted");
+    assert_eq!(high.state, "pending");
+    assert_eq!(
+        events,
+        vec![SchedEvent::Preempting {
+            job: "alpha/low".into(),
+            by: "alpha/high".into(),
+            grace_seconds: 10
+        }]
+    );
+    let low = s.get("alpha", "low").expect("exists");
+    assert_eq!(low.state, "terminating");
+    assert_eq!(low.preempted_by.as_deref(), Some("alpha/high"));
+    assert_eq!(low.grace_deadline_unix, Some(11));
+    assert!(s.tick(5).is_empty());
+    let events = s.tick(11);
+    assert!(events.contains(&SchedEvent::Requeued {
+        job: "alpha/low".into()
+    }));
+    assert_eq!(s.get("alpha", "high").expect("exists").state, "running");
+    // Deleting the running job lets the preempted one back on at once.
+    let (gone, events) = s.delete("alpha", "high", 12).expect("exists");
+    assert_eq!(gone.state, "running");
+    assert_eq!(
+        events,
+        vec![SchedEvent::Placed {
+            job: "alpha/low".into(),
+            nodes: vec!["l4-0".into()]
+        }]
+    );
+    assert!(matches!(
+        s.get("alpha", "high"),
+        Err(SchedError::NotFound(_))
+    ));
+    assert!(s.accounting_holds());
+}
+
+#[test]
+fn quotas_and_bad_specs_are_explained() {
+    let mut s = scheduler(1);
+    s.agent_joined("pool-a", "gpu-4x-l4");
+    let (view, _) = s
+        .submit("beta", spec(serde_json::json!({"name": "j", "gpus": 3})), 0)
+        .expect("accepted");
+    let why = view.why_pending.expect("why");
+    assert!(why.message.contains("gpu quota"), "{}", why.message);
+    for (body, expect) in [
+        (
+            serde_json::json!({"name": "x", "gpus": 2, "gpu_milli": 500}),
+            "fractional",
+        ),
+        (
+            serde_json::json!({"name": "x", "gpu_milli": 500}),
+            "needs gpus",
+        ),
+        (
+            serde_json::json!({"name": "x", "gpus": 1, "gpu_models": ["TPU"]}),
+            "NVIDIA L4",
+        ),
+        (serde_json::json!({"name": "x", "members": 0}), "members"),
+        (
+            serde_json::json!({"name": "x", "mig_profile": "big"}),
+            "1g.10gb",
+        ),
+        (
+            serde_json::json!({"name": "x", "priority": "urgent"}),
+            "unknown",
+        ),
+        (serde_json::json!({"name": "Bad Name"}), "job"),
+    ] {
+        let result = s.submit("alpha", spec(body.clone()), 0);
+        match result {
+            Err(SchedError::BadRequest(message)) => {
+                assert!(message.contains(expect), "{body}: {message}")
+            }
+            other => panic!("{body}: {other:?}"),
+        }
+    }
+    assert!(matches!(
+        s.submit("gamma", JobSpec::named("x"), 0),
+        Err(SchedError::BadRequest(_))
+    ));
+    assert!(matches!(
+        s.submit("beta", JobSpec::named("j"), 0),
+        Err(SchedError::Conflict(_))
+    ));
+    // Unknown fields are refused by the JSON layer.
+    assert!(
+        serde_json::from_value::<JobSpec>(serde_json::json!({"name": "x", "gpu": 1})).is_err()
+    );
+}
+
+#[test]
+fn mig_pools_serve_slices() {
+    let mut region = region(1);
+    region.pools[0].node_profile = "dgx-a100-80gb".into();
+    region.pools[0].mig_profile = Some("1g.10gb".into());
+    let mut s = RegionScheduler::new(&region, &[], &SchedulerConfig::default()).expect("valid");
+    s.agent_joined("dgx", "dgx-a100-80gb");
+    let (view, _) = s
+        .submit(
+            "default",
+            spec(serde_json::json!({"name": "small", "mig_profile": "1g.10gb"})),
+            0,
+        )
+        .expect("accepted");
+    assert_eq!(view.state, "running");
+    assert_eq!(view.placement[0].mig_profile.as_deref(), Some("1g.10gb"));
+    let (whole, _) = s
+        .submit(
+            "default",
+            spec(serde_json::json!({"name": "whole", "gpus": 1})),
+            0,
+        )
+        .expect("accepted");
+    assert_eq!(whole.state, "pending");
+    let mut bad = region.clone();
+    bad.pools[0].mig_profile = Some("9g.99gb".into());
+    assert!(RegionScheduler::new(&bad, &[], &SchedulerConfig::default())
+        .err()
+        .expect("refused")
+        .contains("1g.10gb"));
+}
+
+/// Lowest at 03:00 UTC, highest at 15:00 (gCO₂eq/kWh), plus `level`.
+fn cycle(hour: u64, level: f64) -> f64 {
+    level + 200.0 - 100.0 * (((hour % 24) as f64 - 3.0) / 24.0 * std::f64::consts::TAU).cos()
+}
+
+/// 30 days of measurements ending with the hour of `now`.
+fn feed(s: &mut RegionScheduler, now: u64, level: f64) {
+    let end = now / HOUR_S;
+    let points: Vec<GridPoint> = (end - 30 * 24 + 1..=end)
+        .map(|hour| GridPoint {
+            hour,
+            carbon: Some(cycle(hour, level)),
+            price: Some(40.0),
+        })
+        .collect();
+    s.push_grid(&points, now).expect("valid push");
+}
+
+/// 2023-11-14 16:00 UTC: the next trough is 11 hours away.
+const NOW: u64 = 1_699_977_600 + 60;
+
+#[test]
+fn a_deferrable_job_waits_for_the_greener_hour_and_never_past_its_latest_start() {
+    let mut s = scheduler(1);
+    s.agent_joined("pool-a", "gpu-4x-l4");
+    feed(&mut s, NOW, 0.0);
+    let trough = (NOW / HOUR_S..NOW / HOUR_S + 24)
+        .find(|h| h % 24 == 3)
+        .expect("a 03:00");
+    let body = |name: &str, deadline: u64| {
+        spec(serde_json::json!({
+            "name": name, "gpus": 1, "expected_runtime_s": 3600, "deadline_unix": deadline
+        }))
+    };
+    let (view, events) = s
+        .submit("alpha", body("night", NOW + 20 * HOUR_S), NOW)
+        .expect("accepted");
+    assert_eq!(view.state, "deferred");
+    let plan = view.deferral.expect("a plan");
+    assert_eq!(plan.state, "waiting");
+    assert_eq!(plan.latest_start_unix, NOW + 19 * HOUR_S);
+    assert_eq!(plan.best_start_unix, Some(trough * HOUR_S));
+    assert!(plan.best_carbon.expect("best") < plan.carbon_now.expect("now"));
+    assert!(plan.reason.contains("lower-carbon hour"), "{}", plan.reason);
+    assert!(matches!(&events[..], [SchedEvent::Deferred { job, .. }] if job == "alpha/night"));
+    assert!(view.placement.is_empty() && s.nodes()[0].jobs.is_empty());
+    // A job without a deadline is not held.
+    let (now_job, _) = s
+        .submit(
+            "alpha",
+            spec(serde_json::json!({"name": "now", "gpus": 1})),
+            NOW,
+        )
+        .expect("accepted");
+    assert_eq!(now_job.state, "running");
+    // Its latest start falls within this hour: it goes at once, whatever the forecast.
+    let (tight, _) = s
+        .submit("alpha", body("tight", NOW + 3600 + 1200), NOW)
+        .expect("accepted");
+    assert_eq!(tight.state, "running");
+    let plan = tight.deferral.expect("a plan");
+    assert_eq!(plan.state, "released");
+    assert!(plan.reason.contains("latest start"), "{}", plan.reason);
+    // Hour by hour, with the feed's measurement of each hour, it waits for 03:00.
+    let mut hour = NOW / HOUR_S;
+    while hour < trough {
+        hour += 1;
+        let now = hour * HOUR_S + 30;
+        s.push_grid(
+            &[GridPoint {
+                hour,
+                carbon: Some(cycle(hour, 0.0)),
+                price: None,
+            }],
+            now,
+        )
+        .expect("valid push");
+        let state = s.get("alpha", "night").expect("exists").state;
+        if hour < trough {
+            assert_eq!(state, "deferred", "hour {}", hour % 24);
+        }
+    }
+    let night = s.get("alpha", "night").expect("exists");
+    assert_eq!(night.state, "running");
+    let plan = night.deferral.expect("a plan");
+    assert_eq!(plan.state, "released");
+    assert_eq!(plan.released_unix, Some(trough * HOUR_S + 30));
+    assert!(plan.carbon_now.expect("now") < plan.carbon_at_submit.expect("then"));
+    assert!(s.accounting_holds());
+}
+
+#[test]
+fn deadlines_are_checked_and_no_signal_means_no_wait() {
+    let mut s = scheduler(1);
+    s.agent_joined("pool-a", "gpu-4x-l4");
+    for (body, expect) in [
+        (
+            serde_json::json!({"name": "x", "deadline_unix": NOW + 7200}),
+            "needs expected_runtime_s",
+        ),
+        (
+            serde_json::json!({"name": "x", "deadline_unix": NOW + 600, "expected_runtime_s": 3600}),
+            "leaves less than",
+        ),
+        (
+            serde_json::json!({"name": "x", "deadline_unix": NOW + 40 * 86_400, "expected_runtime_s": 60}),
+            "days away",
+        ),
+    ] {
+        match s.submit("alpha", spec(body.clone()), NOW) {
+            Err(SchedError::BadRequest(message)) => {
+                assert!(message.contains(expect), "{body}: {message}")
+            }
+            other => panic!("{body}: {other:?}"),
+        }
+    }
+    let (view, _) = s
+        .submit(
+            "alpha",
+            spec(serde_json::json!({
+                "name": "later", "expected_runtime_s": 60, "deadline_unix": NOW + 86_400
+            })),
+            NOW,
+        )
+        .expect("accepted");
+    assert_eq!(view.state, "running");
+    let plan = view.deferral.expect("a plan");
+    assert!(
+        plan.reason.contains("no carbon measurements"),
+        "{}",
+        plan.reason
+    );
+    let grid = s.grid_view(NOW);
+    assert_eq!(grid.signal, "none");
+    assert!(grid.note.expect("note").contains("nephele grid push"));
+    // A measurement from the future is refused and changes nothing.
+    let future = GridPoint {
+        hour: NOW / HOUR_S + 1,
+        carbon: Some(10.0),
+        price: None,
+    };
+    assert!(matches!(
+        s.push_grid(&[future], NOW),
+        Err(SchedError::BadRequest(m)) if m.contains("has not begun")
+    ));
+    assert_eq!(s.grid_view(NOW).measured_hours, 0);
+    // A deferred job can be deleted while it waits.
+    feed(&mut s, NOW, 0.0);
+    let (held, _) = s
+        .submit(
+            "alpha",
+            spec(serde_json::json!({
+                "name": "held", "expected_runtime_s": 3600, "deadline_unix": NOW + 20 * HOUR_S
+            })),
+            NOW,
+        )
+        .expect("accepted");
+    assert_eq!(held.state, "deferred");
+    assert_eq!(s.grid_view(NOW).deferred_jobs, 1);
+    let (gone, _) = s.delete("alpha", "held", NOW).expect("exists");
+    assert_eq!(gone.state, "deferred");
+    assert!(s.get("alpha", "held").is_err());
+    assert_eq!(s.grid_view(NOW).deferred_jobs, 0);
+}
+
+fn named_region(name: &str, agents: usize) -> RegionScheduler {
+    let mut config = region(1);
+    config.name = name.into();
+    let mut s =
+        RegionScheduler::new(&config, &tenants(), &SchedulerConfig::default()).expect("valid");
+    for a in 0..agents {
+        s.agent_joined(&format!("{name}-{a}"), "gpu-4x-l4");
+    }
+    s
+}
+
+#[test]
+fn auto_region_takes_the_greener_region_with_room() {
+    let job = spec(serde_json::json!({"name": "t", "gpus": 2, "expected_runtime_s": 3600}));
+    let mut green = named_region("green", 1);
+    let mut brown = named_region("brown", 1);
+    feed(&mut green, NOW, 0.0);
+    feed(&mut brown, NOW, 300.0);
+    let weights = RegionWeightsConfig::default();
+    let offers = [brown.offer(&job, NOW), green.offer(&job, NOW)];
+    assert_eq!(offers[0].unit, "gpu");
+    assert_eq!((offers[0].demand, offers[0].free), (2.0, 4.0));
+    let choice = choose_region_for(&offers, weights).expect("a region");
+    assert_eq!(choice.chosen, "green");
+    assert!(choice.reason.contains("g/kWh"), "{}", choice.reason);
+    assert!(choice.candidates.iter().all(|c| c.score.is_some()));
+    // A deadline lets the comparison use each region's greenest window.
+    let deferrable = spec(serde_json::json!({
+        "name": "t", "gpus": 2, "expected_runtime_s": 3600, "deadline_unix": NOW + 20 * HOUR_S
+    }));
+    let offer = green.offer(&deferrable, NOW);
+    let now_only = green.offer(&job, NOW);
+    assert!(offer.window.as_ref().expect("w").1 < now_only.window.as_ref().expect("w").1);
+    // No room in the green region now: the brown one, which has it.
+    let mut full_green = named_region("green", 0);
+    feed(&mut full_green, NOW, 0.0);
+    let offers = [brown.offer(&job, NOW), full_green.offer(&job, NOW)];
+    let choice = choose_region_for(&offers, weights).expect("a region");
+    assert_eq!(choice.chosen, "brown");
+    let excluded = &choice.candidates[1];
+    assert_eq!(
+        excluded.excluded.as_deref(),
+        Some("not enough free capacity now")
+    );
+    // A region without a signal is not compared on carbon.
+    let mut dark = named_region("dark", 1);
+    let offers = [dark.offer(&job, NOW), brown.offer(&job, NOW)];
+    let choice = choose_region_for(&offers, weights).expect("a region");
+    assert_eq!(choice.chosen, "brown");
+    assert!(choice.candidates[0]
+        .excluded
+        .as_deref()
+        .expect("excluded")
+        .contains("no grid signal"));
+    // Without any signal it goes by free capacity alone.
+    let mut empty = named_region("empty", 0);
+    let offers = [empty.offer(&job, NOW), dark.offer(&job, NOW)];
+    let choice = choose_region_for(&offers, weights).expect("a region");
+    assert_eq!(choice.chosen, "dark");
+    // A region whose pools cannot hold it is never chosen; none at all is a 400.
+    let huge = spec(serde_json::json!({"name": "t", "gpus": 8}));
+    let offers = [green.offer(&huge, NOW)];
+    assert!(offers[0].unfit.is_some());
+    assert!(matches!(
+        choose_region_for(&offers, weights),
+        Err(SchedError::BadRequest(m)) if m.contains("no region can take")
+    ));
+    // And the chosen region records how.
+    let (view, _) = green
+        .submit_chosen("alpha", job.clone(), Some(choice_for_test()), NOW)
+        .expect("accepted");
+    assert_eq!(view.region_choice.expect("recorded").chosen, "green");
+}
+
+fn choice_for_test() -> RegionChoiceView {
+    RegionChoiceView {
+        chosen: "green".into(),
+        reason: "test".into(),
+        unit: "gpu",
+        demand: 2.0,
+        weights: RegionWeightsConfig::default(),
+        candidates: Vec::new(),
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Join(usize),
+    Leave(usize),
+    Submit {
+        tenant: usize,
+        class: usize,
+        members: u16,
+        gpus: u8,
+        milli: u32,
+    },
+    Delete(usize),
+    Tick(u64),
+    /// A measurement for the current hour.
+    Grid(u16),
+    /// A job that may wait up to this many hours.
+    Deferrable(u8),
+}
+
+fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+    use proptest::prelude::*;
+    prop_oneof![
+        2 => (0usize..4).prop_map(Op::Join),
+        1 => (0usize..4).prop_map(Op::Leave),
+        4 => (0usize..2, 0usize..3, 1u16..=3, 0u8..=4, 1u32..=1000).prop_map(
+            |(tenant, class, members, gpus, milli)| Op::Submit { tenant, class, members, gpus, milli }
+        ),
+        1 => (0usize..30).prop_map(Op::Delete),
+        2 => (1u64..20).prop_map(Op::Tick),
+        1 => (1u64..7200).prop_map(Op::Tick),
+        1 => (0u16..800).prop_map(Op::Grid),
+        1 => (0u8..10).prop_map(Op::Deferrable),
+    ]
+}
+
+proptest::proptest! {
+    /// Whatever agents, jobs and deletions arrive: the books balance, every placed
+    /// member sits on an up node served by an agent, a gang is placed whole or not
+    /// at all, the node view and the job view agree, and tenants see only their own.
+    #[test]
+    fn the_scheduler_shell_keeps_its_books(ops in proptest::collection::vec(op(), 1..60)) {
+        let mut s = scheduler(3);
+        let mut now = 0u64;
+        let mut submitted = 0usize;
+        for op in ops {
+            match op {
+                Op::Join(a) => { s.agent_joined(&format!("agent-{a}"), "gpu-4x-l4"); }
+                Op::Leave(a) => { s.agent_left(&format!("agent-{a}"), now); }
+                Op::Submit { tenant, class, members, gpus, milli } => {
+                    let milli = if gpus == 1 { milli } else { 1000 };
+                    let priority = ["best-effort", "batch", "production"][class];
+                    let body = serde_json::json!({
+                        "name": format!("j{submitted}"),
+                        "members": members,
+                        "gpus": gpus,
+                        "gpu_milli": if gpus > 0 { Some(milli) } else { None },
+                        "priority": priority,
+                        "expected_runtime_s": 30,
+                    });
+                    let tenant = ["alpha", "beta"][tenant];
+                    s.submit(tenant, spec(body), now).expect("valid job");
+                    submitted += 1;
+                }
+                Op::Delete(j) => {
+                    for tenant in ["alpha", "beta"] {
+                        let _ = s.delete(tenant, &format!("j{j}"), now);
+                    }
+                }
+                Op::Tick(dt) => { now += dt; s.tick(now); }
+                Op::Grid(value) => {
+                    let point = GridPoint { hour: now / HOUR_S, carbon: Some(f64::from(value)), price: None };
+                    s.push_grid(&[point], now).expect("valid measurement");
+                }
+                Op::Deferrable(hours) => {
+                    let body = serde_json::json!({
+                        "name": format!("j{submitted}"),
+                        "gpus": 1,
+                        "expected_runtime_s": 1800,
+                        "deadline_unix": now + 1800 + u64::from(hours) * HOUR_S,
+                    });
+                    s.submit("alpha", spec(body), now).expect("valid job");
+                    submitted += 1;
+                }
+            }
+            proptest::prop_assert!(s.accounting_holds());
+            let nodes = s.nodes();
+            let jobs = s.list(None);
+            for job in &jobs {
+                match job.state {
+                    "pending" => proptest::prop_assert!(job.placement.is_empty() && job.why_pending.is_some()),
+                    // Held out of the queue, and never past its latest start.
+                    "deferred" => {
+                        proptest::prop_assert!(job.placement.is_empty());
+                        let plan = job.deferral.as_ref().expect("a plan");
+                        proptest::prop_assert!(plan.latest_start_unix > now, "held past its latest start");
+                    }
+                    _ => {
+                        proptest::prop_assert_eq!(job.placement.len(), usize::from(job.spec.members));
+                        for member in &job.placement {
+                            let node = nodes.iter().find(|n| n.name == member.node).expect("node");
+                            proptest::prop_assert!(node.up && node.agent.is_some());
+                            proptest::prop_assert_eq!(&member.agent, &node.agent);
+                            let qualified = format!("{}/{}", job.tenant, job.name);
+                            proptest::prop_assert!(node.jobs.contains(&qualified));
+                        }
+                    }
+                }
+            }
+            let holding: usize = nodes.iter().map(|n| n.jobs.len()).sum();
+            let members_on_distinct_nodes: usize = jobs.iter().map(|j| {
+                j.placement.iter().map(|p| p.node.as_str()).collect::<std::collections::BTreeSet<_>>().len()
+            }).sum();
+            proptest::prop_assert_eq!(holding, members_on_distinct_nodes);
+            let alpha = s.list(Some("alpha"));
+            proptest::prop_assert!(alpha.iter().all(|j| j.tenant == "alpha"));
+            proptest::prop_assert_eq!(alpha.len() + s.list(Some("beta")).len(), jobs.len());
+        }
+    }
+}

@@ -7,9 +7,20 @@
 //! - [`inflation`]: the FGD paper's workload-inflation protocol on openb.
 //! - [`replay`]: time replay of openb through the scheduling queue (queueing delay,
 //!   JCT, utilisation, fairness, preemptions, cost and carbon per configuration).
+//! - [`autoscale`]: one region's replicas of a deployment under a request trace, scaled
+//!   by each policy of `nephele-autoscale` (static, HPA, KPA, ours) in virtual time;
+//!   [`autoscale_trace`] loads the traces (Azure code, Alibaba GenAI LoRA),
+//!   [`autoscale_llm`] is the continuous-batching LLM replica and
+//!   [`autoscale_oracle`] the clairvoyant schedule (simulator only),
+//!   [`autoscale_tune`] the grid that chose ours' parameters (tune parts only).
 //! - [`plot`]: SVG plots.
 //! - [`bench`]: placement throughput (`cargo bench`, `nephele bench placement`).
 
+pub mod autoscale;
+pub mod autoscale_llm;
+pub mod autoscale_oracle;
+pub mod autoscale_trace;
+pub mod autoscale_tune;
 pub mod bench;
 pub mod carbon;
 pub mod inflation;

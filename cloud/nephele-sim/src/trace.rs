@@ -539,12 +539,16 @@ pub fn load_azure_arrivals(data: &Path) -> Result<Vec<u64>> {
 }
 
 /// `YYYY-MM-DD HH:MM:SS[.fffffff]` (UTC) as microseconds since 1970.
-fn parse_utc_micros(text: &str) -> Option<i64> {
+pub(crate) fn parse_utc_micros(text: &str) -> Option<i64> {
     let text = text.trim();
     let hour = parse_utc_hour(text.get(..13)?)?;
     let minute: i64 = text.get(14..16)?.parse().ok()?;
     let second: i64 = text.get(17..19)?.parse().ok()?;
-    if text.get(13..14)? != ":" || text.get(16..17)? != ":" || minute > 59 || second > 60 {
+    if text.get(13..14)? != ":"
+        || text.get(16..17)? != ":"
+        || !(0..=59).contains(&minute)
+        || !(0..=60).contains(&second)
+    {
         return None;
     }
     let fraction = match text.get(19..) {

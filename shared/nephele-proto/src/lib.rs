@@ -14,6 +14,10 @@
 //! | control           | agent     | `AgentMessage::Hello` | cloud: `Welcome`, `DesiredState`…; agent: `Heartbeat`… |
 //! | request           | either    | `StreamRequest`   | one `StreamResponse`, stream ends           |
 //!
+//! Version 5 added jobs that run on pool agents (`DesiredState::jobs`, heartbeat
+//! `jobs`, `JobLogs`), the node report in `Hello`, spot interruption notices, and
+//! `ErrorFrame::retry_after_ms` for admission control.
+//!
 //! This crate does no IO: [`encode_frame`] and [`FrameDecoder`] are pure, so the same
 //! code is used by the QUIC shells and by the fuzz/property tests. Domain types are
 //! converted at the edges; only types defined here go on the wire.
@@ -25,7 +29,7 @@ pub use codec::{decode_payload, encode_frame, encode_payload, FrameDecoder, Fram
 pub use messages::*;
 
 /// Version of this protocol. Bumped on any incompatible change to a message.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// ALPN identifier for QUIC connections.
 pub const ALPN: &[u8] = b"nephele/1";

@@ -58,6 +58,18 @@ pub struct JoinAccepted {
 pub enum AgentMessage {
     Hello(Hello),
     Heartbeat(Heartbeat),
+    /// The node will be taken away (a spot interruption notice from its provider):
+    /// the region drains it within the notice.
+    Notice(InterruptionNotice),
+}
+
+/// A node's provider announced that it will reclaim the node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InterruptionNotice {
+    /// Time left before the node goes away, in seconds.
+    pub seconds: u32,
+    /// Where the notice came from, for the operator (e.g. `SIGUSR1`, `metadata service`).
+    pub source: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -73,6 +85,40 @@ pub struct Hello {
     pub models_cached: Vec<Digest>,
     /// Where applications on the device reach the agent, e.g. `127.0.0.1:8700`.
     pub local_endpoint: String,
+    /// What the node reports of itself (pool role): its address for gang rendezvous
+    /// and its GPUs as the driver lists them.
+    pub node: NodeReport,
+    /// Job members this agent is running or has finished (after an agent or control
+    /// plane restart the region reconciles with this).
+    pub jobs: Vec<JobMemberStatus>,
+}
+
+/// A pool node's own report.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct NodeReport {
+    /// Host or IP other members of a gang reach this node at (`MASTER_ADDR` when it
+    /// holds rank 0); empty: the host part of `local_endpoint`.
+    pub address: String,
+    /// GPUs as the driver lists them (`nvidia-smi -L`); empty where there are none or
+    /// no driver answers.
+    pub gpus: Vec<GpuReport>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuReport {
+    pub index: u32,
+    pub model: String,
+    pub uuid: String,
+    /// MIG instances on this GPU, in the driver's order.
+    pub mig: Vec<MigReport>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigReport {
+    /// e.g. `1g.10gb`.
+    pub profile: String,
+    /// e.g. `MIG-7c5f…`: what `CUDA_VISIBLE_DEVICES` names the slice by.
+    pub uuid: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -96,6 +142,60 @@ pub struct Welcome {
 pub struct DesiredState {
     pub generation: u64,
     pub assignments: Vec<Assignment>,
+    /// Pool role: every job member this agent must be running. A member it runs that
+    /// is not listed is stopped (SIGTERM, then SIGKILL after its `grace_ms`); a listed
+    /// one it already started (same job, attempt and member) is never started again.
+    pub jobs: Vec<JobLaunch>,
+}
+
+/// One member of one attempt of a job, to run as a process on a pool node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobLaunch {
+    /// `<tenant>/<name>/<n>`, unique in the agent's region: `n` numbers the job's
+    /// submissions, so a job deleted and submitted again under its name is a new key.
+    pub job: String,
+    /// Starts at 1; a requeued or retried job runs again as the next attempt.
+    pub attempt: u32,
+    pub member: u16,
+    /// Program and arguments (no shell).
+    pub argv: Vec<String>,
+    /// Environment on top of the agent's minimal one: the user's, then `RANK`,
+    /// `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`, `CUDA_VISIBLE_DEVICES`,
+    /// `NEPHELE_CHECKPOINT_DIR` and the `NEPHELE_JOB*` names set by the control plane.
+    pub env: Vec<(String, String)>,
+    /// Working directory; empty: a directory of its own in the agent's data dir.
+    pub working_dir: String,
+    /// Time between SIGTERM and SIGKILL when the member is stopped.
+    pub grace_ms: u64,
+}
+
+/// What became of one job member on an agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobMemberStatus {
+    pub job: String,
+    pub attempt: u32,
+    pub member: u16,
+    pub state: MemberState,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MemberState {
+    Running {
+        pid: u32,
+        started_unix: u64,
+    },
+    /// Sent SIGTERM (it is no longer desired); SIGKILL follows at the grace deadline.
+    Stopping {
+        pid: u32,
+    },
+    /// Exited by itself or after a stop: the exit code, or the signal that ended it.
+    Exited {
+        code: Option<i32>,
+        signal: Option<i32>,
+        finished_unix: u64,
+    },
+    /// The process could not be started (no such program, bad working dir…).
+    FailedToStart(String),
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -125,6 +225,9 @@ pub struct Heartbeat {
     pub deployments: Vec<DeploymentTelemetry>,
     /// The agent's link to the control plane as it measures it.
     pub link: LinkReport,
+    /// Pool role: every job member it runs, or ran and the desired state still lists
+    /// or listed in the last two minutes (so a stopped member's exit is heard).
+    pub jobs: Vec<JobMemberStatus>,
 }
 
 /// A link measurement: what the split planner plans a device's cut with.
@@ -268,6 +371,14 @@ pub enum RequestBody {
     },
     /// One inference request for a deployment.
     Infer(InferRequest),
+    /// Bytes of a job member's log (stdout and stderr as they came), from `offset`.
+    JobLogs {
+        job: String,
+        attempt: u32,
+        member: u16,
+        offset: u64,
+        max_bytes: u32,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -291,9 +402,20 @@ pub enum InferStage {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum StreamResponse {
-    Chunk { total_size: u64, data: Vec<u8> },
+    Chunk {
+        total_size: u64,
+        data: Vec<u8>,
+    },
     Inferred(InferResponse),
     Error(ErrorFrame),
+    /// Part of a job member's log: `data` starts at the requested offset.
+    Logs {
+        data: Vec<u8>,
+        /// Size of the log so far.
+        size: u64,
+        /// The member has exited: the log will not grow.
+        finished: bool,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -346,6 +468,8 @@ pub enum ErrorCode {
 pub struct ErrorFrame {
     pub code: ErrorCode,
     pub message: String,
+    /// For `Overloaded`: when to try again, ms (admission control's Retry-After).
+    pub retry_after_ms: Option<u32>,
 }
 
 impl ErrorFrame {
@@ -353,6 +477,16 @@ impl ErrorFrame {
         ErrorFrame {
             code,
             message: message.into(),
+            retry_after_ms: None,
+        }
+    }
+
+    /// An `Overloaded` answer that says when to retry.
+    pub fn overloaded(message: impl Into<String>, retry_after_ms: u32) -> Self {
+        ErrorFrame {
+            code: ErrorCode::Overloaded,
+            message: message.into(),
+            retry_after_ms: Some(retry_after_ms),
         }
     }
 }

@@ -67,6 +67,15 @@ fn manifest() -> ModelManifest {
     }
 }
 
+fn member_status(state: MemberState) -> JobMemberStatus {
+    JobMemberStatus {
+        job: "team-a/train".into(),
+        attempt: 1,
+        member: 0,
+        state,
+    }
+}
+
 fn assignment() -> Assignment {
     Assignment {
         deployment: "d".into(),
@@ -119,6 +128,22 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
                 profile_toml: "x".into(),
                 models_cached: vec![[7; 32]],
                 local_endpoint: "127.0.0.1:8700".into(),
+                node: NodeReport {
+                    address: "10.0.0.7".into(),
+                    gpus: vec![GpuReport {
+                        index: 0,
+                        model: "NVIDIA A100-SXM4-80GB".into(),
+                        uuid: "GPU-1".into(),
+                        mig: vec![MigReport {
+                            profile: "1g.10gb".into(),
+                            uuid: "MIG-2".into(),
+                        }],
+                    }],
+                },
+                jobs: vec![member_status(MemberState::Running {
+                    pid: 42,
+                    started_unix: 1_700_000_000,
+                })],
             })),
         ),
         (
@@ -149,6 +174,27 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
                     rtt_us: 2_500,
                     bandwidth_bps: 40_000_000,
                 },
+                jobs: vec![
+                    member_status(MemberState::Stopping { pid: 42 }),
+                    member_status(MemberState::Exited {
+                        code: Some(0),
+                        signal: None,
+                        finished_unix: 1_700_000_100,
+                    }),
+                    member_status(MemberState::Exited {
+                        code: None,
+                        signal: Some(15),
+                        finished_unix: 1_700_000_101,
+                    }),
+                    member_status(MemberState::FailedToStart("no such file".into())),
+                ],
+            })),
+        ),
+        (
+            "AgentMessage::Notice",
+            e(&AgentMessage::Notice(InterruptionNotice {
+                seconds: 120,
+                source: "SIGUSR1".into(),
             })),
         ),
         (
@@ -164,6 +210,15 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
             e(&CloudMessage::DesiredState(DesiredState {
                 generation: 7,
                 assignments: vec![assignment()],
+                jobs: vec![JobLaunch {
+                    job: "team-a/train".into(),
+                    attempt: 2,
+                    member: 3,
+                    argv: vec!["python3".into(), "train.py".into()],
+                    env: vec![("RANK".into(), "3".into())],
+                    working_dir: String::new(),
+                    grace_ms: 30_000,
+                }],
             })),
         ),
         ("CloudMessage::Refused", e(&CloudMessage::Refused(error()))),
@@ -206,6 +261,19 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
             }),
         ),
         (
+            "StreamRequest::JobLogs",
+            e(&StreamRequest {
+                protocol_version: PROTOCOL_VERSION,
+                body: RequestBody::JobLogs {
+                    job: "team-a/train".into(),
+                    attempt: 1,
+                    member: 0,
+                    offset: 4096,
+                    max_bytes: 65_536,
+                },
+            }),
+        ),
+        (
             "StreamResponse::Chunk",
             e(&StreamResponse::Chunk {
                 total_size: 3,
@@ -220,6 +288,18 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
                 computed_by: "pool-1".into(),
                 compute_us: 250,
             })),
+        ),
+        (
+            "StreamResponse::Logs",
+            e(&StreamResponse::Logs {
+                data: b"step 1\n".to_vec(),
+                size: 4103,
+                finished: false,
+            }),
+        ),
+        (
+            "StreamResponse::Error overloaded",
+            e(&StreamResponse::Error(ErrorFrame::overloaded("shed", 250))),
         ),
         (
             "StreamResponse::Error",

@@ -25,6 +25,7 @@ pub mod candle_bert;
 pub mod onnx_edit;
 #[cfg(feature = "onnxruntime")]
 pub mod ort_backend;
+pub mod synthetic;
 pub mod variants;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

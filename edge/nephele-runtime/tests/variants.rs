@@ -180,6 +180,12 @@ fn registry_dir(model: &str) -> Option<std::path::PathBuf> {
     if dir.join("validation.json").exists() {
         Some(dir)
     } else {
+        // CI always prepares them (tests/run.sh): there, a missing model is a failure.
+        assert!(
+            !std::env::var("CI").is_ok_and(|v| v == "true" || v == "1"),
+            "{} not prepared, and CI always prepares it: run `bash tests/run.sh`",
+            dir.display()
+        );
         eprintln!(
             "skipped: {} not prepared (run `bash shared/models/registry/prepare.sh`)",
             dir.display()

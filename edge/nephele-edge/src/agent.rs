@@ -11,6 +11,13 @@
 //! | waiting      | backoff elapsed             | connecting                             |
 //!
 //! Local serving goes on in every state: a lost control plane only stops offload.
+//!
+//! A pool agent also runs job members (`crate::jobs`): every `DesiredState`'s `jobs`
+//! go to its `JobRunner` at once (not through the model reconciler, which may be busy
+//! loading a model for minutes), its statuses ride in every `Heartbeat` and in `Hello`,
+//! and the control plane reads members' logs with `JobLogs` request streams. SIGUSR1
+//! sends an `InterruptionNotice` on the control stream (again on each new session
+//! while the notice has time left).
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -23,13 +30,14 @@ use nephele_domain::FirmwareProfile;
 use nephele_net::{read_frame, write_frame};
 use nephele_proto::{
     decode_payload, digest_hex, AgentMessage, CloudMessage, DeploymentPhase, DesiredState,
-    ErrorCode, ErrorFrame, Heartbeat, Hello, InferResponse, InferStage, LinkReport, ModelManifest,
-    RequestBody, StreamRequest, StreamResponse, VariantKind, CHUNK_BYTES, MAX_FRAME_BYTES,
-    PROTOCOL_VERSION,
+    ErrorCode, ErrorFrame, Heartbeat, Hello, InferResponse, InferStage, InterruptionNotice,
+    JobMemberStatus, LinkReport, ModelManifest, NodeReport, RequestBody, StreamRequest,
+    StreamResponse, VariantKind, CHUNK_BYTES, MAX_FRAME_BYTES, PROTOCOL_VERSION,
 };
 use tokio::sync::watch;
 
 use crate::config::Enrolment;
+use crate::jobs::{JobRunner, JobRunnerConfig, SupervisorCommand};
 use crate::serving::{Deployment, Server};
 use crate::RunArgs;
 
@@ -101,9 +109,30 @@ pub struct Agent {
     pub cache_dir: PathBuf,
     /// EWMA (1/4) of blob transfer throughput, bits per second (0: none measured).
     pub link_bps: AtomicU64,
+    /// The job runner; pool agents only.
+    pub jobs: Option<Arc<JobRunner>>,
+    /// What `Hello` says of the node (address, GPUs).
+    pub node: NodeReport,
+    /// Notice reported on SIGUSR1, seconds.
+    pub notice_seconds: u32,
+    /// When the node goes away, after SIGUSR1 announced it; sessions send it on.
+    pub notice: watch::Sender<Option<Instant>>,
+}
+
+impl Agent {
+    /// The job members to report (none on an edge agent).
+    pub fn job_statuses(&self) -> Vec<JobMemberStatus> {
+        self.jobs
+            .as_ref()
+            .map(|runner| runner.statuses())
+            .unwrap_or_default()
+    }
 }
 
 pub async fn run(args: RunArgs) -> Result<()> {
+    // First of all, so that a SIGUSR1 during start-up does not end the agent (its
+    // default action); notices given then are reported once the agent is up.
+    let interruptions = listen_for_interruptions();
     let enrolment = Enrolment::load(&args.data_dir)?;
     if let Some(role) = &args.role {
         if role != &enrolment.config.role {
@@ -144,6 +173,23 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let local_addr = listener.local_addr()?;
     let cache_dir = args.data_dir.join("models");
     std::fs::create_dir_all(&cache_dir)?;
+    // Pool agents run job members; the runner adopts those a previous agent left.
+    let jobs = if is_pool {
+        let config = JobRunnerConfig::new(&args.data_dir, SupervisorCommand::current()?);
+        let runner = tokio::task::spawn_blocking(move || JobRunner::start(config))
+            .await
+            .context("job runner start")??;
+        Some(Arc::new(runner))
+    } else {
+        None
+    };
+    let gpus =
+        tokio::task::spawn_blocking(|| crate::node::detect_gpus(crate::node::NVIDIA_SMI_TIMEOUT))
+            .await
+            .unwrap_or_default();
+    if !gpus.is_empty() {
+        tracing::info!(gpus = gpus.len(), "GPUs found by nvidia-smi");
+    }
     let agent = Arc::new(Agent {
         profile_name: profile_name.clone(),
         profile_toml,
@@ -154,7 +200,17 @@ pub async fn run(args: RunArgs) -> Result<()> {
         link_bps: AtomicU64::new(0),
         cache_dir,
         enrolment,
+        jobs,
+        node: NodeReport {
+            address: args.advertise_address.trim().to_string(),
+            gpus,
+        },
+        notice_seconds: args.notice_seconds,
+        notice: watch::channel(None).0,
     });
+    if let Some(interruptions) = interruptions {
+        tokio::spawn(relay_interruptions(agent.clone(), interruptions));
+    }
     tokio::spawn(crate::http::serve(listener, agent.clone()));
     if let Some(path) = &args.ready_file {
         let ready = serde_json::json!({"listen": local_addr.to_string(), "name": agent.enrolment.config.name});
@@ -177,6 +233,60 @@ pub async fn run(args: RunArgs) -> Result<()> {
         result = session => { result?; }
     }
     Ok(())
+}
+
+#[cfg(unix)]
+type Interruptions = tokio::signal::unix::Signal;
+#[cfg(not(unix))]
+type Interruptions = std::convert::Infallible;
+
+/// SIGUSR1, caught from now on; `None` (logged) where it cannot be.
+fn listen_for_interruptions() -> Option<Interruptions> {
+    #[cfg(unix)]
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1()) {
+        Ok(usr1) => Some(usr1),
+        Err(error) => {
+            tracing::warn!(%error, "cannot listen for SIGUSR1; spot interruption notices are off");
+            None
+        }
+    }
+    #[cfg(not(unix))]
+    None
+}
+
+/// SIGUSR1 announces that the node goes away within `--notice-seconds`: each one
+/// (re)sets the deadline the sessions report.
+#[cfg(unix)]
+async fn relay_interruptions(agent: Arc<Agent>, mut usr1: Interruptions) {
+    while usr1.recv().await.is_some() {
+        let seconds = agent.notice_seconds;
+        tracing::warn!(
+            seconds,
+            "SIGUSR1: this node will be taken away; telling the control plane"
+        );
+        agent.notice.send_replace(Some(
+            Instant::now() + Duration::from_secs(u64::from(seconds)),
+        ));
+    }
+}
+
+#[cfg(not(unix))]
+async fn relay_interruptions(_agent: Arc<Agent>, never: Interruptions) {
+    match never {}
+}
+
+/// The notice to send for a deadline, with the whole seconds left (rounded up); none
+/// once it has passed.
+fn interruption_notice(deadline: Option<Instant>, now: Instant) -> Option<AgentMessage> {
+    let left = deadline?.checked_duration_since(now)?;
+    if left.is_zero() {
+        return None;
+    }
+    let seconds = u32::try_from(left.as_millis().div_ceil(1000)).unwrap_or(u32::MAX);
+    Some(AgentMessage::Notice(InterruptionNotice {
+        seconds,
+        source: "SIGUSR1".into(),
+    }))
 }
 
 async fn shutdown_signal() {
@@ -258,6 +368,8 @@ async fn run_session(
             profile_toml: agent.profile_toml.clone(),
             models_cached: cached,
             local_endpoint: agent.local_endpoint.clone(),
+            node: agent.node.clone(),
+            jobs: agent.job_statuses(),
         }),
     )
     .await?;
@@ -306,11 +418,27 @@ async fn run_session(
     let mut heartbeat = tokio::time::interval(Duration::from_millis(u64::from(
         welcome.heartbeat_interval_ms.max(100),
     )));
+    // A notice still running from before this session is told to this one too.
+    let mut notice_rx = agent.notice.subscribe();
+    let pending_notice = *notice_rx.borrow_and_update();
+    if let Some(notice) = interruption_notice(pending_notice, Instant::now()) {
+        write_frame(&mut send, &notice).await?;
+    }
+    let mut warned_edge_jobs = false;
     let mut seq = 0u64;
     let reason = loop {
         tokio::select! {
             frame = read_frame::<CloudMessage>(&mut recv, MAX_FRAME_BYTES) => match frame {
                 Ok(Some(CloudMessage::DesiredState(desired))) => {
+                    // Jobs act now, whatever the model reconciler is busy with.
+                    match &agent.jobs {
+                        Some(runner) => runner.set_desired(desired.jobs.clone()),
+                        None if !desired.jobs.is_empty() && !warned_edge_jobs => {
+                            warned_edge_jobs = true;
+                            tracing::warn!(members = desired.jobs.len(), "the control plane sent job members to an edge agent; only pool agents run jobs");
+                        }
+                        None => {}
+                    }
                     let _ = desired_tx.send(Some(desired));
                 }
                 Ok(Some(CloudMessage::Refused(error))) => break format!("refused: {}", error.message),
@@ -318,6 +446,17 @@ async fn run_session(
                 Ok(None) => break "the control plane finished the control stream".into(),
                 Err(error) => break format!("control stream: {error}"),
             },
+            changed = notice_rx.changed() => {
+                if changed.is_err() {
+                    continue;
+                }
+                let deadline = *notice_rx.borrow_and_update();
+                if let Some(notice) = interruption_notice(deadline, Instant::now()) {
+                    if let Err(error) = write_frame(&mut send, &notice).await {
+                        break format!("interruption notice: {error}");
+                    }
+                }
+            }
             _ = heartbeat.tick() => {
                 seq += 1;
                 let beat = AgentMessage::Heartbeat(Heartbeat {
@@ -330,6 +469,7 @@ async fn run_session(
                         rtt_us: connection.rtt().as_micros() as u64,
                         bandwidth_bps: agent.link_bps.load(Ordering::Relaxed),
                     },
+                    jobs: agent.job_statuses(),
                 });
                 if let Err(error) = write_frame(&mut send, &beat).await {
                     break format!("heartbeat: {error}");
@@ -376,9 +516,43 @@ async fn serve_cloud_stream(
                 StreamResponse::Error(ErrorFrame::new(ErrorCode::Unavailable, error.to_string()))
             }
         },
+        Ok(Some(StreamRequest {
+            body:
+                RequestBody::JobLogs {
+                    job,
+                    attempt,
+                    member,
+                    offset,
+                    max_bytes,
+                },
+            ..
+        })) => match agent.jobs.clone() {
+            Some(runner) => {
+                let read = tokio::task::spawn_blocking(move || {
+                    runner.read_log(&job, attempt, member, offset, max_bytes)
+                })
+                .await;
+                match read {
+                    Ok(Ok(chunk)) => StreamResponse::Logs {
+                        data: chunk.data,
+                        size: chunk.size,
+                        finished: chunk.finished,
+                    },
+                    Ok(Err(error)) => StreamResponse::Error(error),
+                    Err(error) => StreamResponse::Error(ErrorFrame::new(
+                        ErrorCode::Internal,
+                        format!("reading the log failed: {error}"),
+                    )),
+                }
+            }
+            None => StreamResponse::Error(ErrorFrame::new(
+                ErrorCode::BadRequest,
+                "this is an edge agent: it runs no jobs, so it has no job logs (they are on the pool agent that ran the member)",
+            )),
+        },
         Ok(Some(_)) => StreamResponse::Error(ErrorFrame::new(
             ErrorCode::BadRequest,
-            "agents serve only inference requests",
+            "agents serve only inference and job log requests",
         )),
         Ok(None) => return,
         Err(error) => {
@@ -731,7 +905,9 @@ async fn fetch_model(agent: &Arc<Agent>, digest: &[u8; 32], size: u64) -> Result
                 tokio::fs::write(&partial_path, &bytes).await?;
             }
             StreamResponse::Error(error) => bail!("control plane: {}", error.message),
-            StreamResponse::Inferred(_) => bail!("unexpected answer to a chunk request"),
+            StreamResponse::Inferred(_) | StreamResponse::Logs { .. } => {
+                bail!("unexpected answer to a chunk request")
+            }
         }
     }
     if sha256(&bytes) != *digest {
@@ -792,6 +968,24 @@ mod tests {
             max_queue: 4,
             hard_example_threshold: None,
         }
+    }
+
+    #[test]
+    fn an_interruption_notice_reports_the_seconds_left_until_it_passes() {
+        let now = Instant::now();
+        let seconds = |deadline: Option<Instant>| match interruption_notice(deadline, now) {
+            Some(AgentMessage::Notice(notice)) => {
+                assert_eq!(notice.source, "SIGUSR1");
+                Some(notice.seconds)
+            }
+            Some(other) => panic!("not a notice: {other:?}"),
+            None => None,
+        };
+        assert_eq!(seconds(None), None);
+        assert_eq!(seconds(Some(now + Duration::from_secs(120))), Some(120));
+        assert_eq!(seconds(Some(now + Duration::from_millis(1500))), Some(2));
+        assert_eq!(seconds(Some(now)), None);
+        assert_eq!(seconds(now.checked_sub(Duration::from_secs(1))), None);
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! | `agent.key`           | this agent's private key (never leaves)      | 0600 |
 //! | `manifest-signing.pub`| Ed25519 key that signs model manifests (hex) | 0644 |
 //! | `models/<sha256>`     | verified model cache                         | 0644 |
+//! | `jobs/`               | pool agents: job state, member logs and dirs (`crate::jobs`) | |
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

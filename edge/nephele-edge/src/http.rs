@@ -3,7 +3,7 @@
 //! | route                          | does                                               |
 //! |--------------------------------|----------------------------------------------------|
 //! | `POST /v1/infer/{deployment}`  | `{"shape": [1, 64], "data": [...]}` → output, where it was computed |
-//! | `GET /v1/status`               | agent, connection and deployments as JSON          |
+//! | `GET /v1/status`               | agent, connection, deployments and job members as JSON |
 //! | `GET /metrics`                 | Prometheus text                                    |
 //! | `GET /healthz`                 | 200 when the process is up                         |
 
@@ -154,6 +154,19 @@ fn status(agent: &Agent) -> Response<Full<Bytes>> {
                 "queue_len": t.queue_len,
                 "p50_ms": t.p50_us as f64 / 1000.0,
                 "p99_ms": t.p99_us as f64 / 1000.0,
+            })).collect::<Vec<_>>(),
+            "jobs": agent.job_statuses().iter().map(|s| serde_json::json!({
+                "job": s.job,
+                "attempt": s.attempt,
+                "member": s.member,
+                "state": match &s.state {
+                    nephele_proto::MemberState::Running { pid, .. } => format!("running (pid {pid})"),
+                    nephele_proto::MemberState::Stopping { pid } => format!("stopping (pid {pid})"),
+                    nephele_proto::MemberState::Exited { code: Some(code), .. } => format!("exited {code}"),
+                    nephele_proto::MemberState::Exited { signal: Some(signal), .. } => format!("killed by signal {signal}"),
+                    nephele_proto::MemberState::Exited { .. } => "exited (status lost)".to_string(),
+                    nephele_proto::MemberState::FailedToStart(why) => format!("failed to start: {why}"),
+                },
             })).collect::<Vec<_>>(),
         }),
     )

@@ -4,7 +4,9 @@
 //! the cluster CA in the data dir. `run` keeps one mutual-TLS QUIC session to the
 //! control plane (reconnecting with backoff), reconciles the desired state it receives,
 //! serves inference on a local HTTP endpoint, and offloads what it cannot serve within
-//! the deployment's SLO. A `pool` agent serves the requests its region forwards.
+//! the deployment's SLO. A `pool` agent serves the requests its region forwards and
+//! runs the job members its region places on it (`jobs`), each under a supervisor
+//! (the hidden `supervise` subcommand) so that members outlive an agent restart.
 //!
 //! Deliberately absent: actix-web, the scheduler, anything the control plane alone needs.
 
@@ -13,6 +15,8 @@ pub mod batcher;
 pub mod config;
 pub mod enrol;
 pub mod http;
+pub mod jobs;
+pub mod node;
 pub mod serving;
 
 use std::net::SocketAddr;
@@ -27,9 +31,21 @@ pub enum EdgeCommand {
     /// Enrol this device with a join token (once).
     Join(JoinArgs),
     /// Run the agent (after `join`).
+    ///
+    /// Spot interruption: on SIGUSR1 the agent tells the control plane that this node
+    /// will be taken away within --notice-seconds (an interruption notice; the region
+    /// drains the node). Send it from the provider's notice hook, e.g.
+    /// `kill -USR1 $(pidof nephele-edge)`. A notice given while the control plane is
+    /// unreachable is sent when the session is back, with the time left.
+    ///
+    /// Pool agents run job members under supervisors; stopping the agent leaves them
+    /// running, and the next agent on the same data dir adopts them.
     Run(RunArgs),
     /// List the firmware profiles built into this binary.
     Profiles,
+    /// Run one job member and record its exit (started by a pool agent; not for people).
+    #[command(hide = true)]
+    Supervise(jobs::SuperviseArgs),
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -78,6 +94,13 @@ pub struct RunArgs {
     /// When ready, write {"listen", "name"} as JSON to this file.
     #[arg(long)]
     pub ready_file: Option<PathBuf>,
+    /// Host or IP other members of a job gang reach this node at (reported to the
+    /// control plane); empty: the host part of --listen.
+    #[arg(long, default_value = "")]
+    pub advertise_address: String,
+    /// Seconds of notice to report when SIGUSR1 announces a spot interruption.
+    #[arg(long, default_value_t = 120)]
+    pub notice_seconds: u32,
 }
 
 pub fn init_tracing() {
@@ -91,6 +114,11 @@ pub fn init_tracing() {
 
 /// Entry point of the binary.
 pub fn run_cli(command: EdgeCommand) -> Result<()> {
+    // The supervisor runs on a small runtime of its own and logs nothing: what it has
+    // to say goes to the member's status file and log.
+    if let EdgeCommand::Supervise(args) = &command {
+        return jobs::supervisor::supervise(args);
+    }
     init_tracing();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -99,6 +127,7 @@ pub fn run_cli(command: EdgeCommand) -> Result<()> {
     match command {
         EdgeCommand::Join(args) => runtime.block_on(enrol::join(args)),
         EdgeCommand::Run(args) => runtime.block_on(agent::run(args)),
+        EdgeCommand::Supervise(_) => Ok(()),
         EdgeCommand::Profiles => {
             for (name, text) in nephele_domain::builtin_profiles::BUILTIN {
                 match nephele_domain::FirmwareProfile::from_toml(text, Some(name)) {

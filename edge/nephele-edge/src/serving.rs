@@ -9,6 +9,11 @@
 //! | local queue has room and predicted local ≤ SLO × 1.25           | local (late, but answered)      |
 //! | otherwise                                                      | refuse with 429 and Retry-After |
 //!
+//! When the region's admission control refuses an offload (429 with a Retry-After, as
+//! `ErrorFrame::overloaded`), the agent keeps its requests local until then, without
+//! counting it against the circuit breaker; one it cannot serve locally gets 429 with
+//! the later of the two Retry-Afters.
+//!
 //! Predicted local = (requests queued or running + 1) × measured service time per row
 //! (as the batcher runs them) ÷ inference slots; predicted remote = the EWMA of measured
 //! offload round trips, or the QUIC RTT plus the local service time before the first.
@@ -36,8 +41,8 @@ use nephele_infer_policy::offload::{
 };
 use nephele_net::{read_frame, write_frame};
 use nephele_proto::{
-    Assignment, DeploymentPhase, DeploymentTelemetry, InferRequest, InferStage, RequestBody,
-    StreamRequest, StreamResponse, Tensor, MAX_FRAME_BYTES, PROTOCOL_VERSION,
+    Assignment, DeploymentPhase, DeploymentTelemetry, ErrorCode, InferRequest, InferStage,
+    RequestBody, StreamRequest, StreamResponse, Tensor, MAX_FRAME_BYTES, PROTOCOL_VERSION,
 };
 use nephele_telemetry::{LatencyWindow, Registry};
 use tokio::sync::Semaphore;
@@ -144,6 +149,33 @@ impl Deployment {
     }
 }
 
+/// Why an offload gave no answer.
+#[derive(Debug)]
+enum OffloadError {
+    /// The region's admission control refused it, saying when to try again.
+    Shed {
+        retry_after_ms: u64,
+        message: String,
+    },
+    /// The path or the replica failed (counts against the circuit breaker).
+    Failed(String),
+}
+
+impl std::fmt::Display for OffloadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OffloadError::Shed {
+                retry_after_ms,
+                message,
+            } => write!(
+                f,
+                "shed by the region (retry after {retry_after_ms} ms): {message}"
+            ),
+            OffloadError::Failed(message) => write!(f, "{message}"),
+        }
+    }
+}
+
 /// Where a request was computed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -196,6 +228,9 @@ pub struct Server {
     next_request_id: AtomicU64,
     /// One breaker for the agent's path to the cloud, shared by its deployments.
     breaker: Mutex<CircuitBreaker>,
+    /// Until when (µs on `origin`) the region sheds this agent's offloads (its
+    /// admission control answered 429 with a Retry-After): requests stay local.
+    shed_until_us: AtomicU64,
     policy: OffloadPolicy,
     origin: Instant,
 }
@@ -213,6 +248,7 @@ impl Server {
             metrics,
             next_request_id: AtomicU64::new(1),
             breaker: Mutex::new(CircuitBreaker::new(BreakerConfig::default())),
+            shed_until_us: AtomicU64::new(0),
             policy: OffloadPolicy::default(),
             origin: Instant::now(),
         }
@@ -237,6 +273,19 @@ impl Server {
             .unwrap_or_else(|p| p.into_inner())
             .clone()
             .filter(|c| c.close_reason().is_none())
+    }
+
+    /// How long the region still sheds offloads, ms (0: it does not).
+    fn shed_ms(&self) -> u64 {
+        self.shed_until_us
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.now_us())
+            .div_ceil(1000)
+    }
+
+    /// The connection to offload over, unless the region sheds now.
+    fn offload_connection(&self) -> Option<quinn::Connection> {
+        (self.shed_ms() == 0).then(|| self.connection()).flatten()
     }
 
     /// Serves one request, locally or in the cloud (see the module table).
@@ -264,7 +313,7 @@ impl Server {
         }
         let params = deployment.params();
         let connection = if params.offload {
-            self.connection()
+            self.offload_connection()
         } else {
             None
         };
@@ -309,7 +358,8 @@ impl Server {
                     Err(error) => {
                         tracing::debug!(deployment = %deployment.name, %error, "offload failed");
                         if !fallback_local {
-                            let retry_after_ms = (local_service_us / 1000).max(1);
+                            let retry_after_ms =
+                                (local_service_us / 1000).max(1).max(self.shed_ms());
                             return Err(self.reject(&deployment, retry_after_ms));
                         }
                         self.run_local(&deployment, input).await
@@ -317,7 +367,7 @@ impl Server {
                 }
             }
             (Route::Reject { retry_after_ms }, _) => {
-                return Err(self.reject(&deployment, retry_after_ms))
+                return Err(self.reject(&deployment, retry_after_ms.max(self.shed_ms())))
             }
             (Route::Offload { .. }, None) | (Route::Local, _) => {
                 let mut local = self.run_local(&deployment, input.clone()).await;
@@ -326,7 +376,7 @@ impl Server {
                 if let (Err(ServeError::Overloaded { .. }), false, true) =
                     (&local, self.is_pool, params.offload)
                 {
-                    if let Some(connection) = self.connection() {
+                    if let Some(connection) = self.offload_connection() {
                         if self.breaker().allow(self.now_us()) {
                             match self
                                 .offload(&connection, &deployment, input.clone(), InferStage::Whole)
@@ -334,7 +384,12 @@ impl Server {
                             {
                                 Ok(answer) => local = Ok(answer),
                                 Err(error) => {
-                                    tracing::debug!(deployment = %deployment.name, %error, "overflow offload failed; refusing")
+                                    tracing::debug!(deployment = %deployment.name, %error, "overflow offload failed; refusing");
+                                    if let Err(ServeError::Overloaded { retry_after_ms, .. }) =
+                                        &mut local
+                                    {
+                                        *retry_after_ms = (*retry_after_ms).max(self.shed_ms());
+                                    }
                                 }
                             }
                         }
@@ -692,7 +747,24 @@ impl Server {
                 };
                 deployment.offload_ewma_us.store(next, Ordering::Relaxed);
             }
-            Err(_) => {
+            Err(OffloadError::Shed {
+                retry_after_ms,
+                message,
+            }) => {
+                // The region is healthy and said so: not a failure of the path, so
+                // the breaker is left alone; requests stay local until Retry-After.
+                let until = now_us.saturating_add(retry_after_ms.saturating_mul(1000));
+                self.shed_until_us.fetch_max(until, Ordering::Relaxed);
+                tracing::debug!(deployment = %deployment.name, %message, retry_after_ms, "the region sheds offloads");
+                self.metrics
+                    .counter(
+                        "nephele_agent_offloads_shed_total",
+                        "Offloads the region refused with a Retry-After (admission control); served locally or refused.",
+                        &[("deployment", &deployment.name)],
+                    )
+                    .inc();
+            }
+            Err(OffloadError::Failed(_)) => {
                 self.breaker().on_failure(now_us);
                 self.metrics
                     .counter(
@@ -703,7 +775,7 @@ impl Server {
                     .inc();
             }
         }
-        result
+        result.map_err(|e| e.to_string())
     }
 
     async fn offload_exchange(
@@ -712,7 +784,7 @@ impl Server {
         deployment: &Arc<Deployment>,
         input: Tensor,
         stage: InferStage,
-    ) -> Result<Answer, String> {
+    ) -> Result<Answer, OffloadError> {
         let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
         let slo = Duration::from_millis(u64::from(deployment.params().slo_ms));
         let exchange = async {
@@ -739,7 +811,8 @@ impl Server {
         };
         let response = tokio::time::timeout((slo * 20).max(Duration::from_secs(2)), exchange)
             .await
-            .map_err(|_| "offload timed out".to_string())??;
+            .map_err(|_| OffloadError::Failed("offload timed out".into()))?
+            .map_err(OffloadError::Failed)?;
         match response {
             StreamResponse::Inferred(inferred) => {
                 deployment.served_offloaded.fetch_add(1, Ordering::Relaxed);
@@ -751,10 +824,16 @@ impl Server {
                     hard_example: false,
                 })
             }
-            StreamResponse::Error(error) => Err(error.to_string()),
-            StreamResponse::Chunk { .. } => {
-                Err("unexpected chunk in answer to an inference request".into())
-            }
+            StreamResponse::Error(error) => match (error.code, error.retry_after_ms) {
+                (ErrorCode::Overloaded, Some(retry_after_ms)) => Err(OffloadError::Shed {
+                    retry_after_ms: u64::from(retry_after_ms),
+                    message: error.message,
+                }),
+                _ => Err(OffloadError::Failed(error.to_string())),
+            },
+            StreamResponse::Chunk { .. } | StreamResponse::Logs { .. } => Err(
+                OffloadError::Failed("unexpected answer to an inference request".into()),
+            ),
         }
     }
 

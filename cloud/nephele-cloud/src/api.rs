@@ -10,7 +10,8 @@ use serde::Deserialize;
 
 use crate::federation::*;
 use crate::region::{
-    DeleteJob, GetGrid, GetJob, ListJobs, ListNodes, OfferJob, PushGrid, RegionActor, SubmitJob,
+    DeleteJob, DrainNode, GetGrid, GetJob, GetReplicas, InterruptNode, JobLogs, ListJobs,
+    ListNodes, OfferJob, PushGrid, RegionActor, SubmitJob,
 };
 use crate::scheduler::{
     choose_region_for, JobSpec, JobView, RegionWeightsConfig, SchedError, AUTO_REGION,
@@ -805,6 +806,212 @@ async fn list_nodes(
     Ok(HttpResponse::Ok().json(nodes))
 }
 
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct LogQuery {
+    pub region: Option<String>,
+    pub tenant: Option<String>,
+    #[serde(default)]
+    pub member: u16,
+    pub attempt: Option<u32>,
+    #[serde(default)]
+    pub offset: u64,
+    pub max_bytes: Option<u32>,
+}
+
+/// Most log bytes one call returns.
+pub const MAX_LOG_BYTES: u32 = 1024 * 1024;
+
+/// `GET /v1/jobs/{name}/logs[?member=&attempt=&offset=&max_bytes=&region=&tenant=]`: a
+/// job member's output (stdout and stderr as they came), read from its pool agent,
+/// from `offset`. `finished` says the member has exited (the log will not grow);
+/// follow a running one by asking again from `next_offset`.
+async fn job_logs(
+    request: HttpRequest,
+    state: web::Data<ApiState>,
+    name: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let principal = authorize(&request, &state).await?;
+    let query = web::Query::<LogQuery>::from_query(request.query_string())
+        .map(web::Query::into_inner)
+        .map_err(|e| {
+            ApiError::BadRequest(format!(
+                "bad query ({e}); accepted: member, attempt, offset, max_bytes, region, tenant"
+            ))
+        })?;
+    let job_query = JobQuery {
+        region: query.region.clone(),
+        tenant: query.tenant.clone(),
+    };
+    let (actor, tenant, view) = find_job(&state, &principal, &job_query, &name).await?;
+    let max_bytes = query
+        .max_bytes
+        .unwrap_or(256 * 1024)
+        .clamp(1, MAX_LOG_BYTES);
+    let (connection, body) = ask_region!(
+        state,
+        "job_logs",
+        actor,
+        JobLogs {
+            tenant,
+            name: name.to_string(),
+            member: query.member,
+            attempt: query.attempt,
+            offset: query.offset,
+            max_bytes,
+        }
+    )?;
+    let attempt = match &body {
+        nephele_proto::RequestBody::JobLogs { attempt, .. } => *attempt,
+        _ => view.attempt,
+    };
+    let exchange = async {
+        let (mut send, mut recv) = connection
+            .open_bi()
+            .await
+            .map_err(|e| ApiError::Internal(format!("cannot reach the node's agent: {e}")))?;
+        nephele_net::write_frame(
+            &mut send,
+            &nephele_proto::StreamRequest {
+                protocol_version: nephele_proto::PROTOCOL_VERSION,
+                body,
+            },
+        )
+        .await
+        .map_err(|e| ApiError::Internal(format!("cannot ask the node's agent: {e}")))?;
+        let _ = send.finish();
+        nephele_net::read_frame::<nephele_proto::StreamResponse>(
+            &mut recv,
+            nephele_proto::MAX_FRAME_BYTES,
+        )
+        .await
+        .map_err(|e| ApiError::Internal(format!("the node's agent did not answer: {e}")))?
+        .ok_or_else(|| ApiError::Internal("the node's agent closed the stream".into()))
+    };
+    let response = tokio::time::timeout(std::time::Duration::from_secs(15), exchange)
+        .await
+        .map_err(|_| ApiError::Internal("the node's agent did not answer in 15 s".into()))??;
+    match response {
+        nephele_proto::StreamResponse::Logs {
+            data,
+            size,
+            finished,
+        } => Ok(HttpResponse::Ok().json(serde_json::json!({
+            "job": name.as_str(),
+            "attempt": attempt,
+            "member": query.member,
+            "offset": query.offset,
+            "next_offset": query.offset + data.len() as u64,
+            "size": size,
+            "finished": finished,
+            "data": String::from_utf8_lossy(&data),
+        }))),
+        nephele_proto::StreamResponse::Error(error) => Err(match error.code {
+            nephele_proto::ErrorCode::NotFound => ApiError::NotFound(error.message),
+            nephele_proto::ErrorCode::BadRequest => ApiError::BadRequest(error.message),
+            _ => ApiError::Internal(error.message),
+        }),
+        _ => Err(ApiError::Internal(
+            "the node's agent answered something else than a log".into(),
+        )),
+    }
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct InterruptBody {
+    /// Seconds until the node goes (a spot interruption notice; AWS gives 120).
+    #[serde(default = "default_notice_s")]
+    pub notice_s: u64,
+}
+
+fn default_notice_s() -> u64 {
+    120
+}
+
+/// `POST /v1/regions/{name}/nodes/{node}/interrupt` (admin) `{"notice_s"}`: the node's
+/// provider will take it away (a spot interruption): its replicas start elsewhere
+/// first, its jobs checkpoint and run again elsewhere, and it is released.
+async fn interrupt_node(
+    request: HttpRequest,
+    state: web::Data<ApiState>,
+    path: web::Path<(String, String)>,
+    body: web::Bytes,
+) -> Result<HttpResponse, ApiError> {
+    let principal = authorize(&request, &state).await?;
+    if !principal.is_admin() {
+        return Err(ApiError::Forbidden(
+            "interruption notices need an admin token".into(),
+        ));
+    }
+    let parsed: InterruptBody = if body.is_empty() {
+        InterruptBody::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|e| {
+            ApiError::BadRequest(format!("invalid notice ({e}); expected {{\"notice_s\"}}"))
+        })?
+    };
+    if parsed.notice_s == 0 || parsed.notice_s > 3600 {
+        return Err(ApiError::BadRequest(
+            "notice_s must be 1..=3600 seconds".into(),
+        ));
+    }
+    let (region, node) = path.into_inner();
+    let actor = region_actor(&state, &region)?;
+    let result = ask_region!(
+        state,
+        "interrupt_node",
+        actor,
+        InterruptNode {
+            node,
+            seconds: parsed.notice_s,
+            source: "API".into(),
+        }
+    );
+    Ok(HttpResponse::Ok().json(result?))
+}
+
+/// `POST /v1/regions/{name}/nodes/{node}/drain` (admin): move its work elsewhere and,
+/// in a pool with a provider, release it.
+async fn drain_node(
+    request: HttpRequest,
+    state: web::Data<ApiState>,
+    path: web::Path<(String, String)>,
+) -> Result<HttpResponse, ApiError> {
+    let principal = authorize(&request, &state).await?;
+    if !principal.is_admin() {
+        return Err(ApiError::Forbidden(
+            "draining a node needs an admin token".into(),
+        ));
+    }
+    let (region, node) = path.into_inner();
+    let actor = region_actor(&state, &region)?;
+    let result = ask_region!(state, "drain_node", actor, DrainNode { node });
+    Ok(HttpResponse::Ok().json(result?))
+}
+
+/// `GET /v1/deployments/{name}/replicas`: its cloud replicas in every region with
+/// pools, and what each region's autoscaler decided.
+async fn deployment_replicas(
+    request: HttpRequest,
+    state: web::Data<ApiState>,
+    name: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    authorize(&request, &state).await?;
+    let mut views = Vec::new();
+    for (_, actor) in regions_to_search(&state, None)? {
+        if let Some(view) = actor
+            .send(GetReplicas(name.to_string()))
+            .await
+            .map_err(mailbox)?
+        {
+            views.push(view);
+        }
+    }
+    count(&state, "deployment_replicas", true);
+    Ok(HttpResponse::Ok().json(views))
+}
+
 async fn metrics(state: web::Data<ApiState>) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")
@@ -859,17 +1066,30 @@ pub fn routes(config: &mut web::ServiceConfig) {
         .route("/v1/deployments", web::get().to(list_deployments))
         .route("/v1/deployments/{name}", web::get().to(get_deployment))
         .route(
+            "/v1/deployments/{name}/replicas",
+            web::get().to(deployment_replicas),
+        )
+        .route(
             "/v1/deployments/{name}",
             web::delete().to(delete_deployment),
         )
         .route("/v1/regions", web::get().to(list_regions))
         .route("/v1/regions/{name}/nodes", web::get().to(list_nodes))
+        .route(
+            "/v1/regions/{name}/nodes/{node}/interrupt",
+            web::post().to(interrupt_node),
+        )
+        .route(
+            "/v1/regions/{name}/nodes/{node}/drain",
+            web::post().to(drain_node),
+        )
         .route("/v1/regions/{name}/grid", web::put().to(push_grid))
         .route("/v1/regions/{name}/grid", web::get().to(get_grid))
         .route("/v1/jobs", web::post().to(submit_job))
         .route("/v1/jobs", web::get().to(list_jobs))
         .route("/v1/jobs/{name}", web::get().to(get_job))
         .route("/v1/jobs/{name}", web::delete().to(delete_job))
+        .route("/v1/jobs/{name}/logs", web::get().to(job_logs))
         .default_service(web::to(|| async {
             ApiError::NotFound("no such route; see the README's API section".into())
                 .error_response()

@@ -27,6 +27,141 @@ pub struct CloudConfig {
     #[serde(rename = "tenant")]
     pub tenants: Vec<TenantConfig>,
     pub scheduler: SchedulerConfig,
+    /// How cloud replicas of offload deployments are scaled.
+    pub autoscale: AutoscaleConfig,
+    /// How pools with a provider gain and lose nodes.
+    pub nodes: NodesConfig,
+}
+
+/// The autoscaler each region ticks for the cloud replicas of every deployment that
+/// may offload (see `nephele-autoscale`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AutoscaleConfig {
+    /// How often each region decides, in milliseconds (at least 100).
+    pub tick_ms: u64,
+    /// Replicas per region of a deployment that may offload, unless the deployment
+    /// says otherwise.
+    pub min_replicas: u32,
+    pub max_replicas: u32,
+    /// Priority of serving replicas (above `batch`, 100, so they preempt batch work;
+    /// below `production`, 1000), unless the deployment says otherwise.
+    pub replica_priority: u32,
+    /// What one replica asks of its node unless the deployment says otherwise: CPU
+    /// and memory; the GPU share is sized from the model (see the README).
+    pub replica_cpu_milli: u64,
+    pub replica_memory_mib: u64,
+    /// The autoscaler's own settings (`[autoscale.policy]`: stabilisation windows,
+    /// thresholds, forecast, warm pool, admission; see `nephele-autoscale`). Its
+    /// replica bounds and latency target come from each deployment.
+    pub policy: nephele_autoscale::OursConfig,
+}
+
+impl Default for AutoscaleConfig {
+    fn default() -> Self {
+        AutoscaleConfig {
+            tick_ms: 5000,
+            min_replicas: 1,
+            max_replicas: 8,
+            replica_priority: 500,
+            replica_cpu_milli: 1000,
+            replica_memory_mib: 1024,
+            policy: nephele_autoscale::OursConfig::default(),
+        }
+    }
+}
+
+/// Node provisioning: when pools with a provider add and release nodes.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct NodesConfig {
+    /// A node that has held nothing this long (seconds) is released, down to the
+    /// pool's `min_nodes`.
+    pub scale_down_after_s: u64,
+    /// Most nodes being drained or released at once (a disruption budget).
+    pub disruption_budget: u32,
+    /// A launched node that has not connected after this long (seconds) is released
+    /// and launched again.
+    pub join_timeout_s: u64,
+    /// First wait after a failed launch or release (seconds); it doubles per failure
+    /// in a row, up to 300 s.
+    pub retry_after_s: u64,
+    /// The `local` provider.
+    pub local: LocalProviderConfig,
+}
+
+impl Default for NodesConfig {
+    fn default() -> Self {
+        NodesConfig {
+            scale_down_after_s: 120,
+            disruption_budget: 1,
+            join_timeout_s: 120,
+            retry_after_s: 5,
+            local: LocalProviderConfig::default(),
+        }
+    }
+}
+
+/// The `local` provider runs pool agents as processes on this machine.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LocalProviderConfig {
+    /// The agent program and the arguments before its subcommand; empty: the
+    /// `nephele-edge` next to this binary, or this binary's `edge` subcommand when it
+    /// is `nephele`.
+    pub agent_command: Vec<String>,
+    /// Seconds between asking for a node and starting its agent. It stands for a
+    /// cloud machine's boot and image pull, which a local process does not have.
+    pub boot_delay_s: f64,
+    /// Inference slots of each local pool agent (`nephele-edge run --workers`).
+    pub workers: u32,
+    /// Where the nodes' data dirs go; empty: `<data_dir>/nodes`.
+    pub data_dir: Option<PathBuf>,
+}
+
+impl Default for LocalProviderConfig {
+    fn default() -> Self {
+        LocalProviderConfig {
+            agent_command: Vec::new(),
+            boot_delay_s: 0.0,
+            workers: 1,
+            data_dir: None,
+        }
+    }
+}
+
+/// How a pool gets its nodes.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ProviderKind {
+    /// Nodes are enrolled by hand; each fills a free slot when it connects.
+    #[default]
+    None,
+    /// Pool agents started and stopped as processes on the control plane's machine.
+    Local,
+    /// Operator scripts add and remove nodes (`[region.pool.command]`).
+    Command,
+}
+
+/// The `command` provider's scripts for one pool (see deploy/providers/README.md).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CommandProviderConfig {
+    /// Adds a node: run with NEPHELE_REGION, NEPHELE_POOL, NEPHELE_NODE,
+    /// NEPHELE_PROFILE, NEPHELE_CAPACITY_TYPE, NEPHELE_SERVER and NEPHELE_JOIN_TOKEN.
+    pub add: String,
+    /// Removes a node: run with NEPHELE_REGION, NEPHELE_POOL and NEPHELE_NODE.
+    pub remove: String,
+    /// Lists the nodes it manages, one name per line (optional).
+    #[serde(default)]
+    pub list: Option<String>,
+    /// A script still running after this many seconds is killed and counts as failed.
+    #[serde(default = "default_script_timeout")]
+    pub timeout_s: u64,
+}
+
+fn default_script_timeout() -> u64 {
+    300
 }
 
 /// A tenant of the job scheduler: its dominant-resource-fairness weight and quota.
@@ -69,6 +204,18 @@ pub struct SchedulerConfig {
     pub fairness: bool,
     /// How jobs submitted with `"region": "auto"` weigh carbon, price and free capacity.
     pub region_weights: crate::scheduler::RegionWeightsConfig,
+    /// Where jobs' checkpoint directories go (`NEPHELE_CHECKPOINT_DIR` =
+    /// `<checkpoint_root>/<region>/<tenant>/<job>`, the same for every attempt). Pool
+    /// nodes must all see it (a shared mount); empty: `<data_dir>/checkpoints`, which
+    /// only nodes on this machine (the `local` provider) share.
+    pub checkpoint_root: Option<PathBuf>,
+    /// First and last port handed to gangs as `MASTER_PORT` (one per running attempt).
+    pub rendezvous_ports: [u16; 2],
+    /// After a control-plane restart, how long (seconds) a job that was running may
+    /// wait for its nodes' agents to report back before it runs again elsewhere.
+    pub recover_timeout_s: u64,
+    /// First wait before a failed job runs again (seconds); doubles per failure.
+    pub retry_backoff_s: u64,
 }
 
 impl Default for SchedulerConfig {
@@ -81,6 +228,10 @@ impl Default for SchedulerConfig {
             preemption: true,
             fairness: true,
             region_weights: Default::default(),
+            checkpoint_root: None,
+            rendezvous_ports: [29500, 30499],
+            recover_timeout_s: 60,
+            retry_backoff_s: 10,
         }
     }
 }
@@ -119,6 +270,16 @@ pub struct PoolConfig {
     /// Expected provider interruptions per 1000 node-hours (spot pools).
     #[serde(default)]
     pub interruptions_per_1000h: u32,
+    /// Who adds and removes this pool's nodes: `none` (enrolled by hand), `local` or
+    /// `command`.
+    #[serde(default)]
+    pub provider: ProviderKind,
+    /// Nodes a provider keeps even when idle.
+    #[serde(default)]
+    pub min_nodes: u32,
+    /// The scripts, for `provider = "command"`.
+    #[serde(default)]
+    pub command: Option<CommandProviderConfig>,
 }
 
 fn default_max_nodes() -> u32 {
@@ -149,10 +310,15 @@ impl Default for CloudConfig {
                     max_nodes: 4,
                     mig_profile: None,
                     interruptions_per_1000h: 0,
+                    provider: ProviderKind::None,
+                    min_nodes: 0,
+                    command: None,
                 }],
             }],
             tenants: Vec::new(),
             scheduler: SchedulerConfig::default(),
+            autoscale: AutoscaleConfig::default(),
+            nodes: NodesConfig::default(),
         }
     }
 }
@@ -199,6 +365,47 @@ impl CloudConfig {
                 }
                 crate::scheduler::node_spec(&region.name, pool)
                     .map_err(|e| format!("pool {}: {e}", pool.name))?;
+                if pool.min_nodes > pool.max_nodes {
+                    return Err(format!(
+                        "pool {}: min_nodes ({}) is above max_nodes ({})",
+                        pool.name, pool.min_nodes, pool.max_nodes
+                    ));
+                }
+                match (pool.provider, &pool.command) {
+                    (ProviderKind::Command, None) => {
+                        return Err(format!(
+                            "pool {}: provider = \"command\" needs [region.pool.command] with `add` and `remove` scripts",
+                            pool.name
+                        ))
+                    }
+                    (ProviderKind::Command, Some(command)) => {
+                        if command.add.trim().is_empty() || command.remove.trim().is_empty() {
+                            return Err(format!(
+                                "pool {}: [region.pool.command] add and remove must name scripts",
+                                pool.name
+                            ));
+                        }
+                        if command.timeout_s == 0 {
+                            return Err(format!(
+                                "pool {}: [region.pool.command] timeout_s must be at least 1",
+                                pool.name
+                            ));
+                        }
+                    }
+                    (_, Some(_)) => {
+                        return Err(format!(
+                            "pool {}: [region.pool.command] is only for provider = \"command\"",
+                            pool.name
+                        ))
+                    }
+                    _ => {}
+                }
+                if pool.provider == ProviderKind::None && pool.min_nodes > 0 {
+                    return Err(format!(
+                        "pool {}: min_nodes needs a provider (\"local\" or \"command\") to start nodes",
+                        pool.name
+                    ));
+                }
             }
         }
         let w = &self.scheduler.region_weights;
@@ -215,6 +422,12 @@ impl CloudConfig {
         let mut tenants = std::collections::BTreeSet::new();
         for tenant in &self.tenants {
             nephele_domain::validate_name("tenant", &tenant.name)?;
+            if tenant.name == crate::scheduler::SERVING_TENANT {
+                return Err(format!(
+                    "tenant {:?} is reserved for serving replicas; choose another name",
+                    tenant.name
+                ));
+            }
             if !tenants.insert(&tenant.name) {
                 return Err(format!("tenant {:?} is declared twice", tenant.name));
             }
@@ -234,6 +447,41 @@ impl CloudConfig {
         }
         if self.heartbeat_interval_ms < 100 {
             return Err("heartbeat_interval_ms must be at least 100".into());
+        }
+        let [first_port, last_port] = self.scheduler.rendezvous_ports;
+        if first_port == 0 || last_port < first_port {
+            return Err(
+                "scheduler.rendezvous_ports must be [first, last] with 0 < first <= last".into(),
+            );
+        }
+        let a = &self.autoscale;
+        if a.tick_ms < 100 {
+            return Err("autoscale.tick_ms must be at least 100".into());
+        }
+        if a.max_replicas == 0 || a.min_replicas > a.max_replicas || a.max_replicas > 1024 {
+            return Err(
+                "autoscale: need 0 <= min_replicas <= max_replicas, 1 <= max_replicas <= 1024"
+                    .into(),
+            );
+        }
+        if a.replica_cpu_milli == 0 || a.replica_memory_mib == 0 {
+            return Err("autoscale: replica_cpu_milli and replica_memory_mib must be > 0".into());
+        }
+        a.policy
+            .validate()
+            .map_err(|e| format!("[autoscale.policy]: {e}"))?;
+        let n = &self.nodes;
+        if n.disruption_budget == 0 || n.join_timeout_s == 0 || n.retry_after_s == 0 {
+            return Err(
+                "[nodes]: disruption_budget, join_timeout_s and retry_after_s must be at least 1"
+                    .into(),
+            );
+        }
+        if !n.local.boot_delay_s.is_finite() || n.local.boot_delay_s < 0.0 {
+            return Err("[nodes.local] boot_delay_s must be a number >= 0".into());
+        }
+        if n.local.workers == 0 {
+            return Err("[nodes.local] workers must be at least 1".into());
         }
         Ok(())
     }

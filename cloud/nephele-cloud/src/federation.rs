@@ -20,7 +20,10 @@ use serde::Serialize;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::config::CloudConfig;
-use crate::region::{PoolJoined, PoolLeft, RegionActor};
+use crate::region::{
+    InterruptNode, PoolJoined, PoolLeft, PoolReport, RegionActor, SyncDeployments,
+};
+use crate::scheduler::{PoolWork, ReplicaSpec};
 use crate::store::{
     ApiTokenRecord, DeploymentRecord, DeviceRecord, JoinTokenRecord, ModelRecord, Store, Table,
     VariantRecord,
@@ -79,6 +82,8 @@ struct Session {
     tx: UnboundedSender<CloudMessage>,
     connected_at: Instant,
     local_endpoint: String,
+    role: AgentRole,
+    region: String,
 }
 
 struct Telemetry {
@@ -102,6 +107,9 @@ pub struct FederationActor {
     measured_full_us: HashMap<(String, String), u64>,
     /// Per (device, model): the measured time its split cut was last planned with.
     planned_full_us: HashMap<(String, String), u64>,
+    /// What each pool agent must run, as its region last said: the deployments it
+    /// holds replicas of, and its job members.
+    pool_work: HashMap<String, PoolWork>,
     generation: u64,
     next_session_id: u64,
     metrics: nephele_telemetry::Registry,
@@ -115,6 +123,7 @@ impl FederationActor {
         signing_key: ring::signature::Ed25519KeyPair,
         regions: HashMap<String, Addr<RegionActor>>,
         metrics: nephele_telemetry::Registry,
+        pool_work: HashMap<String, PoolWork>,
     ) -> Self {
         // Generations must grow across restarts too: start from the wall clock.
         let generation = std::time::SystemTime::now()
@@ -132,6 +141,7 @@ impl FederationActor {
             planned_bps: HashMap::new(),
             measured_full_us: HashMap::new(),
             planned_full_us: HashMap::new(),
+            pool_work,
             generation,
             next_session_id: 1,
             metrics,
@@ -255,12 +265,49 @@ impl FederationActor {
         })
     }
 
-    fn assignment_matches(device: &DeviceRecord, deployment: &DeploymentRecord) -> bool {
+    /// Whether `deployment` runs on `device`: on an edge device, when its selector
+    /// matches; on a pool agent, when its region placed a replica there.
+    fn assignment_matches(&self, device: &DeviceRecord, deployment: &DeploymentRecord) -> bool {
         match device.role {
             AgentRole::Edge => Selector::parse(&deployment.selector)
                 .map(|selector| selector.matches(&device_labels(device)))
                 .unwrap_or(false),
-            AgentRole::Pool => deployment.offload,
+            AgentRole::Pool => {
+                deployment.offload
+                    && self
+                        .pool_work
+                        .get(&device.name)
+                        .is_some_and(|work| work.deployments.contains(&deployment.name))
+            }
+        }
+    }
+
+    /// Every deployment that may offload, as its regions' replica spec and its
+    /// latency target (ms).
+    fn replica_specs(&self) -> Vec<(ReplicaSpec, u32)> {
+        let Ok(deployments) = self.store.list::<DeploymentRecord>(Table::Deployments) else {
+            return Vec::new();
+        };
+        deployments
+            .iter()
+            .filter(|d| d.offload)
+            .map(|d| {
+                let model_bytes = self
+                    .store
+                    .get::<ModelRecord>(Table::Models, &d.model)
+                    .ok()
+                    .flatten()
+                    .map_or(0, |m| m.size);
+                crate::replica_sizing::replica_spec(d, model_bytes, &self.config.autoscale)
+            })
+            .collect()
+    }
+
+    /// Tells every region which deployments may offload.
+    fn sync_regions(&self) {
+        let specs = self.replica_specs();
+        for region in self.regions.values() {
+            region.do_send(SyncDeployments(specs.clone()));
         }
     }
 
@@ -268,7 +315,7 @@ impl FederationActor {
         let deployments: Vec<DeploymentRecord> = self.store.list(Table::Deployments)?;
         let mut assignments = Vec::new();
         for deployment in deployments {
-            if !Self::assignment_matches(device, &deployment) {
+            if !self.assignment_matches(device, &deployment) {
                 continue;
             }
             let Some(model) = self
@@ -323,9 +370,18 @@ impl FederationActor {
                 hard_example_threshold: deployment.hard_example_threshold,
             });
         }
+        let jobs = match device.role {
+            AgentRole::Pool => self
+                .pool_work
+                .get(&device.name)
+                .map(|work| work.jobs.clone())
+                .unwrap_or_default(),
+            AgentRole::Edge => Vec::new(),
+        };
         Ok(DesiredState {
             generation: self.generation,
             assignments,
+            jobs,
         })
     }
 
@@ -431,7 +487,7 @@ impl FederationActor {
             .map(|all| {
                 all.iter().any(|d| {
                     d.variant == crate::variants::PLANNED_SPLIT
-                        && Self::assignment_matches(&device, d)
+                        && self.assignment_matches(&device, d)
                 })
             })
             .unwrap_or(false);
@@ -496,6 +552,52 @@ fn device_labels(device: &DeviceRecord) -> Labels {
 
 impl Actor for FederationActor {
     type Context = Context<Self>;
+
+    fn started(&mut self, _: &mut Self::Context) {
+        self.sync_regions();
+    }
+}
+
+/// A region's word on what one pool agent must run (level-triggered: the whole list).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SetPoolWork {
+    pub agent: String,
+    pub work: PoolWork,
+}
+
+impl Handler<SetPoolWork> for FederationActor {
+    type Result = ();
+    fn handle(&mut self, message: SetPoolWork, _: &mut Self::Context) {
+        if self.pool_work.get(&message.agent) == Some(&message.work) {
+            return;
+        }
+        if message.work == PoolWork::default() {
+            self.pool_work.remove(&message.agent);
+        } else {
+            self.pool_work.insert(message.agent.clone(), message.work);
+        }
+        if !self.sessions.contains_key(&message.agent) {
+            return;
+        }
+        let Ok(Some(device)) = self
+            .store
+            .get::<DeviceRecord>(Table::Devices, &message.agent)
+        else {
+            return;
+        };
+        self.generation += 1;
+        match self.desired_for(&device) {
+            Ok(desired) => {
+                if let Some(session) = self.sessions.get(&message.agent) {
+                    let _ = session.tx.send(CloudMessage::DesiredState(desired));
+                }
+            }
+            Err(error) => {
+                tracing::error!(device = %message.agent, %error, "cannot compute desired state")
+            }
+        }
+    }
 }
 
 // ----------------------------------------------------------------------------------
@@ -595,15 +697,29 @@ impl Handler<AgentConnected> for FederationActor {
                 tx,
                 connected_at: Instant::now(),
                 local_endpoint: hello.local_endpoint.clone(),
+                role: device.role,
+                region: device.region.clone(),
             },
         );
         if device.role == AgentRole::Pool {
             if let Some(region) = self.regions.get(&device.region) {
+                let address = if hello.node.address.is_empty() {
+                    hello
+                        .local_endpoint
+                        .rsplit_once(':')
+                        .map(|(host, _)| host.trim_matches(['[', ']']).to_string())
+                        .unwrap_or_default()
+                } else {
+                    hello.node.address.clone()
+                };
                 region.do_send(PoolJoined {
                     name: device.name.clone(),
                     session_id,
                     connection,
                     profile: profile.device.name.clone(),
+                    address,
+                    gpus: hello.node.gpus.clone(),
+                    jobs: hello.jobs.clone(),
                 });
             }
         }
@@ -639,6 +755,18 @@ impl Handler<AgentHeartbeat> for FederationActor {
             return;
         }
         self.record_measured_times(&message.name, &message.heartbeat);
+        if let Some(session) = self.sessions.get(&message.name) {
+            if session.role == AgentRole::Pool {
+                if let Some(region) = self.regions.get(&session.region) {
+                    region.do_send(PoolReport {
+                        name: message.name.clone(),
+                        session_id: message.session_id,
+                        deployments: message.heartbeat.deployments.clone(),
+                        jobs: message.heartbeat.jobs.clone(),
+                    });
+                }
+            }
+        }
         self.telemetry.insert(
             message.name.clone(),
             Telemetry {
@@ -647,6 +775,38 @@ impl Handler<AgentHeartbeat> for FederationActor {
             },
         );
         self.replan_if_link_moved(&message.name);
+    }
+}
+
+/// A pool agent relays its provider's interruption notice (spot reclaim).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct AgentNotice {
+    pub name: String,
+    pub session_id: u64,
+    pub notice: nephele_proto::InterruptionNotice,
+}
+
+impl Handler<AgentNotice> for FederationActor {
+    type Result = ();
+    fn handle(&mut self, message: AgentNotice, _: &mut Self::Context) {
+        if self.sessions.get(&message.name).map(|s| s.id) != Some(message.session_id) {
+            return;
+        }
+        tracing::warn!(device = %message.name, seconds = message.notice.seconds, source = %message.notice.source, "interruption notice from a pool agent");
+        let Ok(Some(device)) = self
+            .store
+            .get::<DeviceRecord>(Table::Devices, &message.name)
+        else {
+            return;
+        };
+        if let Some(region) = self.regions.get(&device.region) {
+            region.do_send(InterruptNode {
+                node: message.name,
+                seconds: u64::from(message.notice.seconds),
+                source: format!("from the node: {}", message.notice.source),
+            });
+        }
     }
 }
 
@@ -1123,6 +1283,10 @@ pub struct DeploymentSpec {
     /// Re-ask the cloud when the local answer's top-class probability is below this.
     #[serde(default)]
     pub hard_example_threshold: Option<f32>,
+    /// Its cloud replicas: priority, bounds, latency target and size (each absent
+    /// field takes the `[autoscale]` default).
+    #[serde(default)]
+    pub replicas: crate::store::ReplicaSettings,
 }
 
 fn default_variant() -> String {
@@ -1166,6 +1330,7 @@ impl Handler<CreateDeployment> for FederationActor {
                 ));
             }
         }
+        crate::replica_sizing::validate(&spec.replicas).map_err(ApiError::BadRequest)?;
         let Some(model) = self.store.get::<ModelRecord>(Table::Models, &spec.model)? else {
             return Err(ApiError::NotFound(format!(
                 "no model named {}; upload it first (`nephele model push`)",
@@ -1219,10 +1384,12 @@ impl Handler<CreateDeployment> for FederationActor {
             created_unix: now_unix(),
             variant: spec.variant,
             hard_example_threshold: spec.hard_example_threshold,
+            replicas: spec.replicas,
         };
         self.store.put(Table::Deployments, &record.name, &record)?;
         tracing::info!(deployment = %record.name, model = %record.model, selector = %record.selector, "deployment created");
         self.broadcast();
+        self.sync_regions();
         self.deployment_status(&record)
     }
 }
@@ -1271,7 +1438,7 @@ impl FederationActor {
         let mut rows = Vec::new();
         for device in devices
             .iter()
-            .filter(|d| Self::assignment_matches(d, deployment))
+            .filter(|d| self.assignment_matches(d, deployment))
         {
             let telemetry = self.telemetry.get(&device.name).and_then(|t| {
                 t.heartbeat
@@ -1365,6 +1532,7 @@ impl Handler<DeleteDeployment> for FederationActor {
         }
         tracing::info!(deployment = %message.0, "deployment deleted");
         self.broadcast();
+        self.sync_regions();
         Ok(())
     }
 }

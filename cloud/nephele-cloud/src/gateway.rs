@@ -24,7 +24,7 @@ use nephele_proto::{
 use nephele_telemetry::Registry;
 
 use crate::federation::{AgentConnected, AgentDisconnected, AgentHeartbeat, FederationActor, Join};
-use crate::region::{PickPool, PoolLease, RegionActor};
+use crate::region::{Pick, PickPool, PoolLease, RegionActor};
 
 /// Close codes on agent connections.
 pub const CLOSE_NORMAL: u32 = 0;
@@ -216,6 +216,13 @@ impl Gateway {
                         heartbeat,
                     })
                 }
+                Ok(Some(AgentMessage::Notice(notice))) => {
+                    self.federation.do_send(crate::federation::AgentNotice {
+                        name: name.clone(),
+                        session_id,
+                        notice,
+                    })
+                }
                 Ok(Some(AgentMessage::Hello(_))) => {
                     let reason = "a second Hello on the control stream";
                     self.protocol_violation(&connection, &name, reason);
@@ -301,6 +308,10 @@ impl Gateway {
                     len,
                 } => self.read_chunk(sha256, offset, len).await,
                 RequestBody::Infer(infer) => self.offload(&context, infer).await,
+                RequestBody::JobLogs { .. } => StreamResponse::Error(ErrorFrame::new(
+                    ErrorCode::BadRequest,
+                    "job logs are served by pool agents, not by the control plane",
+                )),
             }
         };
         let _ = write_frame(&mut send, &response).await;
@@ -355,21 +366,58 @@ impl Gateway {
         }
     }
 
-    async fn pick_pool(&self, context: &StreamContext) -> Option<PoolLease> {
-        // The agent's own region first, then any other (federated spill-over).
+    /// A replica of `deployment`: the agent's own region first, then any other
+    /// (federated spill-over). Admission control of the first region that has a ready
+    /// replica decides; a shed request is not sent elsewhere (that region is full by its
+    /// own measure, and the device keeps serving locally).
+    async fn pick_pool(
+        &self,
+        context: &StreamContext,
+        deployment: &str,
+        tried: &[String],
+    ) -> Result<PoolLease, StreamResponse> {
         let mut order: Vec<&String> = self.regions.keys().collect();
         order.sort_by_key(|name| (**name != context.region, (*name).clone()));
+        let mut why = Vec::new();
         for region in order {
+            let mut exclude = vec![context.device.clone()];
+            exclude.extend(tried.iter().cloned());
             let pick = PickPool {
-                exclude: Some(context.device.clone()),
+                deployment: deployment.to_string(),
+                exclude,
             };
-            if let Ok(Some(lease)) = self.regions[region].send(pick).await {
-                return Some(lease);
+            match self.regions[region].send(pick).await {
+                Ok(Pick::Lease(lease)) => return Ok(lease),
+                Ok(Pick::Shed {
+                    retry_after_ms,
+                    reason,
+                }) => {
+                    self.count_offload(region, "shed");
+                    return Err(StreamResponse::Error(ErrorFrame::overloaded(
+                        format!(
+                            "region {region} sheds {deployment} ({reason}): more is offered than its replicas can serve in time; retry after {retry_after_ms} ms or serve locally"
+                        ),
+                        retry_after_ms,
+                    )));
+                }
+                Ok(Pick::NoReplica(reason)) => why.push(reason),
+                Err(error) => why.push(format!("region {region}: {error}")),
             }
         }
-        None
+        self.count_offload(&context.region, "no_replica");
+        Err(StreamResponse::Error(ErrorFrame::new(
+            ErrorCode::Unavailable,
+            if why.is_empty() {
+                "no region has replicas".to_string()
+            } else {
+                why.join("; ")
+            },
+        )))
     }
 
+    /// Sends the request to a replica and relays its answer. A replica whose stream or
+    /// connection breaks before it answers is tried once more elsewhere: inference is
+    /// idempotent, and the device gets exactly one answer, the one relayed.
     async fn offload(
         &self,
         context: &StreamContext,
@@ -377,64 +425,56 @@ impl Gateway {
     ) -> StreamResponse {
         let started = Instant::now();
         let deployment = infer.deployment.clone();
-        let Some(lease) = self.pick_pool(context).await else {
-            self.count_offload(&context.region, "no_replica");
-            return StreamResponse::Error(ErrorFrame::new(
-                ErrorCode::Unavailable,
-                format!("no pool replica is connected for region {}", context.region),
-            ));
-        };
-        let forwarded: Result<StreamResponse, NetError> = async {
-            let (mut pool_send, mut pool_recv) = lease
-                .connection
-                .open_bi()
-                .await
-                .map_err(|e| NetError::Connect(e.to_string()))?;
-            write_frame(
-                &mut pool_send,
-                &StreamRequest {
-                    protocol_version: PROTOCOL_VERSION,
-                    body: RequestBody::Infer(infer),
-                },
-            )
-            .await?;
-            let _ = pool_send.finish();
-            tokio::time::timeout(
-                Duration::from_secs(30),
-                read_frame(&mut pool_recv, MAX_FRAME_BYTES),
-            )
-            .await
-            .map_err(|_| NetError::Timeout("pool replica did not answer in 30 s"))?
-            .and_then(|frame| {
-                frame.ok_or_else(|| NetError::Read("pool replica closed the stream".into()))
-            })
-        }
-        .await;
-        match forwarded {
-            Ok(response) => {
-                let outcome = if matches!(response, StreamResponse::Inferred(_)) {
-                    "ok"
-                } else {
-                    "error"
-                };
-                self.count_offload(&context.region, outcome);
-                self.metrics
-                    .histogram(
-                        "nephele_offload_latency_seconds",
-                        "Gateway time for an offloaded request, pool round trip included.",
-                        &[("region", &context.region)],
-                        nephele_telemetry::LATENCY_BUCKETS,
-                    )
-                    .observe(started.elapsed().as_secs_f64());
-                response
-            }
-            Err(error) => {
-                self.count_offload(&context.region, "error");
-                tracing::warn!(device = %context.device, pool = %lease.name, %deployment, %error, "offload failed");
-                StreamResponse::Error(ErrorFrame::new(
-                    ErrorCode::Unavailable,
-                    format!("pool replica {} failed: {error}", lease.name),
-                ))
+        let mut tried: Vec<String> = Vec::new();
+        loop {
+            let lease = match self.pick_pool(context, &deployment, &tried).await {
+                Ok(lease) => lease,
+                Err(refused) => return refused,
+            };
+            let attempt_started = Instant::now();
+            let forwarded = forward(&lease.connection, infer.clone()).await;
+            // A replica that just left (scaled in, drained) answers that it does not
+            // serve the deployment: as retryable as a broken stream.
+            let forwarded = match forwarded {
+                Ok(StreamResponse::Error(error))
+                    if matches!(error.code, ErrorCode::NotFound | ErrorCode::Unavailable) =>
+                {
+                    Err(NetError::Read(format!("replica answered {error}")))
+                }
+                other => other,
+            };
+            match forwarded {
+                Ok(response) => {
+                    let outcome = if matches!(response, StreamResponse::Inferred(_)) {
+                        lease.record(attempt_started.elapsed());
+                        "ok"
+                    } else {
+                        "error"
+                    };
+                    self.count_offload(&context.region, outcome);
+                    self.metrics
+                        .histogram(
+                            "nephele_offload_latency_seconds",
+                            "Gateway time for an offloaded request, pool round trip included.",
+                            &[("region", &context.region)],
+                            nephele_telemetry::LATENCY_BUCKETS,
+                        )
+                        .observe(started.elapsed().as_secs_f64());
+                    return response;
+                }
+                Err(error) if tried.is_empty() => {
+                    tracing::warn!(device = %context.device, pool = %lease.name, %deployment, %error, "replica failed; re-sending to another");
+                    self.count_offload(&context.region, "resent");
+                    tried.push(lease.name.clone());
+                }
+                Err(error) => {
+                    self.count_offload(&context.region, "error");
+                    tracing::warn!(device = %context.device, pool = %lease.name, %deployment, %error, "offload failed");
+                    return StreamResponse::Error(ErrorFrame::new(
+                        ErrorCode::Unavailable,
+                        format!("pool replica {} failed: {error}", lease.name),
+                    ));
+                }
             }
         }
     }
@@ -453,4 +493,31 @@ impl Gateway {
 struct StreamContext {
     device: String,
     region: String,
+}
+
+/// One request to a pool replica and its answer.
+async fn forward(
+    connection: &quinn::Connection,
+    infer: nephele_proto::InferRequest,
+) -> Result<StreamResponse, NetError> {
+    let (mut pool_send, mut pool_recv) = connection
+        .open_bi()
+        .await
+        .map_err(|e| NetError::Connect(e.to_string()))?;
+    write_frame(
+        &mut pool_send,
+        &StreamRequest {
+            protocol_version: PROTOCOL_VERSION,
+            body: RequestBody::Infer(infer),
+        },
+    )
+    .await?;
+    let _ = pool_send.finish();
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        read_frame(&mut pool_recv, MAX_FRAME_BYTES),
+    )
+    .await
+    .map_err(|_| NetError::Timeout("pool replica did not answer in 30 s"))?
+    .and_then(|frame| frame.ok_or_else(|| NetError::Read("pool replica closed the stream".into())))
 }

@@ -13,7 +13,9 @@ pub mod api;
 pub mod config;
 pub mod federation;
 pub mod gateway;
+pub mod provider;
 pub mod region;
+pub mod replica_sizing;
 pub mod scheduler;
 pub mod store;
 pub mod variants;
@@ -161,6 +163,10 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
     let data_dir = config.data_dir.clone();
     std::fs::create_dir_all(&data_dir)
         .with_context(|| format!("cannot create data dir {}", data_dir.display()))?;
+    // Absolute: paths under it (checkpoints, the local provider's nodes) are handed to
+    // other processes with other working directories.
+    let data_dir = std::fs::canonicalize(&data_dir)
+        .with_context(|| format!("cannot resolve data dir {}", data_dir.display()))?;
     restrict(&data_dir, 0o700)?;
     let ca = load_or_create_ca(&data_dir)?;
     let ca_fingerprint = hex::encode(ca.fingerprint());
@@ -184,17 +190,73 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
     let quic_addr = endpoint.local_addr()?;
 
     let metrics = nephele_telemetry::Registry::new();
+    let now = federation::now_unix();
+    let local_provider = config
+        .regions
+        .iter()
+        .flat_map(|r| &r.pools)
+        .any(|p| p.provider == config::ProviderKind::Local)
+        .then(|| {
+            Arc::new(provider::local::LocalProvider::new(
+                &config.nodes.local,
+                &data_dir,
+            ))
+        });
     let mut regions = HashMap::new();
+    let mut initial_work = HashMap::new();
     for region in &config.regions {
-        let scheduler = scheduler::RegionScheduler::new(region, &config.tenants, &config.scheduler)
-            .map_err(|e| anyhow::anyhow!("region {}: {e}", region.name))?;
-        let tick = std::time::Duration::from_millis(config.scheduler.tick_ms);
-        regions.insert(
-            region.name.clone(),
-            region::RegionActor::new(scheduler, tick)
-                .with_metrics(metrics.clone())
-                .start(),
+        let mut scheduler =
+            scheduler::RegionScheduler::new(region, &config.tenants, &config.scheduler)
+                .map_err(|e| anyhow::anyhow!("region {}: {e}", region.name))?
+                .with_nodes(
+                    config.nodes.clone(),
+                    (u64::from(config.heartbeat_interval_ms) * 10 / 1000).max(30),
+                )
+                .with_default_checkpoint_root(&data_dir.join("checkpoints").display().to_string());
+        // The region's books from the last run.
+        let prefix = format!("{}/", region.name);
+        let jobs: Vec<scheduler::JobRecord> = store
+            .list_prefix(store::Table::RegionJobs, &prefix)?
+            .into_iter()
+            .map(|(_, record)| record)
+            .collect();
+        let nodes: Vec<scheduler::NodeRecord> = store
+            .list_prefix(store::Table::RegionNodes, &prefix)?
+            .into_iter()
+            .map(|(_, record)| record)
+            .collect();
+        let state: Option<scheduler::RegionRecord> =
+            store.get(store::Table::RegionState, &region.name)?;
+        let restored_jobs = jobs.len();
+        let policies = state
+            .as_ref()
+            .map(|s| s.autoscalers.clone())
+            .unwrap_or_default();
+        for problem in scheduler.restore(jobs, nodes, state, now) {
+            tracing::warn!(region = %region.name, %problem, "restoring the region's books");
+        }
+        if restored_jobs > 0 {
+            tracing::info!(region = %region.name, jobs = restored_jobs, "restored the region's books");
+        }
+        let providers = provider::Providers::new(
+            local_provider.clone(),
+            region
+                .pools
+                .iter()
+                .filter_map(|p| p.command.clone().map(|c| (p.name.clone(), c))),
         );
+        let settings = region::RegionSettings {
+            tick: std::time::Duration::from_millis(config.scheduler.tick_ms),
+            autoscale: config.autoscale.clone(),
+            policy: config.autoscale.policy.clone(),
+            server: quic_addr.to_string(),
+        };
+        let mut actor = region::RegionActor::new(scheduler, settings, providers)
+            .with_metrics(metrics.clone())
+            .with_store(store.clone())
+            .with_policies(policies);
+        initial_work.extend(actor.initial_work());
+        regions.insert(region.name.clone(), actor.start());
     }
     let federation = federation::FederationActor::new(
         config.clone(),
@@ -203,8 +265,12 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
         signing_key,
         regions.clone(),
         metrics.clone(),
+        initial_work,
     )
     .start();
+    for region in regions.values() {
+        region.do_send(region::SetFederation(federation.clone()));
+    }
 
     let regions_for_api = regions.clone();
     let gateway = Arc::new(gateway::Gateway {

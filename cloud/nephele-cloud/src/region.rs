@@ -1,35 +1,131 @@
-//! One actor per configured region. It tracks the region's pool agents, picks the
-//! replica for each offloaded request (least outstanding requests, ties by name), and
-//! runs the region's job scheduler ([`crate::scheduler::RegionScheduler`], a pure core):
-//! pool agents fill node slots as they connect, the API submits and deletes jobs, and a
-//! timer retries the queue every `scheduler.tick_ms`. Autoscaling will live here too.
+//! One actor per configured region: the IO shell around the region's pure cores. It
+//! holds the pool agents' connections, routes each offloaded request to a ready replica
+//! of its deployment (least outstanding requests, ties by name) through admission
+//! control, ticks the job scheduler ([`crate::scheduler::RegionScheduler`]) and the
+//! autoscaler of every deployment (`nephele-autoscale`), carries out what they decide
+//! (providers start and stop nodes; pool agents are told what to run through the
+//! federation's desired state), and keeps the region's books in the store.
+//!
+//! Order of every change: the scheduler decides; the books are written (one redb
+//! transaction) before anything leaves the actor; then each pool agent whose work
+//! changed gets it through the federation, and providers are called. So an attempt
+//! that an agent may start is always on disk first, and a restarted control plane
+//! never starts it twice.
+//!
+//! Timers: the scheduler every `scheduler.tick_ms`; the autoscalers and the node
+//! planner every `autoscale.tick_ms`.
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix::prelude::*;
-
+use nephele_autoscale::{AdmissionGate, Decision, OursConfig, ScalingPolicy, Signals, Verdict};
 use nephele_placement::grid::GridPoint;
+use nephele_proto::{DeploymentPhase, DeploymentTelemetry, GpuReport, JobMemberStatus};
 
+use crate::config::AutoscaleConfig;
+use crate::federation::FederationActor;
+use crate::provider::{LaunchRequest, Providers, ReleaseRequest};
 use crate::scheduler::{
-    GridPushView, GridView, JobOffer, JobSpec, JobView, NodeView, RegionChoiceView,
-    RegionScheduler, SchedError, SchedEvent,
+    GridPushView, GridView, JobOffer, JobSpec, JobView, NodeAction, NodeView, PoolWork,
+    RegionChoiceView, RegionScheduler, ReplicaSetView, ReplicaSpec, SchedError, SchedEvent,
 };
+use crate::store::{Store, Table};
 
 struct PoolMember {
     session_id: u64,
     connection: quinn::Connection,
-    outstanding: Arc<AtomicU32>,
+}
+
+/// What the gateway measures of one deployment's offloaded requests, shared with the
+/// leases it holds while a request is at a replica.
+#[derive(Default)]
+pub struct ServingStats {
+    /// Round trips through a replica since the last autoscaler tick, µs.
+    latencies_us: Mutex<Vec<u64>>,
+    completed: AtomicU64,
+}
+
+/// Most round trips kept between two autoscaler ticks.
+const MAX_LATENCY_SAMPLES: usize = 20_000;
+
+/// One deployment's serving state in this region.
+struct Serving {
+    policy: nephele_autoscale::Ours,
+    gate: AdmissionGate,
+    decision: Option<Decision>,
+    stats: Arc<ServingStats>,
+    /// Requests at each replica's agent now.
+    outstanding: HashMap<String, Arc<AtomicU32>>,
+    /// The latest telemetry of each replica's agent for this deployment.
+    telemetry: HashMap<String, DeploymentTelemetry>,
+    arrivals: u64,
+    shed: u64,
+    last_tick_ms: u64,
+    signals: Option<Signals>,
+}
+
+impl Serving {
+    fn new(policy: nephele_autoscale::Ours, now_ms: u64) -> Serving {
+        Serving {
+            policy,
+            gate: AdmissionGate::default(),
+            decision: None,
+            stats: Arc::new(ServingStats::default()),
+            outstanding: HashMap::new(),
+            telemetry: HashMap::new(),
+            arrivals: 0,
+            shed: 0,
+            last_tick_ms: now_ms,
+            signals: None,
+        }
+    }
+
+    /// Mean measured compute time of one request at the replicas, ms (0 when none).
+    fn service_ms(&self) -> f64 {
+        let measured: Vec<f64> = self
+            .telemetry
+            .values()
+            .filter(|t| t.service_us > 0 && t.phase == DeploymentPhase::Ready)
+            .map(|t| t.service_us as f64 / 1000.0)
+            .collect();
+        if measured.is_empty() {
+            0.0
+        } else {
+            measured.iter().sum::<f64>() / measured.len() as f64
+        }
+    }
+}
+
+/// Settings of a region actor from the control plane's config.
+#[derive(Debug, Clone)]
+pub struct RegionSettings {
+    pub tick: Duration,
+    pub autoscale: AutoscaleConfig,
+    pub policy: OursConfig,
+    /// The QUIC address provider-launched agents connect to.
+    pub server: String,
 }
 
 pub struct RegionActor {
     name: String,
-    pools: BTreeMap<String, PoolMember>,
     scheduler: RegionScheduler,
-    tick: Duration,
+    settings: RegionSettings,
     metrics: Option<nephele_telemetry::Registry>,
+    store: Option<Store>,
+    /// What was last written per (table, key): a hash of its bytes.
+    written: HashMap<(u8, String), u64>,
+    federation: Option<Addr<FederationActor>>,
+    /// What each pool agent was last told to run.
+    work_sent: BTreeMap<String, PoolWork>,
+    agents: BTreeMap<String, PoolMember>,
+    serving: BTreeMap<String, Serving>,
+    /// The autoscalers' state restored from the books, taken when their deployment
+    /// appears.
+    restored_policies: BTreeMap<String, serde_json::Value>,
+    providers: Providers,
 }
 
 fn unix_now() -> u64 {
@@ -39,14 +135,34 @@ fn unix_now() -> u64 {
         .unwrap_or(0)
 }
 
+fn unix_now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn hash(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
 impl RegionActor {
-    pub fn new(scheduler: RegionScheduler, tick: Duration) -> Self {
+    pub fn new(scheduler: RegionScheduler, settings: RegionSettings, providers: Providers) -> Self {
         RegionActor {
             name: scheduler.region().to_string(),
-            pools: BTreeMap::new(),
             scheduler,
-            tick,
+            settings,
             metrics: None,
+            store: None,
+            written: HashMap::new(),
+            federation: None,
+            work_sent: BTreeMap::new(),
+            agents: BTreeMap::new(),
+            serving: BTreeMap::new(),
+            restored_policies: BTreeMap::new(),
+            providers,
         }
     }
 
@@ -55,30 +171,164 @@ impl RegionActor {
         self
     }
 
-    /// Logs what the scheduler did and updates the job gauges. Carrying jobs out on the
-    /// pool agents (start, checkpoint-then-stop) is the next step; today a placement
-    /// holds its resources until the job is deleted.
+    /// Keeps the region's books in `store`; `written` is what is already there (the
+    /// restored records), so unchanged records are not written again.
+    pub fn with_store(mut self, store: Store) -> Self {
+        self.store = Some(store);
+        self.remember_written();
+        self
+    }
+
+    /// The autoscalers' state from the books.
+    pub fn with_policies(mut self, policies: BTreeMap<String, serde_json::Value>) -> Self {
+        self.restored_policies = policies;
+        self
+    }
+
+    /// What the federation is told at start-up about every pool agent's work, so an
+    /// agent that reconnects first thing keeps its jobs.
+    pub fn initial_work(&mut self) -> BTreeMap<String, PoolWork> {
+        self.work_sent = self.scheduler.pool_work();
+        self.work_sent.clone()
+    }
+
+    fn records(&self) -> Vec<(u8, Table, String, Vec<u8>)> {
+        let mut out = Vec::new();
+        let region = &self.name;
+        for (key, record) in self.scheduler.job_records() {
+            if let Ok(bytes) = serde_json::to_vec(&record) {
+                out.push((0, Table::RegionJobs, format!("{region}/{key}"), bytes));
+            }
+        }
+        for (key, record) in self.scheduler.node_records() {
+            if let Ok(bytes) = serde_json::to_vec(&record) {
+                out.push((1, Table::RegionNodes, format!("{region}/{key}"), bytes));
+            }
+        }
+        let mut state = self.scheduler.region_record();
+        for (deployment, serving) in &self.serving {
+            if let Ok(value) = serde_json::to_value(&serving.policy) {
+                state.autoscalers.insert(deployment.clone(), value);
+            }
+        }
+        if let Ok(bytes) = serde_json::to_vec(&state) {
+            out.push((2, Table::RegionState, region.clone(), bytes));
+        }
+        out
+    }
+
+    fn remember_written(&mut self) {
+        let records = self.records();
+        self.written = records
+            .into_iter()
+            .map(|(kind, _, key, bytes)| ((kind, key), hash(&bytes)))
+            .collect();
+    }
+
+    /// Writes the records that changed since the last write, and deletes the ones
+    /// that are gone, one transaction per table.
+    fn persist(&mut self) {
+        let Some(store) = self.store.clone() else {
+            return;
+        };
+        const TABLES: [Table; 3] = [Table::RegionJobs, Table::RegionNodes, Table::RegionState];
+        let records = self.records();
+        let mut seen: std::collections::HashSet<(u8, String)> = std::collections::HashSet::new();
+        // Per table (by its index in TABLES): records to write, keys to delete.
+        let mut puts: [Vec<(String, Vec<u8>)>; 3] = Default::default();
+        let mut deletes: [Vec<String>; 3] = Default::default();
+        for (kind, _, key, bytes) in records {
+            let digest = hash(&bytes);
+            seen.insert((kind, key.clone()));
+            if self.written.get(&(kind, key.clone())) != Some(&digest) {
+                puts[usize::from(kind)].push((key.clone(), bytes));
+                self.written.insert((kind, key), digest);
+            }
+        }
+        let gone: Vec<(u8, String)> = self
+            .written
+            .keys()
+            .filter(|k| !seen.contains(*k))
+            .cloned()
+            .collect();
+        for key in gone {
+            self.written.remove(&key);
+            deletes[usize::from(key.0)].push(key.1);
+        }
+        for (index, table) in TABLES.into_iter().enumerate() {
+            if let Err(error) = store.apply(table, &puts[index], &deletes[index]) {
+                tracing::error!(region = %self.name, %error, "cannot write the region's books");
+                // Forget what we believe is written, so the next commit tries again.
+                self.written.clear();
+            }
+        }
+    }
+
+    /// After any change: books first, then the agents' work.
+    fn commit(&mut self) {
+        self.persist();
+        let Some(federation) = self.federation.clone() else {
+            return;
+        };
+        let work = self.scheduler.pool_work();
+        for (agent, wanted) in &work {
+            if self.work_sent.get(agent) != Some(wanted) {
+                federation.do_send(crate::federation::SetPoolWork {
+                    agent: agent.clone(),
+                    work: wanted.clone(),
+                });
+            }
+        }
+        for agent in self.work_sent.keys() {
+            if !work.contains_key(agent) {
+                federation.do_send(crate::federation::SetPoolWork {
+                    agent: agent.clone(),
+                    work: PoolWork::default(),
+                });
+            }
+        }
+        self.work_sent = work;
+    }
+
+    /// Logs what the scheduler did and updates the job gauges.
     fn report(&self, events: Vec<SchedEvent>) {
         for event in &events {
             match event {
                 SchedEvent::Placed { job, nodes } => {
-                    tracing::info!(region = %self.name, %job, nodes = ?nodes, "job placed")
+                    tracing::info!(region = %self.name, %job, nodes = ?nodes, "placed")
                 }
                 SchedEvent::Preempting {
                     job,
                     by,
                     grace_seconds,
                 } => {
-                    tracing::info!(region = %self.name, %job, by = %by, grace_seconds, "job preempted: checkpoint, then stop")
+                    tracing::info!(region = %self.name, %job, by = %by, grace_seconds, "stopping: checkpoint, then stop")
                 }
                 SchedEvent::Requeued { job } => {
-                    tracing::info!(region = %self.name, %job, "job lost its resources and waits again")
+                    tracing::info!(region = %self.name, %job, "lost its resources and waits again")
                 }
                 SchedEvent::Deferred { job, reason } => {
                     tracing::info!(region = %self.name, %job, %reason, "deferrable job held")
                 }
                 SchedEvent::Released { job, reason } => {
                     tracing::info!(region = %self.name, %job, %reason, "deferrable job queued")
+                }
+                SchedEvent::Succeeded { job, attempt } => {
+                    tracing::info!(region = %self.name, %job, attempt, "job succeeded")
+                }
+                SchedEvent::Failed {
+                    job,
+                    attempt,
+                    reason,
+                    retry_in_s,
+                } => {
+                    tracing::warn!(region = %self.name, %job, attempt, %reason, retry_in_s = ?retry_in_s, "job attempt failed")
+                }
+                SchedEvent::Node { node, what } => {
+                    tracing::info!(region = %self.name, %node, %what, "node")
+                }
+                SchedEvent::Replica { replica, what } => {
+                    tracing::info!(region = %self.name, %replica, %what, "replica")
                 }
             }
         }
@@ -90,6 +340,10 @@ impl RegionActor {
                     SchedEvent::Requeued { .. } => "requeued",
                     SchedEvent::Deferred { .. } => "deferred",
                     SchedEvent::Released { .. } => "released",
+                    SchedEvent::Succeeded { .. } => "succeeded",
+                    SchedEvent::Failed { .. } => "failed",
+                    SchedEvent::Node { .. } => "node",
+                    SchedEvent::Replica { .. } => "replica",
                 };
                 metrics
                     .counter(
@@ -104,6 +358,10 @@ impl RegionActor {
                 ("pending", 0),
                 ("running", 0),
                 ("terminating", 0),
+                ("backoff", 0),
+                ("recovering", 0),
+                ("succeeded", 0),
+                ("failed", 0),
             ]
             .into();
             for job in self.scheduler.list(None) {
@@ -113,12 +371,31 @@ impl RegionActor {
                 metrics
                     .gauge(
                         "nephele_scheduler_jobs",
-                        "Jobs in the region's queue by state.",
+                        "Jobs in the region's books by state.",
                         &[("region", &self.name), ("state", state)],
                     )
                     .set(n);
             }
+            let mut by_phase: BTreeMap<&str, i64> = BTreeMap::new();
+            for node in self.scheduler.nodes() {
+                *by_phase.entry(node.phase).or_default() += 1;
+            }
+            for phase in ["absent", "launching", "up", "draining", "releasing"] {
+                metrics
+                    .gauge(
+                        "nephele_region_nodes",
+                        "Node slots of the region by phase.",
+                        &[("region", &self.name), ("phase", phase)],
+                    )
+                    .set(by_phase.get(phase).copied().unwrap_or(0));
+            }
         }
+    }
+
+    /// Reports events and commits the change.
+    fn settle(&mut self, events: Vec<SchedEvent>) {
+        self.report(events);
+        self.commit();
     }
 
     /// The current hour's carbon as the region's decisions see it (0 without a signal).
@@ -133,21 +410,348 @@ impl RegionActor {
                 .set(grid.outlook.first().map_or(0, |h| h.carbon_g_per_kwh.round() as i64));
         }
     }
+
+    /// An autoscaler for `spec`'s deployment: the restored one, else a new one with
+    /// the deployment's bounds and latency target.
+    fn policy_for(&mut self, spec: &ReplicaSpec, target_p99_ms: u32) -> nephele_autoscale::Ours {
+        let mut config = self.settings.policy.clone();
+        config.min_replicas = spec.min;
+        config.max_replicas = spec.max.max(spec.min).max(1);
+        config.tick_ms = self.settings.autoscale.tick_ms;
+        config.target_p99_ms = f64::from(target_p99_ms.max(1));
+        if let Some(value) = self.restored_policies.remove(&spec.deployment) {
+            if let Ok(mut restored) = serde_json::from_value::<nephele_autoscale::Ours>(value) {
+                restored.config = config.clone();
+                return restored;
+            }
+        }
+        nephele_autoscale::Ours::new(config.clone()).unwrap_or_else(|error| {
+            tracing::warn!(region = %self.name, deployment = %spec.deployment, %error, "autoscaler config refused; defaults used");
+            let mut fallback = OursConfig {
+                min_replicas: spec.min,
+                max_replicas: spec.max.max(spec.min).max(1),
+                ..OursConfig::default()
+            };
+            fallback.tick_ms = self.settings.autoscale.tick_ms.max(100);
+            nephele_autoscale::Ours::new(fallback)
+                .unwrap_or_else(|_| unreachable!("the defaults are valid"))
+        })
+    }
+
+    /// One autoscaler tick for every deployment, then the node planner.
+    fn autoscale(&mut self, ctx: &mut Context<Self>) {
+        let now = unix_now();
+        let now_ms = unix_now_ms();
+        let mut events = Vec::new();
+        let deployments = self.scheduler.replica_deployments();
+        for deployment in deployments {
+            let Some(spec) = self.scheduler.replica_spec(&deployment).cloned() else {
+                continue;
+            };
+            let (ready, starting, _) = self.scheduler.replica_counts(&deployment);
+            let cold_start_ms = self.scheduler.cold_start_ms(&deployment);
+            let ready_agents = self.scheduler.ready_agents(&deployment);
+            let Some(serving) = self.serving.get_mut(&deployment) else {
+                continue;
+            };
+            let window_ms = now_ms.saturating_sub(serving.last_tick_ms).max(1);
+            serving.last_tick_ms = now_ms;
+            let latencies: Vec<u64> = std::mem::take(
+                &mut *serving
+                    .stats
+                    .latencies_us
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()),
+            );
+            let p99_ms = (!latencies.is_empty())
+                .then(|| nephele_telemetry::quantile(&latencies, 0.99) as f64 / 1000.0);
+            let mean_round_trip_ms = (!latencies.is_empty())
+                .then(|| latencies.iter().sum::<u64>() as f64 / latencies.len() as f64 / 1000.0);
+            let in_flight: u32 = serving
+                .outstanding
+                .iter()
+                .filter(|(agent, _)| ready_agents.contains(agent))
+                .map(|(_, n)| n.load(Ordering::Relaxed))
+                .sum();
+            let queued: u32 = serving
+                .telemetry
+                .iter()
+                .filter(|(agent, _)| ready_agents.contains(agent))
+                .map(|(_, t)| t.queue_len)
+                .sum();
+            let measured = serving.service_ms();
+            let service_ms = if measured > 0.0 {
+                measured
+            } else {
+                mean_round_trip_ms.unwrap_or(0.0)
+            };
+            let rate = serving.arrivals as f64 / (window_ms as f64 / 1000.0);
+            let utilisation = if ready == 0 {
+                0.0
+            } else {
+                (rate * service_ms / 1000.0 / f64::from(ready)).min(1.0)
+            };
+            let signals = Signals {
+                window_ms,
+                arrivals: serving.arrivals,
+                in_flight,
+                queued,
+                p99_ms,
+                utilisation,
+                ready,
+                starting,
+                service_ms,
+                concurrency: 1,
+                cold_start_ms,
+                priority: spec.priority,
+            };
+            serving.arrivals = 0;
+            serving.shed = 0;
+            let decision = serving.policy.tick(now_ms, &signals);
+            serving.signals = Some(signals);
+            let desired = decision.desired;
+            serving.decision = Some(decision);
+            if let Ok((_, scaled)) = self.scheduler.scale(&deployment, desired, now) {
+                events.extend(scaled);
+            }
+            if let Some(metrics) = &self.metrics {
+                metrics
+                    .gauge(
+                        "nephele_replicas_desired",
+                        "Replicas the autoscaler asks for, per region and deployment.",
+                        &[("region", &self.name), ("deployment", &deployment)],
+                    )
+                    .set(i64::from(desired));
+                metrics
+                    .gauge(
+                        "nephele_replicas_ready",
+                        "Ready replicas per region and deployment.",
+                        &[("region", &self.name), ("deployment", &deployment)],
+                    )
+                    .set(i64::from(ready));
+            }
+        }
+        let (actions, planned) = self.scheduler.plan_nodes(now);
+        events.extend(planned);
+        self.settle(events);
+        for action in actions {
+            self.carry_out(action, ctx);
+        }
+    }
+
+    /// Runs one provider call off the actor; the answer comes back as a message.
+    fn carry_out(&mut self, action: NodeAction, ctx: &mut Context<Self>) {
+        let me = ctx.address();
+        let region = self.name.clone();
+        match action {
+            NodeAction::Launch {
+                node,
+                device,
+                pool,
+                profile,
+                capacity_type,
+                provider,
+            } => {
+                let Some(provider) = self.providers.get(provider, &pool) else {
+                    me.do_send(ProviderDone {
+                        node,
+                        launch: true,
+                        result: Err(format!("pool {pool} has no provider configured")),
+                    });
+                    return;
+                };
+                let Some(federation) = self.federation.clone() else {
+                    return;
+                };
+                let server = self.settings.server.clone();
+                tracing::info!(%region, %node, %device, %pool, "asking the provider for a node");
+                actix_rt::spawn(async move {
+                    let token = federation
+                        .send(crate::federation::CreateJoinToken {
+                            region: Some(region.clone()),
+                            ttl_s: Some(600),
+                        })
+                        .await;
+                    let result = match token {
+                        Ok(Ok(view)) => match view.token {
+                            Some(token) => {
+                                provider
+                                    .launch(LaunchRequest {
+                                        region,
+                                        pool,
+                                        node: node.clone(),
+                                        device,
+                                        profile,
+                                        capacity_type,
+                                        server,
+                                        token,
+                                    })
+                                    .await
+                            }
+                            None => Err("no join token was returned".into()),
+                        },
+                        Ok(Err(error)) => Err(format!("cannot create a join token: {error}")),
+                        Err(error) => Err(format!("cannot create a join token: {error}")),
+                    };
+                    me.do_send(ProviderDone {
+                        node,
+                        launch: true,
+                        result,
+                    });
+                });
+            }
+            NodeAction::Release {
+                node,
+                device,
+                pool,
+                provider,
+            } => {
+                let Some(provider) = self.providers.get(provider, &pool) else {
+                    me.do_send(ProviderDone {
+                        node,
+                        launch: false,
+                        result: Ok(()),
+                    });
+                    return;
+                };
+                tracing::info!(%region, %node, %device, %pool, "asking the provider to remove a node");
+                let federation = self.federation.clone();
+                actix_rt::spawn(async move {
+                    let result = provider
+                        .release(ReleaseRequest {
+                            region,
+                            pool,
+                            node: node.clone(),
+                            device: device.clone(),
+                        })
+                        .await;
+                    if result.is_ok() {
+                        // The name is free for the slot's next node.
+                        if let Some(federation) = federation {
+                            let _ = federation
+                                .send(crate::federation::DeleteDevice(device))
+                                .await;
+                        }
+                    }
+                    me.do_send(ProviderDone {
+                        node,
+                        launch: false,
+                        result,
+                    });
+                });
+            }
+        }
+    }
 }
 
 impl Actor for RegionActor {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
-        ctx.run_interval(self.tick, |actor, _| {
+        ctx.run_interval(self.settings.tick, |actor, _| {
             let now = unix_now();
             let events = actor.scheduler.tick(now);
-            actor.report(events);
             if actor.metrics.is_some() {
                 let grid = actor.scheduler.grid_view(now);
                 actor.grid_gauge(&grid);
             }
+            actor.settle(events);
         });
+        let autoscale = Duration::from_millis(self.settings.autoscale.tick_ms);
+        ctx.run_interval(autoscale, |actor, ctx| actor.autoscale(ctx));
+    }
+}
+
+/// The federation's address, once it exists (it is started after the regions).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SetFederation(pub Addr<FederationActor>);
+
+impl Handler<SetFederation> for RegionActor {
+    type Result = ();
+    fn handle(&mut self, message: SetFederation, ctx: &mut Self::Context) {
+        self.federation = Some(message.0);
+        self.commit();
+        // What the providers run now, against the books (they may have changed while
+        // this control plane was down).
+        for (pool, kind) in self.scheduler.provider_pools() {
+            let Some(provider) = self.providers.get(kind, &pool) else {
+                continue;
+            };
+            let me = ctx.address();
+            let region = self.name.clone();
+            actix_rt::spawn(async move {
+                if let Some(listed) = provider.list(&region, &pool).await {
+                    me.do_send(ProviderListed { pool, listed });
+                }
+            });
+        }
+        // Plan nodes now rather than at the first autoscaler tick.
+        self.autoscale(ctx);
+    }
+}
+
+/// What a provider lists for one pool.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct ProviderListed {
+    pool: String,
+    listed: Result<Vec<String>, String>,
+}
+
+impl Handler<ProviderListed> for RegionActor {
+    type Result = ();
+    fn handle(&mut self, message: ProviderListed, ctx: &mut Self::Context) {
+        match message.listed {
+            Ok(devices) => {
+                let (actions, events) =
+                    self.scheduler
+                        .provider_listed(&message.pool, &devices, unix_now());
+                self.settle(events);
+                for action in actions {
+                    self.carry_out(action, ctx);
+                }
+            }
+            Err(error) => {
+                tracing::warn!(region = %self.name, pool = %message.pool, %error, "the provider's list failed; the books are kept as they are")
+            }
+        }
+    }
+}
+
+/// A provider call ended.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct ProviderDone {
+    node: String,
+    launch: bool,
+    result: Result<(), String>,
+}
+
+impl Handler<ProviderDone> for RegionActor {
+    type Result = ();
+    fn handle(&mut self, message: ProviderDone, _: &mut Self::Context) {
+        let now = unix_now();
+        if let Err(error) = &message.result {
+            tracing::warn!(region = %self.name, node = %message.node, %error, launch = message.launch, "provider call failed");
+            if let Some(metrics) = &self.metrics {
+                metrics
+                    .counter(
+                        "nephele_provider_failures_total",
+                        "Provider calls (launch or release) that failed or timed out.",
+                        &[("region", &self.name)],
+                    )
+                    .inc();
+            }
+        }
+        let events = if message.launch {
+            self.scheduler
+                .launch_result(&message.node, message.result, now)
+        } else {
+            self.scheduler
+                .release_result(&message.node, message.result, now)
+        };
+        self.settle(events);
     }
 }
 
@@ -158,32 +762,44 @@ pub struct PoolJoined {
     pub session_id: u64,
     pub connection: quinn::Connection,
     pub profile: String,
+    /// Where gang members reach the node.
+    pub address: String,
+    pub gpus: Vec<GpuReport>,
+    /// The job members it reports in its Hello.
+    pub jobs: Vec<JobMemberStatus>,
 }
 
 impl Handler<PoolJoined> for RegionActor {
     type Result = ();
     fn handle(&mut self, message: PoolJoined, _: &mut Self::Context) {
-        let slot = self.scheduler.agent_joined(&message.name, &message.profile);
+        let now = unix_now();
+        let slot = self.scheduler.agent_joined(
+            &message.name,
+            &message.profile,
+            &message.address,
+            message.gpus,
+            now,
+        );
         match &slot {
             Some(slot) => {
-                tracing::info!(region = %self.name, pool_agent = %message.name, profile = %message.profile, %slot, "pool replica available; node slot up")
+                tracing::info!(region = %self.name, pool_agent = %message.name, profile = %message.profile, %slot, "pool agent connected; node up")
             }
             None => {
-                tracing::warn!(region = %self.name, pool_agent = %message.name, profile = %message.profile, "pool replica available for offload, but no [[region.pool]] with this profile has a free slot: no jobs are placed on it")
+                tracing::warn!(region = %self.name, pool_agent = %message.name, profile = %message.profile, "pool agent connected, but no [[region.pool]] with this profile has a free slot: no work is placed on it")
             }
         }
-        self.pools.insert(
-            message.name,
+        self.agents.insert(
+            message.name.clone(),
             PoolMember {
                 session_id: message.session_id,
                 connection: message.connection,
-                outstanding: Arc::new(AtomicU32::new(0)),
             },
         );
-        if slot.is_some() {
-            let events = self.scheduler.tick(unix_now());
-            self.report(events);
-        }
+        let mut events = self
+            .scheduler
+            .member_reports(&message.name, &message.jobs, now);
+        events.extend(self.scheduler.tick(now));
+        self.settle(events);
     }
 }
 
@@ -197,26 +813,113 @@ pub struct PoolLeft {
 impl Handler<PoolLeft> for RegionActor {
     type Result = ();
     fn handle(&mut self, message: PoolLeft, _: &mut Self::Context) {
-        if self.pools.get(&message.name).map(|m| m.session_id) == Some(message.session_id) {
-            self.pools.remove(&message.name);
-            let requeued = self.scheduler.agent_left(&message.name, unix_now());
-            tracing::info!(region = %self.name, pool_agent = %message.name, requeued = ?requeued, "pool replica gone");
-            let mut events: Vec<SchedEvent> = requeued
-                .into_iter()
-                .map(|job| SchedEvent::Requeued { job })
-                .collect();
-            events.extend(self.scheduler.tick(unix_now()));
-            self.report(events);
+        if self.agents.get(&message.name).map(|m| m.session_id) == Some(message.session_id) {
+            self.agents.remove(&message.name);
+            for serving in self.serving.values_mut() {
+                serving.telemetry.remove(&message.name);
+            }
+            let now = unix_now();
+            let mut events = self.scheduler.agent_left(&message.name, now);
+            tracing::info!(region = %self.name, pool_agent = %message.name, "pool agent gone; its node takes no new work");
+            events.extend(self.scheduler.tick(now));
+            self.settle(events);
         }
     }
 }
 
-/// A chosen replica. `outstanding` is incremented on creation; drop the guard when the
-/// request is done.
+/// A pool agent's heartbeat: its deployments' telemetry and its job members.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct PoolReport {
+    pub name: String,
+    pub session_id: u64,
+    pub deployments: Vec<DeploymentTelemetry>,
+    pub jobs: Vec<JobMemberStatus>,
+}
+
+impl Handler<PoolReport> for RegionActor {
+    type Result = ();
+    fn handle(&mut self, message: PoolReport, _: &mut Self::Context) {
+        if self.agents.get(&message.name).map(|m| m.session_id) != Some(message.session_id) {
+            return;
+        }
+        let now = unix_now();
+        for telemetry in &message.deployments {
+            if let Some(serving) = self.serving.get_mut(&telemetry.deployment) {
+                serving
+                    .telemetry
+                    .insert(message.name.clone(), telemetry.clone());
+            }
+        }
+        let mut events = self
+            .scheduler
+            .replica_reports(&message.name, &message.deployments, now);
+        events.extend(
+            self.scheduler
+                .member_reports(&message.name, &message.jobs, now),
+        );
+        if !events.is_empty() {
+            events.extend(self.scheduler.tick(now));
+            self.settle(events);
+        } else {
+            // Member states (running, pids) changed or not: cheap to keep current.
+            self.persist();
+        }
+    }
+}
+
+/// The deployments that may offload, as replica specs with their latency targets; sent
+/// by the federation at start and on every deployment change.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SyncDeployments(pub Vec<(ReplicaSpec, u32)>);
+
+impl Handler<SyncDeployments> for RegionActor {
+    type Result = ();
+    fn handle(&mut self, message: SyncDeployments, _: &mut Self::Context) {
+        let now = unix_now();
+        let now_ms = unix_now_ms();
+        let specs: Vec<ReplicaSpec> = message.0.iter().map(|(s, _)| s.clone()).collect();
+        self.serving
+            .retain(|deployment, _| specs.iter().any(|s| &s.deployment == deployment));
+        for (spec, target) in &message.0 {
+            if !self.serving.contains_key(&spec.deployment) {
+                let policy = self.policy_for(spec, *target);
+                self.serving
+                    .insert(spec.deployment.clone(), Serving::new(policy, now_ms));
+            } else if let Some(serving) = self.serving.get_mut(&spec.deployment) {
+                serving.policy.config.min_replicas = spec.min;
+                serving.policy.config.max_replicas = spec.max.max(spec.min).max(1);
+                serving.policy.config.target_p99_ms = f64::from((*target).max(1));
+            }
+        }
+        let events = self.scheduler.sync_replica_sets(&specs, now);
+        self.settle(events);
+    }
+}
+
+/// A chosen replica. Its deployment's outstanding count is incremented on creation;
+/// drop the lease when the request is done, after [`PoolLease::record`].
 pub struct PoolLease {
     pub name: String,
     pub connection: quinn::Connection,
     outstanding: Arc<AtomicU32>,
+    stats: Arc<ServingStats>,
+}
+
+impl PoolLease {
+    /// The request's round trip through the replica (what the autoscaler's p99 is).
+    pub fn record(&self, elapsed: Duration) {
+        self.stats.completed.fetch_add(1, Ordering::Relaxed);
+        let mut samples = self
+            .stats
+            .latencies_us
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if samples.len() < MAX_LATENCY_SAMPLES {
+            samples.push(elapsed.as_micros() as u64);
+        }
+    }
 }
 
 impl Drop for PoolLease {
@@ -225,31 +928,221 @@ impl Drop for PoolLease {
     }
 }
 
+/// Where an offloaded request goes.
+pub enum Pick {
+    Lease(PoolLease),
+    /// Admission control refused it: answer 429 with this Retry-After.
+    Shed {
+        retry_after_ms: u32,
+        reason: String,
+    },
+    /// No ready replica of the deployment here.
+    NoReplica(String),
+}
+
 #[derive(Message)]
-#[rtype(result = "Option<PoolLease>")]
+#[rtype(result = "Pick")]
 pub struct PickPool {
-    /// Never route to this agent (a pool agent offloading to itself).
-    pub exclude: Option<String>,
+    pub deployment: String,
+    /// Never route to this agent (a pool agent offloading to itself), nor to these
+    /// (a retry after a failed replica).
+    pub exclude: Vec<String>,
 }
 
 impl Handler<PickPool> for RegionActor {
-    type Result = Option<PoolLease>;
+    type Result = MessageResult<PickPool>;
     fn handle(&mut self, message: PickPool, _: &mut Self::Context) -> Self::Result {
-        self.pools
-            .retain(|_, member| member.connection.close_reason().is_none());
-        let (name, member) = self
-            .pools
+        let ready = self.scheduler.ready_agents(&message.deployment);
+        let agents = &self.agents;
+        let Some(serving) = self.serving.get_mut(&message.deployment) else {
+            return MessageResult(Pick::NoReplica(format!(
+                "deployment {} has no replicas in region {}",
+                message.deployment, self.name
+            )));
+        };
+        serving.arrivals += 1;
+        let live: Vec<&String> = ready
             .iter()
-            .filter(|(name, _)| Some(*name) != message.exclude.as_ref())
-            .min_by_key(|(name, member)| {
-                (member.outstanding.load(Ordering::Relaxed), (*name).clone())
+            .filter(|a| !message.exclude.contains(a))
+            .filter(|a| {
+                agents
+                    .get(*a)
+                    .is_some_and(|m| m.connection.close_reason().is_none())
+            })
+            .collect();
+        let chosen = live.into_iter().min_by_key(|agent| {
+            (
+                serving
+                    .outstanding
+                    .get(*agent)
+                    .map_or(0, |n| n.load(Ordering::Relaxed)),
+                (*agent).clone(),
+            )
+        });
+        let Some(agent) = chosen.cloned() else {
+            return MessageResult(Pick::NoReplica(format!(
+                "no ready replica of {} in region {}",
+                message.deployment, self.name
+            )));
+        };
+        let outstanding = serving
+            .outstanding
+            .entry(agent.clone())
+            .or_insert_with(|| Arc::new(AtomicU32::new(0)))
+            .clone();
+        if let Some(level) = serving.decision.as_ref().map(|d| d.admission.clone()) {
+            let service_ms = serving.service_ms().max(0.001);
+            let wait = nephele_autoscale::admission::predicted_wait_ms(
+                outstanding.load(Ordering::Relaxed),
+                1,
+                service_ms,
+                None,
+            );
+            if let Verdict::Shed {
+                retry_after_ms,
+                reason,
+            } = serving.gate.check(unix_now_ms(), &level, wait)
+            {
+                serving.shed += 1;
+                if let Some(metrics) = &self.metrics {
+                    metrics
+                        .counter(
+                            "nephele_admission_shed_total",
+                            "Offloaded requests refused by admission control (429 with Retry-After).",
+                            &[("region", &self.name), ("deployment", &message.deployment)],
+                        )
+                        .inc();
+                }
+                return MessageResult(Pick::Shed {
+                    retry_after_ms: retry_after_ms.min(u64::from(u32::MAX)) as u32,
+                    reason: format!("{reason:?}"),
+                });
+            }
+        }
+        outstanding.fetch_add(1, Ordering::Relaxed);
+        let connection = self.agents[&agent].connection.clone();
+        MessageResult(Pick::Lease(PoolLease {
+            name: agent,
+            connection,
+            outstanding,
+            stats: serving.stats.clone(),
+        }))
+    }
+}
+
+/// A spot interruption notice (from the API or the node's agent): drain the node
+/// within `seconds`.
+#[derive(Message)]
+#[rtype(result = "Result<Vec<NodeView>, SchedError>")]
+pub struct InterruptNode {
+    /// Node slot, device or agent name.
+    pub node: String,
+    pub seconds: u64,
+    pub source: String,
+}
+
+impl Handler<InterruptNode> for RegionActor {
+    type Result = Result<Vec<NodeView>, SchedError>;
+    fn handle(&mut self, message: InterruptNode, _: &mut Self::Context) -> Self::Result {
+        let now = unix_now();
+        let events = self.scheduler.drain(
+            &message.node,
+            now + message.seconds,
+            &format!(
+                "interruption notice ({}): the node goes in {} s",
+                message.source, message.seconds
+            ),
+            now,
+        )?;
+        let mut events = events;
+        events.extend(self.scheduler.tick(now));
+        self.settle(events);
+        Ok(self.scheduler.nodes())
+    }
+}
+
+/// `POST /v1/regions/{name}/nodes/{node}/drain`: move its work away and (with a
+/// provider) release it.
+#[derive(Message)]
+#[rtype(result = "Result<Vec<NodeView>, SchedError>")]
+pub struct DrainNode {
+    pub node: String,
+}
+
+impl Handler<DrainNode> for RegionActor {
+    type Result = Result<Vec<NodeView>, SchedError>;
+    fn handle(&mut self, message: DrainNode, _: &mut Self::Context) -> Self::Result {
+        let now = unix_now();
+        let deadline = now + self.settings.autoscale.tick_ms / 1000 * 60 + 600;
+        let mut events =
+            self.scheduler
+                .drain(&message.node, deadline, "drained by an operator", now)?;
+        events.extend(self.scheduler.tick(now));
+        self.settle(events);
+        Ok(self.scheduler.nodes())
+    }
+}
+
+/// `GET /v1/deployments/{name}/replicas`: this region's replicas of a deployment.
+#[derive(Message)]
+#[rtype(result = "Option<ReplicaSetView>")]
+pub struct GetReplicas(pub String);
+
+impl Handler<GetReplicas> for RegionActor {
+    type Result = MessageResult<GetReplicas>;
+    fn handle(&mut self, message: GetReplicas, _: &mut Self::Context) -> Self::Result {
+        let mut view = self.scheduler.replica_set_view(&message.0);
+        if let (Some(view), Some(serving)) = (view.as_mut(), self.serving.get(&message.0)) {
+            view.autoscaler = Some(serde_json::json!({
+                "decision": serving.decision,
+                "signals": serving.signals,
+                "forecaster": serving.policy.forecaster().kind_name(),
+            }));
+        }
+        MessageResult(view)
+    }
+}
+
+/// Where a job member's log is: a connection to its agent and the request to send.
+#[derive(Message)]
+#[rtype(result = "Result<(quinn::Connection, nephele_proto::RequestBody), SchedError>")]
+pub struct JobLogs {
+    pub tenant: String,
+    pub name: String,
+    pub member: u16,
+    pub attempt: Option<u32>,
+    pub offset: u64,
+    pub max_bytes: u32,
+}
+
+impl Handler<JobLogs> for RegionActor {
+    type Result = Result<(quinn::Connection, nephele_proto::RequestBody), SchedError>;
+    fn handle(&mut self, message: JobLogs, _: &mut Self::Context) -> Self::Result {
+        let (agent, job, attempt, member) = self.scheduler.log_target(
+            &message.tenant,
+            &message.name,
+            message.member,
+            message.attempt,
+        )?;
+        let connection = self
+            .agents
+            .get(&agent)
+            .map(|m| m.connection.clone())
+            .ok_or_else(|| {
+                SchedError::NotFound(format!(
+                    "the node agent {agent} holding that log is not connected now; try again when it is"
+                ))
             })?;
-        member.outstanding.fetch_add(1, Ordering::Relaxed);
-        Some(PoolLease {
-            name: name.clone(),
-            connection: member.connection.clone(),
-            outstanding: member.outstanding.clone(),
-        })
+        Ok((
+            connection,
+            nephele_proto::RequestBody::JobLogs {
+                job,
+                attempt,
+                member,
+                offset: message.offset,
+                max_bytes: message.max_bytes,
+            },
+        ))
     }
 }
 
@@ -273,7 +1166,7 @@ impl Handler<SubmitJob> for RegionActor {
             unix_now(),
         )?;
         tracing::info!(region = %self.name, job = %format!("{}/{}", view.tenant, view.name), state = view.state, "job submitted");
-        self.report(events);
+        self.settle(events);
         Ok(view)
     }
 }
@@ -306,7 +1199,7 @@ impl Handler<DeleteJob> for RegionActor {
             .scheduler
             .delete(&message.tenant, &message.name, unix_now())?;
         tracing::info!(region = %self.name, job = %format!("{}/{}", view.tenant, view.name), "job deleted");
-        self.report(events);
+        self.settle(events);
         Ok(view)
     }
 }
@@ -362,7 +1255,7 @@ impl Handler<PushGrid> for RegionActor {
     fn handle(&mut self, message: PushGrid, _: &mut Self::Context) -> Self::Result {
         let (view, events) = self.scheduler.push_grid(&message.points, unix_now())?;
         tracing::info!(region = %self.name, kept = view.kept, too_old = view.too_old, signal = view.grid.signal, "grid measurements stored");
-        self.report(events);
+        self.settle(events);
         self.grid_gauge(&view.grid);
         Ok(view)
     }

@@ -1,8 +1,11 @@
 //! Durable control-plane state in an embedded redb database, plus content-addressed
 //! blobs (model files) as plain files beside it.
 //!
-//! Only the federation actor writes (single writer); values are JSON so the file can be
-//! inspected with ordinary tools during incidents.
+//! One writer per table: the federation actor writes the fleet's tables (tokens,
+//! devices, models, deployments); each region actor writes only its own region's rows
+//! of the region tables (keys start with `<region>/`). Values are JSON so the file can
+//! be inspected with ordinary tools during incidents. Every write is one redb
+//! transaction, durable when it returns.
 
 use std::path::{Path, PathBuf};
 
@@ -17,6 +20,9 @@ const MODELS: TableDefinition<&str, &[u8]> = TableDefinition::new("models");
 const DEPLOYMENTS: TableDefinition<&str, &[u8]> = TableDefinition::new("deployments");
 const API_TOKENS: TableDefinition<&str, &[u8]> = TableDefinition::new("api_tokens");
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+const REGION_JOBS: TableDefinition<&str, &[u8]> = TableDefinition::new("region_jobs");
+const REGION_NODES: TableDefinition<&str, &[u8]> = TableDefinition::new("region_nodes");
+const REGION_STATE: TableDefinition<&str, &[u8]> = TableDefinition::new("region_state");
 
 #[derive(Debug, Clone, Copy)]
 pub enum Table {
@@ -26,6 +32,12 @@ pub enum Table {
     Deployments,
     ApiTokens,
     Meta,
+    /// `<region>/<tenant>/<job>` → a region's job (or replica) record.
+    RegionJobs,
+    /// `<region>/<node>` → a region's node slot.
+    RegionNodes,
+    /// `<region>` → the rest of a region's books (grid, replica sets, autoscalers).
+    RegionState,
 }
 
 impl Table {
@@ -37,15 +49,21 @@ impl Table {
             Table::Deployments => DEPLOYMENTS,
             Table::ApiTokens => API_TOKENS,
             Table::Meta => META,
+            Table::RegionJobs => REGION_JOBS,
+            Table::RegionNodes => REGION_NODES,
+            Table::RegionState => REGION_STATE,
         }
     }
-    const ALL: [Table; 6] = [
+    const ALL: [Table; 9] = [
         Table::JoinTokens,
         Table::Devices,
         Table::Models,
         Table::Deployments,
         Table::ApiTokens,
         Table::Meta,
+        Table::RegionJobs,
+        Table::RegionNodes,
+        Table::RegionState,
     ];
 }
 
@@ -143,6 +161,43 @@ pub struct DeploymentRecord {
     pub variant: String,
     #[serde(default)]
     pub hard_example_threshold: Option<f32>,
+    /// How its cloud replicas are sized and scaled (records from before replicas take
+    /// the control plane's defaults).
+    #[serde(default)]
+    pub replicas: ReplicaSettings,
+}
+
+/// A deployment's cloud replicas, as `POST /v1/deployments` may set them; every field
+/// absent takes the control plane's `[autoscale]` default.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicaSettings {
+    /// Priority of its replicas and of its requests in admission control (higher
+    /// keeps serving longer).
+    #[serde(default)]
+    pub priority: Option<u32>,
+    #[serde(default)]
+    pub min: Option<u32>,
+    #[serde(default)]
+    pub max: Option<u32>,
+    /// p99 latency (ms) of offloaded requests through the region that the autoscaler
+    /// keeps; default the deployment's SLO.
+    #[serde(default)]
+    pub target_p99_ms: Option<u32>,
+    /// What one replica takes on its node.
+    #[serde(default)]
+    pub cpu_milli: Option<u64>,
+    #[serde(default)]
+    pub memory_mib: Option<u64>,
+    /// A share of one GPU (1..=1000); default sized from the model.
+    #[serde(default)]
+    pub gpu_milli: Option<u32>,
+    /// A MIG slice instead, e.g. `1g.10gb`.
+    #[serde(default)]
+    pub mig_profile: Option<String>,
+    /// May run on spot nodes (default true: an interruption notice moves it first).
+    #[serde(default)]
+    pub spot_ok: Option<bool>,
 }
 
 fn auto() -> String {
@@ -158,8 +213,10 @@ pub struct ApiTokenRecord {
     pub created_unix: u64,
 }
 
+/// Cheap to clone: every clone is the same database.
+#[derive(Clone)]
 pub struct Store {
-    db: Database,
+    db: std::sync::Arc<Database>,
     blob_dir: PathBuf,
 }
 
@@ -173,7 +230,60 @@ impl Store {
             txn.open_table(table.definition()).map_err(db_error)?;
         }
         txn.commit().map_err(db_error)?;
-        Ok(Store { db, blob_dir })
+        Ok(Store {
+            db: std::sync::Arc::new(db),
+            blob_dir,
+        })
+    }
+
+    /// Every record whose key starts with `prefix`, with its key.
+    pub fn list_prefix<T: DeserializeOwned>(
+        &self,
+        table: Table,
+        prefix: &str,
+    ) -> Result<Vec<(String, T)>, StoreError> {
+        let txn = self.db.begin_read().map_err(db_error)?;
+        let open = txn.open_table(table.definition()).map_err(db_error)?;
+        let mut out = Vec::new();
+        for entry in open.range(prefix..).map_err(db_error)? {
+            let (key, value) = entry.map_err(db_error)?;
+            let key = key.value().to_string();
+            if !key.starts_with(prefix) {
+                break;
+            }
+            let record =
+                serde_json::from_slice(value.value()).map_err(|e| StoreError::Corrupt {
+                    key: key.clone(),
+                    cause: e.to_string(),
+                })?;
+            out.push((key, record));
+        }
+        Ok(out)
+    }
+
+    /// Writes `puts` (already JSON) and removes `deletes`, in one transaction: all of
+    /// it is durable, or none.
+    pub fn apply(
+        &self,
+        table: Table,
+        puts: &[(String, Vec<u8>)],
+        deletes: &[String],
+    ) -> Result<(), StoreError> {
+        if puts.is_empty() && deletes.is_empty() {
+            return Ok(());
+        }
+        let txn = self.db.begin_write().map_err(db_error)?;
+        {
+            let mut open = txn.open_table(table.definition()).map_err(db_error)?;
+            for (key, bytes) in puts {
+                open.insert(key.as_str(), bytes.as_slice())
+                    .map_err(db_error)?;
+            }
+            for key in deletes {
+                open.remove(key.as_str()).map_err(db_error)?;
+            }
+        }
+        txn.commit().map_err(db_error)
     }
 
     pub fn put<T: Serialize>(&self, table: Table, key: &str, value: &T) -> Result<(), StoreError> {
@@ -274,6 +384,7 @@ mod tests {
             created_unix: 1,
             variant: "auto".into(),
             hard_example_threshold: None,
+            replicas: Default::default(),
         };
         {
             let store = Store::open(&dir).unwrap();

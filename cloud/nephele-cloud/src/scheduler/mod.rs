@@ -36,11 +36,11 @@ use nephele_placement::grid::{
 use nephele_placement::queue::{JobState, Quota, Tenant, WhyPending};
 use nephele_placement::{
     Binding, CapacityType, Cluster, Effect, Job, JobId, MigPartition, MigProfile, NodeSpec,
-    PodRequest, Policy, PriorityClass, Queue, QueueConfig, Topology, TypicalPods,
+    PodRequest, Policy, PriorityClass, Queue, QueueConfig, Reason, Topology, TypicalPods,
 };
 use serde::{Deserialize, Serialize};
 
-use crate::config::{PoolConfig, RegionConfig, SchedulerConfig, TenantConfig};
+use crate::config::{NodesConfig, PoolConfig, RegionConfig, SchedulerConfig, TenantConfig};
 
 /// Most members of one gang.
 pub const MAX_MEMBERS: u16 = 1024;
@@ -51,15 +51,26 @@ pub const MAX_DEFER_S: u64 = 30 * 24 * 3600;
 /// The region name that asks the control plane to choose one.
 pub const AUTO_REGION: &str = "auto";
 
-/// Why a request to the scheduler was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// The tenant serving replicas are charged to; no configured tenant may take the name.
+pub const SERVING_TENANT: &str = "serving";
 
+mod books;
+mod nodes;
+mod replicas;
+mod run;
 mod spec;
 mod views;
+
+pub use books::{JobRecord, NodeRecord, RegionRecord, StoredBinding};
+pub use nodes::{NodeAction, NodePhase};
+pub use replicas::ReplicaSpec;
+pub use run::PoolWork;
 
 pub use spec::*;
 pub use views::*;
 
+/// Why a request to the scheduler was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SchedError {
     #[error("{0}")]
     BadRequest(String),
@@ -69,34 +80,59 @@ pub enum SchedError {
     Conflict(String),
 }
 
-struct Slot {
-    pool: String,
-    profile: String,
-    gpu_model: Option<String>,
-    price_per_hour: f64,
-    /// The pool agent serving it now.
-    agent: Option<String>,
-    /// The agent that served it last, so a reconnecting agent gets its slot back.
-    last_agent: Option<String>,
+/// What a queue job stands for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "kind")]
+pub enum JobKind {
+    /// A job a tenant submitted (`POST /v1/jobs`).
+    Batch,
+    /// A cloud replica of a deployment that may offload (see `replicas.rs`).
+    Replica { deployment: String },
 }
 
 struct JobMeta {
     name: String,
     tenant: usize,
+    /// Numbers this submission in the region (a job deleted and submitted again under
+    /// its name is another): part of its processes' key on the agents.
+    uid: u64,
+    kind: JobKind,
+    priority: u32,
+    preemptible: bool,
     spec: JobSpec,
     submitted_unix: u64,
     started_unix: Option<u64>,
     preempted_by: Option<JobId>,
     requeues: u32,
-    /// A deferrable job's plan, and the queue job it becomes when released.
+    /// A deferrable job's plan.
     deferral: Option<Deferred>,
     region_choice: Option<RegionChoiceView>,
+    /// Out of the queue while `Some`: the queue job it becomes, and why it waits.
+    held: Option<(Job, Hold)>,
+    /// Its attempts and their processes.
+    run: run::RunState,
+}
+
+/// Why a job waits outside the queue.
+#[derive(Debug, Clone, PartialEq)]
+enum Hold {
+    /// For a lower-carbon hour (see `deferral`).
+    Deferred,
+    /// After a failed attempt, until `until` (unix seconds).
+    Backoff { until: u64 },
+    /// Restored from the books as running at `bindings` (node names): waits for those
+    /// nodes' agents to come back, until `until`, then runs again elsewhere.
+    Recovering {
+        bindings: Vec<books::StoredBinding>,
+        start: u64,
+        /// It was terminating (preempted or drained) until this deadline.
+        terminating_until: Option<u64>,
+        until: u64,
+    },
 }
 
 struct Deferred {
     plan: Deferral,
-    /// Held out of the queue while `Some`.
-    held: Option<Job>,
     view: DeferralView,
 }
 
@@ -204,6 +240,39 @@ fn default_typical() -> TypicalPods {
     TypicalPods::from_pods(&pods, 1.0)
 }
 
+/// Settings of a region's scheduler that come from the control plane's config.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub grace_s: u64,
+    /// `NEPHELE_CHECKPOINT_DIR` = `<checkpoint_root>/<region>/<tenant>/<job>`.
+    pub checkpoint_root: String,
+    pub rendezvous_ports: [u16; 2],
+    pub recover_timeout_s: u64,
+    pub retry_backoff_s: u64,
+    pub nodes: NodesConfig,
+    /// A node whose agent has been away this long loses its work (it runs again
+    /// elsewhere); until then its jobs keep their places, as their processes do.
+    pub lost_after_s: u64,
+}
+
+impl Settings {
+    fn from(config: &SchedulerConfig) -> Settings {
+        Settings {
+            grace_s: config.grace_s,
+            checkpoint_root: config
+                .checkpoint_root
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|| "checkpoints".into()),
+            rendezvous_ports: config.rendezvous_ports,
+            recover_timeout_s: config.recover_timeout_s,
+            retry_backoff_s: config.retry_backoff_s.max(1),
+            nodes: NodesConfig::default(),
+            lost_after_s: 30,
+        }
+    }
+}
+
 pub struct RegionScheduler {
     region: String,
     carbon_zone: Option<String>,
@@ -212,12 +281,22 @@ pub struct RegionScheduler {
     templates: Cluster,
     cluster: Cluster,
     queue: Queue,
-    slots: Vec<Slot>,
+    slots: Vec<nodes::Slot>,
+    pools: Vec<nodes::PoolState>,
     gpu_models: Vec<String>,
     tenants: Vec<String>,
+    /// The tenant that serving replicas are charged to (not one of the configured).
+    serving_tenant: usize,
     jobs: BTreeMap<JobId, JobMeta>,
     by_name: BTreeMap<(usize, String), JobId>,
     next_id: JobId,
+    replica_sets: BTreeMap<String, replicas::ReplicaSet>,
+    settings: Settings,
+    /// Events of calls that return something else (an agent joining), handed out by
+    /// the next tick.
+    later: Vec<SchedEvent>,
+    /// The next submission's `uid` (kept in the books).
+    next_uid: u64,
 }
 
 impl RegionScheduler {
@@ -232,7 +311,8 @@ impl RegionScheduler {
         let mut nodes = Vec::new();
         let mut slots = Vec::new();
         let mut templates = Vec::new();
-        for pool in &region.pools {
+        let mut pools = Vec::new();
+        for (pool_index, pool) in region.pools.iter().enumerate() {
             let (template, model) = node_spec(&region.name, pool)?;
             let interned = model.as_ref().map(|m| {
                 gpu_models.iter().position(|k| k == m).unwrap_or_else(|| {
@@ -244,26 +324,27 @@ impl RegionScheduler {
             shape.name = pool.name.clone();
             shape.gpu_model = interned;
             templates.push(shape);
+            pools.push(nodes::PoolState::new(pool));
             for index in 0..pool.max_nodes {
                 let mut spec = template.clone();
                 spec.name = format!("{}-{index}", pool.name);
                 spec.gpu_model = interned;
+                slots.push(nodes::Slot::new(
+                    &region.name,
+                    pool,
+                    pool_index,
+                    index,
+                    &spec.name,
+                    model.clone(),
+                ));
                 nodes.push(spec);
-                slots.push(Slot {
-                    pool: pool.name.clone(),
-                    profile: pool.node_profile.clone(),
-                    gpu_model: model.clone(),
-                    price_per_hour: pool.price_per_hour,
-                    agent: None,
-                    last_agent: None,
-                });
             }
         }
         let mut cluster = Cluster::new(nodes);
         for node in 0..slots.len() {
             cluster.node_lost(node);
         }
-        let tenant_list: Vec<Tenant> = if tenants.is_empty() {
+        let mut tenant_list: Vec<Tenant> = if tenants.is_empty() {
             vec![Tenant {
                 name: "default".into(),
                 weight: 1.0,
@@ -283,6 +364,17 @@ impl RegionScheduler {
                 })
                 .collect()
         };
+        if tenant_list.iter().any(|t| t.name == SERVING_TENANT) {
+            return Err(format!(
+                "tenant {SERVING_TENANT:?} is reserved for serving replicas; rename it"
+            ));
+        }
+        let serving_tenant = tenant_list.len();
+        tenant_list.push(Tenant {
+            name: SERVING_TENANT.into(),
+            weight: 1.0,
+            quota: Quota::default(),
+        });
         let queue_config = QueueConfig {
             policy,
             priorities: true,
@@ -299,81 +391,55 @@ impl RegionScheduler {
             templates: Cluster::new(templates),
             cluster,
             tenants: tenant_list.iter().map(|t| t.name.clone()).collect(),
+            serving_tenant,
             queue: Queue::new(queue_config, tenant_list, default_typical()),
             slots,
+            pools,
             gpu_models,
             jobs: BTreeMap::new(),
             by_name: BTreeMap::new(),
             next_id: 1,
+            replica_sets: BTreeMap::new(),
+            settings: Settings::from(config),
+            later: Vec::new(),
+            next_uid: 1,
         })
+    }
+
+    /// With the node-provisioning settings (`[nodes]`) and how long an agent may be
+    /// away before its node's work runs elsewhere.
+    pub fn with_nodes(mut self, nodes: NodesConfig, lost_after_s: u64) -> Self {
+        self.settings.nodes = nodes;
+        self.settings.lost_after_s = lost_after_s.max(1);
+        self
+    }
+
+    /// Where checkpoint directories go when the config names no `checkpoint_root`.
+    pub fn with_default_checkpoint_root(mut self, root: &str) -> Self {
+        if self.settings.checkpoint_root == "checkpoints" {
+            self.settings.checkpoint_root = root.to_string();
+        }
+        self
     }
 
     pub fn region(&self) -> &str {
         &self.region
     }
 
+    /// The configured tenants (the internal serving tenant is not one of them).
     pub fn tenant_names(&self) -> &[String] {
-        &self.tenants
+        &self.tenants[..self.serving_tenant]
     }
 
-    /// A pool agent connected. Returns the slot it now serves, or `None` when no pool of
-    /// this region has its profile or every such slot is taken (it still serves
-    /// offloaded requests, but no jobs are placed on it).
-    pub fn agent_joined(&mut self, agent: &str, profile: &str) -> Option<String> {
-        let index = self
-            .slots
-            .iter()
-            .position(|s| s.agent.as_deref() == Some(agent))
-            .or_else(|| {
-                let free = |s: &Slot| s.profile == profile && s.agent.is_none();
-                self.slots
-                    .iter()
-                    .position(|s| free(s) && s.last_agent.as_deref() == Some(agent))
-                    .or_else(|| {
-                        self.slots
-                            .iter()
-                            .position(|s| free(s) && s.last_agent.is_none())
-                    })
-                    .or_else(|| self.slots.iter().position(free))
-            })?;
-        let slot = &mut self.slots[index];
-        slot.agent = Some(agent.to_string());
-        slot.last_agent = Some(agent.to_string());
-        self.cluster.node_up(index);
-        Some(self.cluster.nodes[index].name.clone())
-    }
-
-    /// A pool agent went away: its slot goes down and every job with a member there
-    /// waits again (all members of a gang). Returns those jobs as `tenant/name`.
-    pub fn agent_left(&mut self, agent: &str, now: u64) -> Vec<String> {
-        let Some(index) = self
-            .slots
-            .iter()
-            .position(|s| s.agent.as_deref() == Some(agent))
-        else {
-            return Vec::new();
-        };
-        self.slots[index].agent = None;
-        let hit = self.queue.node_lost(&mut self.cluster, index, now);
-        hit.into_iter()
-            .filter_map(|id| {
-                let meta = self.jobs.get_mut(&id)?;
-                meta.requeues += 1;
-                meta.started_unix = None;
-                meta.preempted_by = None;
-                Some(format!("{}/{}", self.tenants[meta.tenant], meta.name))
-            })
-            .collect()
-    }
-
+    /// A configured tenant's index (the serving tenant is not one users may name).
     fn tenant_index(&self, tenant: &str) -> Result<usize, SchedError> {
-        self.tenants
+        self.tenant_names()
             .iter()
             .position(|t| t == tenant)
             .ok_or_else(|| {
                 SchedError::BadRequest(format!(
                     "unknown tenant {tenant:?}; configured tenants: {}",
-                    self.tenants.join(", ")
+                    self.tenant_names().join(", ")
                 ))
             })
     }
@@ -461,6 +527,79 @@ impl RegionScheduler {
         Ok(pod)
     }
 
+    /// Why `members` pods like `pod` could never run in this region whatever happens
+    /// (no node of any pool could hold one; more than all its nodes could hold; a
+    /// gang that must share a node and cannot), or `None` when some state could run it.
+    fn never_fits(&self, pod: &PodRequest, members: u16, topology: TopologySpec) -> Option<String> {
+        if self.slots.is_empty() {
+            return Some(format!(
+                "region {} has no pools; add a [[region.pool]] to the control plane's config",
+                self.region
+            ));
+        }
+        let mut per_pool = Vec::new();
+        let mut capacity: u64 = 0;
+        for (index, pool) in self.pools.iter().enumerate() {
+            let slots = self.slots.iter().filter(|s| s.pool_index == index).count() as u64;
+            match self.templates.check(index, pod) {
+                Err(reason) => per_pool.push(format!(
+                    "pool {} ({}): {}",
+                    pool.name,
+                    self.slots
+                        .iter()
+                        .find(|s| s.pool_index == index)
+                        .map_or("", |s| s.profile.as_str()),
+                    refusal_detail(reason, pod, &self.templates.nodes[index])
+                )),
+                Ok(()) => {
+                    // Members one empty node of this pool holds.
+                    let mut node = self.templates.clone();
+                    let mut fits = 0u64;
+                    while fits < u64::from(members) {
+                        let Ok(placement) = nephele_placement::place_on(
+                            &node,
+                            index,
+                            pod,
+                            Policy::FirstFit,
+                            &TypicalPods::default(),
+                        ) else {
+                            break;
+                        };
+                        if node
+                            .reserve(u64::MAX - fits, pod, &placement.binding)
+                            .is_err()
+                        {
+                            break;
+                        }
+                        fits += 1;
+                    }
+                    if topology == TopologySpec::SameNode && fits < u64::from(members) {
+                        per_pool.push(format!(
+                            "pool {}: one node holds {fits} of the {members} members, and they must share one",
+                            pool.name
+                        ));
+                        continue;
+                    }
+                    capacity += fits * slots;
+                }
+            }
+        }
+        if capacity == 0 {
+            return Some(format!(
+                "no pool of region {} can ever run this job: {}",
+                self.region,
+                per_pool.join("; ")
+            ));
+        }
+        if capacity < u64::from(members) {
+            return Some(format!(
+                "region {} can never hold {members} members of this shape: all its nodes together hold {capacity}",
+                self.region
+            ));
+        }
+        None
+    }
+
     /// Queues a job for `tenant` and runs one scheduling pass, so the answer already
     /// says where it went or why not. A job with a deadline may be held as `deferred`.
     pub fn submit(
@@ -501,6 +640,10 @@ impl RegionScheduler {
             })?,
         };
         let pod = self.pod_of(&spec)?;
+        spec.validate_command().map_err(SchedError::BadRequest)?;
+        if let Some(why) = self.never_fits(&pod, spec.members, spec.topology) {
+            return Err(SchedError::BadRequest(why));
+        }
         let key = (tenant_index, spec.name.clone());
         if self.by_name.contains_key(&key) {
             return Err(SchedError::Conflict(format!(
@@ -528,12 +671,13 @@ impl RegionScheduler {
                 .preemptible
                 .unwrap_or(priority < PriorityClass::Production.priority()),
         };
+        let (job_priority, job_preemptible) = (job.priority, job.preemptible);
         let deferral = match spec.deadline_unix {
             None => None,
             Some(deadline) => Some(self.plan_deferral(&spec, deadline, now)?),
         };
         let held = if deferral.is_some() {
-            Some(job)
+            Some((job, Hold::Deferred))
         } else {
             self.queue
                 .submit(job)
@@ -546,18 +690,27 @@ impl RegionScheduler {
             JobMeta {
                 name: spec.name.clone(),
                 tenant: tenant_index,
+                uid: {
+                    self.next_uid += 1;
+                    self.next_uid - 1
+                },
+                kind: JobKind::Batch,
+                priority: job_priority,
+                preemptible: job_preemptible,
                 spec,
                 submitted_unix: now,
                 started_unix: None,
                 preempted_by: None,
                 requeues: 0,
-                deferral: deferral.map(|(plan, view)| Deferred { plan, held, view }),
+                deferral: deferral.map(|(plan, view)| Deferred { plan, view }),
                 region_choice,
+                held,
+                run: run::RunState::default(),
             },
         );
         let mut events = self.tick(now);
-        if let Some(deferred) = self.jobs.get(&id).and_then(|m| m.deferral.as_ref()) {
-            if deferred.held.is_some() {
+        if let Some(meta) = self.jobs.get(&id) {
+            if let (Some((_, Hold::Deferred)), Some(deferred)) = (&meta.held, &meta.deferral) {
                 events.push(SchedEvent::Deferred {
                     job: self.qualified(id),
                     reason: deferred.view.reason.clone(),
@@ -603,7 +756,7 @@ impl RegionScheduler {
         let view = DeferralView {
             deadline_unix: deadline,
             latest_start_unix: plan.latest_start,
-            state: "waiting",
+            state: "waiting".into(),
             reason: "not decided yet".into(),
             carbon_at_submit,
             carbon_now: carbon_at_submit,
@@ -621,7 +774,7 @@ impl RegionScheduler {
         let held: Vec<JobId> = self
             .jobs
             .iter()
-            .filter(|(_, m)| m.deferral.as_ref().is_some_and(|d| d.held.is_some()))
+            .filter(|(_, m)| matches!(m.held, Some((_, Hold::Deferred))))
             .map(|(id, _)| *id)
             .collect();
         for id in held {
@@ -648,7 +801,7 @@ impl RegionScheduler {
                     );
                 }
                 DeferDecision::Start(reason) => {
-                    let Some(mut job) = deferred.held.take() else {
+                    let Some((mut job, _)) = meta.held.take() else {
                         continue;
                     };
                     job.submit = now;
@@ -670,10 +823,10 @@ impl RegionScheduler {
                     if let Err(error) = self.queue.submit(job.clone()) {
                         // Cannot happen for a fresh id; keep it held rather than lose it.
                         view.reason = format!("could not queue it ({error}); retrying");
-                        deferred.held = Some(job);
+                        meta.held = Some((job, Hold::Deferred));
                         continue;
                     }
-                    view.state = "released";
+                    view.state = "released".into();
                     view.released_unix = Some(now);
                     view.best_start_unix = None;
                     view.best_carbon = None;
@@ -713,7 +866,7 @@ impl RegionScheduler {
         let deferred_jobs = self
             .jobs
             .values()
-            .filter(|m| m.deferral.as_ref().is_some_and(|d| d.held.is_some()))
+            .filter(|m| matches!(m.held, Some((_, Hold::Deferred))))
             .count();
         let (signal, note, outlook) = match self.grid.outlook(now) {
             Ok(outlook) => (
@@ -841,18 +994,32 @@ impl RegionScheduler {
         let view = self
             .view_of(id)
             .ok_or_else(|| SchedError::NotFound(format!("no job {name:?}")))?;
+        self.forget(id);
+        let events = self.tick(now);
+        Ok((view, events))
+    }
+
+    /// Removes a job in any state from the queue and the books: its resources go back
+    /// at once, and its processes leave the desired state (their agents stop them).
+    fn forget(&mut self, id: JobId) {
         self.queue.remove(&mut self.cluster, id);
         if let Some(meta) = self.jobs.remove(&id) {
             self.by_name.remove(&(meta.tenant, meta.name));
+            if let JobKind::Replica { deployment } = &meta.kind {
+                if let Some(set) = self.replica_sets.get_mut(deployment) {
+                    set.replicas.remove(&id);
+                }
+            }
         }
-        let events = self.tick(now);
-        Ok((view, events))
     }
 
     /// One scheduling pass at `now` (unix seconds): held jobs whose hour has come join
     /// the queue, then the queue runs.
     pub fn tick(&mut self, now: u64) -> Vec<SchedEvent> {
-        let mut events = self.release_deferred(now);
+        let mut events = std::mem::take(&mut self.later);
+        events.extend(self.release_deferred(now));
+        events.extend(self.release_holds(now));
+        events.extend(self.nodes_tick(now));
         let effects = self.queue.tick(&mut self.cluster, now);
         for effect in effects {
             match effect {
@@ -865,6 +1032,7 @@ impl RegionScheduler {
                         meta.started_unix = Some(now);
                         meta.preempted_by = None;
                     }
+                    self.on_bound(job, &bindings, now);
                     events.push(SchedEvent::Placed {
                         job: self.qualified(job),
                         nodes,
@@ -878,6 +1046,7 @@ impl RegionScheduler {
                     if let Some(meta) = self.jobs.get_mut(&victim) {
                         meta.preempted_by = Some(by);
                     }
+                    self.on_stopping(victim, "preempted", now);
                     events.push(SchedEvent::Preempting {
                         job: self.qualified(victim),
                         by: self.qualified(by),
@@ -885,17 +1054,12 @@ impl RegionScheduler {
                     });
                 }
                 Effect::Requeued { job } => {
-                    if let Some(meta) = self.jobs.get_mut(&job) {
-                        meta.requeues += 1;
-                        meta.started_unix = None;
-                    }
-                    events.push(SchedEvent::Requeued {
-                        job: self.qualified(job),
-                    });
+                    events.extend(self.on_requeued(job, now));
                 }
                 Effect::Pending { .. } => {}
             }
         }
+        events.extend(self.replicas_tick(now));
         events
     }
 
@@ -904,6 +1068,28 @@ impl RegionScheduler {
             || format!("#{job}"),
             |m| format!("{}/{}", self.tenants[m.tenant], m.name),
         )
+    }
+
+    /// Placement view of stored bindings (a job restored from the books).
+    fn stored_placement(&self, bindings: &[StoredBinding]) -> Vec<MemberPlacement> {
+        bindings
+            .iter()
+            .enumerate()
+            .map(|(member, b)| MemberPlacement {
+                member,
+                node: b.node.clone(),
+                agent: self
+                    .slot_named(&b.node)
+                    .and_then(|i| self.agent_for_node(i))
+                    .map(str::to_string),
+                gpus: b
+                    .gpus
+                    .iter()
+                    .map(|&(gpu, milli)| GpuShare { gpu, milli })
+                    .collect(),
+                mig_profile: None,
+            })
+            .collect()
     }
 
     fn placement(&self, bindings: &[Binding]) -> Vec<MemberPlacement> {
@@ -1011,52 +1197,56 @@ impl RegionScheduler {
     fn view_of(&self, id: JobId) -> Option<JobView> {
         let meta = self.jobs.get(&id)?;
         let deferral = meta.deferral.as_ref().map(|d| d.view.clone());
-        if let Some(job) = meta.deferral.as_ref().and_then(|d| d.held.as_ref()) {
-            return Some(JobView {
-                name: meta.name.clone(),
-                tenant: self.tenants[meta.tenant].clone(),
-                region: self.region.clone(),
-                state: "deferred",
-                priority: job.priority,
-                preemptible: job.preemptible,
-                submitted_unix: meta.submitted_unix,
-                started_unix: None,
-                placement: Vec::new(),
-                why_pending: None,
-                preempted_by: None,
-                grace_deadline_unix: None,
-                requeues: meta.requeues,
-                deferral,
-                region_choice: meta.region_choice.clone(),
-                spec: meta.spec.clone(),
-            });
-        }
-        let job = self.queue.job(id)?;
-        let state = self.queue.state(id)?;
-        let (name, placement, grace) = match state {
-            JobState::Pending => ("pending", Vec::new(), None),
-            JobState::Running { bindings, .. } => ("running", self.placement(bindings), None),
-            JobState::Terminating {
-                bindings, deadline, ..
-            } => ("terminating", self.placement(bindings), Some(*deadline)),
-            JobState::Finished { .. } => ("finished", Vec::new(), None),
+        let (state, placement, grace, why_pending) = match (&meta.held, &meta.run.outcome) {
+            (Some((_, hold)), _) => match hold {
+                Hold::Deferred => ("deferred", Vec::new(), None, None),
+                Hold::Backoff { .. } => ("backoff", Vec::new(), None, None),
+                Hold::Recovering { bindings, .. } => {
+                    ("recovering", self.stored_placement(bindings), None, None)
+                }
+            },
+            (None, Some(outcome)) => (outcome.state(), Vec::new(), None, None),
+            (None, None) => match self.queue.state(id)? {
+                JobState::Pending => ("pending", Vec::new(), None, Some(self.why(id))),
+                JobState::Running { bindings, .. } => {
+                    ("running", self.placement(bindings), None, None)
+                }
+                JobState::Terminating {
+                    bindings, deadline, ..
+                } => (
+                    "terminating",
+                    self.placement(bindings),
+                    Some(*deadline),
+                    None,
+                ),
+                JobState::Finished { .. } => ("finished", Vec::new(), None, None),
+            },
         };
         Some(JobView {
             name: meta.name.clone(),
             tenant: self.tenants[meta.tenant].clone(),
+            uid: meta.uid,
             region: self.region.clone(),
-            state: name,
-            priority: job.priority,
-            preemptible: job.preemptible,
+            state,
+            priority: meta.priority,
+            preemptible: meta.preemptible,
             submitted_unix: meta.submitted_unix,
             started_unix: meta.started_unix,
             placement,
-            why_pending: (*state == JobState::Pending).then(|| self.why(id)),
+            why_pending,
             preempted_by: grace.and(meta.preempted_by).map(|by| self.qualified(by)),
             grace_deadline_unix: grace,
             requeues: meta.requeues,
             deferral,
             region_choice: meta.region_choice.clone(),
+            attempt: meta.run.attempt,
+            members: meta.run.member_views(),
+            attempts: meta.run.attempts.clone(),
+            outcome: meta.run.outcome.as_ref().map(|o| o.to_string()),
+            retry_at_unix: match &meta.held {
+                Some((_, Hold::Backoff { until })) => Some(*until),
+                _ => None,
+            },
             spec: meta.spec.clone(),
         })
     }
@@ -1067,61 +1257,18 @@ impl RegionScheduler {
             .ok_or_else(|| SchedError::NotFound(format!("no job {name:?}")))
     }
 
-    /// Jobs of `tenant`, or of every tenant for `None`, oldest first.
+    /// Jobs of `tenant`, or of every tenant for `None`, oldest first (serving
+    /// replicas are shown with their deployments, not here).
     pub fn list(&self, tenant: Option<&str>) -> Vec<JobView> {
-        let only = tenant.map(|t| self.tenants.iter().position(|n| n == t));
+        let only = tenant.map(|t| self.tenant_names().iter().position(|n| n == t));
         self.jobs
             .iter()
+            .filter(|(_, m)| m.kind == JobKind::Batch)
             .filter(|(_, m)| match only {
                 None => true,
                 Some(index) => index == Some(m.tenant),
             })
             .filter_map(|(id, _)| self.view_of(*id))
-            .collect()
-    }
-
-    pub fn nodes(&self) -> Vec<NodeView> {
-        let mut jobs_on: BTreeMap<usize, Vec<String>> = BTreeMap::new();
-        for (id, (_, binding)) in self.cluster.reservations() {
-            let job = id >> nephele_placement::queue::MEMBER_BITS;
-            let entry = jobs_on.entry(binding.node).or_default();
-            let name = self.qualified(job);
-            if !entry.contains(&name) {
-                entry.push(name);
-            }
-        }
-        self.slots
-            .iter()
-            .enumerate()
-            .map(|(index, slot)| {
-                let spec = &self.cluster.nodes[index];
-                let state = &self.cluster.state[index];
-                NodeView {
-                    name: spec.name.clone(),
-                    pool: slot.pool.clone(),
-                    profile: slot.profile.clone(),
-                    agent: slot.agent.clone(),
-                    up: state.up,
-                    capacity_type: match spec.capacity_type {
-                        CapacityType::Spot => "spot",
-                        CapacityType::OnDemand => "on-demand",
-                    },
-                    price_per_hour: slot.price_per_hour,
-                    cpu_milli: spec.cpu_milli,
-                    cpu_free_milli: state.cpu_left,
-                    memory_mib: spec.memory_mib,
-                    memory_free_mib: state.memory_left,
-                    gpu_model: slot.gpu_model.clone(),
-                    gpu_free_milli: state.gpu_left.clone(),
-                    mig_free: spec
-                        .mig
-                        .iter()
-                        .zip(&state.mig_free)
-                        .map(|(p, free)| (format!("{} on gpu {}", p.profile, p.gpu), *free))
-                        .collect(),
-                    jobs: jobs_on.remove(&index).unwrap_or_default(),
-                }
-            })
             .collect()
     }
 
@@ -1254,12 +1401,63 @@ pub fn choose_region_for(
     Ok(RegionChoiceView {
         chosen: chosen.region.clone(),
         reason,
-        unit: chosen.unit,
+        unit: chosen.unit.to_string(),
         demand,
         weights,
         candidates,
     })
 }
 
+/// A never-fits reason with the figures that make it actionable: what one member asks
+/// for against what a node of the pool has.
+fn refusal_detail(reason: Reason, pod: &PodRequest, node: &NodeSpec) -> String {
+    let what = reason.as_str();
+    match reason {
+        Reason::InsufficientGpu => {
+            let mut mig_gpus: Vec<u8> = node.mig.iter().map(|m| m.gpu).collect();
+            mig_gpus.sort_unstable();
+            mig_gpus.dedup();
+            let whole = usize::from(node.gpus).saturating_sub(mig_gpus.len());
+            let mig = if mig_gpus.is_empty() {
+                String::new()
+            } else {
+                format!(" ({} in MIG slices: ask for a mig_profile)", mig_gpus.len())
+            };
+            format!(
+                "{what}: a member asks for {} GPU(s) at {} milli each, a node has {whole} whole GPU(s){mig}",
+                pod.num_gpu, pod.gpu_milli
+            )
+        }
+        Reason::InsufficientCpu => format!(
+            "{what}: a member asks for {} milli-CPU, a node has {}",
+            pod.cpu_milli, node.cpu_milli
+        ),
+        Reason::InsufficientMemory => format!(
+            "{what}: a member asks for {} MiB, a node has {} MiB",
+            pod.memory_mib, node.memory_mib
+        ),
+        Reason::NoMigSlice => format!(
+            "{what}: the job asks for a {} slice, the pool's nodes offer {}",
+            pod.mig_profile.map_or_else(String::new, |p| p.to_string()),
+            if node.mig.is_empty() {
+                "no MIG partitions".to_string()
+            } else {
+                node.mig
+                    .iter()
+                    .map(|m| format!("{}x {} on gpu {}", m.count, m.profile, m.gpu))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
+        ),
+        Reason::NodeSelectorMismatch => format!(
+            "{what}: the job selects {:?}, the pool's nodes carry {:?}",
+            pod.node_selector, node.labels
+        ),
+        _ => what.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod run_tests;
 #[cfg(test)]
 mod tests;

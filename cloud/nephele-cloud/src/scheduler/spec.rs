@@ -4,7 +4,6 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-
 /// A job priority: a class name or a number (higher is more important).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
@@ -86,7 +85,28 @@ pub struct JobSpec {
     pub node_selector: BTreeMap<String, String>,
     #[serde(default)]
     pub tolerations: Vec<String>,
+    /// The program each member runs on its pool node and its first arguments (no
+    /// shell). Empty: the job only holds its resources until it is deleted.
+    #[serde(default)]
+    pub command: Vec<String>,
+    /// More arguments after `command` (as a container's `command` and `args`).
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Environment of every member, besides what the control plane sets (`RANK`,
+    /// `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`, `CUDA_VISIBLE_DEVICES`,
+    /// `NEPHELE_CHECKPOINT_DIR`, `NEPHELE_JOB*`), which wins over these.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Working directory of every member; absent: one of its own on the node.
+    #[serde(default)]
+    pub working_dir: Option<String>,
+    /// How many times a failed attempt is retried (default 3), with a doubling backoff.
+    #[serde(default)]
+    pub max_retries: Option<u32>,
 }
+
+/// Most bytes of a job's command, arguments and environment together.
+pub const MAX_COMMAND_BYTES: usize = 64 * 1024;
 
 fn one_member() -> u16 {
     1
@@ -99,6 +119,57 @@ fn default_memory_mib() -> u64 {
 }
 
 impl JobSpec {
+    /// Checks the command, arguments, environment and working directory.
+    pub fn validate_command(&self) -> Result<(), String> {
+        if self.command.is_empty() && !self.args.is_empty() {
+            return Err("args need a command".into());
+        }
+        if let Some(program) = self.command.first() {
+            if program.trim().is_empty() {
+                return Err("command[0] (the program) must not be empty".into());
+            }
+        }
+        let mut bytes = 0usize;
+        for part in self.command.iter().chain(&self.args) {
+            if part.contains('\0') {
+                return Err("command and args must not contain NUL bytes".into());
+            }
+            bytes += part.len();
+        }
+        for (key, value) in &self.env {
+            if key.is_empty()
+                || key.contains('=')
+                || key.contains('\0')
+                || value.contains('\0')
+                || key.chars().next().is_some_and(|c| c.is_ascii_digit())
+            {
+                return Err(format!(
+                    "env name {key:?} is not valid (no '=', no NUL, not empty, not starting with a digit)"
+                ));
+            }
+            bytes += key.len() + value.len();
+        }
+        if self
+            .working_dir
+            .as_deref()
+            .is_some_and(|d| d.is_empty() || d.contains('\0'))
+        {
+            return Err("working_dir must be a path (or absent)".into());
+        }
+        if bytes > MAX_COMMAND_BYTES {
+            return Err(format!(
+                "command, args and env take {bytes} bytes; at most {MAX_COMMAND_BYTES}"
+            ));
+        }
+        if self.command.is_empty() && (!self.env.is_empty() || self.working_dir.is_some()) {
+            return Err("env and working_dir need a command".into());
+        }
+        if self.max_retries.is_some_and(|r| r > 100) {
+            return Err("max_retries is at most 100".into());
+        }
+        Ok(())
+    }
+
     /// A one-member job with the defaults, for tests and the CLI.
     pub fn named(name: &str) -> JobSpec {
         serde_json::from_value(serde_json::json!({ "name": name }))

@@ -14,8 +14,16 @@ fn region(max_nodes: u32) -> RegionConfig {
             max_nodes,
             mig_profile: None,
             interruptions_per_1000h: 0,
+            provider: crate::config::ProviderKind::None,
+            min_nodes: 0,
+            command: None,
         }],
     }
+}
+
+/// A pool agent with `profile` connects at time 0 from 127.0.0.1.
+fn join(s: &mut RegionScheduler, agent: &str, profile: &str) -> Option<String> {
+    s.agent_joined(agent, profile, "127.0.0.1", Vec::new(), 0)
 }
 
 fn tenants() -> Vec<TenantConfig> {
@@ -57,12 +65,9 @@ fn jobs_wait_for_pool_agents_and_say_why() {
     let why = view.why_pending.expect("why");
     assert_eq!(why.message, "0/2 nodes can take it: 2 node down");
     assert!(why.hint.expect("hint").contains("--role pool"));
-    assert_eq!(
-        s.agent_joined("pool-a", "gpu-4x-l4").as_deref(),
-        Some("l4-0")
-    );
+    assert_eq!(join(&mut s, "pool-a", "gpu-4x-l4").as_deref(), Some("l4-0"));
     // An agent with another profile gets no slot.
-    assert_eq!(s.agent_joined("cpu-1", "x86-cpu-server"), None);
+    assert_eq!(join(&mut s, "cpu-1", "x86-cpu-server"), None);
     let events = s.tick(101);
     assert_eq!(
         events,
@@ -88,8 +93,8 @@ fn jobs_wait_for_pool_agents_and_say_why() {
 #[test]
 fn a_gang_is_placed_whole_and_requeued_whole_when_a_node_goes() {
     let mut s = scheduler(2);
-    s.agent_joined("pool-a", "gpu-4x-l4");
-    s.agent_joined("pool-b", "gpu-4x-l4");
+    join(&mut s, "pool-a", "gpu-4x-l4");
+    join(&mut s, "pool-b", "gpu-4x-l4");
     let (view, _) = s
         .submit(
             "alpha",
@@ -101,33 +106,57 @@ fn a_gang_is_placed_whole_and_requeued_whole_when_a_node_goes() {
     let nodes: Vec<&str> = view.placement.iter().map(|p| p.node.as_str()).collect();
     assert_eq!(nodes.len(), 2);
     assert_ne!(nodes[0], nodes[1]);
-    // A 3-member gang of 3 GPUs cannot fit in 2 nodes of 4: nothing is held for it.
-    let (big, _) = s
+    // A 3-member gang of 3 GPUs can never fit in 2 nodes of 4: refused at once.
+    let refused = s
         .submit(
             "alpha",
             spec(serde_json::json!({"name": "big", "members": 3, "gpus": 3})),
             1,
         )
-        .expect("accepted");
-    assert_eq!(big.state, "pending");
+        .expect_err("never fits");
+    assert!(
+        refused.to_string().contains("can never hold 3 members"),
+        "{refused}"
+    );
+    // More GPUs than any node has: refused with the figures.
+    let refused = s
+        .submit(
+            "alpha",
+            spec(serde_json::json!({"name": "wide", "gpus": 8})),
+            1,
+        )
+        .expect_err("never fits");
+    assert!(
+        refused
+            .to_string()
+            .contains("a member asks for 8 GPU(s) at 1000 milli each, a node has 4 whole GPU(s)"),
+        "{refused}"
+    );
     let free: u32 = s
         .nodes()
         .iter()
         .flat_map(|n| n.gpu_free_milli.clone())
         .sum();
     assert_eq!(free, 2000);
-    let requeued = s.agent_left("pool-b", 5);
-    assert_eq!(requeued, vec!["alpha/gang".to_string()]);
+    // Its agent goes: the gang keeps its place while the agent may come back...
+    s.agent_left("pool-b", 5);
+    s.tick(6);
+    assert_eq!(s.get("alpha", "gang").expect("exists").state, "running");
+    // ...and waits again, whole, once it has been away for 30 s.
+    let events = s.tick(35);
+    assert!(
+        events.contains(&SchedEvent::Requeued {
+            job: "alpha/gang".into()
+        }),
+        "{events:?}"
+    );
     let view = s.get("alpha", "gang").expect("exists");
     assert_eq!(view.state, "pending");
     assert_eq!(view.requeues, 1);
     assert!(s.nodes().iter().all(|n| n.jobs.is_empty()));
     // The agent comes back to its own slot and the gang runs again.
-    assert_eq!(
-        s.agent_joined("pool-b", "gpu-4x-l4").as_deref(),
-        Some("l4-1")
-    );
-    s.tick(6);
+    assert_eq!(join(&mut s, "pool-b", "gpu-4x-l4").as_deref(), Some("l4-1"));
+    s.tick(36);
     assert_eq!(s.get("alpha", "gang").expect("exists").state, "running");
     assert!(s.accounting_holds());
 }
@@ -135,7 +164,7 @@ fn a_gang_is_placed_whole_and_requeued_whole_when_a_node_goes() {
 #[test]
 fn higher_priority_preempts_after_the_grace_period_and_delete_frees_at_once() {
     let mut s = scheduler(1);
-    s.agent_joined("pool-a", "gpu-4x-l4");
+    join(&mut s, "pool-a", "gpu-4x-l4");
     s.submit(
         "alpha",
         spec(serde_json::json!({"name": "low", "gpus": 4, "priority": "best-effort"})),
@@ -188,7 +217,7 @@ fn higher_priority_preempts_after_the_grace_period_and_delete_frees_at_once() {
 #[test]
 fn quotas_and_bad_specs_are_explained() {
     let mut s = scheduler(1);
-    s.agent_joined("pool-a", "gpu-4x-l4");
+    join(&mut s, "pool-a", "gpu-4x-l4");
     let (view, _) = s
         .submit("beta", spec(serde_json::json!({"name": "j", "gpus": 3})), 0)
         .expect("accepted");
@@ -235,9 +264,7 @@ fn quotas_and_bad_specs_are_explained() {
         Err(SchedError::Conflict(_))
     ));
     // Unknown fields are refused by the JSON layer.
-    assert!(
-        serde_json::from_value::<JobSpec>(serde_json::json!({"name": "x", "gpu": 1})).is_err()
-    );
+    assert!(serde_json::from_value::<JobSpec>(serde_json::json!({"name": "x", "gpu": 1})).is_err());
 }
 
 #[test]
@@ -246,7 +273,7 @@ fn mig_pools_serve_slices() {
     region.pools[0].node_profile = "dgx-a100-80gb".into();
     region.pools[0].mig_profile = Some("1g.10gb".into());
     let mut s = RegionScheduler::new(&region, &[], &SchedulerConfig::default()).expect("valid");
-    s.agent_joined("dgx", "dgx-a100-80gb");
+    join(&mut s, "dgx", "dgx-a100-80gb");
     let (view, _) = s
         .submit(
             "default",
@@ -256,14 +283,38 @@ fn mig_pools_serve_slices() {
         .expect("accepted");
     assert_eq!(view.state, "running");
     assert_eq!(view.placement[0].mig_profile.as_deref(), Some("1g.10gb"));
-    let (whole, _) = s
+    // Whole GPUs: every GPU of the pool is in MIG slices, so this can never run here.
+    let refused = s
         .submit(
             "default",
             spec(serde_json::json!({"name": "whole", "gpus": 1})),
             0,
         )
-        .expect("accepted");
-    assert_eq!(whole.state, "pending");
+        .expect_err("never fits");
+    assert!(
+        refused
+            .to_string()
+            .contains("pool l4 (dgx-a100-80gb): insufficient gpu"),
+        "{refused}"
+    );
+    assert!(
+        refused
+            .to_string()
+            .contains("in MIG slices: ask for a mig_profile"),
+        "{refused}"
+    );
+    // A slice the pool does not carve is refused with what it does offer.
+    let refused = s
+        .submit(
+            "default",
+            spec(serde_json::json!({"name": "big-slice", "mig_profile": "3g.40gb"})),
+            0,
+        )
+        .expect_err("never fits");
+    assert!(
+        refused.to_string().contains("1g.10gb on gpu 0"),
+        "{refused}"
+    );
     let mut bad = region.clone();
     bad.pools[0].mig_profile = Some("9g.99gb".into());
     assert!(RegionScheduler::new(&bad, &[], &SchedulerConfig::default())
@@ -296,7 +347,7 @@ const NOW: u64 = 1_699_977_600 + 60;
 #[test]
 fn a_deferrable_job_waits_for_the_greener_hour_and_never_past_its_latest_start() {
     let mut s = scheduler(1);
-    s.agent_joined("pool-a", "gpu-4x-l4");
+    join(&mut s, "pool-a", "gpu-4x-l4");
     feed(&mut s, NOW, 0.0);
     let trough = (NOW / HOUR_S..NOW / HOUR_S + 24)
         .find(|h| h % 24 == 3)
@@ -366,7 +417,7 @@ fn a_deferrable_job_waits_for_the_greener_hour_and_never_past_its_latest_start()
 #[test]
 fn deadlines_are_checked_and_no_signal_means_no_wait() {
     let mut s = scheduler(1);
-    s.agent_joined("pool-a", "gpu-4x-l4");
+    join(&mut s, "pool-a", "gpu-4x-l4");
     for (body, expect) in [
         (
             serde_json::json!({"name": "x", "deadline_unix": NOW + 7200}),
@@ -443,7 +494,7 @@ fn named_region(name: &str, agents: usize) -> RegionScheduler {
     let mut s =
         RegionScheduler::new(&config, &tenants(), &SchedulerConfig::default()).expect("valid");
     for a in 0..agents {
-        s.agent_joined(&format!("{name}-{a}"), "gpu-4x-l4");
+        join(&mut s, &format!("{name}-{a}"), "gpu-4x-l4");
     }
     s
 }
@@ -515,7 +566,7 @@ fn choice_for_test() -> RegionChoiceView {
     RegionChoiceView {
         chosen: "green".into(),
         reason: "test".into(),
-        unit: "gpu",
+        unit: "gpu".into(),
         demand: 2.0,
         weights: RegionWeightsConfig::default(),
         candidates: Vec::new(),
@@ -568,7 +619,7 @@ proptest::proptest! {
         let mut submitted = 0usize;
         for op in ops {
             match op {
-                Op::Join(a) => { s.agent_joined(&format!("agent-{a}"), "gpu-4x-l4"); }
+                Op::Join(a) => { join(&mut s, &format!("agent-{a}"), "gpu-4x-l4"); }
                 Op::Leave(a) => { s.agent_left(&format!("agent-{a}"), now); }
                 Op::Submit { tenant, class, members, gpus, milli } => {
                     let milli = if gpus == 1 { milli } else { 1000 };
@@ -622,7 +673,8 @@ proptest::proptest! {
                         proptest::prop_assert_eq!(job.placement.len(), usize::from(job.spec.members));
                         for member in &job.placement {
                             let node = nodes.iter().find(|n| n.name == member.node).expect("node");
-                            proptest::prop_assert!(node.up && node.agent.is_some());
+                            // On a node that has (or had, within `lost_after_s`) an agent.
+                            proptest::prop_assert!(node.phase == "up" || node.phase == "draining", "{}", node.phase);
                             proptest::prop_assert_eq!(&member.agent, &node.agent);
                             let qualified = format!("{}/{}", job.tenant, job.name);
                             proptest::prop_assert!(node.jobs.contains(&qualified));

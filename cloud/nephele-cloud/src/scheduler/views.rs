@@ -4,7 +4,6 @@ use serde::{Deserialize, Serialize};
 
 use super::JobSpec;
 
-
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct GpuShare {
     pub gpu: u8,
@@ -39,13 +38,13 @@ pub struct WhyPendingView {
 }
 
 /// A deferrable job's carbon plan: while it waits, and after it was released.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeferralView {
     pub deadline_unix: u64,
     /// It starts by then whatever the forecast says.
     pub latest_start_unix: u64,
     /// `waiting` (held out of the queue) or `released` (queued).
-    pub state: &'static str,
+    pub state: String,
     /// Why it waits, or why it was released, in words.
     pub reason: String,
     /// Mean carbon (gCO₂eq/kWh) of its window had it started on submission, as
@@ -60,7 +59,7 @@ pub struct DeferralView {
 }
 
 /// One region as `"region": "auto"` weighed it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RegionCandidate {
     pub region: String,
     /// Weighted, normalised score in [0, 1]; lower is better. `None` when excluded.
@@ -76,12 +75,12 @@ pub struct RegionCandidate {
 }
 
 /// How a region was chosen for `"region": "auto"`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RegionChoiceView {
     pub chosen: String,
     pub reason: String,
     /// `gpu` (whole GPUs) or `cpu` (cores): what `free` and `demand` count.
-    pub unit: &'static str,
+    pub unit: String,
     pub demand: f64,
     pub weights: RegionWeightsConfig,
     pub candidates: Vec<RegionCandidate>,
@@ -112,6 +111,9 @@ impl Default for RegionWeightsConfig {
 pub struct JobView {
     pub name: String,
     pub tenant: String,
+    /// Numbers this submission in its region (its processes' key on the nodes is
+    /// `<tenant>/<name>/<uid>`).
+    pub uid: u64,
     pub region: String,
     /// `deferred` (waiting for a lower-carbon hour, not queued yet), `pending`,
     /// `running` (placed; resources held) or `terminating` (preempted, within its grace
@@ -132,7 +134,50 @@ pub struct JobView {
     pub deferral: Option<DeferralView>,
     /// For a job submitted with `"region": "auto"`: how this region was chosen.
     pub region_choice: Option<RegionChoiceView>,
+    /// The current (or last) attempt, 0 before the first start.
+    pub attempt: u32,
+    /// The current attempt's members as their agents report them (jobs with a
+    /// command).
+    pub members: Vec<MemberView>,
+    /// Every attempt so far, oldest first (the last 20).
+    pub attempts: Vec<AttemptView>,
+    /// `succeeded`, or `failed: <why>` once no attempt is left.
+    pub outcome: Option<String>,
+    /// While in `backoff`: when it runs again.
+    pub retry_at_unix: Option<u64>,
     pub spec: JobSpec,
+}
+
+/// One member of a job's current attempt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberView {
+    pub member: u16,
+    pub node: String,
+    /// `launching` (sent to its agent), `running`, `stopping`, `exited`,
+    /// `failed-to-start`, `lost` (its node went away).
+    pub state: String,
+    pub pid: Option<u32>,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub started_unix: Option<u64>,
+    pub finished_unix: Option<u64>,
+    /// Why it could not start.
+    pub error: Option<String>,
+}
+
+/// One attempt of a job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptView {
+    pub attempt: u32,
+    pub started_unix: u64,
+    pub ended_unix: Option<u64>,
+    /// The node of each member.
+    pub nodes: Vec<String>,
+    /// `MASTER_ADDR:MASTER_PORT` of a gang.
+    pub rendezvous: Option<String>,
+    /// `succeeded`, `failed: …`, `preempted`, `drained`, `node lost`, `cancelled`, or
+    /// none while it runs.
+    pub outcome: Option<String>,
 }
 
 /// One hour of a region's grid outlook.
@@ -188,7 +233,21 @@ pub struct NodeView {
     pub pool: String,
     pub profile: String,
     pub agent: Option<String>,
+    /// Takes new work: its agent is connected and it is not being drained.
     pub up: bool,
+    /// `absent`, `launching`, `up`, `draining`, `releasing` (see
+    /// `scheduler/nodes.rs`).
+    pub phase: &'static str,
+    /// `none` (enrolled by hand), `local` or `command`.
+    pub provider: &'static str,
+    /// The device name a provider starts this node as.
+    pub device: Option<String>,
+    /// Since when it is in its phase (unix seconds).
+    pub since_unix: Option<u64>,
+    /// Why it is draining, or the last provider error.
+    pub note: Option<String>,
+    /// The deployments it holds a serving replica of.
+    pub replicas: Vec<String>,
     pub capacity_type: &'static str,
     pub price_per_hour: f64,
     pub cpu_milli: u64,
@@ -200,8 +259,41 @@ pub struct NodeView {
     pub gpu_free_milli: Vec<u32>,
     /// Free slices per MIG partition (`<profile> on gpu <n>`).
     pub mig_free: Vec<(String, u8)>,
-    /// Jobs with a member here (`tenant/name`).
+    /// Jobs with a member here (`tenant/name`; replicas as `serving/<deployment>-<n>`).
     pub jobs: Vec<String>,
+}
+
+/// A deployment's cloud replicas in one region, and what its autoscaler decided.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReplicaSetView {
+    pub region: String,
+    pub deployment: String,
+    pub priority: u32,
+    pub min: u32,
+    pub max: u32,
+    /// What the autoscaler asks for (warm replicas included).
+    pub desired: u32,
+    pub ready: u32,
+    pub starting: u32,
+    pub pending: u32,
+    /// Per replica: `pending`, `starting`, `ready`, `retiring` (replaced; leaves when its
+    /// replacement is ready), `failed`.
+    pub replicas: Vec<ReplicaView>,
+    /// Recent cold starts (placement to ready), ms.
+    pub cold_starts_ms: Vec<u64>,
+    /// The autoscaler's last decision, filled in by the region actor.
+    pub autoscaler: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReplicaView {
+    pub name: String,
+    pub state: &'static str,
+    pub node: Option<String>,
+    pub agent: Option<String>,
+    pub placed_unix: Option<u64>,
+    pub cold_start_ms: Option<u64>,
+    pub error: Option<String>,
 }
 
 /// Something the shell should log or carry out.
@@ -230,5 +322,27 @@ pub enum SchedEvent {
     Released {
         job: String,
         reason: String,
+    },
+    /// Every member of the job's attempt exited 0.
+    Succeeded {
+        job: String,
+        attempt: u32,
+    },
+    /// An attempt failed: it runs again after `retry_in_s`, or never (`None`).
+    Failed {
+        job: String,
+        attempt: u32,
+        reason: String,
+        retry_in_s: Option<u64>,
+    },
+    /// A node changed phase (launched, up, draining, released...).
+    Node {
+        node: String,
+        what: String,
+    },
+    /// A serving replica became ready (or failed to load).
+    Replica {
+        replica: String,
+        what: String,
     },
 }

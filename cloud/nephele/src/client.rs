@@ -189,9 +189,25 @@ pub enum DeployCommand {
         /// Re-ask the pool when the local answer's top-class probability is below this (0..1).
         #[arg(long)]
         hard_example_threshold: Option<f32>,
+        /// Cloud replicas per region with pools: at least this many...
+        #[arg(long)]
+        min_replicas: Option<u32>,
+        /// ...and at most this many (the autoscaler moves between them).
+        #[arg(long)]
+        max_replicas: Option<u32>,
+        /// Priority of its replicas and requests (higher sheds last; default 500).
+        #[arg(long)]
+        priority: Option<u32>,
+        /// p99 latency of offloaded requests the autoscaler keeps, ms (default: the SLO).
+        #[arg(long)]
+        target_p99_ms: Option<u32>,
     },
     List,
     Status {
+        name: String,
+    },
+    /// Its cloud replicas per region, and what each region's autoscaler decided.
+    Replicas {
         name: String,
     },
     Delete {
@@ -515,12 +531,82 @@ pub fn deploy(args: ApiArgs, command: DeployCommand) -> Result<()> {
             no_offload,
             variant,
             hard_example_threshold,
+            min_replicas,
+            max_replicas,
+            priority,
+            target_p99_ms,
         } => {
+            let mut replicas = serde_json::Map::new();
+            for (key, value) in [
+                ("min", min_replicas),
+                ("max", max_replicas),
+                ("priority", priority),
+                ("target_p99_ms", target_p99_ms),
+            ] {
+                if let Some(value) = value {
+                    replicas.insert(key.into(), Value::from(value));
+                }
+            }
             let value = api.post(
                 "/v1/deployments",
-                &serde_json::json!({"name": name, "model": model, "selector": selector, "slo_ms": slo_ms, "max_queue": max_queue, "offload": !no_offload, "variant": variant, "hard_example_threshold": hard_example_threshold}),
+                &serde_json::json!({"name": name, "model": model, "selector": selector, "slo_ms": slo_ms, "max_queue": max_queue, "offload": !no_offload, "variant": variant, "hard_example_threshold": hard_example_threshold, "replicas": replicas}),
             )?;
             print(args.json, &value, print_deployment);
+        }
+        DeployCommand::Replicas { name } => {
+            let value = api.get(&format!("/v1/deployments/{name}/replicas"))?;
+            print(args.json, &value, |v| {
+                let regions = v.as_array().cloned().unwrap_or_default();
+                if regions.is_empty() {
+                    println!("deployment {name} has no cloud replicas (no region has pools, or it does not offload)");
+                }
+                for r in regions {
+                    let decision = r.pointer("/autoscaler/decision");
+                    println!(
+                        "region {}: {} ready, {} starting, {} pending of {} desired (min {}, max {}, priority {})",
+                        s(&r, "region"),
+                        s(&r, "ready"),
+                        s(&r, "starting"),
+                        s(&r, "pending"),
+                        s(&r, "desired"),
+                        s(&r, "min"),
+                        s(&r, "max"),
+                        s(&r, "priority"),
+                    );
+                    if let Some(d) = decision.filter(|d| !d.is_null()) {
+                        println!(
+                            "  autoscaler: {} mode, {} warm; {}",
+                            s(d, "mode"),
+                            s(d, "warm"),
+                            s(d, "reason")
+                        );
+                    }
+                    println!(
+                        "  {:<16} {:<9} {:<10} {:<18} {:>10}",
+                        "REPLICA", "STATE", "NODE", "AGENT", "COLD START"
+                    );
+                    for replica in r
+                        .get("replicas")
+                        .and_then(|x| x.as_array())
+                        .into_iter()
+                        .flatten()
+                    {
+                        let cold = replica
+                            .get("cold_start_ms")
+                            .and_then(|c| c.as_u64())
+                            .map(|ms| format!("{:.1} s", ms as f64 / 1000.0))
+                            .unwrap_or_else(|| "-".into());
+                        println!(
+                            "  {:<16} {:<9} {:<10} {:<18} {:>10}",
+                            s(replica, "name"),
+                            s(replica, "state"),
+                            s(replica, "node"),
+                            s(replica, "agent"),
+                            cold
+                        );
+                    }
+                }
+            });
         }
         DeployCommand::List => {
             let value = api.get("/v1/deployments")?;
@@ -543,6 +629,9 @@ pub fn deploy(args: ApiArgs, command: DeployCommand) -> Result<()> {
     Ok(())
 }
 
+// Parsed once per invocation from the command line; boxing the big variant would only
+// make the clap derive harder to read.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum JobCommand {
     /// Queue a job (one pod, or a gang of `--members` identical pods placed all or none)
@@ -596,6 +685,37 @@ pub enum JobCommand {
         /// Required node label, `key=value` (repeat for several).
         #[arg(long = "selector")]
         selectors: Vec<String>,
+        /// Environment of every member, `KEY=VALUE` (repeat for several).
+        #[arg(long = "env")]
+        env: Vec<String>,
+        /// Working directory of every member on its node.
+        #[arg(long)]
+        workdir: Option<String>,
+        /// Times a failed attempt is retried (default 3).
+        #[arg(long)]
+        retries: Option<u32>,
+        /// The program each member runs and its arguments, after `--`
+        /// (e.g. `-- python3 train.py --epochs 3`). Without it the job only holds
+        /// its resources.
+        #[arg(last = true)]
+        command: Vec<String>,
+    },
+    /// A member's output (stdout and stderr as they came), from its pool node.
+    Logs {
+        name: String,
+        /// Which member (its RANK).
+        #[arg(long, default_value_t = 0)]
+        member: u16,
+        /// Which attempt (default: the current one).
+        #[arg(long)]
+        attempt: Option<u32>,
+        /// Keep printing as the member writes, until it exits.
+        #[arg(long, short = 'f')]
+        follow: bool,
+        #[arg(long)]
+        region: Option<String>,
+        #[arg(long)]
+        tenant: Option<String>,
     },
     /// Jobs with their state and nodes.
     List {
@@ -826,6 +946,21 @@ pub enum RegionCommand {
     Nodes {
         name: String,
     },
+    /// A spot interruption notice for a node: its replicas start elsewhere first, its
+    /// jobs checkpoint and run again elsewhere, and it is released.
+    Interrupt {
+        region: String,
+        /// Node slot (`l4-0`) or its agent's name.
+        node: String,
+        /// Seconds until the node goes.
+        #[arg(long, default_value_t = 120)]
+        notice: u64,
+    },
+    /// Move a node's work elsewhere and (in a pool with a provider) release it.
+    Drain {
+        region: String,
+        node: String,
+    },
 }
 
 fn query(region: &Option<String>, tenant: &Option<String>) -> String {
@@ -961,16 +1096,98 @@ fn print_job(job: &Value) {
                 }
             }
         }
+        "backoff" => println!(
+            "  attempt {} failed; runs again at {}",
+            s(job, "attempt"),
+            when(job.get("retry_at_unix"))
+        ),
+        "succeeded" | "failed" => println!("  {}", s(job, "outcome")),
         state => {
             println!("  nodes: {}", job_nodes(job));
             if state == "terminating" {
                 println!(
-                    "  preempted by {}; resources taken at unix {}",
-                    s(job, "preempted_by"),
-                    s(job, "grace_deadline_unix")
+                    "  stopping ({}); resources taken at {}",
+                    if s(job, "preempted_by") == "-" {
+                        "drained or failed".to_string()
+                    } else {
+                        format!("preempted by {}", s(job, "preempted_by"))
+                    },
+                    when(job.get("grace_deadline_unix"))
                 );
             }
         }
+    }
+    let members = job.get("members").and_then(|m| m.as_array());
+    if let Some(members) = members.filter(|m| !m.is_empty()) {
+        println!("  attempt {}:", s(job, "attempt"));
+        println!(
+            "    {:<6} {:<10} {:<16} {:>8} {:>6}",
+            "MEMBER", "NODE", "STATE", "PID", "EXIT"
+        );
+        for m in members {
+            let exit = match (m.get("exit_code"), m.get("signal")) {
+                (Some(Value::Number(code)), _) => code.to_string(),
+                (_, Some(Value::Number(signal))) => format!("sig {signal}"),
+                _ => "-".into(),
+            };
+            println!(
+                "    {:<6} {:<10} {:<16} {:>8} {:>6}",
+                s(m, "member"),
+                s(m, "node"),
+                s(m, "state"),
+                s(m, "pid"),
+                exit
+            );
+        }
+    }
+    let attempts = job.get("attempts").and_then(|a| a.as_array());
+    if let Some(attempts) = attempts.filter(|a| a.len() > 1) {
+        println!("  attempts:");
+        for a in attempts {
+            println!(
+                "    #{:<3} started {}  {}",
+                s(a, "attempt"),
+                when(a.get("started_unix")),
+                a.get("outcome")
+                    .and_then(|o| o.as_str())
+                    .unwrap_or("running")
+            );
+        }
+    }
+}
+
+/// A unix second as a UTC date and time, with how long ago or from now.
+fn when(value: Option<&Value>) -> String {
+    let Some(unix) = value.and_then(|v| v.as_u64()) else {
+        return "-".into();
+    };
+    let now = unix_now();
+    let days = unix / 86_400;
+    let (h, m, sec) = (unix % 86_400 / 3600, unix % 3600 / 60, unix % 60);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let relative = if unix >= now {
+        format!("in {}", span(unix - now))
+    } else {
+        format!("{} ago", span(now - unix))
+    };
+    format!("{year:04}-{month:02}-{day:02} {h:02}:{m:02}:{sec:02} UTC ({relative})")
+}
+
+fn span(seconds: u64) -> String {
+    match seconds {
+        0..=119 => format!("{seconds} s"),
+        120..=7199 => format!("{} min", seconds / 60),
+        7200..=172_799 => format!("{} h", seconds / 3600),
+        _ => format!("{} d", seconds / 86_400),
     }
 }
 
@@ -995,7 +1212,18 @@ pub fn job(args: ApiArgs, command: JobCommand) -> Result<()> {
             no_preempt,
             spot_ok,
             selectors,
+            env,
+            workdir,
+            retries,
+            command,
         } => {
+            let mut env_map = serde_json::Map::new();
+            for pair in env {
+                let (key, value) = pair
+                    .split_once('=')
+                    .with_context(|| format!("--env {pair:?} is not KEY=VALUE"))?;
+                env_map.insert(key.into(), Value::String(value.into()));
+            }
             let mut node_selector = serde_json::Map::new();
             for selector in selectors {
                 let (key, value) = selector
@@ -1017,6 +1245,18 @@ pub fn job(args: ApiArgs, command: JobCommand) -> Result<()> {
             });
             if no_preempt {
                 body["preemptible"] = Value::Bool(false);
+            }
+            if !command.is_empty() {
+                body["command"] = Value::from(command);
+                body["env"] = Value::Object(env_map);
+                if let Some(workdir) = workdir {
+                    body["working_dir"] = Value::String(workdir);
+                }
+            } else if !env_map.is_empty() || workdir.is_some() {
+                bail!("--env and --workdir need a command after `--`");
+            }
+            if let Some(retries) = retries {
+                body["max_retries"] = Value::from(retries);
             }
             if let Some(deadline) = deadline {
                 body["deadline_unix"] = Value::from(parse_deadline(&deadline, unix_now())?);
@@ -1065,6 +1305,49 @@ pub fn job(args: ApiArgs, command: JobCommand) -> Result<()> {
         } => {
             let value = api.get(&format!("/v1/jobs/{name}{}", query(&region, &tenant)))?;
             print(args.json, &value, print_job);
+        }
+        JobCommand::Logs {
+            name,
+            member,
+            attempt,
+            follow,
+            region,
+            tenant,
+        } => {
+            let mut offset = 0u64;
+            let mut base = query(&region, &tenant);
+            base.push(if base.is_empty() { '?' } else { '&' });
+            base.push_str(&format!("member={member}"));
+            if let Some(attempt) = attempt {
+                base.push_str(&format!("&attempt={attempt}"));
+            }
+            loop {
+                let value = api.get(&format!("/v1/jobs/{name}/logs{base}&offset={offset}"))?;
+                let data = value.get("data").and_then(|d| d.as_str()).unwrap_or("");
+                if args.json && !follow {
+                    print(true, &value, |_| {});
+                    return Ok(());
+                }
+                print!("{data}");
+                use std::io::Write as _;
+                let _ = std::io::stdout().flush();
+                offset = value
+                    .get("next_offset")
+                    .and_then(|o| o.as_u64())
+                    .unwrap_or(offset);
+                let finished = value
+                    .get("finished")
+                    .and_then(|f| f.as_bool())
+                    .unwrap_or(true);
+                let size = value.get("size").and_then(|o| o.as_u64()).unwrap_or(0);
+                if offset < size {
+                    continue;
+                }
+                if !follow || finished {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(500));
+            }
         }
         JobCommand::Delete {
             name,
@@ -1122,12 +1405,43 @@ pub fn region(args: ApiArgs, command: RegionCommand) -> Result<()> {
                 }
             });
         }
+        RegionCommand::Interrupt {
+            region,
+            node,
+            notice,
+        } => {
+            let value = api.post(
+                &format!("/v1/regions/{region}/nodes/{node}/interrupt"),
+                &serde_json::json!({ "notice_s": notice }),
+            )?;
+            print(args.json, &value, |_| {
+                println!(
+                    "node {node} of region {region} drains within {notice} s: its replicas start elsewhere first, its jobs run again elsewhere; see `nephele region nodes {region}`"
+                )
+            });
+        }
+        RegionCommand::Drain { region, node } => {
+            let value = api.post(
+                &format!("/v1/regions/{region}/nodes/{node}/drain"),
+                &serde_json::json!({}),
+            )?;
+            print(args.json, &value, |_| {
+                println!("node {node} of region {region} is draining; see `nephele region nodes {region}`")
+            });
+        }
         RegionCommand::Nodes { name } => {
             let value = api.get(&format!("/v1/regions/{name}/nodes"))?;
             print(args.json, &value, |v| {
                 println!(
-                    "{:<10} {:<10} {:<5} {:<14} {:>9} {:>10} {:<18} JOBS",
-                    "NODE", "POOL", "UP", "AGENT", "CPU FREE", "MEM FREE", "GPU FREE (milli)"
+                    "{:<10} {:<10} {:<10} {:<9} {:<18} {:>9} {:>10} {:<18} JOBS",
+                    "NODE",
+                    "POOL",
+                    "PHASE",
+                    "PROVIDER",
+                    "AGENT",
+                    "CPU FREE",
+                    "MEM FREE",
+                    "GPU FREE (milli)"
                 );
                 for n in v.as_array().into_iter().flatten() {
                     let gpus: Vec<String> = n
@@ -1145,10 +1459,11 @@ pub fn region(args: ApiArgs, command: RegionCommand) -> Result<()> {
                         .filter_map(|j| j.as_str().map(str::to_string))
                         .collect();
                     println!(
-                        "{:<10} {:<10} {:<5} {:<14} {:>9} {:>10} {:<18} {}",
+                        "{:<10} {:<10} {:<10} {:<9} {:<18} {:>9} {:>10} {:<18} {}",
                         s(n, "name"),
                         s(n, "pool"),
-                        s(n, "up"),
+                        s(n, "phase"),
+                        s(n, "provider"),
                         s(n, "agent"),
                         s(n, "cpu_free_milli"),
                         s(n, "memory_free_mib"),

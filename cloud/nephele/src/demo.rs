@@ -568,24 +568,52 @@ pub fn run(args: DemoArgs) -> Result<()> {
     let status = api.get("/v1/deployments/digits")?;
     let devices = api.get("/v1/devices")?;
 
-    // The region scheduler: the pool agent fills one node slot of eu-west's spot pool.
+    // The region scheduler: the pool agent fills one node slot of eu-west's spot pool,
+    // beside the cloud replica of `digits` the region placed there.
+    let replicas = api.get("/v1/deployments/digits/replicas")?;
     progress(
         args.json,
-        "submitting three jobs to eu-west's scheduler (a gang, a fine-tune, one too big)",
+        "submitting three jobs to eu-west's scheduler (a fine-tune, a gang that runs, one too big)",
     );
     let mut jobs = Vec::new();
     for body in [
-        serde_json::json!({"name": "sweep", "region": "eu-west", "members": 2, "gpus": 1,
-            "topology": "same-node", "priority": "best-effort", "spot_ok": true,
-            "cpu_milli": 4000, "memory_mib": 16384, "expected_runtime_s": 1800}),
         serde_json::json!({"name": "finetune", "region": "eu-west", "gpus": 2,
             "priority": "production", "spot_ok": true, "cpu_milli": 16000,
-            "memory_mib": 65536, "expected_runtime_s": 7200}),
-        serde_json::json!({"name": "pretrain", "region": "eu-west", "members": 2, "gpus": 8,
-            "spot_ok": true}),
+            "memory_mib": 65536, "expected_runtime_s": 7200,
+            "command": ["sh", "-c", "echo fine-tuning; sleep 3600"]}),
+        serde_json::json!({"name": "sweep", "region": "eu-west", "members": 2, "gpus": 1,
+            "gpu_milli": 500, "topology": "same-node", "priority": "best-effort",
+            "spot_ok": true, "cpu_milli": 4000, "memory_mib": 16384, "expected_runtime_s": 60,
+            "command": ["sh", "-c", "echo \"rank $RANK of $WORLD_SIZE on $NEPHELE_NODE, rendezvous $MASTER_ADDR:$MASTER_PORT, GPU $CUDA_VISIBLE_DEVICES\""]}),
     ] {
         jobs.push(api.post("/v1/jobs", &body)?);
     }
+    // A job no pool of the region could ever run is refused at once, with the reason.
+    let refused = match api.post(
+        "/v1/jobs",
+        &serde_json::json!({"name": "pretrain", "region": "eu-west", "members": 2, "gpus": 8,
+            "spot_ok": true}),
+    ) {
+        Ok(_) => "accepted (unexpected)".to_string(),
+        Err(error) => format!("{error:#}"),
+    };
+    // The gang's members run as processes on the pool node and print what they see.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut sweep = api.get("/v1/jobs/sweep")?;
+    while sweep["state"] != "succeeded" && sweep["state"] != "failed" && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        sweep = api.get("/v1/jobs/sweep")?;
+    }
+    let mut sweep_logs = Vec::new();
+    for member in 0..2 {
+        let log = api
+            .get(&format!("/v1/jobs/sweep/logs?member={member}"))
+            .map(|v| v["data"].as_str().unwrap_or("").trim().to_string())
+            .unwrap_or_else(|e| format!("(no log: {e:#})"));
+        sweep_logs.push(log);
+    }
+    jobs[0] = api.get("/v1/jobs/finetune")?;
+    jobs[1] = sweep;
 
     if args.json {
         println!(
@@ -593,6 +621,9 @@ pub fn run(args: DemoArgs) -> Result<()> {
             serde_json::to_string(&serde_json::json!({
                 "devices": reports,
                 "jobs": jobs,
+                "refused_job": refused,
+                "sweep_logs": sweep_logs,
+                "replicas": replicas,
                 "api": format!("http://{api_addr}"),
                 "elapsed_s": started.elapsed().as_secs_f64(),
             }))?
@@ -652,6 +683,26 @@ pub fn run(args: DemoArgs) -> Result<()> {
             .map(|a| a.iter().filter(|d| d["online"] == true).count())
             .unwrap_or(0);
         println!("{online} agents online");
+        for region in replicas.as_array().into_iter().flatten() {
+            let placed: Vec<String> = region["replicas"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|r| {
+                    format!(
+                        "{} {} on {}",
+                        r["name"].as_str().unwrap_or(""),
+                        r["state"].as_str().unwrap_or(""),
+                        r["agent"].as_str().unwrap_or("-")
+                    )
+                })
+                .collect();
+            println!(
+                "cloud replicas of digits in {} (`nephele deploy replicas digits`): {}",
+                region["region"].as_str().unwrap_or(""),
+                placed.join(", ")
+            );
+        }
         println!();
         println!("jobs in region eu-west (`nephele job list`):");
         for job in &jobs {
@@ -660,6 +711,18 @@ pub fn run(args: DemoArgs) -> Result<()> {
                     .as_str()
                     .unwrap_or("")
                     .to_string()
+            } else if job["outcome"].is_string() {
+                format!(
+                    "attempt {}, members on {}",
+                    job["attempt"],
+                    job["attempts"][0]["nodes"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|n| n.as_str())
+                        .collect::<Vec<_>>()
+                        .join(",")
+                )
             } else {
                 job["placement"]
                     .as_array()
@@ -682,12 +745,17 @@ pub fn run(args: DemoArgs) -> Result<()> {
                     .join(" ")
             };
             println!(
-                "  {:<10} {:<11} {:<8} {}",
+                "  {:<10} {:<11} {:<10} {}",
                 job["name"].as_str().unwrap_or(""),
                 job["spec"]["priority"].as_str().unwrap_or("batch"),
                 job["state"].as_str().unwrap_or(""),
                 detail
             );
+        }
+        println!("  pretrain   refused: {refused}");
+        println!("sweep's members ran on the pool node (`nephele job logs sweep --member N`):");
+        for (member, log) in sweep_logs.iter().enumerate() {
+            println!("  [{member}] {log}");
         }
         println!();
         println!(

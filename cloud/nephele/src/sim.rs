@@ -6,6 +6,10 @@ use std::time::Instant;
 
 use anyhow::{Context as _, Result};
 use nephele_placement::{Policy, TypicalPods};
+use nephele_sim::autoscale::{run_autoscale, AutoscaleOptions};
+use nephele_sim::autoscale_llm::SlowdownTarget;
+use nephele_sim::autoscale_trace::ServiceOptions;
+use nephele_sim::autoscale_tune::tune_ours;
 use nephele_sim::carbon::{run_shift, ShiftConfig};
 use nephele_sim::inflation::{by_level, mean_sd, run_inflation, PolicySummary};
 use nephele_sim::plot::svg_plot;
@@ -22,6 +26,73 @@ pub enum SimCommand {
     /// Carbon-aware temporal shifting on the 2023 hourly grid series (forecast from
     /// past data vs perfect foresight), and region choice.
     Shift(ShiftArgs),
+    /// Request traces replayed against a region's replicas under static, HPA, KPA,
+    /// ours (the nephele-autoscale core) and a clairvoyant oracle (simulator only):
+    /// within-target share, GPU-hours, cost, scale events, direction changes.
+    Autoscale(AutoscaleArgs),
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct AutoscaleArgs {
+    /// Folder with azure-llm-inference-2023/, alibaba-genai-lora-v2026/ (traces and
+    /// the measured model-load times used as cold starts) and
+    /// electricity-prices-hourly-2023/.
+    #[arg(long, default_value = "../shared/data")]
+    pub data: PathBuf,
+    /// Where to write autoscale-<trace>.{json,csv,svg} and -series.csv, -forecast.csv.
+    #[arg(long, default_value = "sim-results")]
+    pub out: PathBuf,
+    /// azure-code, genai-lora, or a FILE in either trace's CSV format (told apart by
+    /// its header); several, comma-separated, run one after the other.
+    #[arg(long, default_value = "azure-code,genai-lora")]
+    pub trace: String,
+    /// Print each trace's report as one JSON object (one line per trace).
+    #[arg(long)]
+    pub json: bool,
+    /// Electricity price zone for the energy cost.
+    #[arg(long, default_value = "US-CAL-CISO")]
+    pub zone: String,
+    /// Seed of the cold-start draws.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    #[arg(long, default_value_t = 1)]
+    pub min_replicas: u32,
+    #[arg(long, default_value_t = 64)]
+    pub max_replicas: u32,
+    /// Share of each trace (from its start) on which parameters were chosen; the rest
+    /// is reported apart as the held-out part.
+    #[arg(long, default_value_t = 0.5)]
+    pub tune_share: f64,
+    /// Static replicas (default: the fewest that keep 99% within target).
+    #[arg(long)]
+    pub static_replicas: Option<u32>,
+    /// Also run ours without forecast/warm pool, without admission, and without both.
+    #[arg(long)]
+    pub ablations: bool,
+    /// Multiply every cold start drawn by this (sensitivity; 1 = as measured).
+    #[arg(long, default_value_t = 1.0)]
+    pub cold_start_scale: f64,
+    /// LLM latency target: Splitwise's p99 slowdowns (TTFT 6×, TBT 5×, E2E 5×) or
+    /// its p90 ones (3×, 1.5×, 1.5×), over the request alone on an idle replica.
+    #[arg(long, default_value = "p99")]
+    pub slo: String,
+    /// LLM replicas' token budget per step (vLLM's max_num_batched_tokens).
+    #[arg(long, default_value_t = 2048)]
+    pub token_budget: u32,
+    /// Skip the clairvoyant oracle (simulator-only bound).
+    #[arg(long)]
+    pub no_oracle: bool,
+    /// Instead of the comparison: run the grid that chooses ours' parameters on the
+    /// tune part of each trace (writes autoscale-tune.{csv,json}).
+    #[arg(long)]
+    pub tune: bool,
+    /// Cold-start seeds of the tuning grid, comma-separated.
+    #[arg(long, default_value = "1,2,3")]
+    pub tune_seeds: String,
+    /// A JSON object merged over ours' configuration, e.g.
+    /// '{"scale_down_stabilisation_ms": 60000, "warm": {"max_warm": 4}}'.
+    #[arg(long)]
+    pub ours_config: Option<String>,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -101,7 +172,131 @@ pub fn run(command: SimCommand) -> Result<()> {
         SimCommand::Inflation(args) => run_inflation_command(args),
         SimCommand::Replay(args) => run_replay_command(args),
         SimCommand::Shift(args) => run_shift_command(args),
+        SimCommand::Autoscale(args) => run_autoscale_command(args),
     }
+}
+
+fn run_autoscale_command(args: AutoscaleArgs) -> Result<()> {
+    if !args.data.is_dir() {
+        anyhow::bail!(
+            "data folder {} not found: pass --data with the folder that holds azure-llm-inference-2023/, alibaba-genai-lora-v2026/ and electricity-prices-hourly-2023/ (the default, ../shared/data, is relative to where you run nephele)",
+            args.data.display()
+        );
+    }
+    if args.min_replicas > args.max_replicas || args.max_replicas == 0 {
+        anyhow::bail!(
+            "--min-replicas must be at most --max-replicas, and --max-replicas at least 1"
+        );
+    }
+    if !(0.0..=1.0).contains(&args.tune_share) {
+        anyhow::bail!("--tune-share must be in 0..=1");
+    }
+    if !(args.cold_start_scale.is_finite() && args.cold_start_scale >= 0.0) {
+        anyhow::bail!("--cold-start-scale must be a number ≥ 0");
+    }
+    let slowdown = match args.slo.as_str() {
+        "p99" => SlowdownTarget::SPLITWISE_P99,
+        "p90" => SlowdownTarget::SPLITWISE_P90,
+        other => anyhow::bail!("--slo must be p99 or p90, not {other:?}"),
+    };
+    let ours_override = args
+        .ours_config
+        .as_deref()
+        .map(serde_json::from_str::<serde_json::Value>)
+        .transpose()
+        .context("--ours-config is not JSON")?;
+    let options = AutoscaleOptions {
+        seed: args.seed,
+        zone: args.zone.clone(),
+        min_replicas: args.min_replicas,
+        max_replicas: args.max_replicas,
+        tune_share: args.tune_share,
+        static_replicas: args.static_replicas,
+        ablations: args.ablations,
+        cold_start_scale: args.cold_start_scale,
+        service: ServiceOptions {
+            slowdown,
+            token_budget: args.token_budget.max(1),
+        },
+        oracle: !args.no_oracle,
+        ours_override,
+        ..AutoscaleOptions::default()
+    };
+    let started = Instant::now();
+    let quiet = args.json;
+    if args.tune {
+        let seeds: Vec<u64> = args
+            .tune_seeds
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|s| s.parse::<u64>().context("--tune-seeds: not a number"))
+            .collect::<Result<_>>()?;
+        let traces: Vec<&str> = args
+            .trace
+            .split(',')
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .collect();
+        let report = tune_ours(&args.data, &traces, &options, &seeds, &mut |line| {
+            if !quiet {
+                eprintln!(
+                    "[autoscale tune {:>6.1} s] {line}",
+                    started.elapsed().as_secs_f64()
+                );
+            }
+        })?;
+        std::fs::create_dir_all(&args.out)
+            .with_context(|| format!("cannot create {}", args.out.display()))?;
+        std::fs::write(args.out.join("autoscale-tune.csv"), report.csv())?;
+        std::fs::write(
+            args.out.join("autoscale-tune.json"),
+            serde_json::to_string_pretty(&report)?,
+        )?;
+        if args.json {
+            println!("{}", serde_json::to_string(&report.chosen)?);
+        } else {
+            for chosen in &report.chosen {
+                println!(
+                    "{}: configuration {} (goal met on the tune part: {}): {}\n  within {:.2}% (min {:.2}%) at {:.0}% of static's GPU-hours, mean over seeds {}",
+                    chosen.trace,
+                    chosen.config,
+                    chosen.feasible,
+                    chosen.patch,
+                    chosen.within_mean * 100.0,
+                    chosen.within_min * 100.0,
+                    chosen.share_of_static * 100.0,
+                    args.tune_seeds
+                );
+            }
+            println!("wrote {}/autoscale-tune.{{csv,json}}", args.out.display());
+        }
+        return Ok(());
+    }
+    for trace in args
+        .trace
+        .split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+    {
+        let report = run_autoscale(&args.data, trace, &options, &mut |line| {
+            if !quiet {
+                eprintln!(
+                    "[autoscale {:>5.1} s] {line}",
+                    started.elapsed().as_secs_f64()
+                );
+            }
+        })?;
+        let written = report.write(&args.out)?;
+        if args.json {
+            println!("{}", serde_json::to_string(&report)?);
+        } else {
+            print!("{}", report.table());
+            let names: Vec<String> = written.iter().map(|p| p.display().to_string()).collect();
+            println!("wrote {}\n", names.join(", "));
+        }
+    }
+    Ok(())
 }
 
 fn run_shift_command(args: ShiftArgs) -> Result<()> {

@@ -205,6 +205,11 @@ impl Cloud {
     }
 
     /// Restarts on the same ports and data dir.
+    /// Kills the control plane with SIGKILL (no shutdown), as a crash would.
+    pub fn kill9(&mut self) {
+        self.stop();
+    }
+
     pub fn restart(&mut self) -> Result<()> {
         self.stop();
         let api = self.api.trim_start_matches("http://").to_string();
@@ -219,6 +224,32 @@ impl Cloud {
     pub fn get(&self, path: &str) -> Result<Value> {
         self.client()
             .request("GET", &format!("{}{path}", self.api), None)
+    }
+
+    pub fn delete(&self, path: &str) -> Result<Value> {
+        self.client()
+            .request("DELETE", &format!("{}{path}", self.api), None)
+    }
+
+    /// Waits up to `seconds` (instead of 60).
+    pub fn wait_long(
+        &self,
+        path: &str,
+        what: &str,
+        seconds: u64,
+        check: impl Fn(&Value) -> bool,
+    ) -> Result<Value> {
+        let deadline = Instant::now() + Duration::from_secs(seconds);
+        loop {
+            let value = self.get(path)?;
+            if check(&value) {
+                return Ok(value);
+            }
+            if Instant::now() > deadline {
+                bail!("timed out after {seconds} s waiting for {what}; last {path}: {value:#}");
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     pub fn post(&self, path: &str, body: &Value) -> Result<Value> {
@@ -263,6 +294,9 @@ impl Cloud {
 impl Drop for Cloud {
     fn drop(&mut self) {
         self.stop();
+        // The local provider's nodes, and their jobs' processes, outlive the control
+        // plane on purpose (as machines would): end them with the test.
+        kill_processes_of(&self.dir);
         // Keep the data dir and logs of a failed test for diagnosis; tidy up otherwise.
         if std::thread::panicking() {
             eprintln!(
@@ -273,6 +307,82 @@ impl Drop for Cloud {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
+}
+
+/// Every process of this user that mentions `dir` in its command line, working
+/// directory or environment (the local provider's agents, their job supervisors and
+/// members), except this one.
+pub fn processes_of(dir: &Path) -> Vec<i32> {
+    let needle = dir.display().to_string();
+    let me = std::process::id() as i32;
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| *pid != me)
+        .filter(|pid| {
+            let read =
+                |what: &str| std::fs::read(format!("/proc/{pid}/{what}")).unwrap_or_default();
+            let mentions = |bytes: Vec<u8>| String::from_utf8_lossy(&bytes).contains(&needle);
+            let cwd = std::fs::read_link(format!("/proc/{pid}/cwd"))
+                .map(|p| p.display().to_string().starts_with(&needle))
+                .unwrap_or(false);
+            cwd || mentions(read("cmdline")) || mentions(read("environ"))
+        })
+        .collect()
+}
+
+/// SIGKILLs [`processes_of`] `dir`.
+pub fn kill_processes_of(dir: &Path) {
+    for pid in processes_of(dir) {
+        let _ = Command::new("kill")
+            .args(["-9", &pid.to_string()])
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// Whether a process is alive (not a zombie).
+pub fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|stat| {
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                .is_some_and(|state| state != "Z")
+        })
+        .unwrap_or(false)
+}
+
+/// A test that needs something `tests/run.sh` prepares (PyPI packages, the traces
+/// beside the checkout): under CI, where it is always prepared, its absence fails the
+/// test; elsewhere the test says why it is skipped and returns.
+pub fn require(what: &str, present: bool) -> bool {
+    if present {
+        return true;
+    }
+    if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+        panic!("{what} is missing, and CI always prepares it: run `bash tests/run.sh`");
+    }
+    use std::io::Write as _;
+    let _ = writeln!(
+        std::io::stderr(),
+        "skipped: {what} is missing (run `bash tests/run.sh`, which prepares it)"
+    );
+    false
+}
+
+/// The venv `shared/models/registry/prepare.sh` builds (Python with JAX).
+pub fn venv_python() -> PathBuf {
+    PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../target/models/venv/bin/python"
+    ))
+}
+
+/// `tests/programs/<name>`.
+pub fn program(name: &str) -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/programs")).join(name)
 }
 
 /// Runs `nephele-edge join`; returns (success, combined output).

@@ -64,6 +64,7 @@ fn pure_crates_have_no_runtime_in_their_dependency_tree() {
         "nephele-proto",
         "nephele-telemetry",
         "nephele-placement",
+        "nephele-autoscale",
         "nephele-sim",
     ] {
         assert_free_of(package, RUNTIMES);

@@ -468,6 +468,8 @@ fn a_fleet_deploys_serves_offloads_and_survives_bad_frames() {
                 profile_toml: profile_toml.into(),
                 models_cached: vec![],
                 local_endpoint: "127.0.0.1:1".into(),
+                node: Default::default(),
+                jobs: vec![],
             }),
         )
         .await

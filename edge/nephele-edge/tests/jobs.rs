@@ -73,7 +73,7 @@ fn runner(dir: &Path) -> JobRunner {
 fn runner_with(dir: &Path, supervisor: SupervisorCommand) -> JobRunner {
     // The runner's log lines go with a failing test's output (captured otherwise).
     let _ = tracing_subscriber::fmt()
-        .with_env_filter("info")
+        .with_max_level(tracing::Level::INFO)
         .with_test_writer()
         .try_init();
     let mut agent_env: Vec<(OsString, OsString)> = vec![

@@ -393,10 +393,21 @@ pub fn join(
     token: &str,
     extra: &[&str],
 ) -> Result<(bool, String)> {
+    join_via(&cloud.quic, data_dir, name, token, extra)
+}
+
+/// [`join`] through `server` (a relay such as a `ShapedLink` in front of the cloud).
+pub fn join_via(
+    server: &str,
+    data_dir: &Path,
+    name: &str,
+    token: &str,
+    extra: &[&str],
+) -> Result<(bool, String)> {
     let mut args: Vec<String> = vec![
         "join".into(),
         "--server".into(),
-        cloud.quic.clone(),
+        server.into(),
         "--token".into(),
         token.into(),
         "--data-dir".into(),
@@ -430,9 +441,22 @@ impl Edge {
         join_args: &[&str],
         run_args: &[&str],
     ) -> Result<Edge> {
+        Edge::start_via(cloud, &cloud.quic, name, region, join_args, run_args)
+    }
+
+    /// [`Edge::start`] with the agent reaching the cloud through `server` (a relay
+    /// such as a `ShapedLink`), for its enrolment and its session.
+    pub fn start_via(
+        cloud: &Cloud,
+        server: &str,
+        name: &str,
+        region: &str,
+        join_args: &[&str],
+        run_args: &[&str],
+    ) -> Result<Edge> {
         let dir = cloud.dir.join(name);
         let token = cloud.join_token(region, 600)?;
-        let (ok, output) = join(cloud, &dir, name, &token, join_args)?;
+        let (ok, output) = join_via(server, &dir, name, &token, join_args)?;
         if !ok {
             bail!("join {name} failed: {output}");
         }

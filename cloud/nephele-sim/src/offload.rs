@@ -14,12 +14,13 @@
 //! |-------------|------------------------------------------------------------------|
 //! | edge only   | queued locally if the queue has room, else refused (429)         |
 //! | cloud only  | sent to the cloud                                                |
-//! | offload     | `decide` (local / offload / refuse), as the agent does           |
+//! | offload     | `decide` (local / offload / refuse), as the agent does, with the margin it learns from its local answers ([`LocalLateness`]) |
 //!
 //! A request counts within the SLO when it was answered and its latency (queueing +
 //! service, or round trip + cloud service) is at most the SLO; refused requests are not
 //! within it.
 
+use nephele_infer_policy::lateness::LocalLateness;
 use nephele_infer_policy::offload::{
     decide, BreakerConfig, CircuitBreaker, OffloadPolicy, RemoteEstimate, RequestContext, Route,
 };
@@ -98,9 +99,19 @@ pub fn simulate(arrivals_us: &[u64], config: &OffloadConfig, mode: Mode) -> Offl
     let (mut within, mut cloud, mut refused) = (0usize, 0usize, 0usize);
     // The agent's running estimate of its service time (EWMA 1/8), as in the agent.
     let mut estimate = 0u64;
+    // How late local answers come against their prediction, learned from the answers
+    // as they complete (the agent's `LocalLateness`): (completed at, predicted, took).
+    let mut lateness = LocalLateness::default();
+    let mut answering: VecDeque<(u64, u64, u64)> = VecDeque::new();
+    let mut predicted_local = 0u64;
     for (i, &now) in arrivals_us.iter().enumerate() {
         while on_device.front().is_some_and(|done| *done <= now) {
             on_device.pop_front();
+        }
+        while answering.front().is_some_and(|(done, _, _)| *done <= now) {
+            if let Some((_, predicted, took)) = answering.pop_front() {
+                lateness.observe(predicted, took, config.slo_us);
+            }
         }
         let service = services[i % services.len()];
         let queue_ahead = on_device.len() as u32;
@@ -122,7 +133,9 @@ pub fn simulate(arrivals_us: &[u64], config: &OffloadConfig, mode: Mode) -> Offl
                         cloud_service_us: mean_service,
                     }),
                     deadline_us: config.slo_us,
+                    local_margin_permille: lateness.margin_permille(),
                 };
+                predicted_local = context.predicted_local_us();
                 decide(&context, &policy, &mut breaker, now)
             }
         };
@@ -131,6 +144,9 @@ pub fn simulate(arrivals_us: &[u64], config: &OffloadConfig, mode: Mode) -> Offl
                 let start = on_device.back().copied().unwrap_or(now).max(now);
                 let done = start + service;
                 on_device.push_back(done);
+                if mode == Mode::Offload {
+                    answering.push_back((done, predicted_local, done - now));
+                }
                 estimate = if estimate == 0 {
                     service
                 } else {

@@ -15,8 +15,12 @@
 //! the later of the two Retry-Afters.
 //!
 //! Predicted local = (requests queued or running + 1) × measured service time per row
-//! (as the batcher runs them) ÷ inference slots; predicted remote = the EWMA of measured
-//! offload round trips, or the QUIC RTT plus the local service time before the first.
+//! (as the batcher runs them) ÷ inference slots, times one plus the margin learned from
+//! how late local answers have come ([`nephele_infer_policy::lateness`]); predicted remote = the EWMA of measured
+//! offload round trips, or the QUIC RTT plus the local service time before the first;
+//! an estimate with no sample for a second decays towards the latter, and a request
+//! refused while it is stale goes to the cloud as a probe, one at a time
+//! ([`nephele_infer_policy::remote`]), so one slow spell never locks offload out.
 //! After a local answer, a deployment with a hard-example threshold re-asks the cloud
 //! when the answer's top-class probability is below it (joint inference); if the cloud
 //! fails, the local answer stands. Offload failures open the circuit breaker, which
@@ -35,10 +39,12 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+use nephele_infer_policy::lateness::LocalLateness;
 use nephele_infer_policy::offload::{
     after_local_answer, decide, AfterLocal, BreakerConfig, CircuitBreaker, OffloadPolicy,
     RemoteEstimate, RequestContext, Route,
 };
+use nephele_infer_policy::remote::{offload_overflow, probe_if_refused, RemoteEstimator};
 use nephele_net::{read_frame, write_frame};
 use nephele_proto::{
     Assignment, DeploymentPhase, DeploymentTelemetry, ErrorCode, InferRequest, InferStage,
@@ -70,8 +76,12 @@ pub struct Deployment {
     pub model: nephele_runtime::Model,
     /// Single-row requests go through it; multi-row ones run as they come.
     pub batcher: Batcher,
-    /// EWMA (1/8) of measured offload round trips, µs (0 before the first).
-    offload_ewma_us: AtomicU64,
+    /// The offload round trip as measured, aging and re-probed (see
+    /// [`nephele_infer_policy::remote`]).
+    remote: Mutex<RemoteEstimator>,
+    /// How much later than predicted local answers come (see
+    /// [`nephele_infer_policy::lateness`]).
+    local_lateness: Mutex<LocalLateness>,
     pub model_digest: [u8; 32],
     pub variant: String,
     pub params: RwLock<Assignment>,
@@ -99,7 +109,8 @@ impl Deployment {
             name: assignment.deployment.clone(),
             model,
             batcher,
-            offload_ewma_us: AtomicU64::new(0),
+            remote: Mutex::new(RemoteEstimator::default()),
+            local_lateness: Mutex::new(LocalLateness::default()),
             model_digest,
             variant,
             params: RwLock::new(assignment),
@@ -318,20 +329,16 @@ impl Server {
             None
         };
         let local_service_us = deployment.batcher.per_row_service_us();
+        let now_us = self.now_us();
         let remote = connection.as_ref().map(|connection| {
-            let measured = deployment.offload_ewma_us.load(Ordering::Relaxed);
-            if measured > 0 {
-                RemoteEstimate {
-                    rtt_us: measured,
-                    cloud_queue_us: 0,
-                    cloud_service_us: 0,
-                }
-            } else {
-                RemoteEstimate {
-                    rtt_us: connection.rtt().as_micros() as u64,
-                    cloud_queue_us: 0,
-                    cloud_service_us: local_service_us,
-                }
+            // Before a measurement, and as a stale one decays: the path's RTT plus the
+            // service time as here.
+            let fallback_us =
+                (connection.rtt().as_micros() as u64).saturating_add(local_service_us);
+            RemoteEstimate {
+                rtt_us: lock(&deployment.remote).estimate_us(now_us, fallback_us),
+                cloud_queue_us: 0,
+                cloud_service_us: 0,
             }
         });
         let context = RequestContext {
@@ -341,12 +348,21 @@ impl Server {
             local_queue_capacity: params.max_queue,
             remote,
             deadline_us: u64::from(params.slo_ms) * 1000,
+            local_margin_permille: lock(&deployment.local_lateness).margin_permille(),
         };
-        let now_us = self.now_us();
         let decision = if self.is_pool {
             Route::Local
         } else {
-            decide(&context, &self.policy, &mut self.breaker(), now_us)
+            let route = decide(&context, &self.policy, &mut self.breaker(), now_us);
+            // A refusal while the estimate is stale goes to the cloud as a probe, so a
+            // slow spell cannot lock the deployment out of offload.
+            probe_if_refused(
+                route,
+                connection.is_some(),
+                &mut lock(&deployment.remote),
+                &self.breaker(),
+                now_us,
+            )
         };
         let result = match (decision, connection) {
             (Route::Offload { fallback_local }, Some(connection)) => {
@@ -371,13 +387,35 @@ impl Server {
             }
             (Route::Offload { .. }, None) | (Route::Local, _) => {
                 let mut local = self.run_local(&deployment, input.clone()).await;
+                if local.is_ok() && !self.is_pool {
+                    lock(&deployment.local_lateness).observe(
+                        context.predicted_local_us(),
+                        started.elapsed().as_micros() as u64,
+                        context.deadline_us,
+                    );
+                }
                 // The local queue refused it (full, or predicted past what it admits
-                // now): overflow goes to the cloud when the breaker allows, before a 429.
+                // now): overflow goes to the cloud when it can be answered in time there
+                // (or as a probe of a stale estimate) and the breaker allows, before a 429.
                 if let (Err(ServeError::Overloaded { .. }), false, true) =
                     (&local, self.is_pool, params.offload)
                 {
                     if let Some(connection) = self.offload_connection() {
-                        if self.breaker().allow(self.now_us()) {
+                        let now_us = self.now_us();
+                        let fallback_us =
+                            (connection.rtt().as_micros() as u64).saturating_add(local_service_us);
+                        let go = {
+                            let mut estimator = lock(&deployment.remote);
+                            let predicted_us = estimator.estimate_us(now_us, fallback_us);
+                            offload_overflow(
+                                predicted_us,
+                                u64::from(params.slo_ms) * 1000,
+                                &mut estimator,
+                                &mut self.breaker(),
+                                now_us,
+                            )
+                        };
+                        if go {
                             match self
                                 .offload(&connection, &deployment, input.clone(), InferStage::Whole)
                                 .await
@@ -725,6 +763,7 @@ impl Server {
         // health, so the breaker does not hear of it (the caller serves it here).
         let bytes = input.data.len().saturating_mul(4);
         if bytes > nephele_proto::MAX_TENSOR_BYTES {
+            lock(&deployment.remote).on_no_sample();
             return Err(format!(
                 "{bytes} bytes is over the {} a request may carry",
                 nephele_proto::MAX_TENSOR_BYTES
@@ -739,18 +778,13 @@ impl Server {
             Ok(_) => {
                 self.breaker().on_success(now_us);
                 let sample = (started.elapsed().as_micros() as u64).max(1);
-                let previous = deployment.offload_ewma_us.load(Ordering::Relaxed);
-                let next = if previous == 0 {
-                    sample
-                } else {
-                    (previous * 7 + sample) / 8
-                };
-                deployment.offload_ewma_us.store(next, Ordering::Relaxed);
+                lock(&deployment.remote).on_sample(now_us, sample);
             }
             Err(OffloadError::Shed {
                 retry_after_ms,
                 message,
             }) => {
+                lock(&deployment.remote).on_no_sample();
                 // The region is healthy and said so: not a failure of the path, so
                 // the breaker is left alone; requests stay local until Retry-After.
                 let until = now_us.saturating_add(retry_after_ms.saturating_mul(1000));
@@ -765,6 +799,7 @@ impl Server {
                     .inc();
             }
             Err(OffloadError::Failed(_)) => {
+                lock(&deployment.remote).on_no_sample();
                 self.breaker().on_failure(now_us);
                 self.metrics
                     .counter(
@@ -854,6 +889,12 @@ impl Server {
         rows.sort_by(|a, b| a.deployment.cmp(&b.deployment));
         rows
     }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[cfg(test)]

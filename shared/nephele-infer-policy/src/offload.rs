@@ -2,8 +2,9 @@
 //! a local answer, whether to re-ask the cloud (a hard example); and the circuit
 //! breaker that stops the agent from offloading to a cloud that keeps failing.
 //!
-//! [`decide`], with predicted local = ⌈(queue_ahead + 1) × local_service / slots⌉ and
-//! predicted remote = rtt + cloud queue + cloud service:
+//! [`decide`], with predicted local = ⌈(queue_ahead + 1) × local_service / slots⌉ ×
+//! (1 + the learned margin, [`crate::lateness`]) and predicted remote = rtt + cloud
+//! queue + cloud service:
 //!
 //! | # | condition (checked in order)                                              | route                          |
 //! |---|---------------------------------------------------------------------------|--------------------------------|
@@ -75,6 +76,9 @@ pub struct RequestContext {
     pub remote: Option<RemoteEstimate>,
     /// The latency the request should be answered within (the SLO).
     pub deadline_us: u64,
+    /// How much later than predicted local answers have been coming, in thousandths of
+    /// the prediction ([`crate::lateness::LocalLateness`]; 0: none known).
+    pub local_margin_permille: u32,
 }
 
 impl RequestContext {
@@ -82,6 +86,13 @@ impl RequestContext {
     pub fn predicted_local_us(&self) -> u64 {
         let work = (u128::from(self.queue_ahead) + 1) * u128::from(self.local_service_us);
         saturate(work.div_ceil(u128::from(self.slots.max(1))))
+    }
+
+    /// [`Self::predicted_local_us`] with the learned margin: what `decide` holds
+    /// against the deadline.
+    pub fn predicted_local_with_margin_us(&self) -> u64 {
+        let predicted = u128::from(self.predicted_local_us());
+        saturate(predicted * (1000 + u128::from(self.local_margin_permille)) / 1000)
     }
 
     fn has_room(&self) -> bool {
@@ -133,7 +144,7 @@ pub fn decide(
     breaker: &mut CircuitBreaker,
     now_us: u64,
 ) -> Route {
-    let predicted_local_us = request.predicted_local_us();
+    let predicted_local_us = request.predicted_local_with_margin_us();
     let room = request.has_room();
     if room && predicted_local_us <= request.deadline_us {
         return Route::Local;
@@ -383,6 +394,7 @@ mod tests {
                 cloud_service_us: 8_000,
             }),
             deadline_us: 20_000,
+            local_margin_permille: 0,
         }
     }
 
@@ -397,6 +409,26 @@ mod tests {
             breaker.on_failure(0);
         }
         breaker
+    }
+
+    #[test]
+    fn the_learned_margin_sends_a_long_queue_to_the_cloud() {
+        let mut breaker = CircuitBreaker::new(BreakerConfig::default());
+        // 5 ahead at 5 ms on 2 slots: 15 ms predicted, within 20 ms...
+        let mut context = request(5, true);
+        context.local_service_us = 5_000;
+        assert_eq!(context.predicted_local_us(), 15_000);
+        assert_eq!(
+            decide(&context, &OffloadPolicy::default(), &mut breaker, 0),
+            Route::Local
+        );
+        // ...but local answers have been coming 40 % later than predicted.
+        context.local_margin_permille = 400;
+        assert_eq!(context.predicted_local_with_margin_us(), 21_000);
+        assert!(matches!(
+            decide(&context, &OffloadPolicy::default(), &mut breaker, 0),
+            Route::Offload { .. }
+        ));
     }
 
     #[test]
@@ -477,6 +509,7 @@ mod tests {
             local_queue_capacity: 8,
             remote: None,
             deadline_us: 20_000,
+            local_margin_permille: 0,
         };
         let mut breaker = CircuitBreaker::default();
         check(
@@ -506,6 +539,7 @@ mod tests {
             local_queue_capacity: 8,
             remote: None,
             deadline_us: 1_000_000,
+            local_margin_permille: 0,
         };
         check(fast, &mut breaker, Route::Reject { retry_after_ms: 1 });
         // Huge numbers saturate instead of overflowing.
@@ -516,6 +550,7 @@ mod tests {
             local_queue_capacity: u32::MAX,
             remote: None,
             deadline_us: 0,
+            local_margin_permille: 0,
         };
         assert!(matches!(
             decide(&huge, &OffloadPolicy::default(), &mut breaker, u64::MAX),
@@ -694,6 +729,7 @@ mod tests {
             prop_oneof![0u32..20, any::<u32>()],
             remote,
             prop_oneof![0u64..200_000, any::<u64>()],
+            prop_oneof![Just(0u32), 0u32..3_000, any::<u32>()],
         )
             .prop_map(
                 |(
@@ -703,6 +739,7 @@ mod tests {
                     local_queue_capacity,
                     remote,
                     deadline_us,
+                    local_margin_permille,
                 )| {
                     RequestContext {
                         queue_ahead,
@@ -711,6 +748,7 @@ mod tests {
                         local_queue_capacity,
                         remote,
                         deadline_us,
+                        local_margin_permille,
                     }
                 },
             )
@@ -727,7 +765,7 @@ mod tests {
             let mut breaker = if breaker_open { open_breaker() } else { CircuitBreaker::default() };
             let before = breaker.clone();
             let route = decide(&request, &policy, &mut breaker, 10);
-            let predicted_local_us = request.predicted_local_us();
+            let predicted_local_us = request.predicted_local_with_margin_us();
             let room = request.queue_ahead < request.local_queue_capacity;
             let tolerated_us =
                 u128::from(request.deadline_us) * (100 + u128::from(tolerance)) / 100;

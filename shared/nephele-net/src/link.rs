@@ -175,6 +175,16 @@ fn send_now(socket: &std::net::UdpSocket, datagram: &[u8], to: SocketAddr) {
     }
 }
 
+fn check_rate(rate_bps: f64) -> std::io::Result<()> {
+    if rate_bps.is_finite() && rate_bps > 0.0 {
+        return Ok(());
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::InvalidInput,
+        format!("link rate must be a positive number of bits per second, got {rate_bps}"),
+    ))
+}
+
 /// A UDP socket on `bind` for tokio to read and a clone for a sender thread to write.
 fn socket_pair(bind: SocketAddr) -> std::io::Result<(UdpSocket, Arc<std::net::UdpSocket>)> {
     let socket = std::net::UdpSocket::bind(bind)?;
@@ -186,7 +196,7 @@ fn socket_pair(bind: SocketAddr) -> std::io::Result<(UdpSocket, Arc<std::net::Ud
 /// A running shaped link; dropping it stops the relay.
 pub struct ShapedLink {
     local: SocketAddr,
-    shape: LinkShape,
+    shape: Mutex<LinkShape>,
     counters: Arc<Counters>,
     tasks: Arc<Mutex<Vec<JoinHandle<()>>>>,
     /// Up and down; stopping them ends their sender threads.
@@ -197,7 +207,7 @@ impl std::fmt::Debug for ShapedLink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ShapedLink")
             .field("local", &self.local)
-            .field("shape", &self.shape)
+            .field("shape", &*lock(&self.shape))
             .finish()
     }
 }
@@ -209,15 +219,7 @@ impl ShapedLink {
     /// Listens on an ephemeral loopback port and relays to `upstream` through a link of
     /// `shape`. Must be called inside a tokio runtime.
     pub async fn start(upstream: SocketAddr, shape: LinkShape) -> std::io::Result<Self> {
-        if !(shape.rate_bps.is_finite() && shape.rate_bps > 0.0) {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                format!(
-                    "link rate must be a positive number of bits per second, got {}",
-                    shape.rate_bps
-                ),
-            ));
-        }
+        check_rate(shape.rate_bps)?;
         let bind: SocketAddr = if upstream.is_ipv6() {
             (std::net::Ipv6Addr::LOCALHOST, 0).into()
         } else {
@@ -272,7 +274,7 @@ impl ShapedLink {
         lock(&tasks).push(relay);
         Ok(Self {
             local,
-            shape,
+            shape: Mutex::new(shape),
             counters,
             tasks,
             directions,
@@ -285,7 +287,19 @@ impl ShapedLink {
     }
 
     pub fn shape(&self) -> LinkShape {
-        self.shape
+        *lock(&self.shape)
+    }
+
+    /// Changes the link's round trip, rate and buffer from now on (a link that slows
+    /// down or recovers). Datagrams already admitted keep their delivery times, and
+    /// none overtakes another. A rate that is not positive is refused.
+    pub fn set_shape(&self, shape: LinkShape) -> std::io::Result<()> {
+        check_rate(shape.rate_bps)?;
+        for direction in &self.directions {
+            lock(&direction.bottleneck).shape = shape;
+        }
+        *lock(&self.shape) = shape;
+        Ok(())
     }
 
     pub fn stats(&self) -> LinkStats {
@@ -401,5 +415,33 @@ mod tests {
         .await
         .unwrap_err();
         assert!(error.to_string().contains("positive"), "{error}");
+    }
+
+    /// Time for one datagram from `client` through `link` to `server`.
+    async fn one_way(link: &ShapedLink, client: &UdpSocket, server: &UdpSocket) -> Duration {
+        let started = std::time::Instant::now();
+        client.send_to(b"ping", link.local_addr()).await.unwrap();
+        let mut buffer = [0u8; 16];
+        server.recv_from(&mut buffer).await.unwrap();
+        started.elapsed()
+    }
+
+    #[tokio::test]
+    async fn a_link_can_slow_down_and_recover() {
+        let server = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let upstream = server.local_addr().unwrap();
+        let link = ShapedLink::start(upstream, LinkShape::new(Duration::from_millis(200), 8e6))
+            .await
+            .unwrap();
+        let client = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        assert!(one_way(&link, &client, &server).await >= Duration::from_millis(100));
+        link.set_shape(LinkShape::new(Duration::ZERO, 8e6)).unwrap();
+        assert_eq!(link.shape().rtt, Duration::ZERO);
+        // Nothing is queued now, so the next datagram crosses at once (well under the
+        // 100 ms it took before, whatever the machine's load).
+        assert!(one_way(&link, &client, &server).await < Duration::from_millis(100));
+        assert!(link
+            .set_shape(LinkShape::new(Duration::ZERO, f64::NAN))
+            .is_err());
     }
 }

@@ -1,0 +1,210 @@
+//! Offload over a link that slows down and recovers (issue 14): an edge agent reaches
+//! the control plane through a `ShapedLink`. While the link is fast its overflow goes to
+//! the pool; once the round trip is far over the SLO the measured offload time rises
+//! above it and the deployment keeps its overflow local or refuses it, probing the
+//! cloud path at most twice a second; once the link is fast again, offload resumes
+//! within seconds. Before, the estimate was updated only by offloads, which had
+//! stopped, so the deployment answered 429 for as long as the agent ran.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nephele_e2e::{heldout, Cloud, Edge, Http, MODEL_ONNX};
+use nephele_net::link::{LinkShape, ShapedLink};
+
+/// One answered or refused request: when it was sent, its status, where it ran.
+struct Outcome {
+    sent: Instant,
+    code: u16,
+    cloud: bool,
+}
+
+/// `clients` closed-loop clients against `endpoint` for `duration`.
+fn burst(
+    endpoint: &str,
+    rows: &Arc<Vec<Vec<f32>>>,
+    clients: usize,
+    duration: Duration,
+) -> Vec<Outcome> {
+    let until = Instant::now() + duration;
+    let handles: Vec<_> = (0..clients)
+        .map(|client| {
+            let rows = rows.clone();
+            let url = format!("{endpoint}/v1/infer/digits");
+            std::thread::spawn(move || {
+                let http = Http::new(None);
+                let mut outcomes = Vec::new();
+                let mut i = client;
+                while Instant::now() < until {
+                    let row = &rows[i % rows.len()];
+                    i += clients;
+                    let body = serde_json::json!({"shape": [1, 64], "data": row});
+                    let sent = Instant::now();
+                    let (code, reply) =
+                        http.raw_json("POST", &url, &body).expect("agent reachable");
+                    assert!(code == 200 || code == 429, "{code} {reply}");
+                    if code == 429 {
+                        // As a client honouring Retry-After would, briefly.
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                    outcomes.push(Outcome {
+                        sent,
+                        code,
+                        cloud: reply["where"] == "cloud",
+                    });
+                }
+                outcomes
+            })
+        })
+        .collect();
+    handles
+        .into_iter()
+        .flat_map(|h| h.join().expect("client thread"))
+        .collect()
+}
+
+#[test]
+fn offload_resumes_within_seconds_after_a_slow_link_recovers() {
+    let cloud = Cloud::start("offload-link").expect("cloud");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let upstream: SocketAddr = cloud.quic.parse().expect("the cloud's QUIC address");
+    // 300 ms round trip: fifteen times the 20 ms SLO.
+    let slow = LinkShape::new(Duration::from_millis(300), 50e6);
+    let fast = LinkShape::new(Duration::ZERO, 1e9);
+    let link = runtime
+        .block_on(ShapedLink::start(upstream, fast))
+        .expect("link");
+    let via = link.local_addr().to_string();
+    let lab = Edge::start_via(
+        &cloud,
+        &via,
+        "lab-1",
+        "eu-west",
+        &["--profile", "rpi5-8gb", "--label", "site=lab"],
+        &["--workers", "1"],
+    )
+    .expect("edge agent behind the link");
+    let _pool = Edge::start(
+        &cloud,
+        "pool-1",
+        "eu-west",
+        &["--role", "pool", "--profile", "gpu-4x-l4"],
+        &[],
+    )
+    .expect("pool agent");
+
+    let (status, body) = cloud.put_model("digits-mlp", MODEL_ONNX).expect("upload");
+    assert_eq!(status, 201, "{body}");
+    cloud
+        .post(
+            "/v1/deployments",
+            &serde_json::json!({"name": "digits", "model": "digits-mlp", "selector": "site=lab",
+                "slo_ms": 20, "max_queue": 1}),
+        )
+        .expect("deploy");
+    cloud
+        .wait_for(
+            "/v1/deployments/digits",
+            "digits ready on lab-1 and the pool",
+            |v| {
+                v["ready_devices"] == 1
+                    && v["devices"]
+                        .as_array()
+                        .is_some_and(|d| d.len() == 2 && d.iter().all(|r| r["ready"] == true))
+            },
+        )
+        .expect("deployment ready");
+
+    let rows = Arc::new(heldout().features);
+    let clients = 16;
+
+    // Fast link: the overflow goes to the pool, and the agent measures it.
+    let before = burst(&lab.endpoint, &rows, clients, Duration::from_secs(2));
+    let before_cloud = before.iter().filter(|o| o.cloud).count();
+    println!(
+        "fast link (2 s): {} requests, {before_cloud} in the cloud",
+        before.len()
+    );
+    assert!(
+        before_cloud > 0,
+        "the overflow goes to the pool over a fast link"
+    );
+
+    // Slow link: offloads measure 300 ms, and the overflow can no longer be answered
+    // in time in the cloud.
+    link.set_shape(slow).expect("slow link");
+    let slowed = Instant::now();
+    let slow_spell = Duration::from_secs(4);
+    let slow_outcomes = burst(&lab.endpoint, &rows, clients, slow_spell);
+    // Offloads decided on the fast estimate went out until the first slow one came back
+    // (one round trip); from a second on only probes go.
+    let settled = Duration::from_secs(1);
+    let slow_cloud = slow_outcomes
+        .iter()
+        .filter(|o| o.cloud && o.sent.duration_since(slowed) >= settled)
+        .count();
+    let slow_refused = slow_outcomes.iter().filter(|o| o.code == 429).count();
+    println!(
+        "slow link (300 ms RTT, {} s): {} requests, {} in the cloud after the first second (probes), {} refused",
+        slow_spell.as_secs(),
+        slow_outcomes.len(),
+        slow_cloud,
+        slow_refused
+    );
+    assert!(
+        slow_refused > 0,
+        "the overloaded device must refuse some of its overflow"
+    );
+    // At most one probe per 500 ms, plus the ones out at the edges.
+    assert!(
+        slow_cloud <= ((slow_spell - settled).as_millis() / 500) as usize + 2,
+        "over a slow link only probes go to the cloud: {slow_cloud}"
+    );
+
+    // The link recovers.
+    link.set_shape(fast).expect("fast link");
+    let recovered = Instant::now();
+    let fast_spell = Duration::from_secs(6);
+    let fast_outcomes = burst(&lab.endpoint, &rows, clients, fast_spell);
+    let fast_cloud = fast_outcomes.iter().filter(|o| o.cloud).count();
+    let first_cloud = fast_outcomes
+        .iter()
+        .filter(|o| o.cloud)
+        .map(|o| o.sent.duration_since(recovered))
+        .min()
+        .expect("offload must resume after the link recovers");
+    println!(
+        "fast link ({} s): {} requests, {} in the cloud, {} refused; first offload sent {:.2} s after recovery",
+        fast_spell.as_secs(),
+        fast_outcomes.len(),
+        fast_cloud,
+        fast_outcomes.iter().filter(|o| o.code == 429).count(),
+        first_cloud.as_secs_f64()
+    );
+    let per_second: Vec<usize> = (0..fast_spell.as_secs())
+        .map(|second| {
+            fast_outcomes
+                .iter()
+                .filter(|o| o.cloud && o.sent.duration_since(recovered).as_secs() == second)
+                .count()
+        })
+        .collect();
+    println!("in the cloud per second after recovery: {per_second:?}");
+    assert!(
+        first_cloud < Duration::from_secs(4),
+        "offload resumes within seconds: the first went {first_cloud:?} after recovery"
+    );
+    // Resumed, not merely probed: within three seconds far more went to the cloud than
+    // probes alone could carry (six at most).
+    let resumed: usize = per_second.iter().take(3).sum();
+    assert!(
+        resumed > 100,
+        "offload resumed for the overflow: {resumed} requests in the cloud in the first 3 s"
+    );
+    drop(link);
+}

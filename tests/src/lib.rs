@@ -138,6 +138,26 @@ name = "us-east"
 "#;
 
 impl Cloud {
+    /// Posts `deployment` and waits until it is ready on one edge device and the pool
+    /// replica; returns its status.
+    pub fn deploy_on_one_edge_and_the_pool(&self, deployment: Value) -> Value {
+        let name = deployment["name"].as_str().unwrap_or_default().to_string();
+        self.post("/v1/deployments", &deployment)
+            .unwrap_or_else(|e| panic!("deploy {name}: {e:#}"));
+        self.wait_for(
+            &format!("/v1/deployments/{name}"),
+            &format!("{name} ready on the edge and the pool"),
+            |v| {
+                v["ready_devices"] == 1
+                    && v["devices"]
+                        .as_array()
+                        .map(|d| d.len() == 2 && d.iter().all(|r| r["ready"] == true))
+                        .unwrap_or(false)
+            },
+        )
+        .unwrap_or_else(|e| panic!("{name} never became ready: {e:#}"))
+    }
+
     pub fn start(label: &str) -> Result<Cloud> {
         Cloud::start_with(label, TWO_REGIONS)
     }

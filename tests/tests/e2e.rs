@@ -36,28 +36,6 @@ fn push_and_deploy(cloud: &Cloud, deployment: Value) {
     cloud.post("/v1/deployments", &deployment).expect("deploy");
 }
 
-/// Posts `deployment` and waits until it is ready on one edge device and the pool
-/// replica; returns its status.
-fn deploy_on_one_edge_and_the_pool(cloud: &Cloud, deployment: Value) -> Value {
-    let name = deployment["name"].as_str().unwrap_or_default().to_string();
-    cloud
-        .post("/v1/deployments", &deployment)
-        .unwrap_or_else(|e| panic!("deploy {name}: {e:#}"));
-    cloud
-        .wait_for(
-            &format!("/v1/deployments/{name}"),
-            &format!("{name} ready on the edge and the pool"),
-            |v| {
-                v["ready_devices"] == 1
-                    && v["devices"]
-                        .as_array()
-                        .map(|d| d.len() == 2 && d.iter().all(|r| r["ready"] == true))
-                        .unwrap_or(false)
-            },
-        )
-        .unwrap()
-}
-
 #[test]
 fn join_tokens_are_single_use_and_expire() {
     let cloud = Cloud::start("tokens").expect("cloud");
@@ -666,8 +644,7 @@ fn hard_examples_go_to_the_pool_and_a_cut_cloud_loses_no_request() {
         "{}",
         refused.1
     );
-    deploy_on_one_edge_and_the_pool(
-        &cloud,
+    cloud.deploy_on_one_edge_and_the_pool(
         serde_json::json!({"name": "digits", "model": "digits-mlp", "selector": "tier=edge",
             "slo_ms": 50, "max_queue": 8, "hard_example_threshold": 0.9999}),
     );
@@ -689,8 +666,7 @@ fn hard_examples_go_to_the_pool_and_a_cut_cloud_loses_no_request() {
 
     // A split variant: the head on the device, the tail in the pool, and the answer
     // equals the whole model's.
-    deploy_on_one_edge_and_the_pool(
-        &cloud,
+    cloud.deploy_on_one_edge_and_the_pool(
         serde_json::json!({"name": "digits-split", "model": "digits-mlp",
             "variant": "split@relu1", "selector": "tier=edge", "slo_ms": 50}),
     );
@@ -706,8 +682,7 @@ fn hard_examples_go_to_the_pool_and_a_cut_cloud_loses_no_request() {
     // `variant: split` lets the planner choose the cut per device from the link the
     // device measured: on loopback, for a 0.03 MFLOP model, nothing beats running it
     // all on the device, so the edge keeps `full`, and it still answers correctly.
-    let planned = deploy_on_one_edge_and_the_pool(
-        &cloud,
+    let planned = cloud.deploy_on_one_edge_and_the_pool(
         serde_json::json!({"name": "digits-planned", "model": "digits-mlp",
             "variant": "split", "selector": "tier=edge", "slo_ms": 50}),
     );

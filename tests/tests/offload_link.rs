@@ -100,25 +100,8 @@ fn offload_resumes_within_seconds_after_a_slow_link_recovers() {
 
     let (status, body) = cloud.put_model("digits-mlp", MODEL_ONNX).expect("upload");
     assert_eq!(status, 201, "{body}");
-    cloud
-        .post(
-            "/v1/deployments",
-            &serde_json::json!({"name": "digits", "model": "digits-mlp", "selector": "site=lab",
-                "slo_ms": 20, "max_queue": 1}),
-        )
-        .expect("deploy");
-    cloud
-        .wait_for(
-            "/v1/deployments/digits",
-            "digits ready on lab-1 and the pool",
-            |v| {
-                v["ready_devices"] == 1
-                    && v["devices"]
-                        .as_array()
-                        .is_some_and(|d| d.len() == 2 && d.iter().all(|r| r["ready"] == true))
-            },
-        )
-        .expect("deployment ready");
+    cloud.deploy_on_one_edge_and_the_pool(serde_json::json!({"name": "digits",
+        "model": "digits-mlp", "selector": "site=lab", "slo_ms": 20, "max_queue": 1}));
 
     let rows = Arc::new(heldout().features);
     let clients = 16;

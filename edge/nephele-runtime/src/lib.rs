@@ -22,6 +22,8 @@ use tract_onnx::prelude::*;
 
 pub mod bench;
 pub mod candle_bert;
+pub mod cut_choice;
+pub mod input_spec;
 pub mod onnx_edit;
 #[cfg(feature = "onnxruntime")]
 pub mod ort_backend;
@@ -57,6 +59,9 @@ pub struct TensorInfo {
 /// these (13 = 8 + 4 + 1), so memory stays bounded at [`BATCH_PLANS`] plans however
 /// the batcher sizes its batches, and each plan has fully static shapes.
 pub const BATCH_PLANS: [usize; 7] = [1, 2, 4, 8, 16, 32, 64];
+
+/// Time [`Model::tune_batches`] spends measuring batch sizes, beyond the first.
+pub const TUNE_BUDGET: std::time::Duration = std::time::Duration::from_secs(2);
 
 type PlanSlot = std::sync::OnceLock<Option<Arc<TypedRunnableModel>>>;
 
@@ -195,6 +200,18 @@ impl Model {
                 .with_input_fact(0, f32::fact(dims).into())
                 .map_err(|e| load(format!("cannot fix the input to {row_shape:?}: {e:#}")))?;
         }
+        // A file whose input row is fully given (a symbolic batch at most), e.g. one
+        // whose shapes were fixed at push (`--input x=N,3,48,320`), is its own row shape.
+        let declared_row: Option<Vec<usize>> = inference.input_fact(0).ok().and_then(|fact| {
+            use tract_onnx::tract_hir::infer::Factoid;
+            let dims: Vec<Option<i64>> = fact
+                .shape
+                .dims()
+                .map(|d| d.concretize().and_then(|t| t.to_i64().ok()))
+                .collect();
+            (dims.len() >= 2 && dims[1..].iter().all(|d| d.is_some_and(|v| v > 0)))
+                .then(|| dims[1..].iter().map(|d| d.unwrap_or(1) as usize).collect())
+        });
         if inference.inputs.len() != 1 || inference.outputs.len() != 1 {
             return Err(unsupported(format!(
                 "{} inputs and {} outputs; one of each is supported",
@@ -205,21 +222,24 @@ impl Model {
         // Typed with a symbolic batch where tract can (so shapes say which axis is the
         // batch); some exporters compute reshapes from the batch size, which tract only
         // types for a known batch: then type at batch 1 and treat axis 0 as the batch.
+        let mut typed_at_batch_one = false;
         let typed = match inference.clone().into_typed() {
             Ok(typed) => typed,
             Err(symbolic_error) => {
-                let Some(row_shape) = row_shape else {
+                let Some(row_shape) = row_shape.or(declared_row.as_deref()) else {
                     return Err(load(format!(
-                        "{symbolic_error:#} (with a fixed input shape it may load: give the row shape)"
+                        "{symbolic_error:#} (fix the input's shape at push, e.g. `--input NAME=N,3,224,224`; `nephele model inspect FILE` shows its dimensions)"
                     )));
                 };
                 let mut shape = vec![1usize];
                 shape.extend_from_slice(row_shape);
-                inference
+                let typed = inference
                     .clone()
                     .with_input_fact(0, f32::fact(&shape).into())
                     .and_then(|m| m.into_typed())
-                    .map_err(|e| load(format!("{e:#}")))?
+                    .map_err(|e| load(format!("{e:#}")))?;
+                typed_at_batch_one = true;
+                typed
             }
         };
         let input_fact = typed.input_fact(0).map_err(|e| load(format!("{e:#}")))?;
@@ -231,7 +251,7 @@ impl Model {
         }
         let mut input_shape = dims_of(input_fact);
         let mut output_shape = dims_of(typed.output_fact(0).map_err(|e| load(format!("{e:#}")))?);
-        if row_shape.is_some() {
+        if row_shape.is_some() || typed_at_batch_one {
             // The batch axis is symbolic whatever the typing above fixed it to.
             for shape in [&mut input_shape, &mut output_shape] {
                 if let Some(first) = shape.first_mut() {
@@ -275,6 +295,20 @@ impl Model {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// This model for running one row at a time only (a split tail in a pool): the
+    /// parsed model that larger batches' plans are built from, about the weights' size
+    /// again, is dropped, and a larger batch runs row by row.
+    pub fn single_row_only(mut self) -> Model {
+        let plans: [PlanSlot; BATCH_PLANS.len()] = Default::default();
+        let _ = plans[0].set(self.plan(0));
+        for slot in &plans[1..] {
+            let _ = slot.set(None);
+        }
+        self.plans = Arc::new(plans);
+        self.inference = Arc::new(InferenceModel::default());
+        self
     }
 
     /// Loads a shipped variant file by its manifest `format` ([`FORMAT_ONNX`] or
@@ -513,8 +547,18 @@ impl Model {
         repeats: usize,
     ) -> Result<Vec<(usize, u64)>, RuntimeError> {
         let mut profile: Vec<(usize, u64)> = Vec::new();
+        let started = std::time::Instant::now();
         for (index, &size) in BATCH_PLANS.iter().enumerate() {
             if size > max_batch.max(1) {
+                break;
+            }
+            // A big model's larger batches take long to plan and to measure, and no
+            // deployment waits for that: past the budget, or once one batch takes a
+            // second, larger sizes are extrapolated by the batcher from the last one.
+            if !profile.is_empty()
+                && (started.elapsed() > TUNE_BUDGET
+                    || profile.last().is_some_and(|&(_, us)| us > 1_000_000))
+            {
                 break;
             }
             self.halve[index].store(false, std::sync::atomic::Ordering::Relaxed);

@@ -56,6 +56,9 @@ pub struct CutInfo {
     pub activation_bytes: u64,
     pub head_flops: u64,
     pub tail_flops: u64,
+    /// Why this cut was among those built ([`crate::cut_choice::choose_cuts`]).
+    #[serde(default)]
+    pub chosen_because: String,
 }
 
 /// One built variant.
@@ -246,6 +249,28 @@ pub fn build_variants_with(
     row_shape: Option<&[usize]>,
     splits: bool,
 ) -> Result<VariantSet, RuntimeError> {
+    build_variants_observed(name, full, validation, row_shape, splits, &mut |_| {})
+}
+
+/// How far a build is, for a progress bar: `done` of `total` steps, `step` naming the
+/// one just finished.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct BuildProgress {
+    pub done: usize,
+    pub total: usize,
+    pub step: String,
+}
+
+/// [`build_variants_with`], calling `progress` after each step (the full model, int8,
+/// choosing the cuts, each split).
+pub fn build_variants_observed(
+    name: &str,
+    full: &[u8],
+    validation: &ValidationSet,
+    row_shape: Option<&[usize]>,
+    splits: bool,
+    progress: &mut dyn FnMut(BuildProgress),
+) -> Result<VariantSet, RuntimeError> {
     if validation.rows.is_empty() {
         return Err(RuntimeError::BadInput {
             model: name.to_string(),
@@ -270,6 +295,34 @@ pub fn build_variants_with(
     let full_accuracy = accuracy(&reference, validation.labels.as_ref());
     let full_flops = flops_with_shape(name, full, row_shape)?;
     let row_len: i64 = full_model.input().shape[1..].iter().product();
+    let input_bytes = (row_len.max(0) as u64) * 4;
+    // The cuts first (cheap: one typed pass), so the total is known from the start.
+    let cuts = if splits {
+        let all = graph.candidate_cuts();
+        let costs = crate::cut_choice::cut_costs(name, full, row_shape, &all)?;
+        crate::cut_choice::choose_cuts(
+            &costs,
+            input_bytes,
+            full_flops,
+            crate::cut_choice::MAX_SPLIT_CANDIDATES,
+        )
+    } else {
+        Vec::new()
+    };
+    let total = 2 + cuts.len();
+    let mut done = 0;
+    let mut step = |what: String| {
+        done += 1;
+        progress(BuildProgress {
+            done,
+            total,
+            step: what,
+        });
+    };
+    step(format!(
+        "full model checked on {} validation rows",
+        validation.rows.len()
+    ));
     let mut variants = vec![BuiltVariant {
         name: "full".into(),
         precision: "fp32".into(),
@@ -290,14 +343,18 @@ pub fn build_variants_with(
         full_flops,
         row_shape,
     ));
-    if splits {
-        for cut in graph.candidate_cuts() {
-            variants.push(split_variant(name, &graph, &cut, validation, &reference));
+    step("int8 variant measured".into());
+    for cut in &cuts {
+        let mut variant = split_variant(name, &graph, &cut.cost.tensor, validation, &reference);
+        if let Some(info) = variant.cut.as_mut() {
+            info.chosen_because = cut.reason.clone();
         }
+        variants.push(variant);
+        step(format!("split@{} measured", cut.cost.tensor));
     }
     Ok(VariantSet {
         model: name.to_string(),
-        full_input_bytes: (row_len.max(0) as u64) * 4,
+        full_input_bytes: input_bytes,
         variants,
     })
 }
@@ -481,6 +538,7 @@ fn split_variant(
             activation_bytes: (per_row.max(0) as u64) * 4,
             head_flops: flops(&head_name, &head_bytes)?,
             tail_flops: flops(&tail_name, &tail_bytes)?,
+            chosen_because: String::new(),
         };
         Ok::<_, RuntimeError>((head_bytes, tail_bytes, info, outputs))
     })();

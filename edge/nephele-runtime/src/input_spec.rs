@@ -1,0 +1,760 @@
+//! Input shapes, types and fixed values given at push (`--input NAME=DIMS[:DTYPE][=VALUE]`),
+//! applied to the ONNX file by the control plane so nobody edits an exported model by
+//! hand, and [`inspect`], which says what a file needs before it is pushed.
+//!
+//! | spec                     | means                                                        |
+//! |--------------------------|--------------------------------------------------------------|
+//! | `x=N,3,48,320`           | input `x` has shape [N, 3, 48, 320]; `N` stays symbolic       |
+//! | `bytes=1,2048:i32`       | input `bytes` is [1, 2048] of int32 (checked against the file)|
+//! | `sr=scalar:i64=16000`    | rank-0 int64 input folded into the model as the constant 16000|
+//!
+//! DIMS are comma-separated sizes or names (a name is a symbolic dimension), or `scalar`.
+//! DTYPE is one of f32, f16, i64, i32, u8, bool. VALUE is one number, which fills the
+//! tensor, or as many comma-separated numbers as the tensor has elements; it needs every
+//! dimension given as a size.
+
+use std::fmt;
+use std::str::FromStr;
+
+use prost::Message;
+use tract_onnx::pb::{
+    tensor_proto::DataType, tensor_shape_proto, type_proto, ModelProto, TensorProto,
+    TensorShapeProto, ValueInfoProto,
+};
+use tract_onnx::prelude::Framework;
+
+use crate::RuntimeError;
+
+/// One dimension of an input spec.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Dim {
+    Size(u64),
+    Symbol(String),
+}
+
+/// Element types an input spec may name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ElemType {
+    F32,
+    F16,
+    I64,
+    I32,
+    U8,
+    Bool,
+}
+
+impl ElemType {
+    pub const ALL: [ElemType; 6] = [
+        ElemType::F32,
+        ElemType::F16,
+        ElemType::I64,
+        ElemType::I32,
+        ElemType::U8,
+        ElemType::Bool,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ElemType::F32 => "f32",
+            ElemType::F16 => "f16",
+            ElemType::I64 => "i64",
+            ElemType::I32 => "i32",
+            ElemType::U8 => "u8",
+            ElemType::Bool => "bool",
+        }
+    }
+
+    fn onnx(self) -> DataType {
+        match self {
+            ElemType::F32 => DataType::Float,
+            ElemType::F16 => DataType::Float16,
+            ElemType::I64 => DataType::Int64,
+            ElemType::I32 => DataType::Int32,
+            ElemType::U8 => DataType::Uint8,
+            ElemType::Bool => DataType::Bool,
+        }
+    }
+
+    fn from_onnx(code: i32) -> Option<ElemType> {
+        ElemType::ALL.into_iter().find(|t| t.onnx() as i32 == code)
+    }
+
+    /// Little-endian bytes of `value` in this type, or why it does not fit.
+    fn encode(self, value: f64, out: &mut Vec<u8>) -> Result<(), String> {
+        let integral = |lo: f64, hi: f64| {
+            if value.fract() != 0.0 || value < lo || value > hi {
+                Err(format!("{value} is not a {}", self.as_str()))
+            } else {
+                Ok(())
+            }
+        };
+        match self {
+            ElemType::F32 => out.extend_from_slice(&(value as f32).to_le_bytes()),
+            ElemType::F16 => out.extend_from_slice(
+                &tract_onnx::prelude::f16::from_f64(value)
+                    .to_bits()
+                    .to_le_bytes(),
+            ),
+            ElemType::I64 => {
+                integral(-9.007_199_254_740_992e15, 9.007_199_254_740_992e15)?;
+                out.extend_from_slice(&(value as i64).to_le_bytes())
+            }
+            ElemType::I32 => {
+                integral(i32::MIN as f64, i32::MAX as f64)?;
+                out.extend_from_slice(&(value as i32).to_le_bytes())
+            }
+            ElemType::U8 => {
+                integral(0.0, 255.0)?;
+                out.push(value as u8)
+            }
+            ElemType::Bool => {
+                integral(0.0, 1.0)?;
+                out.push(value as u8)
+            }
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for ElemType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The name ONNX element type `code` goes by in specs, or its ONNX name.
+pub fn onnx_type_name(code: i32) -> String {
+    match ElemType::from_onnx(code) {
+        Some(t) => t.as_str().to_string(),
+        None => DataType::try_from(code)
+            .map(|t| t.as_str_name().to_ascii_lowercase())
+            .unwrap_or_else(|_| format!("type {code}")),
+    }
+}
+
+/// One `--input NAME=DIMS[:DTYPE][=VALUE]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InputSpec {
+    pub name: String,
+    /// Empty for a rank-0 tensor (`scalar`).
+    pub dims: Vec<Dim>,
+    pub dtype: Option<ElemType>,
+    /// Folded into the model as a constant.
+    pub value: Option<Vec<f64>>,
+}
+
+const SPEC_FORM: &str = "NAME=DIMS[:DTYPE][=VALUE], e.g. x=N,3,48,320 or sr=scalar:i64=16000";
+
+impl FromStr for InputSpec {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let bad = |why: String| format!("--input {text:?}: {why} (the form is {SPEC_FORM})");
+        let (name, rest) = text
+            .split_once('=')
+            .ok_or_else(|| bad("no '=' after the input name".into()))?;
+        let name = name.trim();
+        if name.is_empty() {
+            return Err(bad("the input name is empty".into()));
+        }
+        let (shape_part, value_part) = match rest.split_once('=') {
+            Some((shape, value)) => (shape, Some(value)),
+            None => (rest, None),
+        };
+        let (dims_part, dtype_part) = match shape_part.split_once(':') {
+            Some((dims, dtype)) => (dims, Some(dtype)),
+            None => (shape_part, None),
+        };
+        let dims_part = dims_part.trim();
+        let dims = if dims_part == "scalar" {
+            Vec::new()
+        } else {
+            dims_part
+                .split(',')
+                .map(|d| {
+                    let d = d.trim();
+                    if d.is_empty() {
+                        Err(bad("an empty dimension".into()))
+                    } else if let Ok(size) = d.parse::<u64>() {
+                        if size == 0 {
+                            Err(bad("a dimension of 0".into()))
+                        } else {
+                            Ok(Dim::Size(size))
+                        }
+                    } else if d.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                        && d.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
+                    {
+                        Ok(Dim::Symbol(d.to_string()))
+                    } else {
+                        Err(bad(format!(
+                            "dimension {d:?} is neither a size nor a name (letters, digits, _)"
+                        )))
+                    }
+                })
+                .collect::<Result<Vec<_>, _>>()?
+        };
+        let dtype = match dtype_part.map(str::trim) {
+            None => None,
+            Some(t) => Some(
+                ElemType::ALL
+                    .into_iter()
+                    .find(|e| e.as_str() == t)
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "unknown type {t:?}; use one of f32, f16, i64, i32, u8, bool"
+                        ))
+                    })?,
+            ),
+        };
+        let value = match value_part {
+            None => None,
+            Some(v) => {
+                if dims.iter().any(|d| matches!(d, Dim::Symbol(_))) {
+                    return Err(bad(
+                        "a fixed value needs every dimension as a size, not a name".into(),
+                    ));
+                }
+                let numbers = v
+                    .split(',')
+                    .map(|n| {
+                        let n = n.trim();
+                        match n {
+                            "true" => Ok(1.0),
+                            "false" => Ok(0.0),
+                            _ => n
+                                .parse::<f64>()
+                                .ok()
+                                .filter(|x| x.is_finite())
+                                .ok_or_else(|| bad(format!("value {n:?} is not a number"))),
+                        }
+                    })
+                    .collect::<Result<Vec<f64>, _>>()?;
+                let elements: u64 = dims
+                    .iter()
+                    .map(|d| match d {
+                        Dim::Size(s) => *s,
+                        Dim::Symbol(_) => 1,
+                    })
+                    .product();
+                if numbers.len() != 1 && numbers.len() as u64 != elements {
+                    return Err(bad(format!(
+                        "{} values for a tensor of {elements} elements; give one (it fills the tensor) or {elements}",
+                        numbers.len()
+                    )));
+                }
+                if elements > (1 << 20) {
+                    return Err(bad(format!(
+                        "a fixed value of {elements} elements; at most 1048576 can be folded in"
+                    )));
+                }
+                Some(numbers)
+            }
+        };
+        Ok(InputSpec {
+            name: name.to_string(),
+            dims,
+            dtype,
+            value,
+        })
+    }
+}
+
+impl fmt::Display for InputSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}=", self.name)?;
+        if self.dims.is_empty() {
+            f.write_str("scalar")?;
+        }
+        for (i, d) in self.dims.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            match d {
+                Dim::Size(s) => write!(f, "{s}")?,
+                Dim::Symbol(s) => f.write_str(s)?,
+            }
+        }
+        if let Some(t) = self.dtype {
+            write!(f, ":{t}")?;
+        }
+        if let Some(values) = &self.value {
+            let text: Vec<String> = values.iter().map(|v| v.to_string()).collect();
+            write!(f, "={}", text.join(","))?;
+        }
+        Ok(())
+    }
+}
+
+fn decode(name: &str, bytes: &[u8]) -> Result<ModelProto, RuntimeError> {
+    ModelProto::decode(bytes).map_err(|e| RuntimeError::Load {
+        model: name.to_string(),
+        cause: format!("not an ONNX protobuf: {e}"),
+    })
+}
+
+/// The graph inputs that are not initializers (what a caller feeds).
+fn real_inputs(model: &ModelProto) -> Vec<&ValueInfoProto> {
+    let Some(graph) = model.graph.as_ref() else {
+        return Vec::new();
+    };
+    graph
+        .input
+        .iter()
+        .filter(|i| !graph.initializer.iter().any(|t| t.name == i.name))
+        .collect()
+}
+
+fn tensor_type(info: &ValueInfoProto) -> Option<&type_proto::Tensor> {
+    let type_proto::Value::TensorType(t) = info.r#type.as_ref()?.value.as_ref()?;
+    Some(t)
+}
+
+fn dim_text(dim: &tensor_shape_proto::Dimension) -> String {
+    match &dim.value {
+        Some(tensor_shape_proto::dimension::Value::DimValue(v)) => v.to_string(),
+        Some(tensor_shape_proto::dimension::Value::DimParam(p)) if !p.is_empty() => p.clone(),
+        _ => "?".into(),
+    }
+}
+
+/// Checks that `bytes` is an ONNX protobuf with a graph and applies `specs` to it; the
+/// file comes back unchanged (same bytes, same digest) when there are none.
+pub fn prepare(name: &str, bytes: &[u8], specs: &[InputSpec]) -> Result<Vec<u8>, RuntimeError> {
+    if specs.is_empty() {
+        let model = decode(name, bytes)?;
+        if model.graph.as_ref().is_none_or(|g| g.node.is_empty()) {
+            return Err(RuntimeError::Load {
+                model: name.to_string(),
+                cause: "the ONNX file has no graph (or an empty one)".into(),
+            });
+        }
+        return Ok(bytes.to_vec());
+    }
+    apply(name, bytes, specs)
+}
+
+/// Applies `specs` to an ONNX file: shapes and types of the named inputs are set, and
+/// inputs with a value become constants of the model. Every spec must name a real input
+/// of the file; a type that differs from the file's is refused (nothing is cast).
+pub fn apply(name: &str, bytes: &[u8], specs: &[InputSpec]) -> Result<Vec<u8>, RuntimeError> {
+    if specs.is_empty() {
+        return Ok(bytes.to_vec());
+    }
+    let unsupported = |cause: String| RuntimeError::Unsupported {
+        model: name.to_string(),
+        cause,
+    };
+    let mut model = decode(name, bytes)?;
+    let names: Vec<String> = real_inputs(&model).iter().map(|i| i.name.clone()).collect();
+    let graph = model.graph.as_mut().ok_or_else(|| RuntimeError::Load {
+        model: name.to_string(),
+        cause: "the ONNX file has no graph".into(),
+    })?;
+    for (i, spec) in specs.iter().enumerate() {
+        if specs[..i].iter().any(|s| s.name == spec.name) {
+            return Err(unsupported(format!("--input {} is given twice", spec.name)));
+        }
+        if !names.contains(&spec.name) {
+            return Err(unsupported(format!(
+                "--input {}: the model has no input {:?}; its inputs are {}",
+                spec.name,
+                spec.name,
+                names.join(", ")
+            )));
+        }
+        let Some(position) = graph.input.iter().position(|i| i.name == spec.name) else {
+            continue;
+        };
+        let declared = tensor_type(&graph.input[position]).cloned();
+        let declared_code = declared.as_ref().map(|t| t.elem_type).unwrap_or(0);
+        let elem = match (spec.dtype, ElemType::from_onnx(declared_code)) {
+            (Some(given), Some(file)) if given != file => {
+                return Err(unsupported(format!(
+                    "--input {spec}: the model's input {} is {file}, not {given}; give :{file} or leave the type out",
+                    spec.name
+                )))
+            }
+            (Some(given), _) => given,
+            (None, Some(file)) => file,
+            (None, None) => {
+                return Err(unsupported(format!(
+                    "--input {spec}: the model's input {} is {}; give its type (:f32, :i64, …) if it is one of f32, f16, i64, i32, u8, bool",
+                    spec.name,
+                    onnx_type_name(declared_code)
+                )))
+            }
+        };
+        if let Some(shape) = declared.as_ref().and_then(|t| t.shape.as_ref()) {
+            if !shape.dim.is_empty() && shape.dim.len() != spec.dims.len() {
+                let dims: Vec<String> = shape.dim.iter().map(dim_text).collect();
+                return Err(unsupported(format!(
+                    "--input {spec}: the model's input {} has rank {} ([{}]); give {} dimensions",
+                    spec.name,
+                    shape.dim.len(),
+                    dims.join(","),
+                    shape.dim.len()
+                )));
+            }
+        }
+        match &spec.value {
+            Some(values) => {
+                let count: u64 = spec
+                    .dims
+                    .iter()
+                    .map(|d| match d {
+                        Dim::Size(s) => *s,
+                        Dim::Symbol(_) => 1,
+                    })
+                    .product();
+                let mut raw = Vec::new();
+                for k in 0..count as usize {
+                    let v = if values.len() == 1 {
+                        values[0]
+                    } else {
+                        values[k]
+                    };
+                    elem.encode(v, &mut raw)
+                        .map_err(|why| unsupported(format!("--input {spec}: {why}")))?;
+                }
+                graph.input.remove(position);
+                graph.initializer.push(TensorProto {
+                    name: spec.name.clone(),
+                    data_type: elem.onnx() as i32,
+                    dims: spec
+                        .dims
+                        .iter()
+                        .map(|d| match d {
+                            Dim::Size(s) => *s as i64,
+                            Dim::Symbol(_) => 1,
+                        })
+                        .collect(),
+                    raw_data: raw,
+                    ..Default::default()
+                });
+            }
+            None => {
+                let shape = TensorShapeProto {
+                    dim: spec
+                        .dims
+                        .iter()
+                        .map(|d| tensor_shape_proto::Dimension {
+                            value: Some(match d {
+                                Dim::Size(s) => {
+                                    tensor_shape_proto::dimension::Value::DimValue(*s as i64)
+                                }
+                                Dim::Symbol(s) => {
+                                    tensor_shape_proto::dimension::Value::DimParam(s.clone())
+                                }
+                            }),
+                            ..Default::default()
+                        })
+                        .collect(),
+                };
+                graph.input[position].r#type = Some(tract_onnx::pb::TypeProto {
+                    value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                        elem_type: elem.onnx() as i32,
+                        shape: Some(shape),
+                    })),
+                    ..Default::default()
+                });
+            }
+        }
+    }
+    Ok(model.encode_to_vec())
+}
+
+/// An input or output as the file declares it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct DeclaredTensor {
+    pub name: String,
+    pub dtype: String,
+    /// Sizes, names of symbolic dimensions, or `?` for an unnamed unknown one.
+    pub dims: Vec<String>,
+}
+
+/// What `nephele model inspect` reports about a file.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Inspection {
+    pub file_bytes: u64,
+    pub producer: String,
+    pub opsets: Vec<String>,
+    pub inputs: Vec<DeclaredTensor>,
+    pub outputs: Vec<DeclaredTensor>,
+    pub nodes: usize,
+    /// Operator → count, most frequent first.
+    pub operators: Vec<(String, usize)>,
+    /// Operators tract parses as unimplemented.
+    pub unsupported_operators: Vec<String>,
+    /// Whether this version of nephele loads it as given (after `specs`)…
+    pub loads: bool,
+    /// …and if not, why.
+    pub load_error: Option<String>,
+    /// What to change so that it loads, one line each.
+    pub advice: Vec<String>,
+}
+
+/// Inspects an ONNX file before any push: declared inputs and outputs, operators,
+/// whether nephele's runtime loads it with `specs` applied, and what would make it load.
+pub fn inspect(name: &str, bytes: &[u8], specs: &[InputSpec]) -> Result<Inspection, RuntimeError> {
+    let model = decode(name, bytes)?;
+    let graph = model.graph.as_ref().ok_or_else(|| RuntimeError::Load {
+        model: name.to_string(),
+        cause: "the ONNX file has no graph".into(),
+    })?;
+    let declared = |info: &ValueInfoProto| {
+        let t = tensor_type(info);
+        DeclaredTensor {
+            name: info.name.clone(),
+            dtype: t
+                .map(|t| onnx_type_name(t.elem_type))
+                .unwrap_or_else(|| "not a tensor".into()),
+            dims: t
+                .and_then(|t| t.shape.as_ref())
+                .map(|s| s.dim.iter().map(dim_text).collect())
+                .unwrap_or_default(),
+        }
+    };
+    let inputs: Vec<DeclaredTensor> = real_inputs(&model).into_iter().map(declared).collect();
+    let outputs: Vec<DeclaredTensor> = graph.output.iter().map(declared).collect();
+    let mut counts: std::collections::BTreeMap<String, usize> = Default::default();
+    fn walk(
+        graph: &tract_onnx::pb::GraphProto,
+        counts: &mut std::collections::BTreeMap<String, usize>,
+    ) {
+        for node in &graph.node {
+            *counts.entry(node.op_type.clone()).or_default() += 1;
+            for attribute in &node.attribute {
+                if let Some(g) = &attribute.g {
+                    walk(g, counts);
+                }
+                for g in &attribute.graphs {
+                    walk(g, counts);
+                }
+            }
+        }
+    }
+    walk(graph, &mut counts);
+    let nodes = counts.values().sum();
+    let mut operators: Vec<(String, usize)> = counts.into_iter().collect();
+    operators.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let unsupported_operators = std::panic::catch_unwind(|| {
+        let mut reader = bytes;
+        tract_onnx::onnx()
+            .model_for_read(&mut reader)
+            .map(|m| {
+                let mut found: Vec<String> = m
+                    .nodes()
+                    .iter()
+                    .filter_map(|n| {
+                        let op = n.op.name();
+                        op.strip_prefix("Unimplemented(")
+                            .and_then(|s| s.strip_suffix(')'))
+                            .map(str::to_string)
+                    })
+                    .collect();
+                found.sort();
+                found.dedup();
+                found
+            })
+            .unwrap_or_default()
+    })
+    .unwrap_or_default();
+    let load_error = apply(name, bytes, specs)
+        .and_then(|edited| crate::Model::load_onnx(name, &edited))
+        .err()
+        .map(|e| e.to_string());
+    let mut advice = Vec::new();
+    for input in &inputs {
+        if specs.iter().any(|s| s.name == input.name) {
+            continue;
+        }
+        let unknown: Vec<&String> = input
+            .dims
+            .iter()
+            .skip(1)
+            .filter(|d| d.parse::<u64>().is_err())
+            .collect();
+        if !unknown.is_empty() {
+            let mut dims = vec!["N".to_string()];
+            dims.extend(input.dims.iter().skip(1).map(|d| {
+                if d.parse::<u64>().is_ok() {
+                    d.clone()
+                } else {
+                    "<size>".into()
+                }
+            }));
+            advice.push(format!(
+                "input {} has unknown dimensions {} after the batch: fix them at push with --input {}={}",
+                input.name,
+                unknown.iter().map(|d| d.as_str()).collect::<Vec<_>>().join(", "),
+                input.name,
+                dims.join(",")
+            ));
+        }
+        if input.dtype != "f32" {
+            advice.push(format!(
+                "input {} is {}: serving takes f32 inputs only for now; a constant input can be folded in with --input {}=DIMS:{}=VALUE",
+                input.name, input.dtype, input.name, input.dtype
+            ));
+        }
+    }
+    if inputs.len()
+        - specs
+            .iter()
+            .filter(|s| s.value.is_some())
+            .count()
+            .min(inputs.len())
+        > 1
+        || outputs.len() > 1
+    {
+        advice.push(format!(
+            "{} inputs and {} outputs: serving takes one f32 input and one output for now; fold fixed inputs in with --input NAME=DIMS:DTYPE=VALUE",
+            inputs.len(),
+            outputs.len()
+        ));
+    }
+    if !unsupported_operators.is_empty() {
+        advice.push(format!(
+            "operators tract does not implement: {}; re-export the model without them (e.g. a lower opset)",
+            unsupported_operators.join(", ")
+        ));
+    }
+    Ok(Inspection {
+        file_bytes: bytes.len() as u64,
+        producer: format!("{} {}", model.producer_name, model.producer_version)
+            .trim()
+            .to_string(),
+        opsets: model
+            .opset_import
+            .iter()
+            .map(|o| {
+                let domain = if o.domain.is_empty() {
+                    "ai.onnx"
+                } else {
+                    &o.domain
+                };
+                format!("{domain} {}", o.version)
+            })
+            .collect(),
+        inputs,
+        outputs,
+        nodes,
+        operators,
+        unsupported_operators,
+        loads: load_error.is_none(),
+        load_error,
+        advice,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn the_issue_examples_parse() {
+        let x: InputSpec = "x=N,3,48,W".parse().expect("x");
+        assert_eq!(
+            x.dims,
+            vec![
+                Dim::Symbol("N".into()),
+                Dim::Size(3),
+                Dim::Size(48),
+                Dim::Symbol("W".into())
+            ]
+        );
+        let b: InputSpec = "bytes=1,2048:i32".parse().expect("bytes");
+        assert_eq!(b.dtype, Some(ElemType::I32));
+        let sr: InputSpec = "sr=scalar:i64=16000".parse().expect("sr");
+        assert!(sr.dims.is_empty());
+        assert_eq!(sr.value, Some(vec![16000.0]));
+    }
+
+    #[test]
+    fn bad_specs_say_what_is_wrong() {
+        for (text, says) in [
+            ("x", "no '='"),
+            ("=1,2", "name is empty"),
+            ("x=1,,2", "empty dimension"),
+            ("x=1,0", "dimension of 0"),
+            ("x=1,2:f64", "unknown type"),
+            ("x=N,2=0", "every dimension as a size"),
+            ("x=2,2=1,2,3", "3 values for a tensor of 4 elements"),
+            ("x=2=abc", "not a number"),
+            ("x=3-4", "neither a size nor a name"),
+        ] {
+            let error = text.parse::<InputSpec>().expect_err(text);
+            assert!(error.contains(says), "{text}: {error}");
+        }
+    }
+
+    const DIGITS: &[u8] = include_bytes!("../../../shared/models/digits-mlp/model.onnx");
+
+    fn specs(texts: &[&str]) -> Vec<InputSpec> {
+        texts.iter().map(|t| t.parse().expect(t)).collect()
+    }
+
+    #[test]
+    fn specs_are_checked_against_the_file_and_applied() {
+        for (given, says) in [
+            (
+                "pixels=N,64",
+                "has no input \"pixels\"; its inputs are input",
+            ),
+            ("input=N,64:i64", "is f32, not i64"),
+            ("input=N,8,8", "has rank 2 ([N,64]); give 2 dimensions"),
+        ] {
+            let error = apply("digits", DIGITS, &specs(&[given])).expect_err(given);
+            assert!(error.to_string().contains(says), "{given}: {error}");
+        }
+        let fixed = apply("digits", DIGITS, &specs(&["input=B,64:f32"])).expect("applies");
+        let report = inspect("digits", &fixed, &[]).expect("inspects");
+        assert_eq!(report.inputs[0].dims, vec!["B", "64"]);
+        assert_eq!(report.inputs[0].dtype, "f32");
+        assert!(report.loads, "{:?}", report.load_error);
+        assert!(report.advice.is_empty(), "{:?}", report.advice);
+        assert_eq!(
+            report.operators.iter().map(|(_, n)| n).sum::<usize>(),
+            report.nodes
+        );
+        // Folding the only input in leaves a model without inputs, which nephele refuses
+        // with the reason (serving needs an input), but the file itself is valid ONNX.
+        let folded = apply("digits", DIGITS, &specs(&["input=1,64=0.5"])).expect("folds");
+        let report = inspect("digits", &folded, &[]).expect("inspects");
+        assert!(report.inputs.is_empty());
+        assert!(!report.loads && report.load_error.is_some());
+        // A file with its batch dimension unnamed gets advice naming the flag.
+        let unknown = apply("digits", DIGITS, &specs(&["input=N,W"])).expect("applies");
+        let report = inspect("digits", &unknown, &[]).expect("inspects");
+        assert!(
+            report
+                .advice
+                .iter()
+                .any(|a| a.contains("--input input=N,<size>")),
+            "{:?}",
+            report.advice
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn display_and_parse_round_trip(
+            name in "[a-z][a-z0-9_]{0,8}",
+            dims in proptest::collection::vec(prop_oneof![
+                (1u64..5000).prop_map(Dim::Size),
+                "[A-Z][a-z0-9]{0,3}".prop_map(Dim::Symbol),
+            ], 0..5),
+            dtype in proptest::option::of(proptest::sample::select(ElemType::ALL.to_vec())),
+        ) {
+            let spec = InputSpec { name, dims, dtype, value: None };
+            let text = spec.to_string();
+            prop_assert_eq!(text.parse::<InputSpec>(), Ok(spec));
+        }
+
+        #[test]
+        fn parsing_never_panics(text in ".{0,40}") {
+            let _ = text.parse::<InputSpec>();
+        }
+    }
+}

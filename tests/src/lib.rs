@@ -278,8 +278,11 @@ impl Cloud {
     }
 
     pub fn put_model(&self, name: &str, bytes: &[u8]) -> Result<(u16, Value)> {
-        self.client()
-            .raw("PUT", &format!("{}/v1/models/{name}", self.api), bytes)
+        self.client().raw(
+            "PUT",
+            &format!("{}/v1/models/{name}?wait=true", self.api),
+            bytes,
+        )
     }
 
     pub fn join_token(&self, region: &str, ttl_s: u64) -> Result<String> {

@@ -1016,7 +1016,7 @@ fn a_bert_encoder_pushed_for_candle_is_served_in_both_variants() {
             "sequence": 8,
         }
     });
-    let url = format!("{}/v1/models/tiny-bert", cloud.api);
+    let url = format!("{}/v1/models/tiny-bert?wait=true", cloud.api);
     let (status, body) = cloud.client().raw_json("PUT", &url, &upload).unwrap();
     assert_eq!(status, 201, "{body}");
     let names: Vec<&str> = body["variants"]

@@ -25,6 +25,8 @@ pub struct ApiState {
     pub default_region: String,
     /// For jobs submitted with `"region": "auto"`.
     pub region_weights: RegionWeightsConfig,
+    /// Where model builds write the variant files (the store's blob directory).
+    pub blob_dir: std::path::PathBuf,
 }
 
 /// Largest grid push accepted (a year of hours is about 0.9 MB).
@@ -192,246 +194,53 @@ async fn delete_device(
     Ok(HttpResponse::NoContent().finish())
 }
 
-/// `PUT /v1/models/{name}` with either the ONNX file itself as the body, or JSON
-/// `{"onnx_base64": "...", "validation": {"rows": [[f32, ...], ...], "labels": [int, ...]}}`
-/// (labels optional), or, for a BERT sentence encoder run by candle,
-/// `{"bert": {"safetensors_base64": "...", "config": {...config.json...}, "sequence": 128},
-/// "validation": {"rows": [[token ids as f32, ...]]}}`. Variants are measured on the
-/// validation rows; without them, on [`SYNTHETIC_ROWS`] deterministic pseudo-random rows
-/// (in [0, 1) for ONNX, token ids for BERT), which checks output agreement but not
-/// accuracy (the model view says which).
+/// `PUT /v1/models/{name}`: see [`crate::model_build`] for the bodies and query
+/// parameters. Answers 202 with the model in state `building` at once, or with
+/// `?wait=true` 201 once it is built (400 when the build fails, with the reason).
 async fn put_model(
     request: HttpRequest,
     state: web::Data<ApiState>,
     name: web::Path<String>,
+    query: web::Query<Vec<(String, String)>>,
     body: web::Bytes,
 ) -> Result<HttpResponse, ApiError> {
     authorize(&request, &state).await?;
     let name = name.into_inner();
     nephele_domain::validate_name("model", &name).map_err(ApiError::BadRequest)?;
-    if body.is_empty() {
-        return Err(ApiError::BadRequest(
-            "empty body: send the ONNX file as the request body".into(),
-        ));
-    }
     let is_json = request
         .headers()
         .get(actix_web::http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("application/json"));
-    let (source, validation) = if is_json {
-        let upload: ModelUpload = serde_json::from_slice(&body).map_err(|e| {
-            ApiError::BadRequest(format!(
-                "invalid JSON model upload ({e}); expected {{\"onnx_base64\": ..., \"validation\": {{\"rows\": [[...]], \"labels\": [...]}}}} or {{\"bert\": {{\"safetensors_base64\": ..., \"config\": {{...}}, \"sequence\": N}}, \"validation\": ...}}"
-            ))
-        })?;
-        use base64::Engine as _;
-        let decode = |field: &str, text: &str| {
-            base64::engine::general_purpose::STANDARD
-                .decode(text.as_bytes())
-                .map_err(|e| ApiError::BadRequest(format!("{field} is not base64: {e}")))
-        };
-        let source = match (upload.onnx_base64, upload.bert) {
-            (Some(onnx), None) => Source::Onnx(decode("onnx_base64", &onnx)?),
-            (None, Some(bert)) => {
-                if bert.sequence == 0 || bert.sequence > MAX_BERT_SEQUENCE {
-                    return Err(ApiError::BadRequest(format!(
-                        "bert.sequence must be 1..={MAX_BERT_SEQUENCE}, got {}",
-                        bert.sequence
-                    )));
-                }
-                Source::Bert {
-                    safetensors: decode("bert.safetensors_base64", &bert.safetensors_base64)?,
-                    config: bert.config.to_string(),
-                    sequence: bert.sequence,
-                }
-            }
-            _ => {
-                return Err(ApiError::BadRequest(
-                    "give exactly one of onnx_base64 and bert".into(),
-                ))
-            }
-        };
-        (source, upload.validation)
-    } else {
-        (Source::Onnx(body.to_vec()), None)
-    };
-    // Load it once with the same runtime the agents use and derive its variants, off the
-    // async threads, so a corrupt or unsupported model is refused here rather than on
-    // every device.
-    let check_name = name.clone();
-    let built = web::block(move || -> Result<_, ApiError> {
-        let bad = |e: nephele_runtime::RuntimeError| ApiError::BadRequest(e.to_string());
-        match source {
-            Source::Onnx(bytes) => {
-                let model = nephele_runtime::Model::load_onnx(&check_name, &bytes).map_err(bad)?;
-                let (set, description) = match validation.map(ValidationUpload::into_set) {
-                    Some(given) => given,
-                    None => (
-                        synthetic_validation(&model),
-                        format!("{SYNTHETIC_ROWS} synthetic rows, uniform in [0, 1) (no labels: agreement only)"),
-                    ),
-                };
-                let variants = nephele_runtime::variants::build_variants(&check_name, &bytes, &set)
-                    .map_err(bad)?;
-                Ok((bytes, model, variants, description, nephele_runtime::FORMAT_ONNX))
-            }
-            Source::Bert {
-                safetensors,
-                config,
-                sequence,
-            } => {
-                let (set, description) = match validation.map(ValidationUpload::into_set) {
-                    Some(given) => given,
-                    None => {
-                        let vocab = serde_json::from_str::<serde_json::Value>(&config)
-                            .ok()
-                            .and_then(|c| c["vocab_size"].as_u64())
-                            .unwrap_or(2)
-                            .max(2);
-                        (
-                            synthetic_token_rows(sequence, vocab),
-                            format!("{SYNTHETIC_ROWS} synthetic rows of token ids (no labels: agreement only)"),
-                        )
-                    }
-                };
-                let variants = nephele_runtime::variants::build_bert_variants(
-                    &check_name,
-                    &safetensors,
-                    &config,
-                    sequence,
-                    &set,
-                )
-                .map_err(bad)?;
-                let full = variants
-                    .get("full")
-                    .and_then(|v| v.files.first())
-                    .cloned()
-                    .ok_or_else(|| ApiError::Internal("no full variant built".into()))?;
-                let model =
-                    nephele_runtime::Model::load_bert_gguf(&check_name, &full, sequence).map_err(bad)?;
-                Ok((full, model, variants, description, nephele_runtime::FORMAT_CANDLE_BERT))
+    let push = crate::model_build::parse_push(&query, is_json, &body)?;
+    let wait = push.wait;
+    let outcome =
+        crate::model_build::start(name, push, state.federation.clone(), state.blob_dir.clone())
+            .await;
+    count(&state, "put_model", outcome.is_ok());
+    match outcome? {
+        crate::model_build::Started::Existing(view) => Ok(HttpResponse::Ok().json(view)),
+        crate::model_build::Started::InFlight(view) => Ok(HttpResponse::Accepted().json(view)),
+        crate::model_build::Started::Building { view, done } => {
+            if wait {
+                let view = done.await.map_err(|_| {
+                    ApiError::Internal("the model build ended without a result".into())
+                })??;
+                Ok(HttpResponse::Created().json(view))
+            } else {
+                Ok(HttpResponse::Accepted().json(view))
             }
         }
-    })
-    .await
-    .map_err(|e| ApiError::Internal(e.to_string()))??;
-    let (bytes, model, variants, validation, format) = built;
-    let view = forward!(
-        state,
-        "put_model",
-        PutModel {
-            name,
-            bytes,
-            inputs: vec![model.input().clone()],
-            outputs: vec![model.output().clone()],
-            variants,
-            validation,
-            format: format.to_string(),
-        }
-    )?;
-    Ok(HttpResponse::Created().json(view))
-}
-
-/// What a model upload carries.
-enum Source {
-    Onnx(Vec<u8>),
-    Bert {
-        safetensors: Vec<u8>,
-        config: String,
-        sequence: usize,
-    },
-}
-
-/// The longest token sequence a BERT upload may ask for (BERT's own position limit).
-const MAX_BERT_SEQUENCE: usize = 512;
-
-/// Rows the variants are checked on when the upload brings none.
-pub const SYNTHETIC_ROWS: usize = 64;
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ModelUpload {
-    onnx_base64: Option<String>,
-    bert: Option<BertUpload>,
-    validation: Option<ValidationUpload>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct BertUpload {
-    safetensors_base64: String,
-    /// The model's `config.json`, as JSON.
-    config: serde_json::Value,
-    /// Token ids per input row (the model's input is `[batch, sequence]`).
-    sequence: usize,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ValidationUpload {
-    rows: Vec<Vec<f32>>,
-    labels: Option<Vec<usize>>,
-}
-
-impl ValidationUpload {
-    /// The set to measure variants on and how the model view describes it.
-    fn into_set(self) -> (nephele_runtime::variants::ValidationSet, String) {
-        let description = match &self.labels {
-            Some(_) => format!("{} labelled rows", self.rows.len()),
-            None => format!("{} unlabelled rows", self.rows.len()),
-        };
-        let set = nephele_runtime::variants::ValidationSet {
-            rows: self.rows,
-            labels: self.labels,
-        };
-        (set, description)
     }
 }
 
-/// [`SYNTHETIC_ROWS`] deterministic rows of `row_len` values: `value(position, state)`
-/// turns each step of a 64-bit LCG into a value, so every control plane derives the same
-/// set.
-fn synthetic_rows(
-    row_len: usize,
-    mut value: impl FnMut(usize, u64) -> f32,
-) -> nephele_runtime::variants::ValidationSet {
-    let mut state: u64 = 0x6e65_7068_656c_6521;
-    let rows = (0..SYNTHETIC_ROWS)
-        .map(|_| {
-            (0..row_len)
-                .map(|position| {
-                    state = state
-                        .wrapping_mul(6_364_136_223_846_793_005)
-                        .wrapping_add(1_442_695_040_888_963_407);
-                    value(position, state)
-                })
-                .collect()
-        })
-        .collect();
-    nephele_runtime::variants::ValidationSet { rows, labels: None }
-}
-
-/// Rows of `sequence` token ids below `vocab`, the last quarter of each row padding
-/// (id 0).
-fn synthetic_token_rows(sequence: usize, vocab: u64) -> nephele_runtime::variants::ValidationSet {
-    synthetic_rows(sequence, |position, state| {
-        if position >= sequence - sequence / 4 {
-            0.0
-        } else {
-            (1 + (state >> 33) % (vocab - 1)) as f32
-        }
-    })
-}
-
-/// Rows in [0, 1) shaped like the model's input.
-fn synthetic_validation(
-    model: &nephele_runtime::Model,
-) -> nephele_runtime::variants::ValidationSet {
-    let row_len: i64 = model.input().shape[1..].iter().product();
-    synthetic_rows(row_len.max(0) as usize, |_, state| {
-        (state >> 40) as f32 / (1u64 << 24) as f32
-    })
+async fn get_model(
+    request: HttpRequest,
+    state: web::Data<ApiState>,
+    name: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    authorize(&request, &state).await?;
+    Ok(HttpResponse::Ok().json(forward!(state, "get_model", GetModel(name.into_inner()))?))
 }
 
 async fn list_models(
@@ -1060,6 +869,7 @@ pub fn routes(config: &mut web::ServiceConfig) {
         .route("/v1/devices", web::get().to(list_devices))
         .route("/v1/devices/{name}", web::delete().to(delete_device))
         .route("/v1/models", web::get().to(list_models))
+        .route("/v1/models/{name}", web::get().to(get_model))
         .route("/v1/models/{name}", web::put().to(put_model))
         .route("/v1/models/{name}", web::post().to(put_model))
         .route("/v1/deployments", web::post().to(create_deployment))

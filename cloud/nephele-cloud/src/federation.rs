@@ -5,6 +5,8 @@
 //! agent its whole desired state (level-triggered, so a resend is always safe). Routing
 //! of offloaded requests is the region actors' job, not this one's.
 
+mod builds;
+
 use std::collections::HashMap;
 use std::time::Instant;
 
@@ -18,6 +20,8 @@ use nephele_proto::{
 };
 use serde::Serialize;
 use tokio::sync::mpsc::UnboundedSender;
+
+pub use builds::{Begin, BeginModel, GetModel, ModelFailed, ModelProgress, ModelState};
 
 use crate::config::CloudConfig;
 use crate::region::{
@@ -110,6 +114,8 @@ pub struct FederationActor {
     /// What each pool agent must run, as its region last said: the deployments it
     /// holds replicas of, and its job members.
     pool_work: HashMap<String, PoolWork>,
+    /// Models pushed and not yet stored ([`builds`]).
+    builds: HashMap<String, builds::Build>,
     generation: u64,
     next_session_id: u64,
     metrics: nephele_telemetry::Registry,
@@ -142,6 +148,7 @@ impl FederationActor {
             measured_full_us: HashMap::new(),
             planned_full_us: HashMap::new(),
             pool_work,
+            builds: HashMap::new(),
             generation,
             next_session_id: 1,
             metrics,
@@ -1053,6 +1060,17 @@ impl Handler<DeleteDevice> for FederationActor {
 #[derive(Debug, Clone, Serialize)]
 pub struct ModelView {
     pub name: String,
+    /// Always 1 for now: a name holds one file (pushing other content under it is
+    /// refused), so a new version is a new name.
+    pub version: u32,
+    /// `building` until the variants are built and stored, then `ready`; `failed` with
+    /// `error` saying why.
+    pub state: ModelState,
+    /// How far the build is (while `building`).
+    pub progress: Option<nephele_runtime::variants::BuildProgress>,
+    pub error: Option<String>,
+    /// The `--input` specs applied to the file at push.
+    pub input_specs: Vec<String>,
     pub sha256: String,
     pub size: u64,
     pub created_unix: u64,
@@ -1079,12 +1097,36 @@ impl From<&ModelRecord> for ModelView {
                 top1_agreement: Some(1.0),
                 cut: None,
                 rejected: None,
+                status: String::new(),
+                reason: None,
             }]
         } else {
             record.variants.clone()
         };
+        let variants = variants
+            .into_iter()
+            .map(|mut v| {
+                v.status = if v.rejected.is_some() {
+                    "rejected"
+                } else {
+                    "shipped"
+                }
+                .into();
+                v.reason = v
+                    .rejected
+                    .clone()
+                    .or_else(|| v.cut.as_ref().map(|c| c.chosen_because.clone()))
+                    .filter(|r| !r.is_empty());
+                v
+            })
+            .collect();
         ModelView {
             name: record.name.clone(),
+            version: 1,
+            state: ModelState::Ready,
+            progress: None,
+            error: None,
+            input_specs: record.input_specs.clone(),
             sha256: record.sha256.clone(),
             size: record.size,
             created_unix: record.created_unix,
@@ -1111,6 +1153,8 @@ pub struct PutModel {
     pub validation: String,
     /// The manifest format: `nephele_runtime::FORMAT_ONNX` or `FORMAT_CANDLE_BERT`.
     pub format: String,
+    /// The `--input` specs applied to the file (already in `bytes`).
+    pub input_specs: Vec<String>,
 }
 
 fn sha256_of(bytes: &[u8]) -> [u8; 32] {
@@ -1235,12 +1279,16 @@ impl Handler<PutModel> for FederationActor {
                     top1_agreement: v.agreement.map(|a| a.top1_agreement),
                     cut: v.cut.clone(),
                     rejected: v.rejected.clone(),
+                    status: String::new(),
+                    reason: None,
                 })
                 .collect(),
             validation: message.validation,
             format: message.format,
+            input_specs: message.input_specs,
         };
         self.store.put(Table::Models, &record.name, &record)?;
+        self.builds.remove(&record.name);
         tracing::info!(
             model = %record.name,
             sha256 = %record.sha256,
@@ -1260,7 +1308,9 @@ impl Handler<ListModels> for FederationActor {
     type Result = Result<Vec<ModelView>, ApiError>;
     fn handle(&mut self, _: ListModels, _: &mut Self::Context) -> Self::Result {
         let records: Vec<ModelRecord> = self.store.list(Table::Models)?;
-        Ok(records.iter().map(ModelView::from).collect())
+        let mut views: Vec<ModelView> = records.iter().map(ModelView::from).collect();
+        views.extend(self.build_views());
+        Ok(views)
     }
 }
 

@@ -13,6 +13,7 @@ pub mod api;
 pub mod config;
 pub mod federation;
 pub mod gateway;
+pub mod model_build;
 pub mod provider;
 pub mod region;
 pub mod replica_sizing;
@@ -287,7 +288,7 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
     let gateway = Arc::new(gateway::Gateway {
         federation: federation.clone(),
         regions,
-        blob_dir,
+        blob_dir: blob_dir.clone(),
         metrics: metrics.clone(),
     });
     actix_rt::spawn(gateway::run(endpoint.clone(), gateway));
@@ -298,6 +299,7 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
         regions: regions_for_api,
         default_region: config.default_region().to_string(),
         region_weights: config.scheduler.region_weights,
+        blob_dir,
     });
     let server = actix_web::HttpServer::new(move || {
         actix_web::App::new()

@@ -126,6 +126,9 @@ pub struct ModelRecord {
     /// are ONNX.
     #[serde(default = "onnx_format")]
     pub format: String,
+    /// The `--input` specs applied to the pushed file.
+    #[serde(default)]
+    pub input_specs: Vec<String>,
 }
 
 fn onnx_format() -> String {
@@ -145,6 +148,12 @@ pub struct VariantRecord {
     pub top1_agreement: Option<f64>,
     pub cut: Option<nephele_runtime::variants::CutInfo>,
     pub rejected: Option<String>,
+    /// `shipped` or `rejected` (filled in views).
+    #[serde(default)]
+    pub status: String,
+    /// Why it was rejected, or for a split why its cut was built (filled in views).
+    #[serde(default)]
+    pub reason: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -347,21 +356,34 @@ impl Store {
 
     /// Writes a blob atomically (temp file, fsync, rename).
     pub fn put_blob(&self, sha256_hex: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        write_blob(&self.blob_dir, sha256_hex, bytes)
+    }
+
+    pub fn blob_dir(&self) -> &Path {
+        &self.blob_dir
+    }
+}
+
+/// Writes a blob into `blob_dir` atomically (temp file, fsync, rename), unless a blob
+/// of that digest is there already. Safe from any thread: the model builder writes the
+/// variant files itself so that the federation actor never does heavy IO.
+pub fn write_blob(blob_dir: &Path, sha256_hex: &str, bytes: &[u8]) -> Result<(), StoreError> {
+    {
         use std::io::Write as _;
-        let final_path = self.blob_path(sha256_hex);
+        let final_path = blob_dir.join(sha256_hex);
         if final_path.exists() {
             return Ok(());
         }
-        let tmp = self.blob_dir.join(format!(".{sha256_hex}.tmp"));
+        let tmp = blob_dir.join(format!(
+            ".{sha256_hex}.{}.{:?}.tmp",
+            std::process::id(),
+            std::thread::current().id()
+        ));
         let mut file = std::fs::File::create(&tmp)?;
         file.write_all(bytes)?;
         file.sync_all()?;
         std::fs::rename(tmp, final_path)?;
         Ok(())
-    }
-
-    pub fn blob_dir(&self) -> &Path {
-        &self.blob_dir
     }
 }
 

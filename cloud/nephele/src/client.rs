@@ -162,8 +162,29 @@ pub enum ModelCommand {
         /// which measures agreement but not accuracy.
         #[arg(long)]
         validation: Option<std::path::PathBuf>,
+        /// Shape, type or fixed value of an input, applied to the file by the control
+        /// plane (repeatable): `x=N,3,48,320` (sizes, or names for symbolic dimensions),
+        /// `bytes=1,2048:i32`, `sr=scalar:i64=16000` (folded in as a constant).
+        #[arg(long = "input", value_name = "NAME=DIMS[:DTYPE][=VALUE]")]
+        inputs: Vec<String>,
+        /// Return once uploaded, while the variants are still being built (see `model get`).
+        #[arg(long)]
+        no_wait: bool,
+    },
+    /// One model: its state (`building`, `ready`, `failed`), build progress and variants.
+    Get {
+        name: String,
     },
     List,
+    /// Inspect an ONNX file locally, before any push: inputs, outputs, types, symbolic
+    /// dimensions, opsets, operators, whether this version of nephele loads it, and the
+    /// `--input` flags that would make it load.
+    Inspect {
+        file: std::path::PathBuf,
+        /// As for `push`: check the file as it would load with these applied.
+        #[arg(long = "input", value_name = "NAME=DIMS[:DTYPE][=VALUE]")]
+        inputs: Vec<String>,
+    },
 }
 
 #[derive(Debug, Clone, clap::Subcommand)]
@@ -415,6 +436,149 @@ fn print_variants(model: &Value) {
     }
 }
 
+/// Percent-encodes a query parameter value.
+fn query_value(value: &str) -> String {
+    value
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Polls a model until it is no longer `building`, drawing its build progress on
+/// stderr (a bar on a terminal, a line per step otherwise).
+fn wait_for_model(api: &Api, name: &str, json: bool) -> Result<Value> {
+    use std::io::{IsTerminal as _, Write as _};
+    let terminal = std::io::stderr().is_terminal() && !json;
+    let started = std::time::Instant::now();
+    let mut last_step = String::new();
+    loop {
+        let value = api.get(&format!("/v1/models/{name}"))?;
+        if value["state"] != "building" {
+            if terminal {
+                eprintln!();
+            }
+            if value["state"] == "failed" {
+                bail!(
+                    "model {name}: the build failed after {:.1} s: {}",
+                    started.elapsed().as_secs_f64(),
+                    value["error"].as_str().unwrap_or("no reason given")
+                );
+            }
+            return Ok(value);
+        }
+        let progress = &value["progress"];
+        let (done, total) = (
+            progress["done"].as_u64().unwrap_or(0),
+            progress["total"].as_u64().unwrap_or(0),
+        );
+        let step = progress["step"]
+            .as_str()
+            .unwrap_or("loading the model")
+            .to_string();
+        if terminal {
+            let width = 30usize;
+            let filled = (done as usize * width)
+                .checked_div(total as usize)
+                .unwrap_or(0);
+            eprint!(
+                "\r  building [{}{}] {done}/{total} {:>5.1} s  {:<60.60}",
+                "#".repeat(filled),
+                ".".repeat(width - filled.min(width)),
+                started.elapsed().as_secs_f64(),
+                step
+            );
+            let _ = std::io::stderr().flush();
+        } else if step != last_step && !json {
+            eprintln!(
+                "  building {done}/{total} ({:.1} s): {step}",
+                started.elapsed().as_secs_f64()
+            );
+        }
+        last_step = step;
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+}
+
+fn print_model(v: &Value) {
+    let specs: Vec<&str> = v["input_specs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s.as_str())
+        .collect();
+    println!(
+        "model {} v{} ({}) {}: sha256 {} ({} bytes){}; variants checked on {}",
+        s(v, "name"),
+        s(v, "version"),
+        s(v, "format"),
+        s(v, "state"),
+        s(v, "sha256"),
+        s(v, "size"),
+        if specs.is_empty() {
+            String::new()
+        } else {
+            format!("; inputs {}", specs.join(" "))
+        },
+        s(v, "validation")
+    );
+    if let Some(error) = v["error"].as_str() {
+        println!("  failed: {error}");
+    }
+    print_variants(v);
+}
+
+fn print_inspection(v: &Value) {
+    println!(
+        "{} bytes, producer {}, opsets {}",
+        s(v, "file_bytes"),
+        s(v, "producer"),
+        v["opsets"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|o| o.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    for (title, key) in [("INPUT", "inputs"), ("OUTPUT", "outputs")] {
+        println!("  {title:<8} {:<32} {:<8} SHAPE", "NAME", "TYPE");
+        for t in v[key].as_array().into_iter().flatten() {
+            let dims: Vec<String> = t["dims"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|d| d.as_str().unwrap_or("?").to_string())
+                .collect();
+            println!(
+                "  {:<8} {:<32} {:<8} [{}]",
+                "",
+                s(t, "name"),
+                s(t, "dtype"),
+                dims.join(", ")
+            );
+        }
+    }
+    let operators: Vec<String> = v["operators"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|o| format!("{}×{}", o[0].as_str().unwrap_or("?"), o[1]))
+        .collect();
+    println!("  {} nodes: {}", s(v, "nodes"), operators.join(" "));
+    match v["load_error"].as_str() {
+        None => println!("  loads in nephele: yes"),
+        Some(error) => println!("  loads in nephele: no: {error}"),
+    }
+    for line in v["advice"].as_array().into_iter().flatten() {
+        println!("  to do: {}", line.as_str().unwrap_or(""));
+    }
+}
+
 pub fn model(args: ApiArgs, command: ModelCommand) -> Result<()> {
     let api = Api::new(&args.api, &args.token);
     match command {
@@ -423,8 +587,23 @@ pub fn model(args: ApiArgs, command: ModelCommand) -> Result<()> {
             file,
             bert_sequence,
             validation,
+            inputs,
+            no_wait,
         } => {
-            let path = format!("/v1/models/{name}");
+            // Checked here first, so a typo costs no upload.
+            for text in &inputs {
+                text.parse::<nephele_runtime::input_spec::InputSpec>()
+                    .map_err(anyhow::Error::msg)?;
+            }
+            let query: Vec<String> = inputs
+                .iter()
+                .map(|t| format!("input={}", query_value(t)))
+                .collect();
+            let path = if query.is_empty() {
+                format!("/v1/models/{name}")
+            } else {
+                format!("/v1/models/{name}?{}", query.join("&"))
+            };
             let value = match (bert_sequence, validation) {
                 (Some(sequence), validation) => {
                     let body = bert_upload_body(&file, sequence, validation.as_deref())?;
@@ -442,17 +621,38 @@ pub fn model(args: ApiArgs, command: ModelCommand) -> Result<()> {
                     api.put_bytes(&path, &bytes)?
                 }
             };
-            print(args.json, &value, |v| {
-                println!(
-                    "model {} ({}) stored: sha256 {} ({} bytes); variants checked on {}",
-                    s(v, "name"),
-                    s(v, "format"),
-                    s(v, "sha256"),
-                    s(v, "size"),
-                    s(v, "validation")
-                );
-                print_variants(v);
-            });
+            let value = if value["state"] == "building" && !no_wait {
+                if !args.json {
+                    eprintln!(
+                        "model {name} uploaded ({} bytes); building its variants",
+                        s(&value, "size")
+                    );
+                }
+                wait_for_model(&api, &name, args.json)?
+            } else {
+                value
+            };
+            print(args.json, &value, print_model);
+        }
+        ModelCommand::Get { name } => {
+            let value = api.get(&format!("/v1/models/{name}"))?;
+            print(args.json, &value, print_model);
+        }
+        ModelCommand::Inspect { file, inputs } => {
+            let specs = inputs
+                .iter()
+                .map(|t| t.parse().map_err(anyhow::Error::msg))
+                .collect::<Result<Vec<nephele_runtime::input_spec::InputSpec>>>()?;
+            let bytes =
+                std::fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?;
+            let name = file
+                .file_stem()
+                .map(|s| s.to_string_lossy().to_string())
+                .unwrap_or_else(|| "model".into());
+            let report = nephele_runtime::input_spec::inspect(&name, &bytes, &specs)
+                .map_err(|e| anyhow::anyhow!("{e}; is {} an ONNX file?", file.display()))?;
+            let value = serde_json::to_value(&report)?;
+            print(args.json, &value, print_inspection);
         }
         ModelCommand::List => {
             let value = api.get("/v1/models")?;

@@ -463,7 +463,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
     let model = {
         use base64::Engine as _;
         api.put_json(
-            "/v1/models/digits-mlp",
+            "/v1/models/digits-mlp?wait=true",
             &serde_json::json!({
                 "onnx_base64": base64::engine::general_purpose::STANDARD.encode(MODEL_ONNX),
                 "validation": {"rows": heldout.features, "labels": heldout.labels},

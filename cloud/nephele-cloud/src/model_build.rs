@@ -1,0 +1,461 @@
+//! Pushing a model: the upload is checked and answered at once, and its variants are
+//! built on a thread of their own, reporting progress to the federation actor.
+//!
+//! `PUT /v1/models/{name}` takes either the ONNX file itself as the body, or JSON
+//! `{"onnx_base64": "...", "validation": {"rows": [[f32, ...], ...], "labels": [int, ...]},
+//! "inputs": ["x=N,3,48,320", ...]}` (validation, labels and inputs optional), or, for a
+//! BERT sentence encoder run by candle, `{"bert": {"safetensors_base64": "...",
+//! "config": {...config.json...}, "sequence": 128}, "validation": {"rows": [[token ids as
+//! f32, ...]]}}`. Query parameters: `input=NAME=DIMS[:DTYPE][=VALUE]` (repeatable; see
+//! `nephele_runtime::input_spec`) and `wait=true` (answer when built).
+//!
+//! Checked before answering (400 at once): the body's form, the input specs, that the
+//! file is an ONNX protobuf with a graph, and that the specs apply to it. Everything
+//! slow is the build: loading the model with the agents' runtime, measuring the int8
+//! variant and the chosen split cuts on the validation rows (without them, on
+//! [`SYNTHETIC_ROWS`] deterministic pseudo-random rows, which checks output agreement
+//! but not accuracy: the model view says which), and writing the variant files. The
+//! federation actor only sees small messages (begin, progress, the finished manifest
+//! data, failure), so agent sessions never wait on a build.
+
+use std::path::PathBuf;
+
+use actix::Addr;
+use serde::Deserialize;
+
+use crate::federation::ApiError;
+use crate::federation::{
+    Begin, BeginModel, FederationActor, ModelFailed, ModelProgress, ModelView, PutModel,
+};
+
+/// Rows the variants are checked on when the upload brings none.
+pub const SYNTHETIC_ROWS: usize = 64;
+
+/// The longest token sequence a BERT upload may ask for (BERT's own position limit).
+const MAX_BERT_SEQUENCE: usize = 512;
+
+/// What a model upload carries.
+pub enum Source {
+    Onnx(Vec<u8>),
+    Bert {
+        safetensors: Vec<u8>,
+        config: String,
+        sequence: usize,
+    },
+}
+
+/// A parsed push.
+pub struct Push {
+    pub source: Source,
+    pub validation: Option<ValidationUpload>,
+    pub input_specs: Vec<nephele_runtime::input_spec::InputSpec>,
+    pub wait: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ModelUpload {
+    onnx_base64: Option<String>,
+    bert: Option<BertUpload>,
+    validation: Option<ValidationUpload>,
+    #[serde(default)]
+    inputs: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BertUpload {
+    safetensors_base64: String,
+    /// The model's `config.json`, as JSON.
+    config: serde_json::Value,
+    /// Token ids per input row (the model's input is `[batch, sequence]`).
+    sequence: usize,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ValidationUpload {
+    rows: Vec<Vec<f32>>,
+    labels: Option<Vec<usize>>,
+}
+
+impl ValidationUpload {
+    /// The set to measure variants on and how the model view describes it.
+    fn into_set(self) -> (nephele_runtime::variants::ValidationSet, String) {
+        let description = match &self.labels {
+            Some(_) => format!("{} labelled rows", self.rows.len()),
+            None => format!("{} unlabelled rows", self.rows.len()),
+        };
+        let set = nephele_runtime::variants::ValidationSet {
+            rows: self.rows,
+            labels: self.labels,
+        };
+        (set, description)
+    }
+}
+
+/// Parses the query and body of a push (no model is loaded here).
+pub fn parse_push(
+    query: &[(String, String)],
+    is_json: bool,
+    body: &[u8],
+) -> Result<Push, ApiError> {
+    let bad = ApiError::BadRequest;
+    let mut wait = false;
+    let mut spec_texts = Vec::new();
+    for (key, value) in query {
+        match key.as_str() {
+            "wait" => {
+                wait = match value.as_str() {
+                    "true" | "1" | "" => true,
+                    "false" | "0" => false,
+                    other => return Err(bad(format!("wait={other}: use wait=true or wait=false"))),
+                }
+            }
+            "input" => spec_texts.push(value.clone()),
+            other => {
+                return Err(bad(format!(
+                    "unknown query parameter {other:?}; a push takes input=NAME=DIMS[:DTYPE][=VALUE] (repeatable) and wait=true"
+                )))
+            }
+        }
+    }
+    if body.is_empty() {
+        return Err(bad(
+            "empty body: send the ONNX file as the request body".into()
+        ));
+    }
+    let (source, validation) = if is_json {
+        let upload: ModelUpload = serde_json::from_slice(body).map_err(|e| {
+            bad(format!(
+                "invalid JSON model upload ({e}); expected {{\"onnx_base64\": ..., \"validation\": {{\"rows\": [[...]], \"labels\": [...]}}, \"inputs\": [\"x=N,3,48,320\"]}} or {{\"bert\": {{\"safetensors_base64\": ..., \"config\": {{...}}, \"sequence\": N}}, \"validation\": ...}}"
+            ))
+        })?;
+        spec_texts.extend(upload.inputs);
+        use base64::Engine as _;
+        let decode = |field: &str, text: &str| {
+            base64::engine::general_purpose::STANDARD
+                .decode(text.as_bytes())
+                .map_err(|e| bad(format!("{field} is not base64: {e}")))
+        };
+        let source = match (upload.onnx_base64, upload.bert) {
+            (Some(onnx), None) => Source::Onnx(decode("onnx_base64", &onnx)?),
+            (None, Some(bert)) => {
+                if bert.sequence == 0 || bert.sequence > MAX_BERT_SEQUENCE {
+                    return Err(bad(format!(
+                        "bert.sequence must be 1..={MAX_BERT_SEQUENCE}, got {}",
+                        bert.sequence
+                    )));
+                }
+                Source::Bert {
+                    safetensors: decode("bert.safetensors_base64", &bert.safetensors_base64)?,
+                    config: bert.config.to_string(),
+                    sequence: bert.sequence,
+                }
+            }
+            _ => return Err(bad("give exactly one of onnx_base64 and bert".into())),
+        };
+        (source, upload.validation)
+    } else {
+        (Source::Onnx(body.to_vec()), None)
+    };
+    let input_specs = spec_texts
+        .iter()
+        .map(|t| t.parse().map_err(bad))
+        .collect::<Result<Vec<_>, _>>()?;
+    if matches!(source, Source::Bert { .. }) && !input_specs.is_empty() {
+        return Err(bad(
+            "input specs apply to ONNX files; a BERT upload takes bert.sequence".into(),
+        ));
+    }
+    Ok(Push {
+        source,
+        validation,
+        input_specs,
+        wait,
+    })
+}
+
+/// What [`start`] did.
+pub enum Started {
+    /// The same file is stored under that name already.
+    Existing(ModelView),
+    /// The same file is being built under that name already; poll `GET` for the end.
+    InFlight(ModelView),
+    /// A build is running; `done` gives the stored model's view, or why it failed.
+    Building {
+        view: ModelView,
+        done: tokio::sync::oneshot::Receiver<Result<ModelView, ApiError>>,
+    },
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(ring::digest::digest(&ring::digest::SHA256, bytes).as_ref())
+}
+
+/// Checks the file and applies the specs (on a blocking thread: a large protobuf takes
+/// a moment to decode), registers the build with the federation actor, and starts it.
+pub async fn start(
+    name: String,
+    push: Push,
+    federation: Addr<FederationActor>,
+    blob_dir: PathBuf,
+) -> Result<Started, ApiError> {
+    let Push {
+        source,
+        validation,
+        input_specs,
+        ..
+    } = push;
+    let spec_texts: Vec<String> = input_specs.iter().map(|s| s.to_string()).collect();
+    let check_name = name.clone();
+    let source = actix_web::web::block(move || -> Result<Source, ApiError> {
+        match source {
+            Source::Onnx(bytes) => {
+                nephele_runtime::input_spec::prepare(&check_name, &bytes, &input_specs)
+                    .map(Source::Onnx)
+                    .map_err(|e| ApiError::BadRequest(e.to_string()))
+            }
+            other => Ok(other),
+        }
+    })
+    .await
+    .map_err(|e| ApiError::Internal(e.to_string()))??;
+    let (digest, size, format) = match &source {
+        Source::Onnx(bytes) => (
+            sha256_hex(bytes),
+            bytes.len() as u64,
+            nephele_runtime::FORMAT_ONNX,
+        ),
+        Source::Bert {
+            safetensors,
+            config,
+            ..
+        } => (
+            sha256_hex(&[safetensors.as_slice(), config.as_bytes()].concat()),
+            safetensors.len() as u64,
+            nephele_runtime::FORMAT_CANDLE_BERT,
+        ),
+    };
+    let begin = federation
+        .send(BeginModel {
+            name: name.clone(),
+            sha256: digest.clone(),
+            size,
+            format: format.to_string(),
+            input_specs: spec_texts.clone(),
+            now_unix: crate::federation::now_unix(),
+        })
+        .await
+        .map_err(|e| ApiError::Internal(format!("the federation actor is gone: {e}")))??;
+    let view = match begin {
+        Begin::Existing(view) => return Ok(Started::Existing(view)),
+        Begin::InFlight(view) => return Ok(Started::InFlight(view)),
+        Begin::Started(view) => view,
+    };
+    let (result_tx, result_rx) = tokio::sync::oneshot::channel();
+    let (built_tx, built_rx) = tokio::sync::oneshot::channel::<Result<PutModel, String>>();
+    let progress_addr = federation.clone();
+    let (progress_name, progress_sha) = (name.clone(), digest.clone());
+    let thread_name = name.clone();
+    std::thread::Builder::new()
+        .name(format!("build-{name}"))
+        .spawn(move || {
+            let mut report = |progress| {
+                progress_addr.do_send(ModelProgress {
+                    name: progress_name.clone(),
+                    sha256: progress_sha.clone(),
+                    progress,
+                })
+            };
+            let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                build(
+                    &thread_name,
+                    source,
+                    validation,
+                    spec_texts,
+                    &blob_dir,
+                    &mut report,
+                )
+            }))
+            .unwrap_or_else(|_| Err("the model build panicked (a bug: please report it)".into()));
+            let _ = built_tx.send(built);
+        })
+        .map_err(|e| ApiError::Internal(format!("cannot start the build thread: {e}")))?;
+    actix_rt::spawn(async move {
+        let outcome = match built_rx.await {
+            Ok(Ok(message)) => match federation.send(message).await {
+                Ok(stored) => stored,
+                Err(e) => Err(ApiError::Internal(e.to_string())),
+            },
+            Ok(Err(error)) => Err(ApiError::BadRequest(error)),
+            Err(_) => Err(ApiError::Internal(
+                "the build thread ended without a result".into(),
+            )),
+        };
+        if let Err(error) = &outcome {
+            federation.do_send(ModelFailed {
+                name,
+                sha256: digest,
+                error: error.to_string(),
+            });
+        }
+        let _ = result_tx.send(outcome);
+    });
+    Ok(Started::Building {
+        view,
+        done: result_rx,
+    })
+}
+
+/// Loads the model with the agents' runtime, derives and measures its variants, and
+/// writes their files; returns what the federation actor stores, or why it failed.
+fn build(
+    name: &str,
+    source: Source,
+    validation: Option<ValidationUpload>,
+    input_specs: Vec<String>,
+    blob_dir: &std::path::Path,
+    progress: &mut dyn FnMut(nephele_runtime::variants::BuildProgress),
+) -> Result<PutModel, String> {
+    let started = std::time::Instant::now();
+    let text = |e: nephele_runtime::RuntimeError| e.to_string();
+    let (bytes, model, variants, description, format) = match source {
+        Source::Onnx(bytes) => {
+            let model = nephele_runtime::Model::load_onnx(name, &bytes).map_err(text)?;
+            let (set, description) = match validation.map(ValidationUpload::into_set) {
+                Some(given) => given,
+                None => (
+                    synthetic_validation(&model),
+                    format!("{SYNTHETIC_ROWS} synthetic rows, uniform in [0, 1) (no labels: agreement only)"),
+                ),
+            };
+            let variants = nephele_runtime::variants::build_variants_observed(
+                name, &bytes, &set, None, true, progress,
+            )
+            .map_err(text)?;
+            (
+                bytes,
+                model,
+                variants,
+                description,
+                nephele_runtime::FORMAT_ONNX,
+            )
+        }
+        Source::Bert {
+            safetensors,
+            config,
+            sequence,
+        } => {
+            let (set, description) = match validation.map(ValidationUpload::into_set) {
+                Some(given) => given,
+                None => {
+                    let vocab = serde_json::from_str::<serde_json::Value>(&config)
+                        .ok()
+                        .and_then(|c| c["vocab_size"].as_u64())
+                        .unwrap_or(2)
+                        .max(2);
+                    (
+                        synthetic_token_rows(sequence, vocab),
+                        format!("{SYNTHETIC_ROWS} synthetic rows of token ids (no labels: agreement only)"),
+                    )
+                }
+            };
+            let variants = nephele_runtime::variants::build_bert_variants(
+                name,
+                &safetensors,
+                &config,
+                sequence,
+                &set,
+            )
+            .map_err(text)?;
+            let full = variants
+                .get("full")
+                .and_then(|v| v.files.first())
+                .cloned()
+                .ok_or("no full variant was built")?;
+            let model =
+                nephele_runtime::Model::load_bert_gguf(name, &full, sequence).map_err(text)?;
+            (
+                full,
+                model,
+                variants,
+                description,
+                nephele_runtime::FORMAT_CANDLE_BERT,
+            )
+        }
+    };
+    // The files are written here, not by the federation actor, which then only records
+    // the manifest: writing hundreds of megabytes must not hold up agent sessions.
+    let write = |file: &[u8]| {
+        crate::store::write_blob(blob_dir, &sha256_hex(file), file)
+            .map_err(|e| format!("cannot store a variant file: {e}"))
+    };
+    write(&bytes)?;
+    for variant in variants.shippable() {
+        for file in &variant.files {
+            write(file)?;
+        }
+    }
+    tracing::info!(
+        model = %name,
+        variants = variants.variants.len(),
+        seconds = started.elapsed().as_secs_f64(),
+        "model built"
+    );
+    Ok(PutModel {
+        name: name.to_string(),
+        bytes,
+        inputs: vec![model.input().clone()],
+        outputs: vec![model.output().clone()],
+        variants,
+        validation: description,
+        format: format.to_string(),
+        input_specs,
+    })
+}
+
+/// [`SYNTHETIC_ROWS`] deterministic rows of `row_len` values: `value(position, state)`
+/// turns each step of a 64-bit LCG into a value, so every control plane derives the same
+/// set.
+fn synthetic_rows(
+    row_len: usize,
+    mut value: impl FnMut(usize, u64) -> f32,
+) -> nephele_runtime::variants::ValidationSet {
+    let mut state: u64 = 0x6e65_7068_656c_6521;
+    let rows = (0..SYNTHETIC_ROWS)
+        .map(|_| {
+            (0..row_len)
+                .map(|position| {
+                    state = state
+                        .wrapping_mul(6_364_136_223_846_793_005)
+                        .wrapping_add(1_442_695_040_888_963_407);
+                    value(position, state)
+                })
+                .collect()
+        })
+        .collect();
+    nephele_runtime::variants::ValidationSet { rows, labels: None }
+}
+
+/// Rows of `sequence` token ids below `vocab`, the last quarter of each row padding
+/// (id 0).
+fn synthetic_token_rows(sequence: usize, vocab: u64) -> nephele_runtime::variants::ValidationSet {
+    synthetic_rows(sequence, |position, state| {
+        if position >= sequence - sequence / 4 {
+            0.0
+        } else {
+            (1 + (state >> 33) % (vocab - 1)) as f32
+        }
+    })
+}
+
+/// Rows in [0, 1) shaped like the model's input.
+fn synthetic_validation(
+    model: &nephele_runtime::Model,
+) -> nephele_runtime::variants::ValidationSet {
+    let row_len: i64 = model.input().shape[1..].iter().product();
+    synthetic_rows(row_len.max(0) as usize, |_, state| {
+        (state >> 40) as f32 / (1u64 << 24) as f32
+    })
+}

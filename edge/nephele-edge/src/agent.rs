@@ -601,58 +601,77 @@ async fn reconciler(agent: Arc<Agent>, mut desired_rx: watch::Receiver<Option<De
     }
 }
 
-/// The split tails a deployment needs on this agent (see `reconcile`), loaded, and the
-/// split variant the device runs the head of, if any. On a device, a tail that cannot
-/// be fetched or loaded fails the deployment (it could not answer without the cloud);
-/// on a pool, such a tail is skipped with a warning and its requests are refused.
+/// The split tail a device running a split variant keeps (to run the whole model when
+/// the cloud cannot take the tail), loaded, and that variant's name; nothing for other
+/// variants. A pool loads tails on demand instead ([`tail_loader`]).
 async fn load_tails(
     agent: &Arc<Agent>,
     manifest: &ModelManifest,
     variant: &nephele_proto::ModelVariant,
-) -> anyhow::Result<(HashMap<String, nephele_runtime::Model>, Option<String>)> {
-    let wanted: Vec<&nephele_proto::ModelVariant> = if agent.server.is_pool {
-        manifest
-            .variants
-            .iter()
-            .filter(|v| matches!(v.kind, VariantKind::Split { .. }))
-            .collect()
-    } else if matches!(variant.kind, VariantKind::Split { .. }) {
-        vec![variant]
-    } else {
-        Vec::new()
-    };
+) -> anyhow::Result<(
+    HashMap<String, (nephele_runtime::Model, u64)>,
+    Option<String>,
+)> {
     let mut tails = HashMap::new();
-    for split in wanted {
-        let VariantKind::Split {
-            tail_sha256,
-            tail_size,
-            ..
-        } = &split.kind
-        else {
-            continue;
-        };
-        let loaded = async {
-            let bytes = fetch_model(agent, tail_sha256, *tail_size).await?;
-            let name = format!("{}:{}:tail", manifest.name, split.name);
-            tokio::task::spawn_blocking(move || {
-                nephele_runtime::Model::load_variant(&name, &bytes, None)
-            })
-            .await?
-            .map_err(anyhow::Error::from)
-        }
-        .await;
-        match loaded {
-            Ok(model) => {
-                tails.insert(split.name.clone(), model);
-            }
-            Err(error) if agent.server.is_pool => {
-                tracing::warn!(variant = %split.name, error = %format!("{error:#}"), "split tail skipped");
-            }
-            Err(error) => return Err(error.context(format!("tail of {}", split.name))),
-        }
+    if agent.server.is_pool || !matches!(variant.kind, VariantKind::Split { .. }) {
+        return Ok((tails, None));
     }
-    let split = matches!(variant.kind, VariantKind::Split { .. }).then(|| variant.name.clone());
-    Ok((tails, split))
+    let loaded = load_tail(agent, manifest, variant)
+        .await
+        .map_err(|e| anyhow::anyhow!("tail of {}: {e}", variant.name))?;
+    tails.insert(variant.name.clone(), loaded);
+    Ok((tails, Some(variant.name.clone())))
+}
+
+/// Fetches (from the cache or the control plane) and loads the tail of split variant
+/// `split`, with the bytes of its file.
+async fn load_tail(
+    agent: &Arc<Agent>,
+    manifest: &ModelManifest,
+    split: &nephele_proto::ModelVariant,
+) -> Result<(nephele_runtime::Model, u64), String> {
+    let VariantKind::Split {
+        tail_sha256,
+        tail_size,
+        ..
+    } = &split.kind
+    else {
+        return Err(format!("{} is not a split variant", split.name));
+    };
+    let bytes = fetch_model(agent, tail_sha256, *tail_size)
+        .await
+        .map_err(|e| format!("{e:#}"))?;
+    let size = bytes.len() as u64;
+    let name = format!("{}:{}:tail", manifest.name, split.name);
+    let model = tokio::task::spawn_blocking(move || {
+        // A tail runs one activation at a time (unbatched): no larger plans are built,
+        // so the parsed model they would start from need not be kept.
+        nephele_runtime::Model::load_variant(&name, &bytes, None)
+            .map(nephele_runtime::Model::single_row_only)
+    })
+    .await
+    .map_err(|e| e.to_string())?
+    .map_err(|e| e.to_string())?;
+    Ok((model, size))
+}
+
+/// On a pool, loads a model's split tails when a device first sends that cut, so a
+/// pool holds only the tails in use (each one once, whatever the number of devices).
+fn tail_loader(agent: &Arc<Agent>, manifest: &ModelManifest) -> crate::serving::TailLoader {
+    let agent = Arc::clone(agent);
+    let manifest = Arc::new(manifest.clone());
+    Arc::new(move |variant: String| {
+        let agent = Arc::clone(&agent);
+        let manifest = Arc::clone(&manifest);
+        Box::pin(async move {
+            let split = manifest
+                .variants
+                .iter()
+                .find(|v| v.name == variant && matches!(v.kind, VariantKind::Split { .. }))
+                .ok_or_else(|| format!("model {} has no split variant {variant}", manifest.name))?;
+            load_tail(&agent, &manifest, split).await
+        })
+    })
 }
 
 fn set_phase(agent: &Agent, deployment: &str, phase: DeploymentPhase) {
@@ -718,8 +737,8 @@ async fn reconcile(agent: &Arc<Agent>, desired: &DesiredState) {
             }
         };
         // Tails of split variants: a device running a split keeps its own (to run the
-        // whole model when the cloud cannot take the tail); a pool loads every split
-        // variant's, since any device of the fleet may send it that tail.
+        // whole model when the cloud cannot take the tail); a pool loads a tail when a
+        // device first sends it that cut.
         let (tails, split) = match load_tails(agent, &manifest, &variant).await {
             Ok(found) => found,
             Err(error) => {
@@ -729,6 +748,7 @@ async fn reconcile(agent: &Arc<Agent>, desired: &DesiredState) {
                 continue;
             }
         };
+        let loader = server.is_pool.then(|| tail_loader(agent, &manifest));
         let model_name = manifest.name.clone();
         let format = manifest.format.clone();
         let input_shape = manifest
@@ -784,16 +804,18 @@ async fn reconcile(agent: &Arc<Agent>, desired: &DesiredState) {
                     },
                     server.slots.clone(),
                 );
-                let deployment = Arc::new(
-                    Deployment::new(
-                        assignment.clone(),
-                        model,
-                        batcher,
-                        variant.sha256,
-                        variant.name.clone(),
-                    )
-                    .with_tails(tails, split),
-                );
+                let deployment = Deployment::new(
+                    assignment.clone(),
+                    model,
+                    batcher,
+                    variant.sha256,
+                    variant.name.clone(),
+                )
+                .with_tails(tails, split);
+                let deployment = Arc::new(match loader {
+                    Some(loader) => deployment.with_tail_loader(loader),
+                    None => deployment,
+                });
                 server
                     .deployments
                     .write()

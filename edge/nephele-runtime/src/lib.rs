@@ -23,6 +23,7 @@ use tract_onnx::prelude::*;
 pub mod bench;
 pub mod candle_bert;
 pub mod cut_choice;
+pub mod graph_model;
 pub mod input_spec;
 pub mod onnx_edit;
 #[cfg(feature = "onnxruntime")]
@@ -53,6 +54,13 @@ pub const FORMAT_CANDLE_BERT: &str = "candle-bert-gguf";
 pub struct TensorInfo {
     pub name: String,
     pub shape: Vec<i64>,
+    /// `f32` for every [`Model`]; a [`graph_model::GraphModel`]'s tensors have their own.
+    #[serde(default = "f32_type")]
+    pub dtype: String,
+}
+
+fn f32_type() -> String {
+    "f32".into()
 }
 
 /// Batch sizes that get a plan of their own: a batch of any size runs as a sum of
@@ -284,10 +292,12 @@ impl Model {
             input: TensorInfo {
                 name: input_name,
                 shape: input_shape,
+                dtype: f32_type(),
             },
             output: TensorInfo {
                 name: output_name,
                 shape: output_shape,
+                dtype: f32_type(),
             },
             row_len,
         })
@@ -377,10 +387,12 @@ impl Model {
             input: TensorInfo {
                 name: "input_ids".into(),
                 shape: vec![-1, seq as i64],
+                dtype: f32_type(),
             },
             output: TensorInfo {
                 name: "sentence_embedding".into(),
                 shape: vec![-1, hidden as i64],
+                dtype: f32_type(),
             },
             row_len: seq,
         })

@@ -124,6 +124,87 @@ pub fn dense_mlp(input: usize, width: usize, layers: usize, output: usize, seed:
     .encode_to_vec()
 }
 
+/// A value of ONNX element type `elem` with dimensions `dims` (sizes, or names for
+/// symbolic ones).
+fn typed_value(name: &str, elem: DataType, dims: &[&str]) -> ValueInfoProto {
+    ValueInfoProto {
+        name: name.into(),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: elem as i32,
+                shape: Some(TensorShapeProto {
+                    dim: dims
+                        .iter()
+                        .map(|d| tensor_shape_proto::Dimension {
+                            denotation: String::new(),
+                            value: Some(match d.parse::<i64>() {
+                                Ok(size) => tensor_shape_proto::dimension::Value::DimValue(size),
+                                Err(_) => {
+                                    tensor_shape_proto::dimension::Value::DimParam(d.to_string())
+                                }
+                            }),
+                        })
+                        .collect(),
+                }),
+            })),
+            ..TypeProto::default()
+        }),
+        ..ValueInfoProto::default()
+    }
+}
+
+/// A model with the shape of an exported one rather than a demo's: three typed inputs,
+/// `ids` (i64 `[1, 4]`), `scale` (f32 `[N, 4]`, its batch symbolic) and `offset` (i64,
+/// rank 0), and two outputs, `doubled = ids + ids` (i64) and `scaled = f32(ids) · scale
+/// + f32(offset)` (f32). For the typed-tensor tests: `--input scale=1,4` fixes the
+/// batch and `--input offset=scalar:i64=3` folds the offset in.
+pub fn typed_example() -> Vec<u8> {
+    use tract_onnx::pb::{attribute_proto::AttributeType, AttributeProto};
+    let cast = |input: &str, output: &str| NodeProto {
+        input: vec![input.into()],
+        output: vec![output.into()],
+        name: output.into(),
+        op_type: "Cast".into(),
+        attribute: vec![AttributeProto {
+            name: "to".into(),
+            r#type: AttributeType::Int as i32,
+            i: DataType::Float as i64,
+            ..AttributeProto::default()
+        }],
+        ..NodeProto::default()
+    };
+    ModelProto {
+        ir_version: 8,
+        opset_import: vec![OperatorSetIdProto {
+            domain: String::new(),
+            version: 17,
+        }],
+        producer_name: "nephele-runtime synthetic".into(),
+        graph: Some(GraphProto {
+            name: "typed-example".into(),
+            node: vec![
+                node("Add", &["ids", "ids"], "doubled"),
+                cast("ids", "ids_f"),
+                cast("offset", "offset_f"),
+                node("Mul", &["ids_f", "scale"], "product"),
+                node("Add", &["product", "offset_f"], "scaled"),
+            ],
+            input: vec![
+                typed_value("ids", DataType::Int64, &["1", "4"]),
+                typed_value("scale", DataType::Float, &["N", "4"]),
+                typed_value("offset", DataType::Int64, &[]),
+            ],
+            output: vec![
+                typed_value("doubled", DataType::Int64, &["1", "4"]),
+                typed_value("scaled", DataType::Float, &["N", "4"]),
+            ],
+            ..GraphProto::default()
+        }),
+        ..ModelProto::default()
+    }
+    .encode_to_vec()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,5 +218,66 @@ mod tests {
         let (shape, out) = model.infer(&[1, 64], &[0.5; 64]).expect("runs");
         assert_eq!((shape, out.len()), (vec![1, 10], 10));
         assert!(out.iter().all(|v| v.is_finite()));
+    }
+
+    #[test]
+    fn the_typed_example_runs_with_its_inputs_fixed_at_push() {
+        use crate::graph_model::{GraphModel, NamedTensor};
+        use crate::input_spec::{apply, InputSpec};
+        let bytes = typed_example();
+        // As exported: the single-f32 path refuses it, and so does the typed path while
+        // a dimension is unknown, each naming what to do.
+        let refused = crate::Model::load_onnx("typed", &bytes).expect_err("refused");
+        assert!(refused.to_string().contains("inputs"), "{refused}");
+        let unknown = GraphModel::load("typed", &bytes).expect_err("N is unknown");
+        assert!(unknown.to_string().contains("--input scale="), "{unknown}");
+        let specs: Vec<InputSpec> = ["scale=1,4", "offset=scalar:i64=3"]
+            .iter()
+            .map(|t| t.parse().expect("spec"))
+            .collect();
+        let fixed = apply("typed", &bytes, &specs).expect("applies");
+        let model = GraphModel::load("typed", &fixed).expect("loads");
+        assert_eq!(model.inputs().len(), 2, "{model:?}");
+        let request = std::collections::HashMap::from([
+            (
+                "ids".to_string(),
+                NamedTensor {
+                    dtype: "i64".into(),
+                    shape: vec![1, 4],
+                    data: vec![1.0, 2.0, 3.0, -4.0],
+                },
+            ),
+            (
+                "scale".to_string(),
+                NamedTensor {
+                    dtype: "f32".into(),
+                    shape: vec![1, 4],
+                    data: vec![0.5, 0.5, 2.0, 1.0],
+                },
+            ),
+        ]);
+        let out = model.run(&request).expect("runs");
+        assert_eq!(out["doubled"].dtype, "i64");
+        assert_eq!(out["doubled"].data, vec![2.0, 4.0, 6.0, -8.0]);
+        assert_eq!(out["scaled"].dtype, "f32");
+        assert_eq!(out["scaled"].data, vec![3.5, 4.0, 9.0, -1.0]);
+        // Wrong type, missing input, unknown name: each refused with the reason.
+        let mut wrong = request.clone();
+        if let Some(ids) = wrong.get_mut("ids") {
+            ids.dtype = "i32".into();
+        }
+        assert!(model.check(&wrong).expect_err("type").contains("i64"));
+        let mut missing = request.clone();
+        missing.remove("scale");
+        assert!(model
+            .check(&missing)
+            .expect_err("missing")
+            .contains("missing"));
+        let mut extra = request;
+        extra.insert("offset".into(), model.zeros()["ids"].clone());
+        assert!(model
+            .check(&extra)
+            .expect_err("folded")
+            .contains("no input"));
     }
 }

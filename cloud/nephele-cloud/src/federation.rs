@@ -1215,7 +1215,7 @@ impl Handler<PutModel> for FederationActor {
         let spec = |info: &nephele_runtime::TensorInfo| TensorSpec {
             name: info.name.clone(),
             shape: info.shape.clone(),
-            dtype: "f32".into(),
+            dtype: info.dtype.clone(),
         };
         let mut shipped = Vec::new();
         for variant in message.variants.shippable() {

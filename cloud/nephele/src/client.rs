@@ -571,7 +571,7 @@ fn print_inspection(v: &Value) {
         .collect();
     println!("  {} nodes: {}", s(v, "nodes"), operators.join(" "));
     match v["load_error"].as_str() {
-        None => println!("  loads in nephele: yes"),
+        None => println!("  loads in nephele: yes, served {}", s(v, "serving")),
         Some(error) => println!("  loads in nephele: no: {error}"),
     }
     for line in v["advice"].as_array().into_iter().flatten() {

@@ -674,6 +674,55 @@ fn tail_loader(agent: &Arc<Agent>, manifest: &ModelManifest) -> crate::serving::
     })
 }
 
+/// Loads a model with several typed inputs and outputs, checks that it runs on zeros,
+/// and serves it as a graph deployment (no batcher, no offload).
+async fn load_graph(
+    agent: &Arc<Agent>,
+    name: &str,
+    manifest: &ModelManifest,
+    variant: &nephele_proto::ModelVariant,
+    bytes: Vec<u8>,
+) {
+    use nephele_runtime::graph_model::GraphModel;
+    let model_name = manifest.name.clone();
+    let loaded = tokio::task::spawn_blocking(move || {
+        let model = GraphModel::load(&model_name, &bytes)?;
+        model.run(&model.zeros())?;
+        Ok::<_, nephele_runtime::RuntimeError>(model)
+    })
+    .await;
+    match loaded {
+        Ok(Ok(model)) => {
+            agent
+                .server
+                .graphs
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(
+                    name.to_string(),
+                    Arc::new(crate::graph_serving::GraphDeployment::new(
+                        name.to_string(),
+                        model,
+                        variant.sha256,
+                        variant.name.clone(),
+                    )),
+                );
+            agent
+                .server
+                .phases
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(name);
+            tracing::info!(deployment = %name, model = %manifest.name, "deployment ready (typed inputs, unbatched)");
+        }
+        Ok(Err(error)) => {
+            tracing::error!(deployment = %name, %error, "model failed to load");
+            set_phase(agent, name, DeploymentPhase::Failed(error.to_string()));
+        }
+        Err(error) => set_phase(agent, name, DeploymentPhase::Failed(error.to_string())),
+    }
+}
+
 fn set_phase(agent: &Agent, deployment: &str, phase: DeploymentPhase) {
     agent
         .server
@@ -704,6 +753,11 @@ async fn reconcile(agent: &Arc<Agent>, desired: &DesiredState) {
         });
     }
     server
+        .graphs
+        .write()
+        .unwrap_or_else(|p| p.into_inner())
+        .retain(|name, _| wanted.contains(name));
+    server
         .phases
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -720,6 +774,12 @@ async fn reconcile(agent: &Arc<Agent>, desired: &DesiredState) {
                 continue;
             }
         };
+        if server
+            .graph(&name)
+            .is_some_and(|g| g.model_digest == variant.sha256)
+        {
+            continue;
+        }
         if let Some(existing) = server.deployment(&name) {
             if existing.model_digest == variant.sha256 {
                 *existing.params.write().unwrap_or_else(|p| p.into_inner()) = assignment.clone();
@@ -736,6 +796,10 @@ async fn reconcile(agent: &Arc<Agent>, desired: &DesiredState) {
                 continue;
             }
         };
+        if manifest.format == nephele_runtime::graph_model::FORMAT_ONNX_GRAPH {
+            load_graph(agent, &name, &manifest, &variant, bytes).await;
+            continue;
+        }
         // Tails of split variants: a device running a split keeps its own (to run the
         // whole model when the cloud cannot take the tail); a pool loads a tail when a
         // device first sends it that cut.

@@ -174,6 +174,46 @@ fn status(agent: &Agent) -> Response<Full<Bytes>> {
     )
 }
 
+/// A request of named typed tensors: `{"inputs": {NAME: {"dtype", "shape", "data"}}}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TypedBody {
+    inputs: std::collections::HashMap<String, nephele_runtime::graph_model::NamedTensor>,
+}
+
+async fn infer_typed(
+    agent: Arc<Agent>,
+    deployment: &str,
+    value: serde_json::Value,
+) -> Response<Full<Bytes>> {
+    let parsed: TypedBody = match serde_json::from_value(value) {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("invalid typed request: {e}; expected {{\"inputs\": {{NAME: {{\"dtype\": \"i64\", \"shape\": [1, 4], \"data\": [...]}}}}}}"),
+            )
+        }
+    };
+    match agent.server.serve_graph(deployment, parsed.inputs).await {
+        Ok((outputs, latency)) => json(
+            StatusCode::OK,
+            &serde_json::json!({
+                "outputs": outputs,
+                "computed_by": agent.server.name,
+                "where": "local",
+                "latency_ms": latency.as_secs_f64() * 1000.0,
+            }),
+        ),
+        Err(ServeError::NotFound(name)) => error(
+            StatusCode::NOT_FOUND,
+            format!("deployment {name} is not assigned to this device"),
+        ),
+        Err(e @ ServeError::BadInput(_)) => error(StatusCode::BAD_REQUEST, e),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e),
+    }
+}
+
 async fn infer(
     request: Request<Incoming>,
     agent: Arc<Agent>,
@@ -191,7 +231,19 @@ async fn infer(
             )
         }
     };
-    let parsed: InferBody = match serde_json::from_slice(&body) {
+    let value: serde_json::Value = match serde_json::from_slice(&body) {
+        Ok(value) => value,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("invalid JSON: {e}; expected {{\"shape\": [1, N], \"data\": [...]}} or {{\"inputs\": {{NAME: {{\"dtype\", \"shape\", \"data\"}}}}}}"),
+            )
+        }
+    };
+    if value.get("inputs").is_some() {
+        return infer_typed(agent, deployment, value).await;
+    }
+    let parsed: InferBody = match serde_json::from_value(value) {
         Ok(parsed) => parsed,
         Err(e) => {
             return error(
@@ -200,6 +252,21 @@ async fn infer(
             )
         }
     };
+    if let Some(graph) = agent.server.graph(deployment) {
+        let inputs: Vec<String> = graph
+            .model
+            .inputs()
+            .iter()
+            .map(|i| format!("{} ({} {:?})", i.name, i.dtype, i.shape))
+            .collect();
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "deployment {deployment} takes named typed inputs: {{\"inputs\": {{NAME: {{\"dtype\", \"shape\", \"data\"}}}}}}; its inputs are {}",
+                inputs.join(", ")
+            ),
+        );
+    }
     let input = nephele_proto::Tensor {
         shape: parsed.shape,
         data: parsed.data,

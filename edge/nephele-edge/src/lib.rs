@@ -14,6 +14,7 @@ pub mod agent;
 pub mod batcher;
 pub mod config;
 pub mod enrol;
+pub mod graph_serving;
 pub mod http;
 pub mod jobs;
 pub mod node;

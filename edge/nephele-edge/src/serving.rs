@@ -278,6 +278,9 @@ pub struct Server {
     pub name: String,
     pub is_pool: bool,
     pub deployments: RwLock<HashMap<String, Arc<Deployment>>>,
+    /// Deployments of models with several typed inputs and outputs
+    /// ([`crate::graph_serving`]).
+    pub graphs: RwLock<HashMap<String, Arc<crate::graph_serving::GraphDeployment>>>,
     /// Phase of deployments that are not (yet) serving.
     pub phases: Mutex<HashMap<String, DeploymentPhase>>,
     pub connection: Mutex<Option<quinn::Connection>>,
@@ -300,6 +303,7 @@ impl Server {
             name,
             is_pool,
             deployments: RwLock::new(HashMap::new()),
+            graphs: RwLock::new(HashMap::new()),
             phases: Mutex::new(HashMap::new()),
             connection: Mutex::new(None),
             slots: Arc::new(Semaphore::new(n_slots.max(1))),
@@ -950,6 +954,13 @@ impl Server {
             .values()
             .map(|d| d.telemetry())
             .collect();
+        rows.extend(
+            self.graphs
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .values()
+                .map(|g| g.telemetry()),
+        );
         for (name, phase) in self.phases.lock().unwrap_or_else(|p| p.into_inner()).iter() {
             if !rows.iter().any(|r| &r.deployment == name) {
                 rows.push(DeploymentTelemetry::idle(name, phase.clone()));

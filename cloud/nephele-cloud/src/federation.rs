@@ -1139,8 +1139,9 @@ impl From<&ModelRecord> for ModelView {
     }
 }
 
-/// A model that the API already loaded and derived variants from (off the actor's
-/// thread: that is seconds of compute for a large model).
+/// A model that a build (`model_build`) loaded and derived variants from, off the
+/// actor's thread, with the pushed file and every shippable variant file already
+/// written as blobs: the actor only signs and records the manifest.
 #[derive(Message)]
 #[rtype(result = "Result<ModelView, ApiError>")]
 pub struct PutModel {
@@ -1222,14 +1223,10 @@ impl Handler<PutModel> for FederationActor {
             let Some(entry) = manifest_variant(variant) else {
                 continue;
             };
-            for file in &variant.files {
-                self.store.put_blob(&hex::encode(sha256_of(file)), file)?;
-            }
             shipped.push(entry);
         }
         if !shipped.iter().any(|v| v.kind == VariantKind::Full) {
             // The builder always ships the pushed file; keep the invariant explicit.
-            self.store.put_blob(&sha_hex, &message.bytes)?;
             shipped.insert(
                 0,
                 ModelVariant {

@@ -368,23 +368,22 @@ impl Store {
 /// of that digest is there already. Safe from any thread: the model builder writes the
 /// variant files itself so that the federation actor never does heavy IO.
 pub fn write_blob(blob_dir: &Path, sha256_hex: &str, bytes: &[u8]) -> Result<(), StoreError> {
-    {
-        use std::io::Write as _;
-        let final_path = blob_dir.join(sha256_hex);
-        if final_path.exists() {
-            return Ok(());
-        }
-        let tmp = blob_dir.join(format!(
-            ".{sha256_hex}.{}.{:?}.tmp",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        let mut file = std::fs::File::create(&tmp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        std::fs::rename(tmp, final_path)?;
-        Ok(())
+    use std::io::Write as _;
+    let final_path = blob_dir.join(sha256_hex);
+    if final_path.exists() {
+        return Ok(());
     }
+    // Unique per writer, so two builds writing the same blob never share a temp file.
+    let tmp = blob_dir.join(format!(
+        ".{sha256_hex}.{}.{:?}.tmp",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let mut file = std::fs::File::create(&tmp)?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    std::fs::rename(tmp, final_path)?;
+    Ok(())
 }
 
 #[cfg(test)]

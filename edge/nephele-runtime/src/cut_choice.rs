@@ -19,7 +19,7 @@ use std::collections::HashMap;
 
 use tract_onnx::prelude::*;
 
-use crate::{Model, RuntimeError};
+use crate::RuntimeError;
 
 /// Split variants built per model at most.
 pub const MAX_SPLIT_CANDIDATES: usize = 8;
@@ -107,34 +107,19 @@ pub fn choose_cuts(
 }
 
 /// Head FLOPs and activation bytes of each tensor in `cuts`, from one pass over the
-/// model typed at batch 1 (`row_shape` fixes a symbolic input as for [`Model`]). A cut
-/// the typed model does not name (tract fused it away while typing) is left out.
+/// model typed at batch 1 (`input_shape`: the loaded model's input, batch first). A
+/// cut the typed model does not name (tract fused it away while typing) is left out.
 pub fn cut_costs(
     name: &str,
     bytes: &[u8],
-    row_shape: Option<&[usize]>,
+    input_shape: &[i64],
     cuts: &[String],
 ) -> Result<Vec<CutCost>, RuntimeError> {
     let load = |cause: String| RuntimeError::Load {
         model: name.to_string(),
         cause,
     };
-    let model = Model::load_onnx_with_shape(name, bytes, row_shape)?;
-    let mut concrete: Vec<usize> = model
-        .input()
-        .shape
-        .iter()
-        .map(|d| (*d).max(1) as usize)
-        .collect();
-    if let Some(first) = concrete.first_mut() {
-        *first = 1;
-    }
-    let mut reader = bytes;
-    let typed = tract_onnx::onnx()
-        .model_for_read(&mut reader)
-        .and_then(|m| m.with_input_fact(0, f32::fact(&concrete).into()))
-        .and_then(|m| m.into_typed())
-        .map_err(|e| load(format!("{e:#}")))?;
+    let typed = crate::variants::typed_at_batch_one(name, bytes, input_shape)?;
     let wanted: HashMap<&str, usize> = cuts
         .iter()
         .enumerate()

@@ -8,7 +8,6 @@
 //! numbers (bool as 0 or 1; an i64 beyond 2^53 loses precision in JSON).
 
 use std::collections::HashMap;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use tract_onnx::prelude::*;
@@ -71,14 +70,7 @@ fn type_name(dt: DatumType) -> Option<&'static str> {
 impl GraphModel {
     /// Loads an ONNX file whose inputs all have a known type and shape.
     pub fn load(name: &str, bytes: &[u8]) -> Result<GraphModel, RuntimeError> {
-        match catch_unwind(AssertUnwindSafe(|| Self::load_inner(name, bytes))) {
-            Ok(result) => result,
-            Err(_) => Err(RuntimeError::Load {
-                model: name.to_string(),
-                cause: "the ONNX parser panicked on this file (it is corrupt or unsupported)"
-                    .into(),
-            }),
-        }
+        crate::guard_parser(name, || Self::load_inner(name, bytes))
     }
 
     fn load_inner(name: &str, bytes: &[u8]) -> Result<GraphModel, RuntimeError> {

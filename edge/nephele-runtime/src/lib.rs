@@ -136,6 +136,20 @@ fn plan_for(
         .and_then(|model| model.into_runnable())
 }
 
+/// Runs `load`, turning a panic of the ONNX parser (which some corrupt files cause)
+/// into a [`RuntimeError::Load`] naming the model.
+pub(crate) fn guard_parser<T>(
+    name: &str,
+    load: impl FnOnce() -> Result<T, RuntimeError>,
+) -> Result<T, RuntimeError> {
+    catch_unwind(AssertUnwindSafe(load)).unwrap_or_else(|_| {
+        Err(RuntimeError::Load {
+            model: name.to_string(),
+            cause: "the ONNX parser panicked on this file (it is corrupt or unsupported)".into(),
+        })
+    })
+}
+
 fn dims_of(fact: &TypedFact) -> Vec<i64> {
     fact.shape
         .iter()
@@ -171,16 +185,7 @@ impl Model {
         bytes: &[u8],
         row_shape: Option<&[usize]>,
     ) -> Result<Model, RuntimeError> {
-        match catch_unwind(AssertUnwindSafe(|| {
-            Self::load_onnx_inner(name, bytes, row_shape)
-        })) {
-            Ok(result) => result,
-            Err(_) => Err(RuntimeError::Load {
-                model: name.to_string(),
-                cause: "the ONNX parser panicked on this file (it is corrupt or unsupported)"
-                    .into(),
-            }),
-        }
+        guard_parser(name, || Self::load_onnx_inner(name, bytes, row_shape))
     }
 
     fn load_onnx_inner(

@@ -21,30 +21,7 @@ fn next(state: &mut u64) -> u64 {
 }
 
 fn value(name: &str, width: usize) -> ValueInfoProto {
-    ValueInfoProto {
-        name: name.into(),
-        r#type: Some(TypeProto {
-            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                elem_type: DataType::Float as i32,
-                shape: Some(TensorShapeProto {
-                    dim: vec![
-                        tensor_shape_proto::Dimension {
-                            denotation: String::new(),
-                            value: Some(tensor_shape_proto::dimension::Value::DimParam("N".into())),
-                        },
-                        tensor_shape_proto::Dimension {
-                            denotation: String::new(),
-                            value: Some(tensor_shape_proto::dimension::Value::DimValue(
-                                width as i64,
-                            )),
-                        },
-                    ],
-                }),
-            })),
-            denotation: String::new(),
-        }),
-        doc_string: String::new(),
-    }
+    typed_value(name, DataType::Float, &["N", &width.to_string()])
 }
 
 fn tensor(name: &str, dims: &[usize], data: Vec<f32>) -> TensorProto {

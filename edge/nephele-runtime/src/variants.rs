@@ -114,26 +114,19 @@ pub fn flops_with_shape(
     bytes: &[u8],
     row_shape: Option<&[usize]>,
 ) -> Result<u64, RuntimeError> {
+    let model = Model::load_onnx_with_shape(name, bytes, row_shape)?;
+    flops_for_input(name, bytes, &model.input().shape)
+}
+
+/// [`flops`] for a model whose input shape (batch first, `-1` symbolic) is known
+/// already, e.g. from a loaded [`Model`]: no second load.
+pub fn flops_for_input(name: &str, bytes: &[u8], input_shape: &[i64]) -> Result<u64, RuntimeError> {
     let load = |cause: String| RuntimeError::Load {
         model: name.to_string(),
         cause,
     };
-    let model = Model::load_onnx_with_shape(name, bytes, row_shape)?;
-    let mut concrete: Vec<usize> = model
-        .input()
-        .shape
-        .iter()
-        .map(|d| (*d).max(1) as usize)
-        .collect();
-    if let Some(first) = concrete.first_mut() {
-        *first = 1;
-    }
-    let mut reader = bytes;
-    let typed = tract_onnx::onnx()
-        .model_for_read(&mut reader)
-        .and_then(|m| m.with_input_fact(0, f32::fact(&concrete).into()))
-        .and_then(|m| m.into_typed())
-        .and_then(|m| m.into_decluttered())
+    let typed = typed_at_batch_one(name, bytes, input_shape)?
+        .into_decluttered()
         .map_err(|e| load(format!("{e:#}")))?;
     let mut fma = 0u64;
     for node in typed.nodes() {
@@ -148,6 +141,28 @@ pub fn flops_with_shape(
         }
     }
     Ok(fma.saturating_mul(2))
+}
+
+/// The ONNX file typed (not optimised) with its input fixed to `input_shape` at batch
+/// 1 (symbolic dimensions as 1): what tract's cost model and the cut costs read.
+pub(crate) fn typed_at_batch_one(
+    name: &str,
+    bytes: &[u8],
+    input_shape: &[i64],
+) -> Result<TypedModel, RuntimeError> {
+    let mut concrete: Vec<usize> = input_shape.iter().map(|d| (*d).max(1) as usize).collect();
+    if let Some(first) = concrete.first_mut() {
+        *first = 1;
+    }
+    let mut reader = bytes;
+    tract_onnx::onnx()
+        .model_for_read(&mut reader)
+        .and_then(|m| m.with_input_fact(0, f32::fact(&concrete).into()))
+        .and_then(|m| m.into_typed())
+        .map_err(|e| RuntimeError::Load {
+            model: name.to_string(),
+            cause: format!("{e:#}"),
+        })
 }
 
 fn run_all(model: &Model, rows: &[Vec<f32>]) -> Result<Vec<Vec<f32>>, RuntimeError> {
@@ -293,13 +308,13 @@ pub fn build_variants_observed(
     let full_model = Model::load_onnx_with_shape(name, full, row_shape)?;
     let reference = run_all(&full_model, &validation.rows)?;
     let full_accuracy = accuracy(&reference, validation.labels.as_ref());
-    let full_flops = flops_with_shape(name, full, row_shape)?;
+    let full_flops = flops_for_input(name, full, &full_model.input().shape)?;
     let row_len: i64 = full_model.input().shape[1..].iter().product();
     let input_bytes = (row_len.max(0) as u64) * 4;
     // The cuts first (cheap: one typed pass), so the total is known from the start.
     let cuts = if splits {
         let all = graph.candidate_cuts();
-        let costs = crate::cut_choice::cut_costs(name, full, row_shape, &all)?;
+        let costs = crate::cut_choice::cut_costs(name, full, &full_model.input().shape, &all)?;
         crate::cut_choice::choose_cuts(
             &costs,
             input_bytes,

@@ -570,6 +570,14 @@ fn print_inspection(v: &Value) {
         .map(|o| format!("{}×{}", o[0].as_str().unwrap_or("?"), o[1]))
         .collect();
     println!("  {} nodes: {}", s(v, "nodes"), operators.join(" "));
+    let ifs = v["ifs_in_file"].as_u64().unwrap_or(0);
+    if ifs > 0 {
+        let left = v["ifs_left"].as_u64().unwrap_or(ifs);
+        println!(
+            "  control flow: {ifs} If node(s); {} decided by the given shapes and constants and folded, {left} left",
+            ifs.saturating_sub(left)
+        );
+    }
     match v["load_error"].as_str() {
         None => println!("  loads in nephele: yes, served {}", s(v, "serving")),
         Some(error) => println!("  loads in nephele: no: {error}"),

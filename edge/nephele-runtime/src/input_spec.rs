@@ -328,6 +328,14 @@ pub fn prepare(name: &str, bytes: &[u8], specs: &[InputSpec]) -> Result<Vec<u8>,
                 cause: "the ONNX file has no graph (or an empty one)".into(),
             });
         }
+        // `If`s decided by the file's own fixed shapes are folded too; a file without
+        // any comes back byte for byte.
+        if crate::fold_if::has_if(&model) {
+            let mut model = model;
+            if crate::fold_if::fold_constant_ifs(&mut model).folded > 0 {
+                return Ok(model.encode_to_vec());
+            }
+        }
         return Ok(bytes.to_vec());
     }
     apply(name, bytes, specs)
@@ -460,7 +468,27 @@ pub fn apply(name: &str, bytes: &[u8], specs: &[InputSpec]) -> Result<Vec<u8>, R
             }
         }
     }
+    // With the shapes and constants given, conditions on them are constants too: fold
+    // those `If`s so that tract never types a branch that cannot run.
+    crate::fold_if::fold_constant_ifs(&mut model);
     Ok(model.encode_to_vec())
+}
+
+/// `If` nodes in a graph and its subgraphs.
+fn counts_if(graph: &tract_onnx::pb::GraphProto) -> usize {
+    graph
+        .node
+        .iter()
+        .map(|node| {
+            usize::from(node.op_type == "If")
+                + node
+                    .attribute
+                    .iter()
+                    .flat_map(|a| a.g.iter().chain(a.graphs.iter()))
+                    .map(counts_if)
+                    .sum::<usize>()
+        })
+        .sum()
 }
 
 /// An input or output as the file declares it.
@@ -485,6 +513,10 @@ pub struct Inspection {
     pub operators: Vec<(String, usize)>,
     /// Operators tract parses as unimplemented.
     pub unsupported_operators: Vec<String>,
+    /// `If` nodes in the file (subgraphs included)…
+    pub ifs_in_file: usize,
+    /// …and left once the conditions fixed by the file's shapes and `specs` are folded.
+    pub ifs_left: usize,
     /// Whether this version of nephele loads it as given (after `specs`)…
     pub loads: bool,
     /// …how it would be served (`batched (one f32 input)`, `typed inputs, unbatched`)…
@@ -564,15 +596,24 @@ pub fn inspect(name: &str, bytes: &[u8], specs: &[InputSpec]) -> Result<Inspecti
     let single_f32 = inputs.len() == 1 && inputs[0].dtype == "f32";
     // The batched single-f32 path first, then the typed path (several inputs, any of
     // the supported types, served unbatched).
-    let (serving, load_error) = match apply(name, bytes, specs) {
+    let prepared = prepare(name, bytes, specs);
+    let ifs_in_file = counts_if(graph);
+    let ifs_left = match &prepared {
+        Ok(edited) => decode(name, edited)
+            .ok()
+            .and_then(|m| m.graph.map(|g| counts_if(&g)))
+            .unwrap_or(ifs_in_file),
+        Err(_) => ifs_in_file,
+    };
+    let (serving, load_error) = match prepared {
         Err(error) => (None, Some(error.to_string())),
         Ok(edited) => match crate::Model::load_onnx(name, &edited) {
             Ok(_) => (Some("batched (one f32 input)"), None),
             Err(single) => match crate::graph_model::GraphModel::load(name, &edited) {
                 Ok(_) => (Some("typed inputs, unbatched"), None),
-                Err(typed @ RuntimeError::Unsupported { .. }) if !single_f32 => {
-                    (None, Some(typed.to_string()))
-                }
+                // A model with several or non-f32 inputs can only be served typed, so
+                // the typed path's reason is the one that helps.
+                Err(typed) if !single_f32 => (None, Some(typed.to_string())),
                 Err(_) => (None, Some(single.to_string())),
             },
         },
@@ -655,6 +696,8 @@ pub fn inspect(name: &str, bytes: &[u8], specs: &[InputSpec]) -> Result<Inspecti
         nodes,
         operators,
         unsupported_operators,
+        ifs_in_file,
+        ifs_left,
         loads: load_error.is_none(),
         serving: serving.map(str::to_string),
         load_error,

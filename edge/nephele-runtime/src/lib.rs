@@ -23,6 +23,7 @@ use tract_onnx::prelude::*;
 pub mod bench;
 pub mod candle_bert;
 pub mod cut_choice;
+pub mod fold_if;
 pub mod graph_model;
 pub mod input_spec;
 pub mod onnx_edit;

@@ -1071,6 +1071,8 @@ pub struct ModelView {
     pub error: Option<String>,
     /// The `--input` specs applied to the file at push.
     pub input_specs: Vec<String>,
+    /// Recurrent state kept per session on devices (`--state INPUT=OUTPUT`).
+    pub recurrent_state: Vec<nephele_proto::StateBinding>,
     pub sha256: String,
     pub size: u64,
     pub created_unix: u64,
@@ -1127,6 +1129,7 @@ impl From<&ModelRecord> for ModelView {
             progress: None,
             error: None,
             input_specs: record.input_specs.clone(),
+            recurrent_state: record.recurrent_state.clone(),
             sha256: record.sha256.clone(),
             size: record.size,
             created_unix: record.created_unix,
@@ -1156,6 +1159,8 @@ pub struct PutModel {
     pub format: String,
     /// The `--input` specs applied to the file (already in `bytes`).
     pub input_specs: Vec<String>,
+    /// Recurrent state (`--state INPUT=OUTPUT`), checked against the model.
+    pub recurrent_state: Vec<nephele_proto::StateBinding>,
 }
 
 fn sha256_of(bytes: &[u8]) -> [u8; 32] {
@@ -1249,6 +1254,7 @@ impl Handler<PutModel> for FederationActor {
             outputs: message.outputs.iter().map(spec).collect(),
             validation: message.validation.clone(),
             variants: shipped,
+            state: message.recurrent_state.clone(),
         };
         let manifest_bytes = nephele_proto::encode_payload(&manifest)
             .map_err(|e| ApiError::Internal(e.to_string()))?;
@@ -1283,6 +1289,7 @@ impl Handler<PutModel> for FederationActor {
             validation: message.validation,
             format: message.format,
             input_specs: message.input_specs,
+            recurrent_state: message.recurrent_state,
         };
         self.store.put(Table::Models, &record.name, &record)?;
         self.builds.remove(&record.name);

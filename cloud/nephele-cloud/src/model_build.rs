@@ -49,7 +49,26 @@ pub struct Push {
     pub source: Source,
     pub validation: Option<ValidationUpload>,
     pub input_specs: Vec<nephele_runtime::input_spec::InputSpec>,
+    /// Recurrent state, `--state INPUT=OUTPUT` (checked against the model in the build).
+    pub state: Vec<nephele_proto::StateBinding>,
     pub wait: bool,
+}
+
+/// Parses `INPUT=OUTPUT` (a `--state` flag).
+pub fn parse_state(text: &str) -> Result<nephele_proto::StateBinding, String> {
+    match text.split_once('=') {
+        Some((input, output))
+            if !input.trim().is_empty() && !output.trim().is_empty() && !output.contains('=') =>
+        {
+            Ok(nephele_proto::StateBinding {
+                input: input.trim().to_string(),
+                output: output.trim().to_string(),
+            })
+        }
+        _ => Err(format!(
+            "state {text:?}: give INPUT=OUTPUT, the model input that takes the state and the output that returns the next one (e.g. --state state=stateN)"
+        )),
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -60,6 +79,8 @@ struct ModelUpload {
     validation: Option<ValidationUpload>,
     #[serde(default)]
     inputs: Vec<String>,
+    #[serde(default)]
+    state: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -103,6 +124,7 @@ pub fn parse_push(
     let bad = ApiError::BadRequest;
     let mut wait = false;
     let mut spec_texts = Vec::new();
+    let mut state_texts = Vec::new();
     for (key, value) in query {
         match key.as_str() {
             "wait" => {
@@ -113,9 +135,10 @@ pub fn parse_push(
                 }
             }
             "input" => spec_texts.push(value.clone()),
+            "state" => state_texts.push(value.clone()),
             other => {
                 return Err(bad(format!(
-                    "unknown query parameter {other:?}; a push takes input=NAME=DIMS[:DTYPE][=VALUE] (repeatable) and wait=true"
+                    "unknown query parameter {other:?}; a push takes input=NAME=DIMS[:DTYPE][=VALUE] and state=INPUT=OUTPUT (both repeatable) and wait=true"
                 )))
             }
         }
@@ -132,6 +155,7 @@ pub fn parse_push(
             ))
         })?;
         spec_texts.extend(upload.inputs);
+        state_texts.extend(upload.state);
         use base64::Engine as _;
         let decode = |field: &str, text: &str| {
             base64::engine::general_purpose::STANDARD
@@ -168,10 +192,18 @@ pub fn parse_push(
             "input specs apply to ONNX files; a BERT upload takes bert.sequence".into(),
         ));
     }
+    let state = state_texts
+        .iter()
+        .map(|t| parse_state(t).map_err(bad))
+        .collect::<Result<Vec<_>, _>>()?;
+    if matches!(source, Source::Bert { .. }) && !state.is_empty() {
+        return Err(bad("a BERT upload has no recurrent state".into()));
+    }
     Ok(Push {
         source,
         validation,
         input_specs,
+        state,
         wait,
     })
 }
@@ -205,6 +237,7 @@ pub async fn start(
         source,
         validation,
         input_specs,
+        state,
         ..
     } = push;
     let spec_texts: Vec<String> = input_specs.iter().map(|s| s.to_string()).collect();
@@ -274,6 +307,7 @@ pub async fn start(
                     source,
                     validation,
                     spec_texts,
+                    state,
                     &blob_dir,
                     &mut report,
                 )
@@ -315,6 +349,7 @@ fn build(
     source: Source,
     validation: Option<ValidationUpload>,
     input_specs: Vec<String>,
+    state: Vec<nephele_proto::StateBinding>,
     blob_dir: &std::path::Path,
     progress: &mut dyn FnMut(nephele_runtime::variants::BuildProgress),
 ) -> Result<PutModel, String> {
@@ -328,13 +363,19 @@ fn build(
                 Err(single @ nephele_runtime::RuntimeError::Unsupported { .. }) => {
                     return match nephele_runtime::graph_model::GraphModel::load(name, &bytes) {
                         Ok(graph) => {
-                            build_graph(name, bytes, graph, input_specs, blob_dir, progress)
+                            build_graph(name, bytes, graph, input_specs, state, blob_dir, progress)
                         }
                         Err(typed) => Err(format!("{typed} (as one f32 input: {single})")),
                     };
                 }
                 Err(error) => return Err(text(error)),
             };
+            if let Some(binding) = state.first() {
+                return Err(format!(
+                    "--state {}={}: this model has one input and one output, so nothing can carry a state between requests",
+                    binding.input, binding.output
+                ));
+            }
             let (set, description) = match validation.map(ValidationUpload::into_set) {
                 Some(given) => given,
                 None => (
@@ -424,6 +465,7 @@ fn build(
         validation: description,
         format: format.to_string(),
         input_specs,
+        recurrent_state: Vec::new(),
     })
 }
 
@@ -435,10 +477,12 @@ fn build_graph(
     bytes: Vec<u8>,
     graph: nephele_runtime::graph_model::GraphModel,
     input_specs: Vec<String>,
+    state: Vec<nephele_proto::StateBinding>,
     blob_dir: &std::path::Path,
     progress: &mut dyn FnMut(nephele_runtime::variants::BuildProgress),
 ) -> Result<PutModel, String> {
     use nephele_runtime::variants::{BuildProgress, BuiltVariant, VariantSet};
+    graph.check_state(state.iter().map(|b| (b.input.as_str(), b.output.as_str())))?;
     graph.run(&graph.zeros()).map_err(|e| e.to_string())?;
     progress(BuildProgress {
         done: 1,
@@ -492,6 +536,7 @@ fn build_graph(
         validation: "zero inputs (typed model: no validation rows yet)".into(),
         format: nephele_runtime::graph_model::FORMAT_ONNX_GRAPH.to_string(),
         input_specs,
+        recurrent_state: state,
     })
 }
 

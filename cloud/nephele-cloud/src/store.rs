@@ -129,6 +129,9 @@ pub struct ModelRecord {
     /// The `--input` specs applied to the pushed file.
     #[serde(default)]
     pub input_specs: Vec<String>,
+    /// Recurrent state of a stateful model (`--state INPUT=OUTPUT`).
+    #[serde(default)]
+    pub recurrent_state: Vec<nephele_proto::StateBinding>,
 }
 
 fn onnx_format() -> String {

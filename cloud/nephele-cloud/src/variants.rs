@@ -332,6 +332,7 @@ mod tests {
                 variant("full", VariantKind::Full, full_size, 1.0),
                 variant("int8", VariantKind::Int8Weights, full_size / 4, 0.9999),
             ],
+            state: vec![],
         }
     }
 

@@ -167,6 +167,11 @@ pub enum ModelCommand {
         /// `bytes=1,2048:i32`, `sr=scalar:i64=16000` (folded in as a constant).
         #[arg(long = "input", value_name = "NAME=DIMS[:DTYPE][=VALUE]")]
         inputs: Vec<String>,
+        /// A recurrent state of the model (repeatable): what OUTPUT returns is fed back
+        /// as INPUT on the same session's next request, kept on the device, so a
+        /// streaming client sends only its new chunk (`--state state=stateN`).
+        #[arg(long = "state", value_name = "INPUT=OUTPUT")]
+        state: Vec<String>,
         /// Return once uploaded, while the variants are still being built (see `model get`).
         #[arg(long)]
         no_wait: bool,
@@ -529,6 +534,15 @@ fn print_model(v: &Value) {
     if let Some(error) = v["error"].as_str() {
         println!("  failed: {error}");
     }
+    let state: Vec<String> = v["recurrent_state"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|b| format!("{}={}", s(b, "input"), s(b, "output")))
+        .collect();
+    if !state.is_empty() {
+        println!("  state kept per session on devices: {}", state.join(" "));
+    }
     print_variants(v);
 }
 
@@ -596,6 +610,7 @@ pub fn model(args: ApiArgs, command: ModelCommand) -> Result<()> {
             bert_sequence,
             validation,
             inputs,
+            state,
             no_wait,
         } => {
             // Checked here first, so a typo costs no upload.
@@ -603,9 +618,19 @@ pub fn model(args: ApiArgs, command: ModelCommand) -> Result<()> {
                 text.parse::<nephele_runtime::input_spec::InputSpec>()
                     .map_err(anyhow::Error::msg)?;
             }
+            for text in &state {
+                if text.split_once('=').is_none_or(|(i, o)| {
+                    i.trim().is_empty() || o.trim().is_empty() || o.contains('=')
+                }) {
+                    anyhow::bail!(
+                        "--state {text}: give INPUT=OUTPUT, the model input that takes the state and the output that returns the next one (e.g. --state state=stateN)"
+                    );
+                }
+            }
             let query: Vec<String> = inputs
                 .iter()
                 .map(|t| format!("input={}", query_value(t)))
+                .chain(state.iter().map(|t| format!("state={}", query_value(t))))
                 .collect();
             let path = if query.is_empty() {
                 format!("/v1/models/{name}")

@@ -705,6 +705,11 @@ async fn load_graph(
                         model,
                         variant.sha256,
                         variant.name.clone(),
+                        manifest
+                            .state
+                            .iter()
+                            .map(|b| (b.input.clone(), b.output.clone()))
+                            .collect(),
                     )),
                 );
             agent
@@ -1040,6 +1045,7 @@ mod tests {
                 min_cosine: Some(1.0),
                 flops: 0,
             }],
+            state: vec![],
         };
         let bytes = nephele_proto::encode_payload(&manifest).expect("encodes");
         Assignment {

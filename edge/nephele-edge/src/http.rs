@@ -156,6 +156,7 @@ fn status(agent: &Agent) -> Response<Full<Bytes>> {
                 "p99_ms": t.p99_us as f64 / 1000.0,
                 "tails": agent.server.deployment(&t.deployment).map(|d| d.loaded_tails()).unwrap_or_default()
                     .iter().map(|(variant, bytes)| serde_json::json!({"variant": variant, "bytes": bytes})).collect::<Vec<_>>(),
+                "sessions": agent.server.graph(&t.deployment).filter(|g| !g.state.is_empty()).map(|g| g.session_stats()),
             })).collect::<Vec<_>>(),
             "jobs": agent.job_statuses().iter().map(|s| serde_json::json!({
                 "job": s.job,
@@ -179,6 +180,12 @@ fn status(agent: &Agent) -> Response<Full<Bytes>> {
 #[serde(deny_unknown_fields)]
 struct TypedBody {
     inputs: std::collections::HashMap<String, nephele_runtime::graph_model::NamedTensor>,
+    /// A stateful model's session: its state inputs may then be left out.
+    #[serde(default)]
+    session: Option<String>,
+    /// This is the session's last request: its state is dropped after it.
+    #[serde(default)]
+    end: bool,
 }
 
 async fn infer_typed(
@@ -191,20 +198,36 @@ async fn infer_typed(
         Err(e) => {
             return error(
                 StatusCode::BAD_REQUEST,
-                format!("invalid typed request: {e}; expected {{\"inputs\": {{NAME: {{\"dtype\": \"i64\", \"shape\": [1, 4], \"data\": [...]}}}}}}"),
+                format!("invalid typed request: {e}; expected {{\"inputs\": {{NAME: {{\"dtype\": \"i64\", \"shape\": [1, 4], \"data\": [...]}}}}, \"session\": ID (optional), \"end\": false}}"),
             )
         }
     };
-    match agent.server.serve_graph(deployment, parsed.inputs).await {
-        Ok((outputs, latency)) => json(
+    if parsed.end && parsed.session.is_none() {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "\"end\": true closes a session: give \"session\": ID as well",
+        );
+    }
+    let session = parsed.session.map(|id| crate::graph_serving::SessionRef {
+        id,
+        end: parsed.end,
+    });
+    match agent
+        .server
+        .serve_graph(deployment, parsed.inputs, session)
+        .await
+    {
+        Ok((outputs, latency, session)) => json(
             StatusCode::OK,
             &serde_json::json!({
                 "outputs": outputs,
                 "computed_by": agent.server.name,
                 "where": "local",
                 "latency_ms": latency.as_secs_f64() * 1000.0,
+                "session": session,
             }),
         ),
+        Err(e @ ServeError::Conflict(_)) => error(StatusCode::CONFLICT, e),
         Err(ServeError::NotFound(name)) => error(
             StatusCode::NOT_FOUND,
             format!("deployment {name} is not assigned to this device"),
@@ -298,5 +321,6 @@ async fn infer(
             response
         }
         Err(e @ ServeError::Failed(_)) => error(StatusCode::INTERNAL_SERVER_ERROR, e),
+        Err(e @ ServeError::Conflict(_)) => error(StatusCode::CONFLICT, e),
     }
 }

@@ -19,6 +19,7 @@ pub mod http;
 pub mod jobs;
 pub mod node;
 pub mod serving;
+pub mod sessions;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

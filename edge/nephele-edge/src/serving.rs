@@ -270,6 +270,9 @@ pub enum ServeError {
     },
     #[error("inference failed: {0}")]
     Failed(String),
+    /// The request conflicts with one in progress (a session's previous chunk).
+    #[error("conflict: {0}")]
+    Conflict(String),
 }
 
 /// Everything the serving path needs, shared by the HTTP endpoint, the session (pool

@@ -98,7 +98,12 @@ fn ancestors(graph: &GraphProto, tensor: &str, before: usize) -> BTreeSet<usize>
         if let Some(&i) = producer.get(name) {
             if seen.insert(i) {
                 let node = &graph.node[i];
-                stack.extend(node.input.iter().filter(|s| !s.is_empty()).map(String::as_str));
+                stack.extend(
+                    node.input
+                        .iter()
+                        .filter(|s| !s.is_empty())
+                        .map(String::as_str),
+                );
                 // A node with a subgraph (an `If` left undecided) may read outer tensors.
                 for attribute in &node.attribute {
                     for g in attribute.g.iter().chain(attribute.graphs.iter()) {

@@ -178,6 +178,70 @@ impl GraphModel {
 
     /// Checks a request without running it: every input given once, with the declared
     /// type and shape and as many values as the shape holds; no unknown names.
+    /// Checks recurrent-state bindings (`--state INPUT=OUTPUT`): each names an input
+    /// and an output of this model with the same type and shape, and no input or output
+    /// is bound twice.
+    pub fn check_state<'a>(
+        &self,
+        bindings: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Result<(), String> {
+        let mut seen: Vec<&str> = Vec::new();
+        for (input, output) in bindings {
+            let names = |decls: &[TensorDecl]| {
+                decls
+                    .iter()
+                    .map(|d| d.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            let flag = format!("--state {input}={output}");
+            let i = self
+                .inputs
+                .iter()
+                .find(|d| d.name == input)
+                .ok_or_else(|| {
+                    format!(
+                        "{flag}: the model has no input {input:?}; its inputs are {}",
+                        names(&self.inputs)
+                    )
+                })?;
+            let o = self
+                .outputs
+                .iter()
+                .find(|d| d.name == output)
+                .ok_or_else(|| {
+                    format!(
+                        "{flag}: the model has no output {output:?}; its outputs are {}",
+                        names(&self.outputs)
+                    )
+                })?;
+            if i.dtype != o.dtype || i.shape != o.shape {
+                return Err(format!(
+                    "{flag}: input {input} is {} {:?} but output {output} is {} {:?}; a state must come back as it goes in",
+                    i.dtype, i.shape, o.dtype, o.shape
+                ));
+            }
+            if seen.contains(&input) || seen.contains(&output) {
+                return Err(format!("{flag}: {input} or {output} is bound twice"));
+            }
+            seen.push(input);
+            seen.push(output);
+        }
+        Ok(())
+    }
+
+    /// Zeros for the input `name` (a session's first state).
+    pub fn zeros_for(&self, name: &str) -> Option<NamedTensor> {
+        self.inputs
+            .iter()
+            .find(|d| d.name == name)
+            .map(|d| NamedTensor {
+                dtype: d.dtype.clone(),
+                shape: d.shape.clone(),
+                data: vec![0.0; d.shape.iter().product()],
+            })
+    }
+
     pub fn check(&self, request: &HashMap<String, NamedTensor>) -> Result<(), String> {
         for name in request.keys() {
             if !self.inputs.iter().any(|i| &i.name == name) {

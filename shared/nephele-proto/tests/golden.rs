@@ -64,6 +64,10 @@ fn manifest() -> ModelManifest {
                 flops: 34_000,
             },
         ],
+        state: vec![StateBinding {
+            input: "h".into(),
+            output: "h_next".into(),
+        }],
     }
 }
 

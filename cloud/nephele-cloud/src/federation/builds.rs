@@ -48,6 +48,7 @@ impl Build {
             variants: Vec::new(),
             format: self.format.clone(),
             input_specs: self.input_specs.clone(),
+            recurrent_state: Vec::new(),
         }
     }
 }

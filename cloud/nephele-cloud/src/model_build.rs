@@ -96,8 +96,13 @@ struct BertUpload {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ValidationUpload {
+    /// Rows of a one-input model.
+    #[serde(default)]
     rows: Vec<Vec<f32>>,
     labels: Option<Vec<usize>>,
+    /// Requests of a model with named typed inputs (`{NAME: {dtype, shape, data}}`).
+    #[serde(default)]
+    typed_rows: Vec<std::collections::HashMap<String, nephele_runtime::graph_model::NamedTensor>>,
 }
 
 impl ValidationUpload {
@@ -362,9 +367,18 @@ fn build(
                 // Several inputs or outputs, or types other than f32: the typed path.
                 Err(single @ nephele_runtime::RuntimeError::Unsupported { .. }) => {
                     return match nephele_runtime::graph_model::GraphModel::load(name, &bytes) {
-                        Ok(graph) => {
-                            build_graph(name, bytes, graph, input_specs, state, blob_dir, progress)
-                        }
+                        Ok(graph) => build_graph(
+                            name,
+                            bytes,
+                            graph,
+                            BuildGraph {
+                                input_specs,
+                                state,
+                                validation,
+                            },
+                            blob_dir,
+                            progress,
+                        ),
                         Err(typed) => Err(format!("{typed} (as one f32 input: {single})")),
                     };
                 }
@@ -375,6 +389,11 @@ fn build(
                     "--state {}={}: this model has one input and one output, so nothing can carry a state between requests",
                     binding.input, binding.output
                 ));
+            }
+            if validation.as_ref().is_some_and(|v| v.rows.is_empty()) {
+                return Err(
+                    "validation has no rows: a model with one input takes validation.rows (typed_rows are for models with named typed inputs)".into(),
+                );
             }
             let (set, description) = match validation.map(ValidationUpload::into_set) {
                 Some(given) => given,
@@ -469,63 +488,95 @@ fn build(
     })
 }
 
+/// What a typed model's build takes from the push.
+struct BuildGraph {
+    input_specs: Vec<String>,
+    state: Vec<nephele_proto::StateBinding>,
+    validation: Option<ValidationUpload>,
+}
+
 /// A model with several typed inputs and outputs ([`nephele_runtime::graph_model`]):
-/// checked to run on zeros and shipped as `full` only, with manifest format
-/// `onnx-graph`; its int8 and split variants are not built yet, and the view says so.
+/// checked to run on zeros, with `full` and an `int8` measured against it on synthetic
+/// typed rows ([`nephele_runtime::graph_variants`]), manifest format `onnx-graph`.
+/// Split variants of typed models are not built.
 fn build_graph(
     name: &str,
     bytes: Vec<u8>,
     graph: nephele_runtime::graph_model::GraphModel,
-    input_specs: Vec<String>,
-    state: Vec<nephele_proto::StateBinding>,
+    BuildGraph {
+        input_specs,
+        state,
+        validation,
+    }: BuildGraph,
     blob_dir: &std::path::Path,
     progress: &mut dyn FnMut(nephele_runtime::variants::BuildProgress),
 ) -> Result<PutModel, String> {
-    use nephele_runtime::variants::{BuildProgress, BuiltVariant, VariantSet};
+    use nephele_runtime::variants::BuildProgress;
     graph.check_state(state.iter().map(|b| (b.input.as_str(), b.output.as_str())))?;
     graph.run(&graph.zeros()).map_err(|e| e.to_string())?;
     progress(BuildProgress {
         done: 1,
-        total: 1,
+        total: 2,
         step: "typed model checked on zero inputs".into(),
     });
-    crate::store::write_blob(blob_dir, &sha256_hex(&bytes), &bytes)
-        .map_err(|e| format!("cannot store the model file: {e}"))?;
+    let (rows, description) = match validation {
+        Some(given) if !given.rows.is_empty() || given.typed_rows.is_empty() => {
+            return Err(format!(
+                "this model takes named typed inputs ({}): give validation.typed_rows, a list of {{NAME: {{\"dtype\", \"shape\", \"data\"}}}}, not rows",
+                graph
+                    .inputs()
+                    .iter()
+                    .map(|i| format!("{} {} {:?}", i.name, i.dtype, i.shape))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        }
+        Some(given) => {
+            for (k, row) in given.typed_rows.iter().enumerate() {
+                graph
+                    .check(row)
+                    .map_err(|why| format!("validation.typed_rows[{k}]: {why}"))?;
+            }
+            let description = format!(
+                "{} typed rows (no labels: agreement only)",
+                given.typed_rows.len()
+            );
+            (given.typed_rows, description)
+        }
+        None => {
+            let rows = nephele_runtime::graph_variants::synthetic_rows(
+                &graph,
+                nephele_runtime::graph_variants::SYNTHETIC_TYPED_ROWS,
+            );
+            let description = format!(
+                "{} synthetic typed rows (floats in [0, 1), integers in 0..=255; no labels: agreement only)",
+                rows.len()
+            );
+            (rows, description)
+        }
+    };
+    let variants =
+        nephele_runtime::graph_variants::build_graph_variants(name, &bytes, &graph, &rows)
+            .map_err(|e| e.to_string())?;
+    progress(BuildProgress {
+        done: 2,
+        total: 2,
+        step: "int8 built and measured against full".into(),
+    });
+    let write = |file: &[u8]| {
+        crate::store::write_blob(blob_dir, &sha256_hex(file), file)
+            .map_err(|e| format!("cannot store a variant file: {e}"))
+    };
+    write(&bytes)?;
+    for variant in variants.shippable() {
+        for file in &variant.files {
+            write(file)?;
+        }
+    }
     let info = |d: &nephele_runtime::graph_model::TensorDecl| nephele_runtime::TensorInfo {
         name: d.name.clone(),
         shape: d.shape.iter().map(|s| *s as i64).collect(),
         dtype: d.dtype.clone(),
-    };
-    let variant = |name: &str, rejected: Option<String>| BuiltVariant {
-        name: name.into(),
-        precision: if name == "full" {
-            "fp32"
-        } else {
-            "int8-weights"
-        }
-        .into(),
-        files: if rejected.is_none() {
-            vec![bytes.clone()]
-        } else {
-            Vec::new()
-        },
-        flops: 0,
-        accuracy: None,
-        agreement: None,
-        cut: None,
-        quantization: None,
-        rejected,
-    };
-    let variants = VariantSet {
-        model: name.to_string(),
-        full_input_bytes: 0,
-        variants: vec![
-            variant("full", None),
-            variant(
-                "int8",
-                Some("not built yet for models with several typed inputs (served unbatched, full precision)".into()),
-            ),
-        ],
     };
     Ok(PutModel {
         name: name.to_string(),
@@ -533,7 +584,7 @@ fn build_graph(
         outputs: graph.outputs().iter().map(info).collect(),
         bytes,
         variants,
-        validation: "zero inputs (typed model: no validation rows yet)".into(),
+        validation: description,
         format: nephele_runtime::graph_model::FORMAT_ONNX_GRAPH.to_string(),
         input_specs,
         recurrent_state: state,

@@ -154,7 +154,11 @@ pub struct VariantRecord {
     /// `shipped` or `rejected` (filled in views).
     #[serde(default)]
     pub status: String,
-    /// Why it was rejected, or for a split why its cut was built (filled in views).
+    /// What mixed precision kept in f32, for an int8 variant that needed it.
+    #[serde(default)]
+    pub note: Option<String>,
+    /// Why it was rejected, for a split why its cut was built, or the note (filled in
+    /// views).
     #[serde(default)]
     pub reason: Option<String>,
 }

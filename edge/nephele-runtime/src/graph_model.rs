@@ -70,7 +70,12 @@ fn type_name(dt: DatumType) -> Option<&'static str> {
 impl GraphModel {
     /// Loads an ONNX file whose inputs all have a known type and shape.
     pub fn load(name: &str, bytes: &[u8]) -> Result<GraphModel, RuntimeError> {
-        crate::guard_parser(name, || Self::load_inner(name, bytes))
+        crate::guard_parser(name, || {
+            // An int8-weights variant computes in f32: its weights are folded back first
+            // (tract would dequantize them on every run, measured slower than fp32).
+            let folded = crate::onnx_edit::dequantize_weights(name, bytes)?;
+            Self::load_inner(name, folded.as_deref().unwrap_or(bytes))
+        })
     }
 
     fn load_inner(name: &str, bytes: &[u8]) -> Result<GraphModel, RuntimeError> {

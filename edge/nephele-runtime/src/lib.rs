@@ -25,7 +25,9 @@ pub mod candle_bert;
 pub mod cut_choice;
 pub mod fold_if;
 pub mod graph_model;
+pub mod graph_variants;
 pub mod input_spec;
+pub mod mixed_precision;
 pub mod onnx_edit;
 #[cfg(feature = "onnxruntime")]
 pub mod ort_backend;

@@ -56,6 +56,14 @@ pub struct QuantizationReport {
     pub kept_f32_elements: u64,
     /// Largest |w − dequantized(w)| over all quantized weights.
     pub max_abs_weight_error: f32,
+    /// Every quantized weight with its relative error ‖w − dq(w)‖ / ‖w‖, largest first:
+    /// the order in which mixed precision keeps tensors in f32.
+    #[serde(default)]
+    pub relative_errors: Vec<(String, f32)>,
+    /// Weights kept in f32 so that the variant's outputs agree with fp32 (mixed
+    /// precision), with their relative error as int8.
+    #[serde(default)]
+    pub kept_for_accuracy: Vec<(String, f32)>,
 }
 
 impl OnnxGraph {
@@ -276,6 +284,15 @@ impl OnnxGraph {
     /// of at least [`MIN_QUANTIZED_ELEMENTS`] elements as symmetric int8, with one
     /// scale per output channel where the layout is known, dequantized in the graph.
     pub fn quantize_weights_int8(&self) -> Result<(Vec<u8>, QuantizationReport), RuntimeError> {
+        self.quantize_weights_int8_keeping(&HashSet::new())
+    }
+
+    /// [`Self::quantize_weights_int8`], keeping the initializers named in `keep` in f32
+    /// (mixed precision: the tensors whose int8 error hurts the outputs).
+    pub fn quantize_weights_int8_keeping(
+        &self,
+        keep: &HashSet<String>,
+    ) -> Result<(Vec<u8>, QuantizationReport), RuntimeError> {
         // BatchNormalization after a Conv is folded into the Conv's weights and bias
         // first: its statistics then travel inside int8 weights instead of as f32, and
         // the runtime has one node less. Outputs change only by float rounding, and the
@@ -288,6 +305,8 @@ impl OnnxGraph {
             quantized_elements: 0,
             kept_f32_elements: 0,
             max_abs_weight_error: 0.0,
+            relative_errors: Vec::new(),
+            kept_for_accuracy: Vec::new(),
         };
         let mut initializers = Vec::with_capacity(graph.initializer.len());
         let mut dequantize_nodes = Vec::new();
@@ -305,7 +324,9 @@ impl OnnxGraph {
                 initializers.push(tensor.clone());
                 continue;
             };
-            if values.len() < MIN_QUANTIZED_ELEMENTS {
+            // A tensor with infinities (attention masks, `-inf` fill values) or NaNs has no
+            // int8 scale: kept in f32, as a small one is.
+            if values.len() < MIN_QUANTIZED_ELEMENTS || values.iter().any(|v| !v.is_finite()) {
                 report.kept_f32_elements += values.len() as u64;
                 initializers.push(tensor.clone());
                 continue;
@@ -313,6 +334,16 @@ impl OnnxGraph {
             let dims: Vec<usize> = tensor.dims.iter().map(|d| (*d).max(0) as usize).collect();
             let axis = role_axis.filter(|a| *a < dims.len());
             let (quantized, scales, error) = quantize(&values, &dims, axis);
+            let relative = relative_error(&values, &quantized, &scales, &dims, axis);
+            if keep.contains(&tensor.name) {
+                report.kept_f32_elements += values.len() as u64;
+                report
+                    .kept_for_accuracy
+                    .push((tensor.name.clone(), relative));
+                initializers.push(tensor.clone());
+                continue;
+            }
+            report.relative_errors.push((tensor.name.clone(), relative));
             report.max_abs_weight_error = report.max_abs_weight_error.max(error);
             report.quantized_tensors += 1;
             report.quantized_elements += values.len() as u64;
@@ -362,6 +393,12 @@ impl OnnxGraph {
             });
             quantized_names.insert(tensor.name.clone());
         }
+        report
+            .relative_errors
+            .sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        report
+            .kept_for_accuracy
+            .sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
         let mut nodes = dequantize_nodes;
         nodes.extend(graph.node.iter().cloned());
         let new_graph = GraphProto {
@@ -821,9 +858,6 @@ fn float_values(tensor: &TensorProto) -> Result<Vec<f32>, String> {
             tensor.dims
         ));
     }
-    if values.iter().any(|v| !v.is_finite()) {
-        return Err("a weight is NaN or infinite".into());
-    }
     Ok(values)
 }
 
@@ -860,6 +894,35 @@ fn quantize(values: &[f32], dims: &[usize], axis: Option<usize>) -> (Vec<i8>, Ve
         })
         .collect();
     (quantized, scales, error)
+}
+
+/// ‖w − dequantized(w)‖ / ‖w‖ (0 for an all-zero tensor).
+fn relative_error(
+    values: &[f32],
+    quantized: &[i8],
+    scales: &[f32],
+    dims: &[usize],
+    axis: Option<usize>,
+) -> f32 {
+    let (channels, stride) = match axis {
+        Some(axis) => (
+            dims[axis].max(1),
+            dims[axis + 1..].iter().product::<usize>().max(1),
+        ),
+        None => (1, 1),
+    };
+    let (mut err, mut norm) = (0.0f64, 0.0f64);
+    for (i, (v, q)) in values.iter().zip(quantized).enumerate() {
+        let scale = scales[(i / stride) % channels];
+        let d = f64::from(f32::from(*q) * scale - v);
+        err += d * d;
+        norm += f64::from(*v) * f64::from(*v);
+    }
+    if norm == 0.0 {
+        0.0
+    } else {
+        (err / norm).sqrt() as f32
+    }
 }
 
 #[cfg(test)]

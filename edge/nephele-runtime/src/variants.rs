@@ -483,39 +483,64 @@ fn int8_variant(
         quantization: None,
         rejected: None,
     };
-    let built = graph.quantize_weights_int8().and_then(|(bytes, report)| {
-        // Measured as the agent runs it.
-        let model = Model::load_variant(&format!("{name}/int8"), &bytes, row_shape)?;
+    // Measured as the agent runs it; weights that hurt are kept in f32 until the rule
+    // holds (crate::mixed_precision).
+    let built = crate::mixed_precision::quantize_until_it_agrees(graph, |bytes| {
+        let model = Model::load_variant(&format!("{name}/int8"), bytes, row_shape)?;
         let outputs = run_all(&model, &validation.rows)?;
-        Ok((bytes, report, outputs))
+        let measured = agreement(reference, &outputs);
+        let quantized_accuracy = accuracy(&outputs, validation.labels.as_ref());
+        let drop = match (full_accuracy, quantized_accuracy) {
+            (Some(full), Some(int8)) => full - int8,
+            _ => 0.0,
+        };
+        let passes =
+            measured.min_cosine >= MIN_INT8_COSINE && drop <= MAX_INT8_ACCURACY_DROP_POINTS;
+        Ok((passes, (measured, quantized_accuracy, drop)))
     });
     match built {
         Err(error) => variant.rejected = Some(format!("could not be built: {error}")),
-        Ok((bytes, report, outputs)) => {
-            let measured = agreement(reference, &outputs);
-            variant.accuracy = accuracy(&outputs, validation.labels.as_ref());
-            variant.files = vec![bytes];
+        Ok(tried) => {
+            let (measured, quantized_accuracy, drop) = tried.measured;
+            variant.accuracy = quantized_accuracy;
+            variant.files = vec![tried.bytes];
             variant.agreement = Some(measured);
-            variant.quantization = Some(report.clone());
-            let drop = match (full_accuracy, variant.accuracy) {
-                (Some(full), Some(int8)) => full - int8,
-                _ => 0.0,
-            };
-            if report.quantized_tensors == 0 {
-                variant.rejected = Some("no weight is large enough to quantize".into());
-            } else if measured.min_cosine < MIN_INT8_COSINE {
-                variant.rejected = Some(format!(
-                    "outputs disagree with fp32: min cosine {:.4} < {MIN_INT8_COSINE}",
-                    measured.min_cosine
-                ));
-            } else if drop > MAX_INT8_ACCURACY_DROP_POINTS {
-                variant.rejected = Some(format!(
-                    "loses {drop:.2} accuracy points (> {MAX_INT8_ACCURACY_DROP_POINTS})"
-                ));
-            }
+            variant.rejected = int8_refusal(&tried.report, &measured, drop, tried.tries);
+            variant.quantization = Some(tried.report);
         }
     }
     variant
+}
+
+/// Why an int8 variant is not shipped, or `None` when it is.
+pub(crate) fn int8_refusal(
+    report: &crate::onnx_edit::QuantizationReport,
+    measured: &Agreement,
+    drop: f64,
+    tries: usize,
+) -> Option<String> {
+    let kept = if report.kept_for_accuracy.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " even with the {} weights of largest int8 error kept in f32 ({tries} builds tried)",
+            report.kept_for_accuracy.len()
+        )
+    };
+    if report.quantized_tensors == 0 {
+        Some("no weight is large enough to quantize".into())
+    } else if measured.min_cosine < MIN_INT8_COSINE {
+        Some(format!(
+            "outputs disagree with fp32: min cosine {:.4} < {MIN_INT8_COSINE}{kept}",
+            measured.min_cosine
+        ))
+    } else if drop > MAX_INT8_ACCURACY_DROP_POINTS {
+        Some(format!(
+            "loses {drop:.2} accuracy points (> {MAX_INT8_ACCURACY_DROP_POINTS}){kept}"
+        ))
+    } else {
+        None
+    }
 }
 
 fn split_variant(

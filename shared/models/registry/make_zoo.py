@@ -23,7 +23,9 @@ Models:
               silence, a voiced harmonic tone with a syllable envelope, and noise.
   ppocr-rec   PP-OCRv4 text recognizer (Paddle export, 10.9 MB): x [?, 3, ?, ?] f32 ->
               [?, ?, 6625]; symbolic batch, height and width, fixed at push to 48 x 320.
-              Rows: two deterministic text-like images (dark strokes on light ground).
+              Rows: deterministic text-like images (dark strokes on light ground):
+              three pushed as validation rows (int8 is measured on them), three other
+              ones as test cases.
 
 usage: make_zoo.py --out-dir target/models --magika-wheel W
 """
@@ -140,23 +142,30 @@ def ppocr_rec(out_dir):
     os.makedirs(os.path.join(out_dir, "zoo", "ppocr-rec"), exist_ok=True)
     sess = session(model)
     rng = np.random.default_rng(4)
-    cases = []
-    for k in range(2):
-        image = np.full((48, 320), 0.9, dtype=np.float32)
-        for stroke in range(14 + 4 * k):
+
+    def image(strokes):
+        picture = np.full((48, 320), 0.9, dtype=np.float32)
+        for stroke in range(strokes):
             x0 = 12 + stroke * 20 + int(rng.integers(0, 6))
             width = int(rng.integers(2, 5))
             top, bottom = int(rng.integers(8, 16)), int(rng.integers(32, 40))
-            image[top:bottom, x0:x0 + width] = 0.1
-            image[top:top + width, x0:x0 + 10] = 0.1
-        x = np.stack([image] * 3)[None]
-        x = ((x - 0.5) / 0.5).astype(np.float32)
+            picture[top:bottom, x0:x0 + width] = 0.1
+            picture[top:top + width, x0:x0 + 10] = 0.1
+        x = np.stack([picture] * 3)[None]
+        return ((x - 0.5) / 0.5).astype(np.float32)
+
+    # Validation rows for the push (what int8 is measured on), and separate test cases.
+    validation = [image(12 + 2 * k).reshape(-1).tolist() for k in range(3)]
+    cases = []
+    for k in range(3):
+        x = image(13 + 2 * k)
         (probs,) = sess.run(None, {"x": x})
         cases.append({"inputs": {"x": tensor("f32", x)}, "outputs": {"output": answer(probs)}})
     write(out_dir, "ppocr-rec", {
         "model": "PP-OCRv4 rec (rapidocr-onnxruntime 1.4.4)",
         "reference_by": f"onnxruntime {ort.__version__}",
         "push": {"inputs": ["x=N,3,48,320"], "state": []},
+        "validation": {"rows": validation},
         "tolerance": 1e-3,
         "session": False,
         "cases": cases,

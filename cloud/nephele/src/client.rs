@@ -158,8 +158,9 @@ pub enum ModelCommand {
         #[arg(long, value_name = "TOKENS")]
         bert_sequence: Option<usize>,
         /// JSON with the rows to check variants on: `{"rows" or "features": [[...]],
-        /// "labels": [...]}` (labels optional). Without it, 64 synthetic rows are used,
-        /// which measures agreement but not accuracy.
+        /// "labels": [...]}` (labels optional), or for a model with named typed inputs
+        /// `{"typed_rows": [{NAME: {"dtype", "shape", "data"}}, ...]}`. Without it,
+        /// synthetic rows are used, which measures agreement but not accuracy.
         #[arg(long)]
         validation: Option<std::path::PathBuf>,
         /// Shape, type or fixed value of an input, applied to the file by the control
@@ -362,13 +363,20 @@ pub fn upload_body(model: &[u8], validation: &std::path::Path) -> Result<Value> 
         .with_context(|| format!("cannot read {}", validation.display()))?;
     let value: Value = serde_json::from_str(&text)
         .with_context(|| format!("{} is not JSON", validation.display()))?;
+    // A model with named typed inputs takes requests as rows.
+    if let Some(typed) = value.get("typed_rows") {
+        return Ok(serde_json::json!({
+            "onnx_base64": base64::engine::general_purpose::STANDARD.encode(model),
+            "validation": {"typed_rows": typed},
+        }));
+    }
     let rows = value
         .get("rows")
         .or_else(|| value.get("features"))
         .cloned()
         .with_context(|| {
             format!(
-                "{} has no \"rows\" (or \"features\") array of input rows",
+                "{} has no \"rows\" (or \"features\") array of input rows, nor \"typed_rows\" (requests of named typed tensors)",
                 validation.display()
             )
         })?;

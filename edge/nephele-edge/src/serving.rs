@@ -415,7 +415,7 @@ impl Server {
                 route,
                 connection.is_some(),
                 &mut lock(&deployment.remote),
-                &self.breaker(),
+                &mut self.breaker(),
                 now_us,
             )
         };

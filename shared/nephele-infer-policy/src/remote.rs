@@ -153,19 +153,28 @@ pub fn probe_if_refused(
     route: Route,
     cloud_connected: bool,
     estimator: &mut RemoteEstimator,
-    breaker: &CircuitBreaker,
+    breaker: &mut CircuitBreaker,
     now_us: u64,
 ) -> Route {
     match route {
-        // An open or half-open breaker has its own probe; this one only corrects the
-        // estimate of a path the breaker trusts.
-        Route::Reject { .. }
-            if cloud_connected
-                && breaker.state() == BreakerState::Closed
-                && estimator.take_probe(now_us) =>
-        {
-            Route::Offload {
-                fallback_local: false,
+        Route::Reject { .. } if cloud_connected => {
+            let probe = if breaker.state() == BreakerState::Closed {
+                // A path the breaker trusts: correct its stale estimate.
+                estimator.take_probe(now_us)
+            } else {
+                // An open breaker whose time is up gets its half-open trial from a
+                // refused request too. `decide` asks the breaker only when the estimate
+                // fits the deadline, so with a high estimate and an open breaker nothing
+                // would ever try the path again: offload stayed shut after the pool
+                // overflowed during a slow spell, though the link had recovered.
+                breaker.allow(now_us)
+            };
+            if probe {
+                Route::Offload {
+                    fallback_local: false,
+                }
+            } else {
+                route
             }
         }
         other => other,
@@ -240,31 +249,31 @@ mod tests {
     #[test]
     fn only_refusals_become_probes_and_only_when_stale() {
         let mut e = RemoteEstimator::default();
-        let breaker = CircuitBreaker::new(BreakerConfig::default());
+        let mut breaker = CircuitBreaker::new(BreakerConfig::default());
         let reject = Route::Reject { retry_after_ms: 5 };
         assert_eq!(
-            probe_if_refused(Route::Local, true, &mut e, &breaker, 0),
+            probe_if_refused(Route::Local, true, &mut e, &mut breaker, 0),
             Route::Local
         );
         assert_eq!(
-            probe_if_refused(reject, false, &mut e, &breaker, 0),
+            probe_if_refused(reject, false, &mut e, &mut breaker, 0),
             reject,
             "no cloud"
         );
         assert_eq!(
-            probe_if_refused(reject, true, &mut e, &breaker, 0),
+            probe_if_refused(reject, true, &mut e, &mut breaker, 0),
             Route::Offload {
                 fallback_local: false
             }
         );
         assert_eq!(
-            probe_if_refused(reject, true, &mut e, &breaker, 1),
+            probe_if_refused(reject, true, &mut e, &mut breaker, 1),
             reject,
             "the probe is out"
         );
         e.on_sample(2, 400_000);
         assert_eq!(
-            probe_if_refused(reject, true, &mut e, &breaker, S),
+            probe_if_refused(reject, true, &mut e, &mut breaker, S),
             reject,
             "fresh estimate: the refusal stands"
         );
@@ -305,7 +314,40 @@ mod tests {
             breaker.on_failure(0);
         }
         let reject = Route::Reject { retry_after_ms: 5 };
-        assert_eq!(probe_if_refused(reject, true, &mut e, &breaker, 1), reject);
+        assert_eq!(
+            probe_if_refused(reject, true, &mut e, &mut breaker, 1),
+            reject
+        );
         assert!(!e.probe_out(), "the estimator's slot was not taken");
+    }
+
+    #[test]
+    fn an_open_breaker_whose_time_is_up_is_tried_by_a_refused_request() {
+        // The estimate is far above any deadline (a slow spell), so `decide` never asks
+        // the breaker; the first refusal after the open period is its half-open trial,
+        // and only one goes while it is out.
+        let mut e = RemoteEstimator::default();
+        e.on_sample(0, 900_000);
+        let config = BreakerConfig::default();
+        let mut breaker = CircuitBreaker::new(config);
+        for _ in 0..config.failure_threshold {
+            breaker.on_failure(0);
+        }
+        let reject = Route::Reject { retry_after_ms: 5 };
+        let later = config.open_for_us + 1;
+        assert_eq!(
+            probe_if_refused(reject, true, &mut e, &mut breaker, later),
+            Route::Offload {
+                fallback_local: false
+            }
+        );
+        assert_eq!(breaker.state(), BreakerState::HalfOpen);
+        assert_eq!(
+            probe_if_refused(reject, true, &mut e, &mut breaker, later + 1),
+            reject
+        );
+        // Its success closes the breaker.
+        breaker.on_success(later + 2);
+        assert_eq!(breaker.state(), BreakerState::Closed);
     }
 }

@@ -467,6 +467,18 @@ impl Edge {
         Edge::start_via(cloud, &cloud.quic, name, region, join_args, run_args)
     }
 
+    /// A pool agent (`--role pool`, profile `gpu-4x-l4`) named `name` in `region`:
+    /// where offloaded requests and split tails run.
+    pub fn pool(cloud: &Cloud, name: &str, region: &str) -> Result<Edge> {
+        Edge::start(
+            cloud,
+            name,
+            region,
+            &["--role", "pool", "--profile", "gpu-4x-l4"],
+            &[],
+        )
+    }
+
     /// [`Edge::start`] with the agent reaching the cloud through `server` (a relay
     /// such as a `ShapedLink`), for its enrolment and its session.
     pub fn start_via(

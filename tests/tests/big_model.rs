@@ -56,14 +56,7 @@ fn a_big_cnn_is_built_in_the_background_and_its_split_tail_loads_on_demand() {
         &["--workers", "1"],
     )
     .expect("edge agent");
-    let pool = Edge::start(
-        &cloud,
-        "pool-1",
-        "eu-west",
-        &["--role", "pool", "--profile", "gpu-4x-l4"],
-        &[],
-    )
-    .expect("pool agent");
+    let pool = Edge::pool(&cloud, "pool-1", "eu-west").expect("pool agent");
     cloud
         .wait_for("/v1/devices", "both agents online", |v| {
             v.as_array()

@@ -266,14 +266,7 @@ fn a_fleet_deploys_serves_offloads_and_survives_bad_frames() {
         &[],
     )
     .unwrap();
-    let pool = Edge::start(
-        &cloud,
-        "pool-1",
-        "eu-west",
-        &["--role", "pool", "--profile", "gpu-4x-l4"],
-        &[],
-    )
-    .unwrap();
+    let pool = Edge::pool(&cloud, "pool-1", "eu-west").unwrap();
 
     cloud
         .wait_for("/v1/devices", "3 healthy devices", |v| {
@@ -592,14 +585,7 @@ fn hard_examples_go_to_the_pool_and_a_cut_cloud_loses_no_request() {
         &["--workers", "1"],
     )
     .unwrap();
-    let _pool = Edge::start(
-        &cloud,
-        "pool-1",
-        "eu-west",
-        &["--role", "pool", "--profile", "gpu-4x-l4"],
-        &[],
-    )
-    .unwrap();
+    let _pool = Edge::pool(&cloud, "pool-1", "eu-west").unwrap();
     // An unknown variant is refused with the ones that exist.
     let (status, body) = cloud.put_model("digits-mlp", MODEL_ONNX).expect("upload");
     assert_eq!(status, 201, "{body}");
@@ -820,14 +806,7 @@ fn jobs_are_scheduled_onto_pool_agents() {
         .unwrap()
         .contains("--role pool"));
 
-    let pool = Edge::start(
-        &cloud,
-        "pool-1",
-        "eu-west",
-        &["--role", "pool", "--profile", "gpu-4x-l4"],
-        &[],
-    )
-    .unwrap();
+    let pool = Edge::pool(&cloud, "pool-1", "eu-west").unwrap();
     let placed = cloud
         .wait_for("/v1/jobs/train", "train placed", |v| {
             v["state"] == "running"
@@ -1116,16 +1095,7 @@ fn carbon_aware_jobs_go_to_the_greener_region_and_wait_for_the_greener_hour() {
     let url = |path: &str| format!("{}{path}", cloud.api);
     let _pools: Vec<Edge> = ["green", "brown"]
         .iter()
-        .map(|region| {
-            Edge::start(
-                &cloud,
-                &format!("pool-{region}"),
-                region,
-                &["--role", "pool", "--profile", "gpu-4x-l4"],
-                &[],
-            )
-            .unwrap()
-        })
+        .map(|region| Edge::pool(&cloud, &format!("pool-{region}"), region).unwrap())
         .collect();
     for region in ["green", "brown"] {
         cloud

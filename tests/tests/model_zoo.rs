@@ -139,6 +139,21 @@ fn push(cloud: &Cloud, name: &str, bytes: &[u8], cases: &Value) -> Value {
     view
 }
 
+/// A push of `bytes` to `/v1/models/{name_and_query}` is refused with 400, saying
+/// `says`.
+fn push_refused(cloud: &Cloud, name_and_query: &str, bytes: &[u8], says: &str) {
+    let (code, refused) = cloud
+        .client()
+        .raw(
+            "PUT",
+            &format!("{}/v1/models/{name_and_query}", cloud.api),
+            bytes,
+        )
+        .expect("push");
+    assert_eq!(code, 400, "{refused}");
+    assert!(refused.to_string().contains(says), "{refused}");
+}
+
 fn deploy_on_edge(cloud: &Cloud, name: &str) {
     deploy_variant_on_edge(cloud, name, name, "full");
 }
@@ -245,35 +260,18 @@ fn silero_vad_streams_through_a_session_that_keeps_its_state_on_the_device() {
     let edge = edge_for(&cloud);
     // As exported, with only the sample rate given, the chunk size is unknown: refused,
     // saying which input to fix.
-    let (code, refused) = cloud
-        .client()
-        .raw(
-            "PUT",
-            &format!(
-                "{}/v1/models/vad-sr?wait=true&input=sr%3Dscalar%3Ai64%3D16000",
-                cloud.api
-            ),
-            &bytes,
-        )
-        .expect("push");
-    assert_eq!(code, 400, "{refused}");
-    assert!(refused.to_string().contains("input"), "{refused}");
+    push_refused(
+        &cloud,
+        "vad-sr?wait=true&input=sr%3Dscalar%3Ai64%3D16000",
+        &bytes,
+        "input",
+    );
     // A state binding that does not match the model is refused, naming it.
-    let (code, bad_state) = cloud
-        .client()
-        .raw(
-            "PUT",
-            &format!(
-                "{}/v1/models/vad-bad?wait=true&input=input%3D1%2C576&input=state%3D2%2C1%2C128&input=sr%3Dscalar%3Ai64%3D16000&state=state%3Doutput",
-                cloud.api
-            ),
-            &bytes,
-        )
-        .expect("push");
-    assert_eq!(code, 400, "{bad_state}");
-    assert!(
-        bad_state.to_string().contains("--state state=output"),
-        "{bad_state}"
+    push_refused(
+        &cloud,
+        "vad-bad?wait=true&input=input%3D1%2C576&input=state%3D2%2C1%2C128&input=sr%3Dscalar%3Ai64%3D16000&state=state%3Doutput",
+        &bytes,
+        "--state state=output",
     );
 
     let view = push(&cloud, "vad", &bytes, &cases);
@@ -418,14 +416,7 @@ fn the_ppocr_recognizer_answers_as_onnxruntime_does_with_its_tail_in_the_pool() 
         &["--workers", "1"],
     )
     .expect("edge agent");
-    let _pool = Edge::start(
-        &cloud,
-        "pool-1",
-        "eu-west",
-        &["--role", "pool", "--profile", "gpu-4x-l4"],
-        &[],
-    )
-    .expect("pool agent");
+    let _pool = Edge::pool(&cloud, "pool-1", "eu-west").expect("pool agent");
     // Pushed with text-like validation rows: int8 is measured on what the model will see
     // (on uniform noise it passed with cosine 0.997 and then disagreed on text images).
     use base64::Engine as _;

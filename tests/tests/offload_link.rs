@@ -89,14 +89,7 @@ fn offload_resumes_within_seconds_after_a_slow_link_recovers() {
         &["--workers", "1"],
     )
     .expect("edge agent behind the link");
-    let _pool = Edge::start(
-        &cloud,
-        "pool-1",
-        "eu-west",
-        &["--role", "pool", "--profile", "gpu-4x-l4"],
-        &[],
-    )
-    .expect("pool agent");
+    let _pool = Edge::pool(&cloud, "pool-1", "eu-west").expect("pool agent");
 
     let (status, body) = cloud.put_model("digits-mlp", MODEL_ONNX).expect("upload");
     assert_eq!(status, 201, "{body}");

@@ -457,18 +457,7 @@ fn build(
             )
         }
     };
-    // The files are written here, not by the federation actor, which then only records
-    // the manifest: writing hundreds of megabytes must not hold up agent sessions.
-    let write = |file: &[u8]| {
-        crate::store::write_blob(blob_dir, &sha256_hex(file), file)
-            .map_err(|e| format!("cannot store a variant file: {e}"))
-    };
-    write(&bytes)?;
-    for variant in variants.shippable() {
-        for file in &variant.files {
-            write(file)?;
-        }
-    }
+    store_files(blob_dir, &bytes, &variants)?;
     tracing::info!(
         model = %name,
         variants = variants.variants.len(),
@@ -486,6 +475,27 @@ fn build(
         input_specs,
         recurrent_state: Vec::new(),
     })
+}
+
+/// Writes the pushed file and every shippable variant's files to the blob store. The
+/// files are written here, by the build, not by the federation actor, which then only
+/// records the manifest: writing hundreds of megabytes must not hold up agent sessions.
+fn store_files(
+    blob_dir: &std::path::Path,
+    pushed: &[u8],
+    variants: &nephele_runtime::variants::VariantSet,
+) -> Result<(), String> {
+    let write = |file: &[u8]| {
+        crate::store::write_blob(blob_dir, &sha256_hex(file), file)
+            .map_err(|e| format!("cannot store a variant file: {e}"))
+    };
+    write(pushed)?;
+    for variant in variants.shippable() {
+        for file in &variant.files {
+            write(file)?;
+        }
+    }
+    Ok(())
 }
 
 /// What a typed model's build takes from the push.
@@ -563,16 +573,7 @@ fn build_graph(
         total: 2,
         step: "int8 built and measured against full".into(),
     });
-    let write = |file: &[u8]| {
-        crate::store::write_blob(blob_dir, &sha256_hex(file), file)
-            .map_err(|e| format!("cannot store a variant file: {e}"))
-    };
-    write(&bytes)?;
-    for variant in variants.shippable() {
-        for file in &variant.files {
-            write(file)?;
-        }
-    }
+    store_files(blob_dir, &bytes, &variants)?;
     let info = |d: &nephele_runtime::graph_model::TensorDecl| nephele_runtime::TensorInfo {
         name: d.name.clone(),
         shape: d.shape.iter().map(|s| *s as i64).collect(),

@@ -95,28 +95,9 @@ pub fn build_graph_variants(
             }
         }
     }
-    let full_variant = BuiltVariant {
-        name: "full".into(),
-        precision: "fp32".into(),
-        files: vec![full.to_vec()],
-        flops: 0,
-        accuracy: None,
-        agreement: Some(agreement(&reference, &reference)),
-        cut: None,
-        quantization: None,
-        rejected: None,
-    };
-    let mut int8 = BuiltVariant {
-        name: "int8".into(),
-        precision: "int8-weights".into(),
-        files: Vec::new(),
-        flops: 0,
-        accuracy: None,
-        agreement: None,
-        cut: None,
-        quantization: None,
-        rejected: None,
-    };
+    let full_variant =
+        BuiltVariant::full(full.to_vec(), 0, None, agreement(&reference, &reference));
+    let mut int8 = BuiltVariant::pending("int8", "int8-weights", 0);
     if used.is_empty() {
         let mut int8 = int8;
         int8.rejected = Some(format!(

@@ -79,6 +79,31 @@ pub struct BuiltVariant {
 }
 
 impl BuiltVariant {
+    /// The model as pushed: `fp32`, measured against itself.
+    pub fn full(file: Vec<u8>, flops: u64, accuracy: Option<f64>, agreement: Agreement) -> Self {
+        BuiltVariant {
+            files: vec![file],
+            accuracy,
+            agreement: Some(agreement),
+            ..BuiltVariant::pending("full", "fp32", flops)
+        }
+    }
+
+    /// A variant about to be built: no files and nothing measured yet.
+    pub fn pending(name: impl Into<String>, precision: &str, flops: u64) -> Self {
+        BuiltVariant {
+            name: name.into(),
+            precision: precision.into(),
+            files: Vec::new(),
+            flops,
+            accuracy: None,
+            agreement: None,
+            cut: None,
+            quantization: None,
+            rejected: None,
+        }
+    }
+
     pub fn size(&self) -> u64 {
         self.files.iter().map(|f| f.len() as u64).sum()
     }
@@ -338,17 +363,12 @@ pub fn build_variants_observed(
         "full model checked on {} validation rows",
         validation.rows.len()
     ));
-    let mut variants = vec![BuiltVariant {
-        name: "full".into(),
-        precision: "fp32".into(),
-        files: vec![full.to_vec()],
-        flops: full_flops,
-        accuracy: full_accuracy,
-        agreement: Some(agreement(&reference, &reference)),
-        cut: None,
-        quantization: None,
-        rejected: None,
-    }];
+    let mut variants = vec![BuiltVariant::full(
+        full.to_vec(),
+        full_flops,
+        full_accuracy,
+        agreement(&reference, &reference),
+    )];
     variants.push(int8_variant(
         name,
         &graph,
@@ -404,17 +424,7 @@ pub fn build_bert_variants(
     let reference = run_all(&full_model, &validation.rows)?;
     let full_accuracy = accuracy(&reference, validation.labels.as_ref());
     let flops = full_model.candle_flops().unwrap_or(0);
-    let mut int8 = BuiltVariant {
-        name: "int8".into(),
-        precision: "int8-q8_0".into(),
-        files: Vec::new(),
-        flops,
-        accuracy: None,
-        agreement: None,
-        cut: None,
-        quantization: None,
-        rejected: None,
-    };
+    let mut int8 = BuiltVariant::pending("int8", "int8-q8_0", flops);
     let built = quantize_int8(name, safetensors, config_json).and_then(|bytes| {
         let model = Model::load_bert_gguf(&format!("{name}/int8"), &bytes, seq)?;
         let outputs = run_all(&model, &validation.rows)?;
@@ -447,17 +457,12 @@ pub fn build_bert_variants(
         model: name.to_string(),
         full_input_bytes: seq as u64 * 4,
         variants: vec![
-            BuiltVariant {
-                name: "full".into(),
-                precision: "fp32".into(),
-                files: vec![full],
+            BuiltVariant::full(
+                full,
                 flops,
-                accuracy: full_accuracy,
-                agreement: Some(agreement(&reference, &reference)),
-                cut: None,
-                quantization: None,
-                rejected: None,
-            },
+                full_accuracy,
+                agreement(&reference, &reference),
+            ),
             int8,
         ],
     })
@@ -472,17 +477,7 @@ fn int8_variant(
     full_flops: u64,
     row_shape: Option<&[usize]>,
 ) -> BuiltVariant {
-    let mut variant = BuiltVariant {
-        name: "int8".into(),
-        precision: "int8-weights".into(),
-        files: Vec::new(),
-        flops: full_flops,
-        accuracy: None,
-        agreement: None,
-        cut: None,
-        quantization: None,
-        rejected: None,
-    };
+    let mut variant = BuiltVariant::pending("int8", "int8-weights", full_flops);
     // Measured as the agent runs it; weights that hurt are kept in f32 until the rule
     // holds (crate::mixed_precision).
     let built = crate::mixed_precision::quantize_until_it_agrees(graph, |bytes| {
@@ -550,17 +545,7 @@ fn split_variant(
     validation: &ValidationSet,
     reference: &[Vec<f32>],
 ) -> BuiltVariant {
-    let mut variant = BuiltVariant {
-        name: format!("split@{cut}"),
-        precision: "fp32".into(),
-        files: Vec::new(),
-        flops: 0,
-        accuracy: None,
-        agreement: None,
-        cut: None,
-        quantization: None,
-        rejected: None,
-    };
+    let mut variant = BuiltVariant::pending(format!("split@{cut}"), "fp32", 0);
     let built = (|| {
         let head_only = graph.head(cut)?;
         let head_name = format!("{name}/head@{cut}");

@@ -402,6 +402,89 @@ fn silero_vad_streams_through_a_session_that_keeps_its_state_on_the_device() {
     }
 }
 
+/// Typed offload with state: four streams on an agent with one inference slot and room
+/// for one request, so while one chunk runs here the others go to the pool replica as named
+/// typed tensors on the wire, each carrying its session's state; every stream still
+/// matches onnxruntime chunk by chunk, whichever side computed each step.
+#[test]
+fn silero_vad_sessions_go_on_when_their_steps_run_in_the_pool() {
+    let model = format!("{ZOO}/silero-vad/model.onnx");
+    let Some((bytes, cases)) = zoo("silero-vad", &model) else {
+        return;
+    };
+    let cloud = Cloud::start("zoo-vad-offload").expect("cloud");
+    let edge = Edge::start(
+        &cloud,
+        "mic-box",
+        "eu-west",
+        &["--profile", "rpi5-8gb", "--label", "site=lab"],
+        &["--workers", "1"],
+    )
+    .expect("edge agent");
+    let _pool = Edge::pool(&cloud, "pool-1", "eu-west").expect("pool agent");
+    push(&cloud, "vad", &bytes, &cases);
+    cloud.deploy_on_one_edge_and_the_pool(json!({"name": "vad", "model": "vad",
+        "variant": "full", "selector": "site=lab", "slo_ms": 5000, "max_queue": 1}));
+    let tolerance = cases["tolerance"].as_f64().expect("tolerance");
+    let chunks = cases["cases"].as_array().expect("cases").clone();
+    let url = format!("{}/v1/infer/vad", edge.endpoint);
+    let streams: Vec<_> = (0..4)
+        .map(|stream| {
+            let (url, chunks) = (url.clone(), chunks.clone());
+            std::thread::spawn(move || {
+                let agent = Http::new(None);
+                let (mut worst, mut places, mut refused) = (0.0f64, Vec::new(), 0);
+                for (k, case) in chunks.iter().enumerate() {
+                    let body =
+                        json!({"inputs": case["inputs"], "session": format!("mic-{stream}")});
+                    loop {
+                        let (code, reply) = agent.raw_json("POST", &url, &body).expect("infer");
+                        if code == 429 {
+                            // Refused under load: the session keeps its state; resend.
+                            refused += 1;
+                            std::thread::sleep(std::time::Duration::from_millis(5));
+                            continue;
+                        }
+                        assert_eq!(code, 200, "stream {stream} chunk {k}: {reply}");
+                        assert_eq!(reply["session"]["step"], k as u64, "{reply}");
+                        let got = floats(&reply["outputs"]["output"]["data"]);
+                        let want = floats(&case["outputs"]["output"]["data"]);
+                        let diff = max_abs_diff(&got, &want);
+                        assert!(
+                            diff <= tolerance,
+                            "stream {stream} chunk {k} ({}): {got:?}, onnxruntime {want:?}",
+                            reply["where"]
+                        );
+                        worst = worst.max(diff);
+                        places.push(reply["where"].as_str().unwrap_or("?").to_string());
+                        break;
+                    }
+                }
+                (worst, places, refused)
+            })
+        })
+        .collect();
+    let (mut worst, mut local, mut cloud_steps, mut refused, mut switched) = (0.0f64, 0, 0, 0, 0);
+    for stream in streams {
+        let (w, places, r) = stream.join().expect("stream");
+        worst = worst.max(w);
+        refused += r;
+        local += places.iter().filter(|p| *p == "local").count();
+        cloud_steps += places.iter().filter(|p| *p == "cloud").count();
+        switched += places.windows(2).filter(|w| w[0] != w[1]).count();
+    }
+    println!(
+        "silero-vad, 4 streams × {} chunks on one slot: {local} steps here, {cloud_steps} in the pool, {switched} hand-overs between them, {refused} refusals resent; max |nephele − onnxruntime| = {worst:.2e}",
+        chunks.len()
+    );
+    assert_eq!(local + cloud_steps, 4 * chunks.len());
+    assert!(cloud_steps > 0, "no step was offloaded");
+    assert!(
+        switched > 0,
+        "no session moved between the device and the pool"
+    );
+}
+
 #[test]
 fn the_ppocr_recognizer_answers_as_onnxruntime_does_with_its_tail_in_the_pool() {
     let Some((bytes, cases)) = zoo("ppocr-rec", REC_MODEL) else {

@@ -25,8 +25,8 @@ use nephele_infer_policy::split::{plan_split, AllowedCuts, LayerProfile, Link, S
 use nephele_net::link::{LinkShape, ShapedLink};
 use nephele_net::{read_frame, write_frame, ClusterCa, SERVER_NAME};
 use nephele_proto::{
-    ErrorCode, ErrorFrame, InferRequest, InferResponse, InferStage, RequestBody, StreamRequest,
-    StreamResponse, Tensor, MAX_FRAME_BYTES, MAX_TENSOR_BYTES, PROTOCOL_VERSION,
+    ErrorCode, ErrorFrame, InferRequest, InferResponse, InferStage, Payload, RequestBody,
+    StreamRequest, StreamResponse, Tensor, MAX_FRAME_BYTES, MAX_TENSOR_BYTES, PROTOCOL_VERSION,
 };
 use nephele_runtime::bench::measure;
 use nephele_runtime::onnx_edit::OnnxGraph;
@@ -284,19 +284,28 @@ async fn answer(tails: &HashMap<String, Model>, recv: &mut quinn::RecvStream) ->
     let Some(model) = tails.get(&key).cloned() else {
         return refuse(ErrorCode::NotFound, format!("no model part {key:?} here"));
     };
-    if let Err(cause) = request.input.validate() {
+    let input = match request.input {
+        Payload::Tensor(tensor) => tensor,
+        Payload::Typed(_) => {
+            return refuse(
+                ErrorCode::BadRequest,
+                "this benchmark's pool takes one f32 tensor".into(),
+            )
+        }
+    };
+    if let Err(cause) = input.validate() {
         return refuse(ErrorCode::BadRequest, cause);
     }
-    let shape: Vec<usize> = request.input.shape.iter().map(|&d| d as usize).collect();
+    let shape: Vec<usize> = input.shape.iter().map(|&d| d as usize).collect();
     let started = Instant::now();
-    let data = request.input.data;
+    let data = input.data;
     match tokio::task::spawn_blocking(move || model.infer(&shape, &data)).await {
         Ok(Ok((shape, data))) => StreamResponse::Inferred(InferResponse {
             request_id: request.request_id,
-            output: Tensor {
+            output: Payload::Tensor(Tensor {
                 shape: shape.iter().map(|&d| d as u32).collect(),
                 data,
-            },
+            }),
             computed_by: "pool".into(),
             compute_us: started.elapsed().as_micros() as u64,
         }),
@@ -319,17 +328,20 @@ async fn remote(
         body: RequestBody::Infer(InferRequest {
             deployment: model.to_string(),
             request_id,
-            input: Tensor {
+            input: Payload::Tensor(Tensor {
                 shape: input.0.iter().map(|&d| d as u32).collect(),
                 data: input.1,
-            },
+            }),
             stage,
         }),
     };
     write_frame(&mut send, &request).await?;
     let _ = send.finish();
     match read_frame::<StreamResponse>(&mut recv, MAX_FRAME_BYTES).await? {
-        Some(StreamResponse::Inferred(inferred)) => Ok(inferred.output.data),
+        Some(StreamResponse::Inferred(InferResponse {
+            output: Payload::Tensor(output),
+            ..
+        })) => Ok(output.data),
         Some(StreamResponse::Error(error)) => Err(anyhow!("pool refused: {}", error.message)),
         other => Err(anyhow!("unexpected answer {other:?}")),
     }

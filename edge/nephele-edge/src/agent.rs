@@ -31,7 +31,7 @@ use nephele_net::{read_frame, write_frame};
 use nephele_proto::{
     decode_payload, digest_hex, AgentMessage, CloudMessage, DeploymentPhase, DesiredState,
     ErrorCode, ErrorFrame, Heartbeat, Hello, InferResponse, InferStage, InterruptionNotice,
-    JobMemberStatus, LinkReport, ModelManifest, NodeReport, RequestBody, StreamRequest,
+    JobMemberStatus, LinkReport, ModelManifest, NodeReport, Payload, RequestBody, StreamRequest,
     StreamResponse, VariantKind, CHUNK_BYTES, MAX_FRAME_BYTES, PROTOCOL_VERSION,
 };
 use tokio::sync::watch;
@@ -482,6 +482,68 @@ async fn run_session(
     Ok(reason)
 }
 
+/// One inference request from the control plane: a single tensor through the
+/// deployment (or a split variant's tail), or a typed model's named tensors (a stateful
+/// model's state comes with them and goes back in the answer; nothing is kept here).
+async fn serve_infer(agent: &Arc<Agent>, infer: nephele_proto::InferRequest) -> StreamResponse {
+    let unavailable =
+        |error: String| StreamResponse::Error(ErrorFrame::new(ErrorCode::Unavailable, error));
+    let answer = match (infer.input, &infer.stage) {
+        (Payload::Tensor(input), InferStage::Whole) => {
+            agent.server.serve(&infer.deployment, input).await
+        }
+        (Payload::Tensor(input), InferStage::Tail { variant }) => {
+            agent
+                .server
+                .serve_tail(&infer.deployment, variant, input)
+                .await
+        }
+        (typed @ Payload::Typed(_), InferStage::Whole) => {
+            let request = match crate::typed_wire::from_payload(&typed) {
+                Ok(request) => request,
+                Err(error) => {
+                    return StreamResponse::Error(ErrorFrame::new(ErrorCode::BadRequest, error))
+                }
+            };
+            return match agent
+                .server
+                .serve_graph(&infer.deployment, request, None)
+                .await
+            {
+                Ok(answer) => match crate::typed_wire::to_payload(&answer.outputs) {
+                    Ok(output) => StreamResponse::Inferred(InferResponse {
+                        request_id: infer.request_id,
+                        output,
+                        computed_by: answer.computed_by,
+                        compute_us: answer.latency.as_micros() as u64,
+                    }),
+                    Err(error) => unavailable(error),
+                },
+                // A request the model cannot take is no reason to try another replica.
+                Err(error @ crate::serving::ServeError::BadInput(_)) => {
+                    StreamResponse::Error(ErrorFrame::new(ErrorCode::BadRequest, error.to_string()))
+                }
+                Err(error) => unavailable(error.to_string()),
+            };
+        }
+        (Payload::Typed(_), InferStage::Tail { .. }) => {
+            return StreamResponse::Error(ErrorFrame::new(
+                ErrorCode::BadRequest,
+                "split variants of typed models are not built, so there is no tail to run",
+            ))
+        }
+    };
+    match answer {
+        Ok(answer) => StreamResponse::Inferred(InferResponse {
+            request_id: infer.request_id,
+            output: Payload::Tensor(answer.output),
+            computed_by: answer.computed_by,
+            compute_us: answer.latency.as_micros() as u64,
+        }),
+        Err(error) => unavailable(error.to_string()),
+    }
+}
+
 async fn serve_cloud_stream(
     agent: Arc<Agent>,
     mut send: quinn::SendStream,
@@ -497,25 +559,7 @@ async fn serve_cloud_stream(
         Ok(Some(StreamRequest {
             body: RequestBody::Infer(infer),
             ..
-        })) => match match &infer.stage {
-            InferStage::Whole => agent.server.serve(&infer.deployment, infer.input).await,
-            InferStage::Tail { variant } => {
-                agent
-                    .server
-                    .serve_tail(&infer.deployment, variant, infer.input)
-                    .await
-            }
-        } {
-            Ok(answer) => StreamResponse::Inferred(InferResponse {
-                request_id: infer.request_id,
-                output: answer.output,
-                computed_by: answer.computed_by,
-                compute_us: answer.latency.as_micros() as u64,
-            }),
-            Err(error) => {
-                StreamResponse::Error(ErrorFrame::new(ErrorCode::Unavailable, error.to_string()))
-            }
-        },
+        })) => serve_infer(&agent, infer).await,
         Ok(Some(StreamRequest {
             body:
                 RequestBody::JobLogs {
@@ -675,43 +719,45 @@ fn tail_loader(agent: &Arc<Agent>, manifest: &ModelManifest) -> crate::serving::
 }
 
 /// Loads a model with several typed inputs and outputs, checks that it runs on zeros,
-/// and serves it as a graph deployment (no batcher, no offload).
+/// and serves it as a graph deployment (no batcher; offload as the assignment says).
 async fn load_graph(
     agent: &Arc<Agent>,
-    name: &str,
+    assignment: &nephele_proto::Assignment,
     manifest: &ModelManifest,
     variant: &nephele_proto::ModelVariant,
     bytes: Vec<u8>,
 ) {
     use nephele_runtime::graph_model::GraphModel;
+    let name = assignment.deployment.as_str();
     let model_name = manifest.name.clone();
     let loaded = tokio::task::spawn_blocking(move || {
         let model = GraphModel::load(&model_name, &bytes)?;
+        // Timed: the first estimate of local service time, before any request.
+        let started = std::time::Instant::now();
         model.run(&model.zeros())?;
-        Ok::<_, nephele_runtime::RuntimeError>(model)
+        Ok::<_, nephele_runtime::RuntimeError>((model, started.elapsed()))
     })
     .await;
     match loaded {
-        Ok(Ok(model)) => {
+        Ok(Ok((model, first_run))) => {
+            let deployment = crate::graph_serving::GraphDeployment::new(
+                assignment.clone(),
+                model,
+                variant.sha256,
+                variant.name.clone(),
+                manifest
+                    .state
+                    .iter()
+                    .map(|b| (b.input.clone(), b.output.clone()))
+                    .collect(),
+            );
+            deployment.observe_service(first_run);
             agent
                 .server
                 .graphs
                 .write()
                 .unwrap_or_else(|p| p.into_inner())
-                .insert(
-                    name.to_string(),
-                    Arc::new(crate::graph_serving::GraphDeployment::new(
-                        name.to_string(),
-                        model,
-                        variant.sha256,
-                        variant.name.clone(),
-                        manifest
-                            .state
-                            .iter()
-                            .map(|b| (b.input.clone(), b.output.clone()))
-                            .collect(),
-                    )),
-                );
+                .insert(name.to_string(), Arc::new(deployment));
             agent
                 .server
                 .phases
@@ -779,11 +825,11 @@ async fn reconcile(agent: &Arc<Agent>, desired: &DesiredState) {
                 continue;
             }
         };
-        if server
-            .graph(&name)
-            .is_some_and(|g| g.model_digest == variant.sha256)
-        {
-            continue;
+        if let Some(existing) = server.graph(&name) {
+            if existing.model_digest == variant.sha256 {
+                *existing.params.write().unwrap_or_else(|p| p.into_inner()) = assignment.clone();
+                continue;
+            }
         }
         if let Some(existing) = server.deployment(&name) {
             if existing.model_digest == variant.sha256 {
@@ -802,7 +848,7 @@ async fn reconcile(agent: &Arc<Agent>, desired: &DesiredState) {
             }
         };
         if manifest.format == nephele_runtime::graph_model::FORMAT_ONNX_GRAPH {
-            load_graph(agent, &name, &manifest, &variant, bytes).await;
+            load_graph(agent, assignment, &manifest, &variant, bytes).await;
             continue;
         }
         // Tails of split variants: a device running a split keeps its own (to run the

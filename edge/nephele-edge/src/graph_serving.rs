@@ -1,23 +1,33 @@
 //! Serving models with several typed inputs and outputs (`nephele_runtime::graph_model`,
 //! manifest format `onnx-graph`): one request at a time per inference slot, no batcher
-//! (no batch axis is assumed) and no offload yet; requests and answers are named typed
-//! tensors (`{"inputs": {"ids": {"dtype": "i64", "shape": [1, 4], "data": [...]}}}`).
+//! (no batch axis is assumed); requests and answers are named typed tensors
+//! (`{"inputs": {"ids": {"dtype": "i64", "shape": [1, 4], "data": [...]}}}`).
+//!
+//! Each request is routed by the same policy as single-tensor deployments
+//! ([`nephele_infer_policy::offload::decide`], with the same circuit breaker, round-trip
+//! estimate and probes): local while the local queue (the deployment's `max_queue`,
+//! waiting or running) has room and the prediction meets the SLO; else, with
+//! offload on, to the region's replicas as named typed tensors on the wire
+//! ([`crate::typed_wire`]); else refused with 429 and a Retry-After.
 //!
 //! A stateful model (pushed with `--state INPUT=OUTPUT`) keeps its recurrent state per
 //! client session here ([`crate::sessions`]): a request with `"session": ID` may leave
 //! the state inputs out, and gets the state its previous request returned (zeros on the
-//! first).
+//! first). An offloaded step carries the session's state as inputs and its new state
+//! comes back as outputs, so the session goes on here whichever side computed a step.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use nephele_proto::{DeploymentPhase, DeploymentTelemetry};
+use nephele_infer_policy::offload::{decide, RemoteEstimate, RequestContext, Route};
+use nephele_infer_policy::remote::{probe_if_refused, RemoteEstimator};
+use nephele_proto::{Assignment, DeploymentPhase, DeploymentTelemetry, InferStage};
 use nephele_runtime::graph_model::{GraphModel, NamedTensor};
 use nephele_telemetry::LatencyWindow;
 
-use crate::serving::{ServeError, Server};
+use crate::serving::{Location, OffloadTarget, ServeError, Server};
 use crate::sessions::{SessionError, SessionStats, SessionStore};
 
 /// A request's session: its id, and whether this is its last request.
@@ -38,6 +48,16 @@ pub struct SessionOutcome {
     pub ended: bool,
 }
 
+/// A graph request's answer.
+#[derive(Debug)]
+pub struct GraphAnswer {
+    pub outputs: HashMap<String, NamedTensor>,
+    pub latency: Duration,
+    pub session: Option<SessionOutcome>,
+    pub location: Location,
+    pub computed_by: String,
+}
+
 /// A deployment of a graph model on this agent.
 pub struct GraphDeployment {
     pub name: String,
@@ -46,26 +66,39 @@ pub struct GraphDeployment {
     pub variant: String,
     /// (input, output) pairs of recurrent state.
     pub state: Vec<(String, String)>,
+    /// SLO, queue bound and offload, as the region last assigned them.
+    pub params: RwLock<Assignment>,
     sessions: Mutex<SessionStore>,
+    /// Requests waiting for or holding an inference slot here.
+    queued: AtomicU32,
+    /// Measured time of one local run (EWMA), µs; 0 before the first.
+    service_us: AtomicU64,
+    remote: Mutex<RemoteEstimator>,
     served: AtomicU64,
+    served_offloaded: AtomicU64,
     failed: AtomicU64,
     latencies: Mutex<LatencyWindow>,
 }
 
 impl GraphDeployment {
     pub fn new(
-        name: String,
+        assignment: Assignment,
         model: GraphModel,
         model_digest: [u8; 32],
         variant: String,
         state: Vec<(String, String)>,
     ) -> Self {
         GraphDeployment {
-            name,
+            name: assignment.deployment.clone(),
+            params: RwLock::new(assignment),
             model,
             model_digest,
             variant,
             state,
+            queued: AtomicU32::new(0),
+            service_us: AtomicU64::new(0),
+            remote: Mutex::new(RemoteEstimator::default()),
+            served_offloaded: AtomicU64::new(0),
             sessions: Mutex::new(SessionStore::new(
                 crate::sessions::DEFAULT_IDLE,
                 crate::sessions::DEFAULT_MAX_BYTES,
@@ -74,6 +107,27 @@ impl GraphDeployment {
             failed: AtomicU64::new(0),
             latencies: Mutex::new(LatencyWindow::new(4096)),
         }
+    }
+
+    /// Records one measured local run (an EWMA with weight 1/8; the first sets it).
+    pub fn observe_service(&self, elapsed: Duration) {
+        let sample = (elapsed.as_micros() as u64).max(1);
+        let _ = self
+            .service_us
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+                Some(if old == 0 {
+                    sample
+                } else {
+                    (old * 7 + sample) / 8
+                })
+            });
+    }
+
+    fn params(&self) -> Assignment {
+        self.params
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     pub fn session_stats(&self) -> SessionStats {
@@ -90,12 +144,12 @@ impl GraphDeployment {
             phase: DeploymentPhase::Ready,
             variant: self.variant.clone(),
             served_local: self.served.load(Ordering::Relaxed),
-            served_offloaded: 0,
+            served_offloaded: self.served_offloaded.load(Ordering::Relaxed),
             failed: self.failed.load(Ordering::Relaxed),
-            queue_len: 0,
+            queue_len: self.queued.load(Ordering::Relaxed),
             p50_us: latencies.quantile(0.5),
             p99_us: latencies.quantile(0.99),
-            service_us: latencies.quantile(0.5),
+            service_us: self.service_us.load(Ordering::Relaxed),
         }
     }
 }
@@ -110,22 +164,16 @@ impl Server {
             .cloned()
     }
 
-    /// Runs one request of named typed tensors on graph deployment `name`, on a
-    /// blocking thread while holding an inference slot; checked first, so a bad request
-    /// is a `BadInput` that names the input and what is wrong.
+    /// Serves one request of named typed tensors on graph deployment `name`, here (on
+    /// a blocking thread, holding an inference slot) or in the cloud, as the module
+    /// describes; checked first, so a bad request is a `BadInput` that names the input
+    /// and what is wrong.
     pub async fn serve_graph(
         &self,
         name: &str,
         mut request: HashMap<String, NamedTensor>,
         session: Option<SessionRef>,
-    ) -> Result<
-        (
-            HashMap<String, NamedTensor>,
-            Duration,
-            Option<SessionOutcome>,
-        ),
-        ServeError,
-    > {
+    ) -> Result<GraphAnswer, ServeError> {
         let started = Instant::now();
         let deployment = match self.graph(name) {
             Some(deployment) => deployment,
@@ -170,35 +218,12 @@ impl Server {
             }
             checkout = Some((session.clone(), taken, from_session));
         }
-        let give_back = |checkout: Option<(SessionRef, crate::sessions::Checkout, Vec<String>)>| {
-            if let Some((session, taken, _)) = checkout {
-                deployment
-                    .sessions
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .release(&session.id, taken.state, taken.step);
-            }
+        let result = match deployment.model.check(&request) {
+            Err(why) => Err(ServeError::BadInput(why)),
+            Ok(()) => self.route_graph(&deployment, request).await,
         };
-        if let Err(why) = deployment.model.check(&request) {
-            give_back(checkout);
-            return Err(ServeError::BadInput(why));
-        }
-        let permit = self.slots.acquire().await;
-        let _permit = match permit {
-            Ok(permit) => permit,
-            Err(e) => {
-                give_back(checkout);
-                return Err(ServeError::Failed(e.to_string()));
-            }
-        };
-        let model = deployment.model.clone();
-        let result = tokio::task::spawn_blocking(move || model.run(&request))
-            .await
-            .map_err(|e| ServeError::Failed(e.to_string()))
-            .and_then(|r| r.map_err(|e| ServeError::Failed(e.to_string())));
-        let elapsed = started.elapsed();
         let outcome = match (&result, checkout) {
-            (Ok(outputs), Some((session, taken, from_session))) => {
+            (Ok((outputs, _, _)), Some((session, taken, from_session))) => {
                 let next: HashMap<String, NamedTensor> = deployment
                     .state
                     .iter()
@@ -218,15 +243,20 @@ impl Server {
                     ended: session.end,
                 })
             }
-            (Err(_), checkout) => {
-                give_back(checkout);
+            (Err(_), Some((session, taken, _))) => {
+                // Not served: the session keeps the state it had.
+                deployment
+                    .sessions
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .release(&session.id, taken.state, taken.step);
                 None
             }
-            (Ok(_), None) => None,
+            (_, None) => None,
         };
+        let elapsed = started.elapsed();
         match &result {
             Ok(_) => {
-                deployment.served.fetch_add(1, Ordering::Relaxed);
                 deployment
                     .latencies
                     .lock()
@@ -237,6 +267,156 @@ impl Server {
                 deployment.failed.fetch_add(1, Ordering::Relaxed);
             }
         }
-        result.map(|outputs| (outputs, elapsed, outcome))
+        result.map(|(outputs, location, computed_by)| GraphAnswer {
+            outputs,
+            latency: elapsed,
+            session: outcome,
+            location,
+            computed_by,
+        })
     }
+
+    /// Where a checked request runs, and its outputs.
+    async fn route_graph(
+        &self,
+        deployment: &Arc<GraphDeployment>,
+        request: HashMap<String, NamedTensor>,
+    ) -> Result<(HashMap<String, NamedTensor>, Location, String), ServeError> {
+        if self.is_pool {
+            return self.run_graph_local(deployment, request, false).await;
+        }
+        let params = deployment.params();
+        let connection = if params.offload {
+            self.offload_connection()
+        } else {
+            None
+        };
+        let local_service_us = deployment.service_us.load(Ordering::Relaxed);
+        let now_us = self.now_us();
+        let remote = connection.as_ref().map(|connection| {
+            let fallback_us =
+                (connection.rtt().as_micros() as u64).saturating_add(local_service_us);
+            RemoteEstimate {
+                rtt_us: lock(&deployment.remote).estimate_us(now_us, fallback_us),
+                cloud_queue_us: 0,
+                cloud_service_us: 0,
+            }
+        });
+        // The queue bound, as for single-tensor deployments: `max_queue` requests
+        // waiting or running here.
+        let queued = deployment.queued.load(Ordering::Relaxed);
+        let context = RequestContext {
+            queue_ahead: queued,
+            local_service_us,
+            slots: self.n_slots as u32,
+            local_queue_capacity: params.max_queue,
+            remote,
+            deadline_us: u64::from(params.slo_ms) * 1000,
+            local_margin_permille: 0,
+        };
+        let route = decide(&context, &self.policy, &mut self.breaker(), now_us);
+        let route = probe_if_refused(
+            route,
+            connection.is_some(),
+            &mut lock(&deployment.remote),
+            &mut self.breaker(),
+            now_us,
+        );
+        let refuse = |retry_after_ms: u64| {
+            self.count(&deployment.name, "rejected");
+            ServeError::Overloaded {
+                deployment: deployment.name.clone(),
+                retry_after_ms: retry_after_ms.max(self.shed_ms()).max(1),
+            }
+        };
+        match (route, connection) {
+            (Route::Offload { fallback_local }, Some(connection)) => {
+                let payload =
+                    crate::typed_wire::to_payload(&request).map_err(ServeError::BadInput)?;
+                let target = OffloadTarget {
+                    name: &deployment.name,
+                    slo_ms: params.slo_ms,
+                    remote: &deployment.remote,
+                    offloaded: &deployment.served_offloaded,
+                };
+                let offloaded = self
+                    .offload_payload(&connection, target, payload, InferStage::Whole)
+                    .await
+                    .and_then(|(output, computed_by)| {
+                        crate::typed_wire::from_payload(&output)
+                            .map(|outputs| (outputs, computed_by))
+                            .map_err(|e| format!("the replica's answer: {e}"))
+                    });
+                match offloaded {
+                    Ok((outputs, computed_by)) => {
+                        self.count(&deployment.name, "offloaded");
+                        Ok((outputs, Location::Cloud, computed_by))
+                    }
+                    Err(error) if fallback_local => {
+                        tracing::debug!(deployment = %deployment.name, %error, "offload failed; serving here");
+                        self.run_graph_local(deployment, request, true).await
+                    }
+                    Err(error) => {
+                        tracing::debug!(deployment = %deployment.name, %error, "offload failed; refusing");
+                        Err(refuse((local_service_us / 1000).max(1)))
+                    }
+                }
+            }
+            (Route::Reject { retry_after_ms }, _) => Err(refuse(retry_after_ms)),
+            (Route::Offload { .. }, None) | (Route::Local, _) => {
+                self.run_graph_local(deployment, request, true).await
+            }
+        }
+    }
+
+    /// Runs a request here: waits for an inference slot (counted in the deployment's
+    /// queue), then runs the model on a blocking thread. With `bounded` (a device; a
+    /// pool takes a fleet's overflow), a request that finds the queue full now (others
+    /// came in since the decision) is refused rather than left to wait past its SLO.
+    async fn run_graph_local(
+        &self,
+        deployment: &Arc<GraphDeployment>,
+        request: HashMap<String, NamedTensor>,
+        bounded: bool,
+    ) -> Result<(HashMap<String, NamedTensor>, Location, String), ServeError> {
+        let params = deployment.params();
+        let ahead = deployment.queued.fetch_add(1, Ordering::Relaxed);
+        let _queued = QueueSlot(&deployment.queued);
+        if bounded && ahead >= params.max_queue {
+            self.count(&deployment.name, "rejected");
+            let service_ms = deployment.service_us.load(Ordering::Relaxed) / 1000;
+            return Err(ServeError::Overloaded {
+                deployment: deployment.name.clone(),
+                retry_after_ms: service_ms.max(1).max(self.shed_ms()),
+            });
+        }
+        let _permit = self
+            .slots
+            .acquire()
+            .await
+            .map_err(|e| ServeError::Failed(e.to_string()))?;
+        let model = deployment.model.clone();
+        let run_started = Instant::now();
+        let outputs = tokio::task::spawn_blocking(move || model.run(&request))
+            .await
+            .map_err(|e| ServeError::Failed(e.to_string()))?
+            .map_err(|e| ServeError::Failed(e.to_string()))?;
+        deployment.observe_service(run_started.elapsed());
+        deployment.served.fetch_add(1, Ordering::Relaxed);
+        self.count(&deployment.name, "local");
+        Ok((outputs, Location::Local, self.name.clone()))
+    }
+}
+
+/// Holds one place in a deployment's queue; gives it back when dropped.
+struct QueueSlot<'a>(&'a AtomicU32);
+
+impl Drop for QueueSlot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }

@@ -217,23 +217,17 @@ async fn infer_typed(
         .serve_graph(deployment, parsed.inputs, session)
         .await
     {
-        Ok((outputs, latency, session)) => json(
+        Ok(answer) => json(
             StatusCode::OK,
             &serde_json::json!({
-                "outputs": outputs,
-                "computed_by": agent.server.name,
-                "where": "local",
-                "latency_ms": latency.as_secs_f64() * 1000.0,
-                "session": session,
+                "outputs": answer.outputs,
+                "computed_by": answer.computed_by,
+                "where": answer.location,
+                "latency_ms": answer.latency.as_secs_f64() * 1000.0,
+                "session": answer.session,
             }),
         ),
-        Err(e @ ServeError::Conflict(_)) => error(StatusCode::CONFLICT, e),
-        Err(ServeError::NotFound(name)) => error(
-            StatusCode::NOT_FOUND,
-            format!("deployment {name} is not assigned to this device"),
-        ),
-        Err(e @ ServeError::BadInput(_)) => error(StatusCode::BAD_REQUEST, e),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e),
+        Err(e) => serve_error(e),
     }
 }
 
@@ -306,13 +300,21 @@ async fn infer(
                 hard_example: answer.hard_example,
             },
         ),
-        Err(ServeError::NotFound(name)) => error(
+        Err(e) => serve_error(e),
+    }
+}
+
+/// The HTTP answer to a request that was not served: 429 with Retry-After when
+/// refused under load, 409 for a session's request while its previous one runs.
+fn serve_error(e: ServeError) -> Response<Full<Bytes>> {
+    match e {
+        ServeError::NotFound(name) => error(
             StatusCode::NOT_FOUND,
             format!("deployment {name} is not assigned to this device"),
         ),
-        Err(e @ ServeError::NotReady(..)) => error(StatusCode::SERVICE_UNAVAILABLE, e),
-        Err(e @ ServeError::BadInput(_)) => error(StatusCode::BAD_REQUEST, e),
-        Err(e @ ServeError::Overloaded { retry_after_ms, .. }) => {
+        e @ ServeError::NotReady(..) => error(StatusCode::SERVICE_UNAVAILABLE, e),
+        e @ ServeError::BadInput(_) => error(StatusCode::BAD_REQUEST, e),
+        e @ ServeError::Overloaded { retry_after_ms, .. } => {
             let mut response = error(StatusCode::TOO_MANY_REQUESTS, &e);
             let seconds = retry_after_ms.div_ceil(1000).max(1);
             if let Ok(value) = hyper::header::HeaderValue::from_str(&seconds.to_string()) {
@@ -320,7 +322,7 @@ async fn infer(
             }
             response
         }
-        Err(e @ ServeError::Failed(_)) => error(StatusCode::INTERNAL_SERVER_ERROR, e),
-        Err(e @ ServeError::Conflict(_)) => error(StatusCode::CONFLICT, e),
+        e @ ServeError::Failed(_) => error(StatusCode::INTERNAL_SERVER_ERROR, e),
+        e @ ServeError::Conflict(_) => error(StatusCode::CONFLICT, e),
     }
 }

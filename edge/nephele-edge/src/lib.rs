@@ -20,6 +20,7 @@ pub mod jobs;
 pub mod node;
 pub mod serving;
 pub mod sessions;
+pub mod typed_wire;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

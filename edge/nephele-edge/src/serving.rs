@@ -47,7 +47,7 @@ use nephele_infer_policy::offload::{
 use nephele_infer_policy::remote::{offload_overflow, probe_if_refused, RemoteEstimator};
 use nephele_net::{read_frame, write_frame};
 use nephele_proto::{
-    Assignment, DeploymentPhase, DeploymentTelemetry, ErrorCode, InferRequest, InferStage,
+    Assignment, DeploymentPhase, DeploymentTelemetry, ErrorCode, InferRequest, InferStage, Payload,
     RequestBody, StreamRequest, StreamResponse, Tensor, MAX_FRAME_BYTES, PROTOCOL_VERSION,
 };
 use nephele_telemetry::{LatencyWindow, Registry};
@@ -208,6 +208,15 @@ pub type TailLoader = Arc<
         + Sync,
 >;
 
+/// What an offload is for: the deployment's name and SLO, and where its outcome is
+/// counted (the round-trip estimate, the offloaded count).
+pub(crate) struct OffloadTarget<'a> {
+    pub name: &'a str,
+    pub slo_ms: u32,
+    pub remote: &'a Mutex<RemoteEstimator>,
+    pub offloaded: &'a AtomicU64,
+}
+
 /// Why an offload gave no answer.
 #[derive(Debug)]
 enum OffloadError {
@@ -296,7 +305,7 @@ pub struct Server {
     /// Until when (µs on `origin`) the region sheds this agent's offloads (its
     /// admission control answered 429 with a Retry-After): requests stay local.
     shed_until_us: AtomicU64,
-    policy: OffloadPolicy,
+    pub(crate) policy: OffloadPolicy,
     origin: Instant,
 }
 
@@ -342,7 +351,7 @@ impl Server {
     }
 
     /// How long the region still sheds offloads, ms (0: it does not).
-    fn shed_ms(&self) -> u64 {
+    pub(crate) fn shed_ms(&self) -> u64 {
         self.shed_until_us
             .load(Ordering::Relaxed)
             .saturating_sub(self.now_us())
@@ -350,7 +359,7 @@ impl Server {
     }
 
     /// The connection to offload over, unless the region sheds now.
-    fn offload_connection(&self) -> Option<quinn::Connection> {
+    pub(crate) fn offload_connection(&self) -> Option<quinn::Connection> {
         (self.shed_ms() == 0).then(|| self.connection()).flatten()
     }
 
@@ -534,11 +543,11 @@ impl Server {
         Ok(answer)
     }
 
-    fn now_us(&self) -> u64 {
+    pub(crate) fn now_us(&self) -> u64 {
         self.origin.elapsed().as_micros() as u64
     }
 
-    fn breaker(&self) -> std::sync::MutexGuard<'_, CircuitBreaker> {
+    pub(crate) fn breaker(&self) -> std::sync::MutexGuard<'_, CircuitBreaker> {
         self.breaker.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -612,7 +621,7 @@ impl Server {
         }
     }
 
-    fn count(&self, deployment: &str, outcome: &str) {
+    pub(crate) fn count(&self, deployment: &str, outcome: &str) {
         self.metrics
             .counter(
                 "nephele_agent_requests_total",
@@ -835,11 +844,42 @@ impl Server {
         input: Tensor,
         stage: InferStage,
     ) -> Result<Answer, String> {
+        let target = OffloadTarget {
+            name: &deployment.name,
+            slo_ms: deployment.params().slo_ms,
+            remote: &deployment.remote,
+            offloaded: &deployment.served_offloaded,
+        };
+        let (output, computed_by) = self
+            .offload_payload(connection, target, Payload::Tensor(input), stage)
+            .await?;
+        match output {
+            Payload::Tensor(output) => Ok(Answer {
+                output,
+                computed_by,
+                location: Location::Cloud,
+                latency: Duration::ZERO,
+                hard_example: false,
+            }),
+            Payload::Typed(_) => Err("the replica answered with named tensors".into()),
+        }
+    }
+
+    /// Sends one request (a single tensor or named typed tensors) to the cloud: the
+    /// outcome feeds the circuit breaker, the round-trip estimate and the metrics. The
+    /// answer and the agent that computed it.
+    pub(crate) async fn offload_payload(
+        &self,
+        connection: &quinn::Connection,
+        target: OffloadTarget<'_>,
+        input: Payload,
+        stage: InferStage,
+    ) -> Result<(Payload, String), String> {
         // Too large for one frame: a property of the request, not of the cloud's
         // health, so the breaker does not hear of it (the caller serves it here).
-        let bytes = input.data.len().saturating_mul(4);
+        let bytes = input.data_bytes();
         if bytes > nephele_proto::MAX_TENSOR_BYTES {
-            lock(&deployment.remote).on_no_sample();
+            lock(target.remote).on_no_sample();
             return Err(format!(
                 "{bytes} bytes is over the {} a request may carry",
                 nephele_proto::MAX_TENSOR_BYTES
@@ -847,41 +887,42 @@ impl Server {
         }
         let started = Instant::now();
         let result = self
-            .offload_exchange(connection, deployment, input, stage)
+            .offload_exchange(connection, &target, input, stage)
             .await;
         let now_us = self.now_us();
         match &result {
             Ok(_) => {
                 self.breaker().on_success(now_us);
                 let sample = (started.elapsed().as_micros() as u64).max(1);
-                lock(&deployment.remote).on_sample(now_us, sample);
+                lock(target.remote).on_sample(now_us, sample);
+                target.offloaded.fetch_add(1, Ordering::Relaxed);
             }
             Err(OffloadError::Shed {
                 retry_after_ms,
                 message,
             }) => {
-                lock(&deployment.remote).on_no_sample();
+                lock(target.remote).on_no_sample();
                 // The region is healthy and said so: not a failure of the path, so
                 // the breaker is left alone; requests stay local until Retry-After.
                 let until = now_us.saturating_add(retry_after_ms.saturating_mul(1000));
                 self.shed_until_us.fetch_max(until, Ordering::Relaxed);
-                tracing::debug!(deployment = %deployment.name, %message, retry_after_ms, "the region sheds offloads");
+                tracing::debug!(deployment = %target.name, %message, retry_after_ms, "the region sheds offloads");
                 self.metrics
                     .counter(
                         "nephele_agent_offloads_shed_total",
                         "Offloads the region refused with a Retry-After (admission control); served locally or refused.",
-                        &[("deployment", &deployment.name)],
+                        &[("deployment", target.name)],
                     )
                     .inc();
             }
             Err(OffloadError::Failed(_)) => {
-                lock(&deployment.remote).on_no_sample();
+                lock(target.remote).on_no_sample();
                 self.breaker().on_failure(now_us);
                 self.metrics
                     .counter(
                         "nephele_agent_offload_failures_total",
                         "Offloads that failed (then served locally or refused).",
-                        &[("deployment", &deployment.name)],
+                        &[("deployment", target.name)],
                     )
                     .inc();
             }
@@ -892,12 +933,12 @@ impl Server {
     async fn offload_exchange(
         &self,
         connection: &quinn::Connection,
-        deployment: &Arc<Deployment>,
-        input: Tensor,
+        target: &OffloadTarget<'_>,
+        input: Payload,
         stage: InferStage,
-    ) -> Result<Answer, OffloadError> {
+    ) -> Result<(Payload, String), OffloadError> {
         let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
-        let slo = Duration::from_millis(u64::from(deployment.params().slo_ms));
+        let slo = Duration::from_millis(u64::from(target.slo_ms));
         let exchange = async {
             let (mut send, mut recv) = connection.open_bi().await.map_err(|e| e.to_string())?;
             write_frame(
@@ -905,7 +946,7 @@ impl Server {
                 &StreamRequest {
                     protocol_version: PROTOCOL_VERSION,
                     body: RequestBody::Infer(InferRequest {
-                        deployment: deployment.name.clone(),
+                        deployment: target.name.to_string(),
                         request_id,
                         input,
                         stage,
@@ -926,14 +967,10 @@ impl Server {
             .map_err(OffloadError::Failed)?;
         match response {
             StreamResponse::Inferred(inferred) => {
-                deployment.served_offloaded.fetch_add(1, Ordering::Relaxed);
-                Ok(Answer {
-                    output: inferred.output,
-                    computed_by: inferred.computed_by,
-                    location: Location::Cloud,
-                    latency: Duration::ZERO,
-                    hard_example: false,
-                })
+                inferred.output.validate().map_err(|e| {
+                    OffloadError::Failed(format!("the replica's answer is malformed: {e}"))
+                })?;
+                Ok((inferred.output, inferred.computed_by))
             }
             StreamResponse::Error(error) => match (error.code, error.retry_after_ms) {
                 (ErrorCode::Overloaded, Some(retry_after_ms)) => Err(OffloadError::Shed {

@@ -396,7 +396,7 @@ pub enum RequestBody {
 pub struct InferRequest {
     pub deployment: String,
     pub request_id: u64,
-    pub input: Tensor,
+    pub input: Payload,
     /// What to run on `input`.
     pub stage: InferStage,
 }
@@ -432,10 +432,131 @@ pub enum StreamResponse {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct InferResponse {
     pub request_id: u64,
-    pub output: Tensor,
+    pub output: Payload,
     /// Name of the agent that computed it.
     pub computed_by: String,
     pub compute_us: u64,
+}
+
+/// What an inference request carries, or its answer: one f32 tensor (models with one
+/// input and one output, which the batcher batches), or the named typed tensors of a
+/// model with several inputs and outputs (for a stateful model, its recurrent state
+/// travels as inputs and comes back as outputs, so the replica keeps nothing).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Payload {
+    Tensor(Tensor),
+    Typed(Vec<TypedTensor>),
+}
+
+impl Payload {
+    /// Checks every tensor's size against its shape (and, for typed tensors, that the
+    /// names are distinct).
+    pub fn validate(&self) -> Result<(), String> {
+        match self {
+            Payload::Tensor(tensor) => tensor.validate(),
+            Payload::Typed(tensors) => {
+                for (k, tensor) in tensors.iter().enumerate() {
+                    tensor.validate()?;
+                    if tensors[..k].iter().any(|t| t.name == tensor.name) {
+                        return Err(format!("tensor {} is given twice", tensor.name));
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Bytes of tensor data it carries.
+    pub fn data_bytes(&self) -> usize {
+        match self {
+            Payload::Tensor(tensor) => tensor.data.len().saturating_mul(4),
+            Payload::Typed(tensors) => tensors.iter().map(|t| t.data.len()).sum(),
+        }
+    }
+}
+
+/// The element type of a [`TypedTensor`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DType {
+    F32,
+    F16,
+    I64,
+    I32,
+    U8,
+    Bool,
+}
+
+impl DType {
+    pub const ALL: [DType; 6] = [
+        DType::F32,
+        DType::F16,
+        DType::I64,
+        DType::I32,
+        DType::U8,
+        DType::Bool,
+    ];
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 | DType::I32 => 4,
+            DType::F16 => 2,
+            DType::I64 => 8,
+            DType::U8 | DType::Bool => 1,
+        }
+    }
+
+    /// The name requests and manifests use (`f32`, `i64`, …).
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::I64 => "i64",
+            DType::I32 => "i32",
+            DType::U8 => "u8",
+            DType::Bool => "bool",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<DType> {
+        DType::ALL.into_iter().find(|d| d.name() == name)
+    }
+}
+
+/// One named tensor of a typed model's request or answer: the values little-endian in
+/// row-major order (`bool` one byte, 0 or 1).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TypedTensor {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<u32>,
+    pub data: Vec<u8>,
+}
+
+impl TypedTensor {
+    /// Checks that `data` holds exactly the bytes `shape` and `dtype` describe.
+    pub fn validate(&self) -> Result<(), String> {
+        let bytes = self
+            .shape
+            .iter()
+            .try_fold(self.dtype.size() as u64, |acc, dim| {
+                acc.checked_mul(u64::from(*dim))
+            });
+        match bytes {
+            Some(n) if n == self.data.len() as u64 => Ok(()),
+            Some(n) => Err(format!(
+                "tensor {} ({} {:?}) needs {n} bytes but {} were given",
+                self.name,
+                self.dtype.name(),
+                self.shape,
+                self.data.len()
+            )),
+            None => Err(format!(
+                "tensor {} shape {:?} overflows",
+                self.name, self.shape
+            )),
+        }
+    }
 }
 
 /// A dense f32 tensor in row-major order.

@@ -245,7 +245,35 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
                 body: RequestBody::Infer(InferRequest {
                     deployment: "d".into(),
                     request_id: 99,
-                    input: tensor(),
+                    input: Payload::Tensor(tensor()),
+                    stage: InferStage::Whole,
+                }),
+            }),
+        ),
+        (
+            "StreamRequest::Infer typed",
+            e(&StreamRequest {
+                protocol_version: PROTOCOL_VERSION,
+                body: RequestBody::Infer(InferRequest {
+                    deployment: "vad".into(),
+                    request_id: 101,
+                    input: Payload::Typed(vec![
+                        TypedTensor {
+                            name: "input".into(),
+                            dtype: DType::F32,
+                            shape: vec![1, 2],
+                            data: [0.5f32, -1.0]
+                                .iter()
+                                .flat_map(|v| v.to_le_bytes())
+                                .collect(),
+                        },
+                        TypedTensor {
+                            name: "sr".into(),
+                            dtype: DType::I64,
+                            shape: vec![],
+                            data: 16_000i64.to_le_bytes().to_vec(),
+                        },
+                    ]),
                     stage: InferStage::Whole,
                 }),
             }),
@@ -257,7 +285,7 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
                 body: RequestBody::Infer(InferRequest {
                     deployment: "d".into(),
                     request_id: 100,
-                    input: tensor(),
+                    input: Payload::Tensor(tensor()),
                     stage: InferStage::Tail {
                         variant: "split@relu1".into(),
                     },
@@ -288,7 +316,7 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
             "StreamResponse::Inferred",
             e(&StreamResponse::Inferred(InferResponse {
                 request_id: 99,
-                output: tensor(),
+                output: Payload::Tensor(tensor()),
                 computed_by: "pool-1".into(),
                 compute_us: 250,
             })),

@@ -715,4 +715,74 @@ fn a_transformer_with_ids_mask_and_types_answers_as_onnxruntime_does() {
     assert!(worst_emb <= tolerance, "{worst_emb} > {tolerance}");
     assert!(worst_hidden <= 10.0 * tolerance, "{worst_hidden}");
     assert!(min_cos8 >= 0.99, "int8 min cosine {min_cos8}");
+
+    // Pushed with the sequence length left symbolic (`S`, as exporters declare it):
+    // each sentence is sent at its own length, unpadded, and its embedding is the one
+    // onnxruntime gave for it padded to 128 (the mask kept the padding out).
+    let (code, view) = cloud
+        .client()
+        .raw(
+            "PUT",
+            &format!(
+                "{}/v1/models/minilm-any?wait=true&input=input_ids%3D1%2CS&input=attention_mask%3D1%2CS&input=token_type_ids%3D1%2CS",
+                cloud.api
+            ),
+            &bytes,
+        )
+        .expect("push");
+    assert_eq!(code, 201, "minilm with S symbolic: {view}");
+    assert_eq!(view["inputs"][0]["shape"], json!([1, -1]), "{view}");
+    deploy_on_edge(&cloud, "minilm-any");
+    let mut worst_any = 0.0f64;
+    let (mut lengths, mut ms_any) = (Vec::new(), Vec::new());
+    for case in all {
+        let length = floats(&case["inputs"]["attention_mask"]["data"])
+            .iter()
+            .filter(|m| **m > 0.0)
+            .count();
+        let trimmed: serde_json::Map<String, Value> =
+            ["input_ids", "attention_mask", "token_type_ids"]
+                .iter()
+                .map(|name| {
+                    let data = &floats(&case["inputs"][*name]["data"])[..length];
+                    (
+                        name.to_string(),
+                        json!({"dtype": "i64", "shape": [1, length], "data": data}),
+                    )
+                })
+                .collect();
+        let (code, reply) = agent
+            .raw_json(
+                "POST",
+                &format!("{}/v1/infer/minilm-any", edge.endpoint),
+                &json!({"inputs": trimmed}),
+            )
+            .expect("infer");
+        assert_eq!(code, 200, "{reply}");
+        assert_eq!(
+            reply["outputs"]["last_hidden_state"]["shape"],
+            json!([1, length, 384]),
+            "{reply}"
+        );
+        let emb = floats(&reply["outputs"]["sentence_embedding"]["data"]);
+        let want = floats(&case["outputs"]["sentence_embedding"]["data"]);
+        worst_any = worst_any.max(max_abs_diff(&emb, &want));
+        lengths.push(length);
+        ms_any.push(reply["latency_ms"].as_f64().unwrap_or(f64::NAN));
+    }
+    let int8_any = view["variants"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|v| v["name"] == "int8")
+        .cloned()
+        .unwrap_or(Value::Null);
+    println!(
+        "minilm with S symbolic: sentences of {lengths:?} tokens sent unpadded, max |nephele − padded {}| sentence_embedding {worst_any:.2e}, median latency {:.1} ms; int8 {} ({})",
+        cases["reference_by"].as_str().unwrap_or("?"),
+        median(&mut ms_any),
+        int8_any["status"],
+        int8_any["reason"].as_str().unwrap_or("")
+    );
+    assert!(worst_any <= 10.0 * tolerance, "{worst_any}");
 }

@@ -527,7 +527,10 @@ fn build_graph(
     progress(BuildProgress {
         done: 1,
         total: 2,
-        step: "typed model checked on zero inputs".into(),
+        step: format!(
+            "typed model checked on zero inputs (planned {})",
+            graph.planning()
+        ),
     });
     let (rows, description) = match validation {
         Some(given) if !given.rows.is_empty() || given.typed_rows.is_empty() => {
@@ -576,7 +579,7 @@ fn build_graph(
     store_files(blob_dir, &bytes, &variants)?;
     let info = |d: &nephele_runtime::graph_model::TensorDecl| nephele_runtime::TensorInfo {
         name: d.name.clone(),
-        shape: d.shape.iter().map(|s| *s as i64).collect(),
+        shape: d.manifest_shape(),
         dtype: d.dtype.clone(),
     };
     Ok(PutModel {

@@ -1,8 +1,14 @@
 //! Models as exporters make them: several named inputs and outputs, each with its own
-//! type (f32, f16, i64, i32, u8, bool) and shape. Every input's shape must be fully
-//! known (from the file, or given at push with `--input`); the plan is then static and
-//! runs one request at a time (no batch axis is assumed). [`crate::Model`] remains the
-//! path for single-f32-input models, which the batcher batches and the agent offloads.
+//! type (f32, f16, i64, i32, u8, bool) and shape. Every input dimension is a size or a
+//! named symbol (from the file, or given at push with `--input`, e.g.
+//! `input_ids=1,S:i64`); an unnamed unknown one is refused. With every size known the
+//! plan is static. With symbols, tract plans once with them left symbolic and each run
+//! binds them from the request's shapes (the same symbol must have one size across the
+//! inputs); a model tract cannot plan that way gets a plan per distinct request shape,
+//! built on first use, the [`PLANS_KEPT`] most recently used kept
+//! ([`crate::plan_cache`]). One request at a time (no batch axis is assumed).
+//! [`crate::Model`] remains the path for single-f32-input models, which the batcher
+//! batches.
 //!
 //! Tensors travel as [`NamedTensor`]: a type name, a shape and the values as JSON
 //! numbers (bool as 0 or 1; an i64 beyond 2^53 loses precision in JSON).
@@ -18,13 +24,50 @@ use crate::RuntimeError;
 /// The manifest `format` of an ONNX model run through [`GraphModel`].
 pub const FORMAT_ONNX_GRAPH: &str = "onnx-graph";
 
+/// Plans kept for a model planned per request shape.
+pub const PLANS_KEPT: usize = 8;
+
 /// An input or output of a [`GraphModel`].
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TensorDecl {
     pub name: String,
     /// `f32`, `f16`, `i64`, `i32`, `u8` or `bool`.
     pub dtype: String,
+    /// Sizes; a symbolic dimension's entry is its example size, 1 (what the load-time
+    /// check and synthetic rows use).
     pub shape: Vec<usize>,
+    /// The name of each symbolic dimension, `None` for a size; empty when every
+    /// dimension is a size.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub symbols: Vec<Option<String>>,
+}
+
+impl TensorDecl {
+    /// The symbol of dimension `axis`, if it is one.
+    pub fn symbol(&self, axis: usize) -> Option<&str> {
+        self.symbols.get(axis).and_then(|s| s.as_deref())
+    }
+
+    /// The dimensions as a person reads them: `[1, S]`.
+    pub fn dims_text(&self) -> String {
+        let dims: Vec<String> = (0..self.shape.len())
+            .map(|axis| match self.symbol(axis) {
+                Some(symbol) => symbol.to_string(),
+                None => self.shape[axis].to_string(),
+            })
+            .collect();
+        format!("[{}]", dims.join(", "))
+    }
+
+    /// Dimensions for a manifest: sizes, `-1` for a symbol.
+    pub fn manifest_shape(&self) -> Vec<i64> {
+        (0..self.shape.len())
+            .map(|axis| match self.symbol(axis) {
+                Some(_) => -1,
+                None => self.shape[axis] as i64,
+            })
+            .collect()
+    }
 }
 
 /// One tensor of a request or an answer.
@@ -36,11 +79,27 @@ pub struct NamedTensor {
     pub data: Vec<f64>,
 }
 
+type Plan = Arc<TypedRunnableModel>;
+
+/// How a [`GraphModel`] runs requests of different sizes.
+#[derive(Clone)]
+enum Plans {
+    /// One plan: every size fixed, or symbols tract binds at each run.
+    One(Plan),
+    /// A plan per distinct request shape, built from `model` on first use.
+    PerShape {
+        model: Arc<InferenceModel>,
+        cache: Arc<std::sync::Mutex<crate::plan_cache::PlanCache<Vec<Vec<usize>>, Plan>>>,
+    },
+}
+
 /// A loaded multi-input, multi-output model; cheap to clone, safe to share.
 #[derive(Clone)]
 pub struct GraphModel {
     name: String,
-    plan: Arc<TypedRunnableModel>,
+    plans: Plans,
+    /// How it was planned, for people: `static`, `symbolic` or `per request shape (why)`.
+    planning: String,
     inputs: Vec<TensorDecl>,
     outputs: Vec<TensorDecl>,
 }
@@ -70,15 +129,21 @@ fn type_name(dt: DatumType) -> Option<&'static str> {
 impl GraphModel {
     /// Loads an ONNX file whose inputs all have a known type and shape.
     pub fn load(name: &str, bytes: &[u8]) -> Result<GraphModel, RuntimeError> {
+        Self::load_with(name, bytes, false)
+    }
+
+    /// [`Self::load`]; with `per_shape`, symbolic dimensions are planned per request
+    /// shape even where tract could plan with them (to test that path).
+    fn load_with(name: &str, bytes: &[u8], per_shape: bool) -> Result<GraphModel, RuntimeError> {
         crate::guard_parser(name, || {
             // An int8-weights variant computes in f32: its weights are folded back first
             // (tract would dequantize them on every run, measured slower than fp32).
             let folded = crate::onnx_edit::dequantize_weights(name, bytes)?;
-            Self::load_inner(name, folded.as_deref().unwrap_or(bytes))
+            Self::load_inner(name, folded.as_deref().unwrap_or(bytes), per_shape)
         })
     }
 
-    fn load_inner(name: &str, bytes: &[u8]) -> Result<GraphModel, RuntimeError> {
+    fn load_inner(name: &str, bytes: &[u8], per_shape: bool) -> Result<GraphModel, RuntimeError> {
         let load = |cause: String| RuntimeError::Load {
             model: name.to_string(),
             cause,
@@ -113,27 +178,94 @@ impl GraphModel {
                     "input {input_name} is {dt:?}; inputs may be f32, f16, i64, i32, u8 or bool"
                 ))
             })?;
-            let shape = fact
-                .shape
-                .as_concrete_finite()
-                .ok()
-                .flatten()
-                .ok_or_else(|| {
-                    unsupported(format!(
-                        "input {input_name} has dimensions that are not sizes ({:?}); give them at push: --input {input_name}=<sizes>:{dtype}",
-                        fact.shape
-                    ))
-                })?;
+            // Each dimension a size or a named symbol; an unnamed unknown (`?`) or an
+            // expression cannot be bound from a request.
+            let not_sizes = || {
+                unsupported(format!(
+                    "input {input_name} has dimensions that are neither sizes nor names ({:?}); give them at push: --input {input_name}=<sizes or names>:{dtype}",
+                    fact.shape
+                ))
+            };
+            if fact.shape.is_open() {
+                return Err(not_sizes());
+            }
+            let mut dims: Vec<TDim> = Vec::new();
+            let mut shape = Vec::new();
+            let mut symbols = Vec::new();
+            for dim in fact.shape.dims() {
+                let dim = dim.concretize().ok_or_else(not_sizes)?;
+                match &dim {
+                    TDim::Val(v) if *v >= 0 => {
+                        shape.push(*v as usize);
+                        symbols.push(None);
+                    }
+                    TDim::Sym(symbol) => {
+                        shape.push(1);
+                        symbols.push(Some(symbol.to_string()));
+                    }
+                    _ => return Err(not_sizes()),
+                }
+                dims.push(dim);
+            }
             model = model
-                .with_input_fact(index, InferenceFact::dt_shape(dt, shape.clone()))
+                .with_input_fact(index, InferenceFact::dt_shape(dt, dims))
                 .map_err(|e| load(format!("{e:#}")))?;
+            if symbols.iter().all(Option::is_none) {
+                symbols.clear();
+            }
             inputs.push(TensorDecl {
                 name: input_name,
                 dtype: dtype.to_string(),
-                shape: shape.to_vec(),
+                shape,
+                symbols,
             });
         }
-        let typed = model.into_optimized().map_err(|e| load(format!("{e:#}")))?;
+        let symbolic = inputs.iter().any(|d| !d.symbols.is_empty());
+        // With symbols: one plan tract binds at each run, checked at the example sizes;
+        // else (tract cannot type or run it with symbols) a plan per request shape.
+        let asked_per_shape = if per_shape && symbolic {
+            Err(TractError::msg("planning per request shape was asked for"))
+        } else {
+            Ok(())
+        };
+        let one_plan = asked_per_shape
+            .and_then(|()| model.clone().into_optimized())
+            .and_then(|typed| {
+                let plan = typed.clone().into_runnable()?;
+                if symbolic {
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        plan.run(zero_values(&inputs)?)
+                    }))
+                    .unwrap_or_else(|_| Err(TractError::msg("tract panicked running it")))?;
+                }
+                Ok((typed, plan))
+            });
+        let (typed, plans, planning) = match one_plan {
+            Ok((typed, plan)) => (
+                typed,
+                Plans::One(plan),
+                if symbolic { "symbolic" } else { "static" }.to_string(),
+            ),
+            Err(error) if symbolic => {
+                let why = format!("{error:#}");
+                let why = why.lines().next().unwrap_or("").to_string();
+                let model = Arc::new(model);
+                let example: Vec<Vec<usize>> = inputs.iter().map(|d| d.shape.clone()).collect();
+                let (typed, plan) =
+                    plan_for(&model, &inputs, &example).map_err(|e| load(format!("{e:#}")))?;
+                let mut cache = crate::plan_cache::PlanCache::new(PLANS_KEPT);
+                cache.insert(example, plan);
+                (
+                    typed,
+                    Plans::PerShape {
+                        model,
+                        cache: Arc::new(std::sync::Mutex::new(cache)),
+                    },
+                    format!("per request shape (tract could not plan with the names left symbolic: {why})"),
+                )
+            }
+            Err(error) => return Err(load(format!("{error:#}"))),
+        };
         let mut outputs = Vec::with_capacity(typed.outputs.len());
         for (index, outlet) in typed.outputs.iter().enumerate() {
             let fact = typed
@@ -158,15 +290,48 @@ impl GraphModel {
                 name: output_name,
                 dtype: dtype.to_string(),
                 shape,
+                symbols: Vec::new(),
             });
         }
-        let plan = typed.into_runnable().map_err(|e| load(format!("{e:#}")))?;
         Ok(GraphModel {
             name: name.to_string(),
-            plan,
+            plans,
+            planning,
             inputs,
             outputs,
         })
+    }
+
+    /// How requests are planned: `static`, `symbolic` or `per request shape (why)`.
+    pub fn planning(&self) -> &str {
+        &self.planning
+    }
+
+    /// The plan for a request of these input shapes (in input order).
+    fn plan(&self, shapes: &[Vec<usize>]) -> Result<Plan, RuntimeError> {
+        match &self.plans {
+            Plans::One(plan) => Ok(plan.clone()),
+            Plans::PerShape { model, cache } => {
+                let key = shapes.to_vec();
+                if let Some(plan) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+                    return Ok(plan);
+                }
+                // Built outside the lock: a new shape does not hold up known ones.
+                let planned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    plan_for(model, &self.inputs, shapes)
+                }))
+                .unwrap_or_else(|_| Err(TractError::msg("tract panicked while planning")));
+                let (_, plan) = planned.map_err(|e| RuntimeError::Run {
+                    model: self.name.clone(),
+                    cause: format!("planning for input shapes {shapes:?}: {e:#}"),
+                })?;
+                cache
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(key, plan.clone());
+                Ok(plan)
+            }
+        }
     }
 
     pub fn name(&self) -> &str {
@@ -235,7 +400,8 @@ impl GraphModel {
         Ok(())
     }
 
-    /// Zeros for the input `name` (a session's first state).
+    /// Zeros for the input `name` (a session's first state; symbolic dimensions at
+    /// their example size).
     pub fn zeros_for(&self, name: &str) -> Option<NamedTensor> {
         self.inputs
             .iter()
@@ -248,6 +414,7 @@ impl GraphModel {
     }
 
     pub fn check(&self, request: &HashMap<String, NamedTensor>) -> Result<(), String> {
+        let mut bound: HashMap<&str, (&str, &usize)> = HashMap::new();
         for name in request.keys() {
             if !self.inputs.iter().any(|i| &i.name == name) {
                 let names: Vec<&str> = self.inputs.iter().map(|i| i.name.as_str()).collect();
@@ -260,23 +427,58 @@ impl GraphModel {
         for decl in &self.inputs {
             let given = request.get(&decl.name).ok_or_else(|| {
                 format!(
-                    "input {} ({} {:?}) is missing",
-                    decl.name, decl.dtype, decl.shape
+                    "input {} ({} {}) is missing",
+                    decl.name,
+                    decl.dtype,
+                    decl.dims_text()
                 )
             })?;
-            if given.dtype != decl.dtype || given.shape != decl.shape {
+            let fits =
+                given.shape.len() == decl.shape.len()
+                    && given.shape.iter().enumerate().all(|(axis, size)| {
+                        decl.symbol(axis).is_some() || *size == decl.shape[axis]
+                    });
+            if given.dtype != decl.dtype || !fits {
                 return Err(format!(
-                    "input {} is {} {:?} in the model, not {} {:?}",
-                    decl.name, decl.dtype, decl.shape, given.dtype, given.shape
+                    "input {} is {} {} in the model, not {} {:?}",
+                    decl.name,
+                    decl.dtype,
+                    decl.dims_text(),
+                    given.dtype,
+                    given.shape
                 ));
             }
-            let count: usize = decl.shape.iter().product();
+            // One size per symbol across the inputs.
+            for (axis, size) in given.shape.iter().enumerate() {
+                if let Some(symbol) = decl.symbol(axis) {
+                    match bound.get(symbol) {
+                        Some((other, was)) if *was != size => {
+                            return Err(format!(
+                                "input {} has {symbol} = {size}, but input {other} has {symbol} = {was}; a dimension's name stands for one size",
+                                decl.name
+                            ))
+                        }
+                        Some(_) => {}
+                        None => {
+                            bound.insert(symbol, (decl.name.as_str(), size));
+                        }
+                    }
+                    if *size == 0 {
+                        return Err(format!("input {}: {symbol} is 0", decl.name));
+                    }
+                }
+            }
+            let count = given
+                .shape
+                .iter()
+                .try_fold(1usize, |acc, d| acc.checked_mul(*d))
+                .ok_or_else(|| format!("input {} shape {:?} overflows", decl.name, given.shape))?;
             if given.data.len() != count {
                 return Err(format!(
                     "input {} has {} values; its shape {:?} holds {count}",
                     decl.name,
                     given.data.len(),
-                    decl.shape
+                    given.shape
                 ));
             }
             if let Some(bad) = given
@@ -307,10 +509,16 @@ impl GraphModel {
             cause,
         };
         self.check(request).map_err(bad)?;
+        let shapes: Vec<Vec<usize>> = self
+            .inputs
+            .iter()
+            .map(|decl| request[&decl.name].shape.clone())
+            .collect();
+        let plan = self.plan(&shapes)?;
         let mut values = TVec::new();
         for decl in &self.inputs {
             let given = &request[&decl.name];
-            let shape = &decl.shape;
+            let shape = &given.shape;
             let data = &given.data;
             let tensor = match decl.dtype.as_str() {
                 "f32" => {
@@ -337,9 +545,12 @@ impl GraphModel {
             .map_err(|e| bad(format!("{e:#}")))?;
             values.push(tensor.into());
         }
-        let results = self
-            .plan
-            .run(values)
+        // tract trusts index values (a Gather past its table panics): such an input is
+        // this request's error, not the process's end.
+        let results = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| plan.run(values)))
+            .map_err(|_| {
+                bad("the model failed on these values (an index input out of its range, such as a token id past the vocabulary?)".into())
+            })?
             .map_err(|e| failed(format!("{e:#}")))?;
         let mut out = HashMap::with_capacity(results.len());
         for (decl, value) in self.outputs.iter().zip(results.iter()) {
@@ -398,5 +609,85 @@ impl GraphModel {
                 )
             })
             .collect()
+    }
+}
+
+/// Zeros for every input at its example sizes, in input order.
+fn zero_values(inputs: &[TensorDecl]) -> TractResult<TVec<TValue>> {
+    inputs
+        .iter()
+        .map(|d| {
+            let dt = match d.dtype.as_str() {
+                "f32" => DatumType::F32,
+                "f16" => DatumType::F16,
+                "i64" => DatumType::I64,
+                "i32" => DatumType::I32,
+                "u8" => DatumType::U8,
+                _ => DatumType::Bool,
+            };
+            Ok(Tensor::zero_dt(dt, &d.shape)?.into())
+        })
+        .collect()
+}
+
+/// A plan with every input's shape fixed to `shapes` (in input order).
+fn plan_for(
+    model: &InferenceModel,
+    inputs: &[TensorDecl],
+    shapes: &[Vec<usize>],
+) -> TractResult<(TypedModel, Plan)> {
+    let mut model = model.clone();
+    for (index, (decl, shape)) in inputs.iter().zip(shapes).enumerate() {
+        let dt = zero_values(std::slice::from_ref(decl))?[0].datum_type();
+        model = model.with_input_fact(index, InferenceFact::dt_shape(dt, shape.clone()))?;
+    }
+    let typed = model.into_optimized()?;
+    let plan = typed.clone().into_runnable()?;
+    Ok((typed, plan))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tensor(dtype: &str, shape: Vec<usize>, data: Vec<f64>) -> NamedTensor {
+        NamedTensor {
+            dtype: dtype.into(),
+            shape,
+            data,
+        }
+    }
+
+    #[test]
+    fn planned_per_shape_it_keeps_a_bounded_set_of_plans_and_answers_as_symbolic() {
+        let bytes = crate::synthetic::typed_example();
+        let symbolic = GraphModel::load("typed", &bytes).expect("loads");
+        let per_shape = GraphModel::load_with("typed", &bytes, true).expect("loads");
+        assert_eq!(symbolic.planning(), "symbolic");
+        assert!(per_shape.planning().starts_with("per request shape"));
+        for n in 1..=PLANS_KEPT + 4 {
+            let request = HashMap::from([
+                (
+                    "ids".to_string(),
+                    tensor("i64", vec![1, 4], vec![1.0, 2.0, 3.0, -4.0]),
+                ),
+                (
+                    "scale".to_string(),
+                    tensor("f32", vec![n, 4], (0..4 * n).map(|v| v as f64).collect()),
+                ),
+                ("offset".to_string(), tensor("i64", vec![], vec![n as f64])),
+            ]);
+            let want = symbolic.run(&request).expect("symbolic runs");
+            let got = per_shape.run(&request).expect("per-shape runs");
+            assert_eq!(got, want, "N = {n}");
+            assert_eq!(got["scaled"].shape, vec![n, 4]);
+        }
+        let Plans::PerShape { cache, .. } = &per_shape.plans else {
+            panic!("planned per shape");
+        };
+        let cache = cache.lock().unwrap_or_else(|p| p.into_inner());
+        assert_eq!(cache.len(), PLANS_KEPT);
+        // The example shape (N = 1) was planned at load and reused; 12 shapes, 8 kept.
+        assert_eq!(cache.evicted, 4);
     }
 }

@@ -608,9 +608,15 @@ pub fn inspect(name: &str, bytes: &[u8], specs: &[InputSpec]) -> Result<Inspecti
     let (serving, load_error) = match prepared {
         Err(error) => (None, Some(error.to_string())),
         Ok(edited) => match crate::Model::load_onnx(name, &edited) {
-            Ok(_) => (Some("batched (one f32 input)"), None),
+            Ok(_) => (Some("batched (one f32 input)".to_string()), None),
             Err(single) => match crate::graph_model::GraphModel::load(name, &edited) {
-                Ok(_) => (Some("typed inputs, unbatched"), None),
+                Ok(model) => (
+                    Some(format!(
+                        "typed inputs, unbatched; planned {}",
+                        model.planning()
+                    )),
+                    None,
+                ),
                 // A model with several or non-f32 inputs can only be served typed, so
                 // the typed path's reason is the one that helps.
                 Err(typed) if !single_f32 => (None, Some(typed.to_string())),
@@ -699,7 +705,7 @@ pub fn inspect(name: &str, bytes: &[u8], specs: &[InputSpec]) -> Result<Inspecti
         ifs_in_file,
         ifs_left,
         loads: load_error.is_none(),
-        serving: serving.map(str::to_string),
+        serving,
         load_error,
         advice,
     })

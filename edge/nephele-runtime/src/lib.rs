@@ -31,6 +31,7 @@ pub mod mixed_precision;
 pub mod onnx_edit;
 #[cfg(feature = "onnxruntime")]
 pub mod ort_backend;
+pub mod plan_cache;
 pub mod synthetic;
 pub mod variants;
 

@@ -202,12 +202,42 @@ mod tests {
         use crate::graph_model::{GraphModel, NamedTensor};
         use crate::input_spec::{apply, InputSpec};
         let bytes = typed_example();
-        // As exported: the single-f32 path refuses it, and so does the typed path while
-        // a dimension is unknown, each naming what to do.
+        // As exported: the single-f32 path refuses it, naming what to do; the typed
+        // path loads it with N left symbolic, bound from each request's shapes.
         let refused = crate::Model::load_onnx("typed", &bytes).expect_err("refused");
         assert!(refused.to_string().contains("inputs"), "{refused}");
-        let unknown = GraphModel::load("typed", &bytes).expect_err("N is unknown");
-        assert!(unknown.to_string().contains("--input scale="), "{unknown}");
+        let symbolic = GraphModel::load("typed", &bytes).expect("loads with N symbolic");
+        assert_eq!(symbolic.inputs()[1].dims_text(), "[N, 4]");
+        let tensor = |dtype: &str, shape: Vec<usize>, data: Vec<f64>| NamedTensor {
+            dtype: dtype.into(),
+            shape,
+            data,
+        };
+        let mut two = std::collections::HashMap::from([
+            (
+                "ids".to_string(),
+                tensor("i64", vec![1, 4], vec![1.0, 2.0, 3.0, -4.0]),
+            ),
+            (
+                "scale".to_string(),
+                tensor(
+                    "f32",
+                    vec![2, 4],
+                    vec![1.0, 1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 2.0],
+                ),
+            ),
+            ("offset".to_string(), tensor("i64", vec![], vec![1.0])),
+        ]);
+        let out = symbolic.run(&two).expect("runs with N = 2");
+        assert_eq!(out["scaled"].shape, vec![2, 4]);
+        assert_eq!(
+            out["scaled"].data,
+            vec![2.0, 3.0, 4.0, -3.0, 3.0, 5.0, 7.0, -7.0]
+        );
+        // A fixed size still has to match.
+        two.insert("ids".into(), tensor("i64", vec![2, 4], vec![0.0; 8]));
+        let wrong = symbolic.check(&two).expect_err("ids is [1, 4]");
+        assert!(wrong.contains("[1, 4]"), "{wrong}");
         let specs: Vec<InputSpec> = ["scale=1,4", "offset=scalar:i64=3"]
             .iter()
             .map(|t| t.parse().expect("spec"))

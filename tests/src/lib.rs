@@ -590,6 +590,32 @@ impl Http {
         ))
     }
 
+    /// POSTs `bytes` with the `inference-header-content-length` header (the binary
+    /// inference form): the status, that header of the answer, and its bytes.
+    pub fn post_binary(
+        &self,
+        url: &str,
+        header_length: usize,
+        bytes: &[u8],
+    ) -> Result<(u16, Option<usize>, Vec<u8>)> {
+        let mut response = self
+            .agent
+            .post(url)
+            .header(
+                "inference-header-content-length",
+                &header_length.to_string(),
+            )
+            .send(bytes)?;
+        let status = response.status().as_u16();
+        let length = response
+            .headers()
+            .get("inference-header-content-length")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok());
+        let body = response.body_mut().read_to_vec()?;
+        Ok((status, length, body))
+    }
+
     pub fn request(&self, method: &str, url: &str, body: Option<&Value>) -> Result<Value> {
         let mut response = match (method, body) {
             ("GET", _) => self

@@ -1,6 +1,7 @@
 //! A model with the shape of an exported one (three typed inputs, one of them an i64
-//! scalar, a symbolic batch; two outputs of different types), pushed as it is with its
-//! inputs fixed at push, deployed to a real agent and asked with named typed tensors.
+//! scalar, a symbolic batch; two outputs of different types), pushed as it is and with
+//! its inputs fixed at push, deployed to a real agent and asked with named typed
+//! tensors, in JSON and in the binary form.
 
 use nephele_e2e::*;
 use serde_json::json;
@@ -19,16 +20,17 @@ fn a_model_with_typed_inputs_is_pushed_with_input_specs_and_served_by_name() {
     .expect("edge agent");
     let http = cloud.client();
 
-    // As exported, the batch of `scale` is unknown: refused, with the flag to give.
-    let (code, refused) = http
+    // As exported, the batch of `scale` is a name, `N`: it loads with N symbolic (but
+    // `offset` must then be sent with every request).
+    let (code, any) = http
         .raw(
             "PUT",
-            &format!("{}/v1/models/typed?wait=true", cloud.api),
+            &format!("{}/v1/models/typed-any?wait=true", cloud.api),
             &model,
         )
         .expect("push");
-    assert_eq!(code, 400, "{refused}");
-    assert!(refused.to_string().contains("--input scale="), "{refused}");
+    assert_eq!(code, 201, "{any}");
+    assert_eq!(any["inputs"][1]["shape"], json!([-1, 4]), "{any}");
     // A spec naming an input the model does not have is refused at once.
     let (code, unknown) = http
         .raw(
@@ -92,6 +94,47 @@ fn a_model_with_typed_inputs_is_pushed_with_input_specs_and_served_by_name() {
         json!([3.5, 4.0, 9.0, -1.0])
     );
     assert_eq!(reply["where"], "local", "{reply}");
+
+    // The binary form: a JSON header, then the values as little-endian bytes in the
+    // order the header lists them; asked for, the answer comes back the same way.
+    let header = serde_json::to_vec(&json!({"inputs": [
+        {"name": "ids", "dtype": "i64", "shape": [1, 4], "binary_data_size": 32},
+        {"name": "scale", "dtype": "f32", "shape": [1, 4], "binary_data_size": 16},
+    ], "binary_outputs": true}))
+    .expect("header");
+    let mut body = header.clone();
+    body.extend([1i64, 2, 3, -4].iter().flat_map(|v| v.to_le_bytes()));
+    body.extend([0.5f32, 0.5, 2.0, 1.0].iter().flat_map(|v| v.to_le_bytes()));
+    let (code, length, answer) = agent
+        .post_binary(&url, header.len(), &body)
+        .expect("binary infer");
+    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&answer));
+    let length = length.expect("the answer says where its header ends");
+    let meta: serde_json::Value = serde_json::from_slice(&answer[..length]).expect("header");
+    // Outputs in name order: doubled (i64 × 4), then scaled (f32 × 4).
+    assert_eq!(meta["outputs"][0]["name"], "doubled", "{meta}");
+    assert_eq!(meta["outputs"][1]["binary_data_size"], 16, "{meta}");
+    let data = &answer[length..];
+    let doubled: Vec<i64> = data[..32]
+        .chunks_exact(8)
+        .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")))
+        .collect();
+    let scaled: Vec<f32> = data[32..]
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
+        .collect();
+    assert_eq!(doubled, vec![2, 4, 6, -8]);
+    assert_eq!(scaled, vec![3.5, 4.0, 9.0, -1.0]);
+    // A body whose sizes do not add up is a 400 that says so.
+    let (code, _, answer) = agent
+        .post_binary(&url, header.len(), &body[..body.len() - 4])
+        .expect("binary infer");
+    assert_eq!(code, 400);
+    assert!(
+        String::from_utf8_lossy(&answer).contains("scale"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
 
     // Bad requests are refused one by one, each saying what is wrong.
     for (body, says) in [

@@ -2,7 +2,7 @@
 //!
 //! | route                          | does                                               |
 //! |--------------------------------|----------------------------------------------------|
-//! | `POST /v1/infer/{deployment}`  | `{"shape": [1, 64], "data": [...]}` → output, where it was computed |
+//! | `POST /v1/infer/{deployment}`  | `{"shape": [1, 64], "data": [...]}` or `{"inputs": {NAME: {"dtype", "shape", "data"}}}` → output(s), where computed; with `Inference-Header-Content-Length`, the binary form ([`crate::binary_body`]) |
 //! | `GET /v1/status`               | agent, connection, deployments and job members as JSON |
 //! | `GET /metrics`                 | Prometheus text                                    |
 //! | `GET /healthz`                 | 200 when the process is up                         |
@@ -202,32 +202,127 @@ async fn infer_typed(
             )
         }
     };
-    if parsed.end && parsed.session.is_none() {
+    answer_typed(
+        agent,
+        deployment,
+        parsed.inputs,
+        (parsed.session, parsed.end),
+        false,
+    )
+    .await
+}
+
+/// Serves a typed request and answers it, in JSON or (with `binary_outputs`) in the
+/// binary form ([`crate::binary_body`]).
+async fn answer_typed(
+    agent: Arc<Agent>,
+    deployment: &str,
+    inputs: std::collections::HashMap<String, nephele_runtime::graph_model::NamedTensor>,
+    (session, end): (Option<String>, bool),
+    binary_outputs: bool,
+) -> Response<Full<Bytes>> {
+    if end && session.is_none() {
         return error(
             StatusCode::BAD_REQUEST,
             "\"end\": true closes a session: give \"session\": ID as well",
         );
     }
-    let session = parsed.session.map(|id| crate::graph_serving::SessionRef {
-        id,
-        end: parsed.end,
+    let session = session.map(|id| crate::graph_serving::SessionRef { id, end });
+    let answer = match agent.server.serve_graph(deployment, inputs, session).await {
+        Ok(answer) => answer,
+        Err(e) => return serve_error(e),
+    };
+    let meta = serde_json::json!({
+        "computed_by": answer.computed_by,
+        "where": answer.location,
+        "latency_ms": answer.latency.as_secs_f64() * 1000.0,
+        "session": answer.session,
     });
-    match agent
-        .server
-        .serve_graph(deployment, parsed.inputs, session)
-        .await
-    {
-        Ok(answer) => json(
-            StatusCode::OK,
-            &serde_json::json!({
-                "outputs": answer.outputs,
-                "computed_by": answer.computed_by,
-                "where": answer.location,
-                "latency_ms": answer.latency.as_secs_f64() * 1000.0,
-                "session": answer.session,
-            }),
-        ),
-        Err(e) => serve_error(e),
+    match (binary_outputs, meta) {
+        (true, serde_json::Value::Object(meta)) => {
+            match crate::binary_body::encode_typed(&answer.outputs, meta) {
+                Ok((body, header)) => binary(body, header),
+                Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e),
+            }
+        }
+        (_, mut meta) => {
+            meta["outputs"] = serde_json::json!(answer.outputs);
+            json(StatusCode::OK, &meta)
+        }
+    }
+}
+
+/// A 200 in the binary form: `header` bytes of JSON, then the values.
+fn binary(body: Vec<u8>, header: usize) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    let headers = response.headers_mut();
+    headers.insert(
+        "content-type",
+        hyper::header::HeaderValue::from_static("application/octet-stream"),
+    );
+    if let Ok(value) = hyper::header::HeaderValue::from_str(&header.to_string()) {
+        headers.insert(crate::binary_body::HEADER_LENGTH, value);
+    }
+    response
+}
+
+/// A request in the binary form ([`crate::binary_body`]).
+async fn infer_binary(
+    agent: Arc<Agent>,
+    deployment: &str,
+    header_length: &str,
+    body: &[u8],
+) -> Response<Full<Bytes>> {
+    use crate::binary_body::BinaryRequest;
+    match crate::binary_body::parse(header_length, body) {
+        Err(e) => error(StatusCode::BAD_REQUEST, e),
+        Ok(BinaryRequest::Typed { header, inputs }) => {
+            answer_typed(
+                agent,
+                deployment,
+                inputs,
+                (header.session, header.end),
+                header.binary_outputs,
+            )
+            .await
+        }
+        Ok(BinaryRequest::Single { header, data }) => {
+            let input = nephele_proto::Tensor {
+                shape: header.shape,
+                data,
+            };
+            match agent.server.serve(deployment, input).await {
+                Ok(answer) if header.binary_outputs => {
+                    let meta = serde_json::json!({
+                        "computed_by": answer.computed_by,
+                        "where": answer.location,
+                        "latency_ms": answer.latency.as_secs_f64() * 1000.0,
+                        "hard_example": answer.hard_example,
+                    });
+                    let serde_json::Value::Object(meta) = meta else {
+                        return error(StatusCode::INTERNAL_SERVER_ERROR, "answer header");
+                    };
+                    let (body, header) = crate::binary_body::encode_single(
+                        &answer.output.shape,
+                        &answer.output.data,
+                        meta,
+                    );
+                    binary(body, header)
+                }
+                Ok(answer) => json(
+                    StatusCode::OK,
+                    &InferReply {
+                        shape: answer.output.shape,
+                        data: answer.output.data,
+                        computed_by: answer.computed_by,
+                        location: answer.location,
+                        latency_ms: answer.latency.as_secs_f64() * 1000.0,
+                        hard_example: answer.hard_example,
+                    },
+                ),
+                Err(e) => serve_error(e),
+            }
+        }
     }
 }
 
@@ -236,6 +331,10 @@ async fn infer(
     agent: Arc<Agent>,
     deployment: &str,
 ) -> Response<Full<Bytes>> {
+    let binary_header = request
+        .headers()
+        .get(crate::binary_body::HEADER_LENGTH)
+        .map(|v| v.to_str().map(str::to_string));
     let body = match Limited::new(request.into_body(), MAX_BODY_BYTES)
         .collect()
         .await
@@ -248,6 +347,19 @@ async fn infer(
             )
         }
     };
+    match binary_header {
+        Some(Ok(length)) => return infer_binary(agent, deployment, &length, &body).await,
+        Some(Err(_)) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "{} must be a number of bytes",
+                    crate::binary_body::HEADER_LENGTH
+                ),
+            )
+        }
+        None => {}
+    }
     let value: serde_json::Value = match serde_json::from_slice(&body) {
         Ok(value) => value,
         Err(e) => {

@@ -12,6 +12,7 @@
 
 pub mod agent;
 pub mod batcher;
+pub mod binary_body;
 pub mod config;
 pub mod enrol;
 pub mod graph_serving;

@@ -785,4 +785,20 @@ fn a_transformer_with_ids_mask_and_types_answers_as_onnxruntime_does() {
         int8_any["reason"].as_str().unwrap_or("")
     );
     assert!(worst_any <= 10.0 * tolerance, "{worst_any}");
+    // A token id past the vocabulary (tract's Gather would index past its table) is a
+    // 400 for that request, and the agent answers the next one.
+    let past = json!({"inputs": {
+        "input_ids": {"dtype": "i64", "shape": [1, 3], "data": [101, 40_000_000, 102]},
+        "attention_mask": {"dtype": "i64", "shape": [1, 3], "data": [1, 1, 1]},
+        "token_type_ids": {"dtype": "i64", "shape": [1, 3], "data": [0, 0, 0]}}});
+    let url_any = format!("{}/v1/infer/minilm-any", edge.endpoint);
+    let (code, reply) = agent.raw_json("POST", &url_any, &past).expect("infer");
+    assert_eq!(code, 400, "{reply}");
+    assert!(reply.to_string().contains("out of its range"), "{reply}");
+    let ok = json!({"inputs": {
+        "input_ids": {"dtype": "i64", "shape": [1, 3], "data": [101, 7592, 102]},
+        "attention_mask": {"dtype": "i64", "shape": [1, 3], "data": [1, 1, 1]},
+        "token_type_ids": {"dtype": "i64", "shape": [1, 3], "data": [0, 0, 0]}}});
+    let (code, reply) = agent.raw_json("POST", &url_any, &ok).expect("infer");
+    assert_eq!(code, 200, "{reply}");
 }

@@ -349,7 +349,7 @@ impl Server {
                     });
                 match offloaded {
                     Ok((outputs, computed_by)) => {
-                        self.count(&deployment.name, "offloaded");
+                        self.count(&deployment.name, "cloud");
                         Ok((outputs, Location::Cloud, computed_by))
                     }
                     Err(error) if fallback_local => {
@@ -400,7 +400,14 @@ impl Server {
         let outputs = tokio::task::spawn_blocking(move || model.run(&request))
             .await
             .map_err(|e| ServeError::Failed(e.to_string()))?
-            .map_err(|e| ServeError::Failed(e.to_string()))?;
+            .map_err(|e| match e {
+                // Values the model cannot take (an index past its table): the caller's
+                // to fix, a 400.
+                nephele_runtime::RuntimeError::BadInput { cause, .. } => {
+                    ServeError::BadInput(cause)
+                }
+                other => ServeError::Failed(other.to_string()),
+            })?;
         deployment.observe_service(run_started.elapsed());
         deployment.served.fetch_add(1, Ordering::Relaxed);
         self.count(&deployment.name, "local");

@@ -445,11 +445,17 @@ impl Gateway {
             };
             match forwarded {
                 Ok(response) => {
-                    let outcome = if matches!(response, StreamResponse::Inferred(_)) {
-                        lease.record(attempt_started.elapsed());
-                        "ok"
-                    } else {
-                        "error"
+                    let outcome = match &response {
+                        StreamResponse::Inferred(_) => {
+                            lease.record(attempt_started.elapsed());
+                            "ok"
+                        }
+                        // The replica's queue is full: relayed with its Retry-After, so
+                        // the device serves locally until then (not a failure).
+                        StreamResponse::Error(error) if error.code == ErrorCode::Overloaded => {
+                            "shed"
+                        }
+                        _ => "error",
                     };
                     self.count_offload(&context.region, outcome);
                     self.metrics

@@ -519,11 +519,7 @@ async fn serve_infer(agent: &Arc<Agent>, infer: nephele_proto::InferRequest) -> 
                     }),
                     Err(error) => unavailable(error),
                 },
-                // A request the model cannot take is no reason to try another replica.
-                Err(error @ crate::serving::ServeError::BadInput(_)) => {
-                    StreamResponse::Error(ErrorFrame::new(ErrorCode::BadRequest, error.to_string()))
-                }
-                Err(error) => unavailable(error.to_string()),
+                Err(error) => serve_error_frame(error),
             };
         }
         (Payload::Typed(_), InferStage::Tail { .. }) => {
@@ -540,8 +536,26 @@ async fn serve_infer(agent: &Arc<Agent>, infer: nephele_proto::InferRequest) -> 
             computed_by: answer.computed_by,
             compute_us: answer.latency.as_micros() as u64,
         }),
-        Err(error) => unavailable(error.to_string()),
+        Err(error) => serve_error_frame(error),
     }
+}
+
+/// The error frame for a request this replica did not serve. A full queue is
+/// `Overloaded` with its Retry-After: the device then serves locally until then,
+/// without counting it against its circuit breaker (as `Unavailable` it was taken for
+/// a broken path: a pool filled by a burst opened devices' breakers, and offload
+/// stayed shut for seconds after the burst). A request the model cannot take is
+/// `BadRequest`: no reason to try another replica.
+fn serve_error_frame(error: crate::serving::ServeError) -> StreamResponse {
+    use crate::serving::ServeError;
+    StreamResponse::Error(match error {
+        ServeError::Overloaded { retry_after_ms, .. } => ErrorFrame::overloaded(
+            error.to_string(),
+            retry_after_ms.min(u64::from(u32::MAX)) as u32,
+        ),
+        ServeError::BadInput(_) => ErrorFrame::new(ErrorCode::BadRequest, error.to_string()),
+        other => ErrorFrame::new(ErrorCode::Unavailable, other.to_string()),
+    })
 }
 
 async fn serve_cloud_stream(

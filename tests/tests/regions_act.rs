@@ -350,6 +350,13 @@ max_nodes = 2
             |v| v[0]["ready"] == 1 && v[0]["replicas"][0]["node"] == "spot-0",
         )
         .unwrap();
+    // The edge device's own copy too, before traffic starts (else the first
+    // requests meet a deployment still loading: 503).
+    cloud
+        .wait_for("/v1/deployments/mlp", "mlp ready on the edge", |v| {
+            v["ready_devices"] == 1
+        })
+        .unwrap();
     // What would show a request lost or failed by the move: the gateway failing an
     // offload or finding no ready replica, or the device counting an offload failure.
     let failures = |cloud: &Cloud, edge: &Edge| {

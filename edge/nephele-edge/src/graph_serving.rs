@@ -27,7 +27,7 @@ use nephele_proto::{Assignment, DeploymentPhase, DeploymentTelemetry, InferStage
 use nephele_runtime::graph_model::{GraphModel, NamedTensor};
 use nephele_telemetry::LatencyWindow;
 
-use crate::serving::{Location, OffloadTarget, ServeError, Server};
+use crate::serving::{lock, Location, OffloadTarget, ServeError, Server};
 use crate::sessions::{SessionError, SessionStats, SessionStore};
 
 /// A request's session: its id, and whether this is its last request.
@@ -422,8 +422,4 @@ impl Drop for QueueSlot<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }

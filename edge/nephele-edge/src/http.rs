@@ -41,6 +41,19 @@ pub struct InferReply {
     pub hard_example: bool,
 }
 
+impl From<crate::serving::Answer> for InferReply {
+    fn from(answer: crate::serving::Answer) -> Self {
+        InferReply {
+            shape: answer.output.shape,
+            data: answer.output.data,
+            computed_by: answer.computed_by,
+            location: answer.location,
+            latency_ms: answer.latency.as_secs_f64() * 1000.0,
+            hard_example: answer.hard_example,
+        }
+    }
+}
+
 pub async fn serve(listener: tokio::net::TcpListener, agent: Arc<Agent>) {
     loop {
         let (stream, _) = match listener.accept().await {
@@ -309,17 +322,7 @@ async fn infer_binary(
                     );
                     binary(body, header)
                 }
-                Ok(answer) => json(
-                    StatusCode::OK,
-                    &InferReply {
-                        shape: answer.output.shape,
-                        data: answer.output.data,
-                        computed_by: answer.computed_by,
-                        location: answer.location,
-                        latency_ms: answer.latency.as_secs_f64() * 1000.0,
-                        hard_example: answer.hard_example,
-                    },
-                ),
+                Ok(answer) => json(StatusCode::OK, &InferReply::from(answer)),
                 Err(e) => serve_error(e),
             }
         }
@@ -401,17 +404,7 @@ async fn infer(
         data: parsed.data,
     };
     match agent.server.serve(deployment, input).await {
-        Ok(answer) => json(
-            StatusCode::OK,
-            &InferReply {
-                shape: answer.output.shape,
-                data: answer.output.data,
-                computed_by: answer.computed_by,
-                location: answer.location,
-                latency_ms: answer.latency.as_secs_f64() * 1000.0,
-                hard_example: answer.hard_example,
-            },
-        ),
+        Ok(answer) => json(StatusCode::OK, &InferReply::from(answer)),
         Err(e) => serve_error(e),
     }
 }

@@ -45,12 +45,12 @@ fn a_model_with_typed_inputs_is_pushed_with_input_specs_and_served_by_name() {
         "{unknown}"
     );
 
-    // With the batch fixed and the scalar folded in, it loads on the typed path.
+    // With the batch bounded (N..2) and the scalar folded in, it loads on the typed path.
     let (code, view) = http
         .raw(
             "PUT",
             &format!(
-                "{}/v1/models/typed?wait=true&input=scale%3D1%2C4&input=offset%3Dscalar%3Ai64%3D3",
+                "{}/v1/models/typed?wait=true&input=scale%3DN..2%2C4&input=offset%3Dscalar%3Ai64%3D3",
                 cloud.api
             ),
             &model,
@@ -60,6 +60,7 @@ fn a_model_with_typed_inputs_is_pushed_with_input_specs_and_served_by_name() {
     assert_eq!(view["format"], "onnx-graph", "{view}");
     assert_eq!(view["inputs"][0]["dtype"], "i64", "{view}");
     assert_eq!(view["outputs"][0]["dtype"], "i64", "{view}");
+    assert_eq!(view["input_specs"][0], "scale=N..2,4", "{view}");
     assert_eq!(view["input_specs"][1], "offset=scalar:i64=3", "{view}");
 
     cloud
@@ -155,14 +156,30 @@ fn a_model_with_typed_inputs_is_pushed_with_input_specs_and_served_by_name() {
             json!({"inputs": {"ids": {"dtype": "i64"}}}),
             "invalid typed request",
         ),
+        // Above the bound given at push: refused before the model allocates anything.
+        (
+            json!({"inputs": {"ids": {"dtype": "i64", "shape": [1, 4], "data": [1, 2, 3, 4]},
+                              "scale": {"dtype": "f32", "shape": [3, 4], "data": vec![1.0; 12]}}}),
+            "N = 3, above the 2",
+        ),
     ] {
         let (code, reply) = agent.raw_json("POST", &url, &body).expect("infer");
         assert_eq!(code, 400, "{body} → {reply}");
         assert!(reply.to_string().contains(says), "{body} → {reply}");
     }
-    // And the agent still answers after them.
+    // And the agent still answers after them, at the bound too.
     let (code, reply) = agent.raw_json("POST", &url, &request).expect("infer");
     assert_eq!(code, 200, "{reply}");
+    let two = json!({"inputs": {
+        "ids": {"dtype": "i64", "shape": [1, 4], "data": [1, 2, 3, -4]},
+        "scale": {"dtype": "f32", "shape": [2, 4], "data": [1, 1, 1, 1, 0, 0, 0, 0]},
+    }});
+    let (code, reply) = agent.raw_json("POST", &url, &two).expect("infer");
+    assert_eq!(code, 200, "{reply}");
+    assert_eq!(
+        reply["outputs"]["scaled"]["data"],
+        json!([4.0, 5.0, 6.0, -1.0, 3.0, 3.0, 3.0, 3.0])
+    );
     let status = cloud.get("/v1/deployments/typed").expect("status");
     println!("{status}");
 }

@@ -165,6 +165,7 @@ pub enum ModelCommand {
         validation: Option<std::path::PathBuf>,
         /// Shape, type or fixed value of an input, applied to the file by the control
         /// plane (repeatable): `x=N,3,48,320` (sizes, or names for symbolic dimensions),
+        /// `ids=1,S..512:i64` (a name with the largest size a request may give),
         /// `bytes=1,2048:i32`, `sr=scalar:i64=16000` (folded in as a constant).
         #[arg(long = "input", value_name = "NAME=DIMS[:DTYPE][=VALUE]")]
         inputs: Vec<String>,

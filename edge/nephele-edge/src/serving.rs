@@ -225,6 +225,9 @@ enum OffloadError {
         retry_after_ms: u64,
         message: String,
     },
+    /// The replica could not take this input (`BadRequest`): the path works, so the
+    /// breaker is left alone; the device's own run gives the client the reason.
+    BadInput(String),
     /// The path or the replica failed (counts against the circuit breaker).
     Failed(String),
 }
@@ -239,6 +242,9 @@ impl std::fmt::Display for OffloadError {
                 f,
                 "shed by the region (retry after {retry_after_ms} ms): {message}"
             ),
+            OffloadError::BadInput(message) => {
+                write!(f, "the pool could not take this input: {message}")
+            }
             OffloadError::Failed(message) => write!(f, "{message}"),
         }
     }
@@ -915,6 +921,10 @@ impl Server {
                     )
                     .inc();
             }
+            Err(OffloadError::BadInput(message)) => {
+                lock(target.remote).on_no_sample();
+                tracing::debug!(deployment = %target.name, %message, "the pool could not take an input");
+            }
             Err(OffloadError::Failed(_)) => {
                 lock(target.remote).on_no_sample();
                 self.breaker().on_failure(now_us);
@@ -977,6 +987,7 @@ impl Server {
                     retry_after_ms: u64::from(retry_after_ms),
                     message: error.message,
                 }),
+                (ErrorCode::BadRequest, _) => Err(OffloadError::BadInput(error.message)),
                 _ => Err(OffloadError::Failed(error.to_string())),
             },
             StreamResponse::Chunk { .. } | StreamResponse::Logs { .. } => Err(

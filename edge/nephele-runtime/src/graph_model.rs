@@ -102,6 +102,9 @@ pub struct GraphModel {
     planning: String,
     inputs: Vec<TensorDecl>,
     outputs: Vec<TensorDecl>,
+    /// Upper bounds of symbolic dimensions, from the file's metadata
+    /// ([`crate::input_spec::MAX_DIM_KEY`], given at push as `S..512`).
+    max_dims: std::collections::BTreeMap<String, usize>,
 }
 
 impl std::fmt::Debug for GraphModel {
@@ -156,6 +159,7 @@ impl GraphModel {
         let mut model = tract_onnx::onnx()
             .model_for_read(&mut reader)
             .map_err(|e| load(format!("{e:#}")))?;
+        let max_dims = max_dims(&model);
         if model.inputs.is_empty() {
             return Err(unsupported(
                 "the model has no inputs left (every one was folded in as a constant)".into(),
@@ -299,7 +303,13 @@ impl GraphModel {
             planning,
             inputs,
             outputs,
+            max_dims,
         })
+    }
+
+    /// Upper bounds of symbolic dimensions (`S` → 512); a name not here is unbounded.
+    pub fn max_dims(&self) -> &std::collections::BTreeMap<String, usize> {
+        &self.max_dims
     }
 
     /// How requests are planned: `static`, `symbolic` or `per request shape (why)`.
@@ -466,6 +476,12 @@ impl GraphModel {
                     if *size == 0 {
                         return Err(format!("input {}: {symbol} is 0", decl.name));
                     }
+                    if let Some(bound) = self.max_dims.get(symbol).filter(|b| size > b) {
+                        return Err(format!(
+                            "input {} has {symbol} = {size}, above the {bound} this model takes (bounded at push with {symbol}..{bound}); send a smaller request, or push the model with a larger bound",
+                            decl.name
+                        ));
+                    }
                 }
             }
             let count = given
@@ -610,6 +626,21 @@ impl GraphModel {
             })
             .collect()
     }
+}
+
+/// Bounds written into the file's metadata (`nephele.max_dim.S` = `512`).
+fn max_dims(model: &InferenceModel) -> std::collections::BTreeMap<String, usize> {
+    let prefix = format!("onnx.metadata_props.{}", crate::input_spec::MAX_DIM_KEY);
+    model
+        .properties
+        .iter()
+        .filter_map(|(key, value)| {
+            let symbol = key.strip_prefix(&prefix)?;
+            let view = value.to_plain_array_view::<String>().ok()?;
+            let text = view.iter().next()?;
+            Some((symbol.to_string(), text.trim().parse().ok()?))
+        })
+        .collect()
 }
 
 /// Zeros for every input at its example sizes, in input order.

@@ -7,8 +7,13 @@
 //! | `x=N,3,48,320`           | input `x` has shape [N, 3, 48, 320]; `N` stays symbolic       |
 //! | `bytes=1,2048:i32`       | input `bytes` is [1, 2048] of int32 (checked against the file)|
 //! | `sr=scalar:i64=16000`    | rank-0 int64 input folded into the model as the constant 16000|
+//! | `input_ids=1,S..512:i64` | `S` symbolic, at most 512 in a request                        |
 //!
-//! DIMS are comma-separated sizes or names (a name is a symbolic dimension), or `scalar`.
+//! DIMS are comma-separated sizes or names (a name is a symbolic dimension), or `scalar`;
+//! `NAME..MAX` bounds a name (as OpenVINO's `1..512` ranges do), which the control plane
+//! writes into the file's metadata ([`MAX_DIM_KEY`]) and the device checks per request,
+//! so a request cannot make the model allocate without limit (attention over a
+//! sequence grows with its square).
 //! DTYPE is one of f32, f16, i64, i32, u8, bool. VALUE is one number, which fills the
 //! tensor, or as many comma-separated numbers as the tensor has elements; it needs every
 //! dimension given as a size.
@@ -18,12 +23,16 @@ use std::str::FromStr;
 
 use prost::Message;
 use tract_onnx::pb::{
-    tensor_proto::DataType, tensor_shape_proto, type_proto, ModelProto, TensorProto,
-    TensorShapeProto, ValueInfoProto,
+    tensor_proto::DataType, tensor_shape_proto, type_proto, ModelProto, StringStringEntryProto,
+    TensorProto, TensorShapeProto, ValueInfoProto,
 };
 use tract_onnx::prelude::Framework;
 
 use crate::RuntimeError;
+
+/// Metadata key prefix (ONNX `metadata_props`) of a symbolic dimension's bound:
+/// `nephele.max_dim.S` = `512`.
+pub const MAX_DIM_KEY: &str = "nephele.max_dim.";
 
 /// One dimension of an input spec.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -141,9 +150,12 @@ pub struct InputSpec {
     pub dtype: Option<ElemType>,
     /// Folded into the model as a constant.
     pub value: Option<Vec<f64>>,
+    /// Upper bounds of this spec's symbolic dimensions (`S..512`).
+    pub max: std::collections::BTreeMap<String, u64>,
 }
 
-const SPEC_FORM: &str = "NAME=DIMS[:DTYPE][=VALUE], e.g. x=N,3,48,320 or sr=scalar:i64=16000";
+const SPEC_FORM: &str =
+    "NAME=DIMS[:DTYPE][=VALUE], e.g. x=N,3,48,320, ids=1,S..512:i64 or sr=scalar:i64=16000";
 
 impl FromStr for InputSpec {
     type Err = String;
@@ -166,6 +178,7 @@ impl FromStr for InputSpec {
             None => (shape_part, None),
         };
         let dims_part = dims_part.trim();
+        let mut max = std::collections::BTreeMap::new();
         let dims = if dims_part == "scalar" {
             Vec::new()
         } else {
@@ -173,6 +186,24 @@ impl FromStr for InputSpec {
                 .split(',')
                 .map(|d| {
                     let d = d.trim();
+                    let d = match d.split_once("..") {
+                        None => d,
+                        Some((symbol, bound)) => {
+                            let symbol = symbol.trim();
+                            let bound = bound.trim().parse::<u64>().ok().filter(|b| *b > 0).ok_or_else(|| {
+                                bad(format!("the bound in {d:?} is not a size above 0 (e.g. S..512)"))
+                            })?;
+                            if symbol.parse::<u64>().is_ok() {
+                                return Err(bad(format!(
+                                    "{d:?} bounds a size; only a named dimension takes a bound (e.g. S..512)"
+                                )));
+                            }
+                            if max.insert(symbol.to_string(), bound).is_some_and(|b| b != bound) {
+                                return Err(bad(format!("{symbol} is given two bounds")));
+                            }
+                            symbol
+                        }
+                    };
                     if d.is_empty() {
                         Err(bad("an empty dimension".into()))
                     } else if let Ok(size) = d.parse::<u64>() {
@@ -255,6 +286,7 @@ impl FromStr for InputSpec {
             dims,
             dtype,
             value,
+            max,
         })
     }
 }
@@ -271,7 +303,10 @@ impl fmt::Display for InputSpec {
             }
             match d {
                 Dim::Size(s) => write!(f, "{s}")?,
-                Dim::Symbol(s) => f.write_str(s)?,
+                Dim::Symbol(s) => match self.max.get(s) {
+                    Some(bound) => write!(f, "{s}..{bound}")?,
+                    None => f.write_str(s)?,
+                },
             }
         }
         if let Some(t) = self.dtype {
@@ -290,6 +325,18 @@ fn decode(name: &str, bytes: &[u8]) -> Result<ModelProto, RuntimeError> {
         model: name.to_string(),
         cause: format!("not an ONNX protobuf: {e}"),
     })
+}
+
+/// Bounds of symbolic dimensions written in a file's metadata (`S` → 512).
+pub fn max_dims(model: &ModelProto) -> std::collections::BTreeMap<String, u64> {
+    model
+        .metadata_props
+        .iter()
+        .filter_map(|entry| {
+            let symbol = entry.key.strip_prefix(MAX_DIM_KEY)?;
+            Some((symbol.to_string(), entry.value.trim().parse().ok()?))
+        })
+        .collect()
 }
 
 /// The graph inputs that are not initializers (what a caller feeds).
@@ -468,6 +515,25 @@ pub fn apply(name: &str, bytes: &[u8], specs: &[InputSpec]) -> Result<Vec<u8>, R
             }
         }
     }
+    // Bounds of symbolic dimensions travel in the file's metadata (signed with it).
+    let mut bounds: std::collections::BTreeMap<&str, u64> = Default::default();
+    for spec in specs {
+        for (symbol, bound) in &spec.max {
+            if let Some(other) = bounds.insert(symbol, *bound).filter(|b| b != bound) {
+                return Err(unsupported(format!(
+                    "{symbol} is bounded twice, ..{other} and ..{bound}; give one bound"
+                )));
+            }
+        }
+    }
+    for (symbol, bound) in bounds {
+        let key = format!("{MAX_DIM_KEY}{symbol}");
+        model.metadata_props.retain(|entry| entry.key != key);
+        model.metadata_props.push(StringStringEntryProto {
+            key,
+            value: bound.to_string(),
+        });
+    }
     // With the shapes and constants given, conditions on them are constants too: fold
     // those `If`s so that tract never types a branch that cannot run.
     crate::fold_if::fold_constant_ifs(&mut model);
@@ -625,11 +691,85 @@ pub fn inspect(name: &str, bytes: &[u8], specs: &[InputSpec]) -> Result<Inspecti
         },
     };
     let mut advice = Vec::new();
+    // Bounds from the file and from `specs`; the dims shown as `S..512`.
+    let mut bounds = max_dims(&model);
+    for spec in specs {
+        bounds.extend(spec.max.iter().map(|(k, v)| (k.clone(), *v)));
+    }
+    let batched = serving.as_deref().is_some_and(|s| s.starts_with("batched"));
+    let mut unbounded: Vec<(String, String)> = Vec::new();
+    for input in &inputs {
+        let dims = specs
+            .iter()
+            .find(|s| s.name == input.name)
+            .map(|s| {
+                s.dims
+                    .iter()
+                    .map(|d| match d {
+                        Dim::Size(v) => v.to_string(),
+                        Dim::Symbol(n) => n.clone(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_else(|| input.dims.clone());
+        for (axis, dim) in dims.iter().enumerate() {
+            let named = dim != "?" && dim.parse::<u64>().is_err();
+            // The batched single-f32 path cuts its batch axis into batches itself.
+            if named
+                && !batched
+                && !bounds.contains_key(dim)
+                && !unbounded.iter().any(|(d, _)| d == dim)
+            {
+                let example: Vec<String> = dims
+                    .iter()
+                    .enumerate()
+                    .map(|(i, d)| {
+                        if i == axis {
+                            format!("{d}..<max>")
+                        } else {
+                            d.clone()
+                        }
+                    })
+                    .collect();
+                unbounded.push((
+                    dim.clone(),
+                    format!(
+                        "--input {}={}:{}",
+                        input.name,
+                        example.join(","),
+                        input.dtype
+                    ),
+                ));
+            }
+        }
+    }
+    for (symbol, flag) in unbounded {
+        advice.push(format!(
+            "dimension {symbol} has no upper bound, so one request can make the model allocate as much as the request body allows; bound it at push: {flag}"
+        ));
+    }
+    let show_bound = |t: &mut DeclaredTensor| {
+        for d in &mut t.dims {
+            if let Some(bound) = bounds.get(d.as_str()) {
+                *d = format!("{d}..{bound}");
+            }
+        }
+    };
+    let mut inputs = inputs;
+    inputs.iter_mut().for_each(show_bound);
     for input in &inputs {
         if specs.iter().any(|s| s.name == input.name) {
             continue;
         }
-        let unknown = |d: &String| d.parse::<u64>().is_err();
+        // The batched path needs every size after the batch; the typed path binds
+        // names from each request, so only an unnamed `?` is unknown to it.
+        let unknown = |d: &String| {
+            if single_f32 {
+                d.parse::<u64>().is_err()
+            } else {
+                d == "?"
+            }
+        };
         let unknown_after_batch: Vec<&String> =
             input.dims.iter().skip(1).filter(|d| unknown(d)).collect();
         if single_f32 && !unknown_after_batch.is_empty() {
@@ -664,7 +804,7 @@ pub fn inspect(name: &str, bytes: &[u8], specs: &[InputSpec]) -> Result<Inspecti
                 })
                 .collect();
             advice.push(format!(
-                "input {} has unknown dimensions: a model with typed or several inputs runs one request at a time with every size given: --input {}={}:{} (or fold a fixed input in: --input {}=DIMS:{}=VALUE)",
+                "input {} has unnamed unknown dimensions: give each a size or a name (a name is bound from each request): --input {}={}:{} (or fold a fixed input in: --input {}=DIMS:{}=VALUE)",
                 input.name,
                 input.name,
                 dims.join(","),
@@ -733,6 +873,73 @@ mod tests {
         let sr: InputSpec = "sr=scalar:i64=16000".parse().expect("sr");
         assert!(sr.dims.is_empty());
         assert_eq!(sr.value, Some(vec![16000.0]));
+        let ids: InputSpec = "input_ids=1,S..512:i64".parse().expect("bounded");
+        assert_eq!(ids.dims, vec![Dim::Size(1), Dim::Symbol("S".into())]);
+        assert_eq!(ids.max.get("S"), Some(&512));
+        assert_eq!(ids.to_string(), "input_ids=1,S..512:i64");
+    }
+
+    #[test]
+    fn a_bound_travels_in_the_file_and_the_model_enforces_it() {
+        use crate::graph_model::{GraphModel, NamedTensor};
+        let bytes = crate::synthetic::typed_example();
+        // Unbounded, inspect says how to bound it.
+        let report = inspect("typed", &bytes, &[]).expect("inspects");
+        assert!(
+            report
+                .advice
+                .iter()
+                .any(|a| a.contains("N has no upper bound")
+                    && a.contains("--input scale=N..<max>,4:f32")),
+            "{:?}",
+            report.advice
+        );
+        let bounded = apply("typed", &bytes, &specs(&["scale=N..3,4"])).expect("applies");
+        let report = inspect("typed", &bounded, &[]).expect("inspects");
+        assert_eq!(report.inputs[1].dims, vec!["N..3", "4"]);
+        assert!(report.advice.is_empty(), "{:?}", report.advice);
+        let model = GraphModel::load("typed", &bounded).expect("loads");
+        assert_eq!(model.max_dims().get("N"), Some(&3));
+        let request = |n: usize| {
+            std::collections::HashMap::from([
+                (
+                    "ids".to_string(),
+                    NamedTensor {
+                        dtype: "i64".into(),
+                        shape: vec![1, 4],
+                        data: vec![1.0; 4],
+                    },
+                ),
+                (
+                    "scale".to_string(),
+                    NamedTensor {
+                        dtype: "f32".into(),
+                        shape: vec![n, 4],
+                        data: vec![1.0; 4 * n],
+                    },
+                ),
+                (
+                    "offset".to_string(),
+                    NamedTensor {
+                        dtype: "i64".into(),
+                        shape: vec![],
+                        data: vec![0.0],
+                    },
+                ),
+            ])
+        };
+        assert_eq!(
+            model.run(&request(3)).expect("N = 3")["scaled"].shape,
+            vec![3, 4]
+        );
+        let refused = model.run(&request(4)).expect_err("N = 4").to_string();
+        assert!(refused.contains("N = 4, above the 3"), "{refused}");
+        // Two bounds for one name are refused, naming both.
+        let twice = apply("typed", &bytes, &specs(&["scale=N..3,4", "ids=1,N..5"]));
+        assert!(twice
+            .expect_err("twice")
+            .to_string()
+            .contains("..3 and ..5"));
     }
 
     #[test]
@@ -747,6 +954,10 @@ mod tests {
             ("x=2,2=1,2,3", "3 values for a tensor of 4 elements"),
             ("x=2=abc", "not a number"),
             ("x=3-4", "neither a size nor a name"),
+            ("x=1,S..0", "not a size above 0"),
+            ("x=1,S..many", "not a size above 0"),
+            ("x=1,4..8", "only a named dimension takes a bound"),
+            ("x=S..4,S..8", "two bounds"),
         ] {
             let error = text.parse::<InputSpec>().expect_err(text);
             assert!(error.contains(says), "{text}: {error}");
@@ -811,7 +1022,14 @@ mod tests {
             ], 0..5),
             dtype in proptest::option::of(proptest::sample::select(ElemType::ALL.to_vec())),
         ) {
-            let spec = InputSpec { name, dims, dtype, value: None };
+            let max = dims
+                .iter()
+                .filter_map(|d| match d {
+                    Dim::Symbol(s) if s.len() % 2 == 0 => Some((s.clone(), s.len() as u64 * 64)),
+                    _ => None,
+                })
+                .collect();
+            let spec = InputSpec { name, dims, dtype, value: None, max };
             let text = spec.to_string();
             prop_assert_eq!(text.parse::<InputSpec>(), Ok(spec));
         }

@@ -182,4 +182,108 @@ fn a_model_with_typed_inputs_is_pushed_with_input_specs_and_served_by_name() {
     );
     let status = cloud.get("/v1/deployments/typed").expect("status");
     println!("{status}");
+
+    // With the batch axis N in every input and output (and bounded at 3 rows), the
+    // agent finds it at load and batches requests that wait for a slot; each still
+    // gets its own rows.
+    let (code, view) = http
+        .raw(
+            "PUT",
+            &format!(
+                "{}/v1/models/typed-batch?wait=true&input=ids%3DN%2C4&input=scale%3DN..3%2C4&input=offset%3Dscalar%3Ai64%3D3",
+                cloud.api
+            ),
+            &model,
+        )
+        .expect("push");
+    assert_eq!(code, 201, "{view}");
+    cloud
+        .post(
+            "/v1/deployments",
+            &json!({"name": "typed-batch", "model": "typed-batch", "selector": "site=lab",
+                    "offload": false, "max_queue": 1000, "slo_ms": 10000}),
+        )
+        .expect("deploy");
+    cloud
+        .wait_for("/v1/deployments/typed-batch", "typed-batch ready", |v| {
+            v["ready_devices"] == 1
+        })
+        .expect("ready");
+    let url = format!("{}/v1/infer/typed-batch", edge.endpoint);
+    let (threads, rounds) = (16usize, 12usize);
+    let mut sent = 0u64;
+    let mut largest = 0u64;
+    for round in 0..rounds {
+        let sizes: Vec<u64> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..threads)
+                .map(|t| {
+                    let url = url.clone();
+                    scope.spawn(move || {
+                        let rows = 1 + (t + round) % 2;
+                        let ids: Vec<i64> =
+                            (0..4 * rows as i64).map(|v| v * (t as i64 + 1)).collect();
+                        let scale: Vec<f32> =
+                            (0..4 * rows).map(|v| v as f32 * 0.5 + t as f32).collect();
+                        let body = json!({"inputs": {
+                            "ids": {"dtype": "i64", "shape": [rows, 4], "data": ids},
+                            "scale": {"dtype": "f32", "shape": [rows, 4], "data": scale},
+                        }});
+                        let (code, reply) = Http::new(None)
+                            .raw_json("POST", &url, &body)
+                            .expect("infer");
+                        assert_eq!(code, 200, "{reply}");
+                        let doubled: Vec<f64> = ids.iter().map(|v| 2.0 * *v as f64).collect();
+                        let scaled: Vec<f64> = ids
+                            .iter()
+                            .zip(&scale)
+                            .map(|(i, s)| (*i as f32 * s + 3.0) as f64)
+                            .collect();
+                        assert_eq!(
+                            reply["outputs"]["doubled"]["data"],
+                            json!(doubled),
+                            "{reply}"
+                        );
+                        assert_eq!(reply["outputs"]["scaled"]["data"], json!(scaled), "{reply}");
+                        assert_eq!(reply["outputs"]["scaled"]["shape"], json!([rows, 4]));
+                        reply["batch_size"].as_u64().expect("batch_size")
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("client"))
+                .collect()
+        });
+        sent += threads as u64;
+        largest = largest.max(sizes.into_iter().max().unwrap_or(0));
+        if largest > 1 && round >= 2 {
+            break;
+        }
+    }
+    let status = agent
+        .request("GET", &format!("{}/v1/status", edge.endpoint), None)
+        .expect("status");
+    let row = status["deployments"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|d| d["name"] == "typed-batch")
+        .cloned()
+        .expect("typed-batch in the agent's status");
+    println!("batching after {sent} requests: {}", row["batching"]);
+    assert_eq!(row["batching"]["axis"], "N", "{row}");
+    assert_eq!(row["batching"]["stats"]["requests"], json!(sent), "{row}");
+    assert!(
+        largest > 1,
+        "{sent} concurrent requests on 2 slots never shared a batch: {row}"
+    );
+    // The first deployment's model has no batch axis (ids is [1, 4]).
+    let first = status["deployments"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|d| d["name"] == "typed")
+        .cloned()
+        .expect("typed");
+    assert!(first["batching"].is_null(), "{first}");
 }

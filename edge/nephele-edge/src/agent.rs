@@ -754,6 +754,7 @@ async fn load_graph(
     .await;
     match loaded {
         Ok(Ok((model, first_run))) => {
+            let batch_axis = model.batch_axis().map(str::to_string);
             let deployment = crate::graph_serving::GraphDeployment::new(
                 assignment.clone(),
                 model,
@@ -778,7 +779,7 @@ async fn load_graph(
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(name);
-            tracing::info!(deployment = %name, model = %manifest.name, "deployment ready (typed inputs, unbatched)");
+            tracing::info!(deployment = %name, model = %manifest.name, batch_axis = ?batch_axis, "deployment ready (typed inputs)");
         }
         Ok(Err(error)) => {
             tracing::error!(deployment = %name, %error, "model failed to load");

@@ -1,7 +1,16 @@
 //! Serving models with several typed inputs and outputs (`nephele_runtime::graph_model`,
-//! manifest format `onnx-graph`): one request at a time per inference slot, no batcher
-//! (no batch axis is assumed); requests and answers are named typed tensors
+//! manifest format `onnx-graph`); requests and answers are named typed tensors
 //! (`{"inputs": {"ids": {"dtype": "i64", "shape": [1, 4], "data": [...]}}}`).
+//!
+//! A model with a batch axis (found at load, [`GraphModel::batch_axis`]) batches
+//! requests while the inference slots are busy, as Triton's dynamic batcher does with no
+//! queue delay: a request that finds a slot free runs at once; one that waits is taken,
+//! when a slot frees, together with the requests waiting behind it that share its shape
+//! past the batch axis (up to [`MAX_BATCH_ROWS`] rows, or the axis's bound from push),
+//! in arrival order, and each gets its own rows back. So batching adds no wait of its
+//! own, and under load the slots run fuller batches. A batch whose run fails is run
+//! again one request at a time, so one bad request fails alone. Any other model runs
+//! one request per slot.
 //!
 //! Each request is routed by the same policy as single-tensor deployments
 //! ([`nephele_infer_policy::offload::decide`], with the same circuit breaker, round-trip
@@ -16,7 +25,7 @@
 //! first). An offloaded step carries the session's state as inputs and its new state
 //! comes back as outputs, so the session goes on here whichever side computed a step.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -29,6 +38,28 @@ use nephele_telemetry::LatencyWindow;
 
 use crate::serving::{lock, Location, OffloadTarget, ServeError, Server};
 use crate::sessions::{SessionError, SessionStats, SessionStore};
+
+/// The most rows one batch of a typed model holds (fewer if its batch axis is bounded).
+pub const MAX_BATCH_ROWS: usize = 32;
+
+type Outputs = HashMap<String, NamedTensor>;
+
+/// A request waiting for an inference slot on a model with a batch axis.
+struct Waiting {
+    id: u64,
+    request: Outputs,
+    key: Option<Vec<Vec<usize>>>,
+    rows: usize,
+    reply: tokio::sync::oneshot::Sender<Result<(Outputs, usize), ServeError>>,
+}
+
+/// Batches run and requests in them, for the status endpoint.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct BatchingStats {
+    pub batches: u64,
+    pub requests: u64,
+    pub largest: u64,
+}
 
 /// A request's session: its id, and whether this is its last request.
 #[derive(Debug, Clone)]
@@ -56,6 +87,8 @@ pub struct GraphAnswer {
     pub session: Option<SessionOutcome>,
     pub location: Location,
     pub computed_by: String,
+    /// Requests in the batch this one ran in (1: alone; 0: not run here).
+    pub batch: usize,
 }
 
 /// A deployment of a graph model on this agent.
@@ -78,6 +111,10 @@ pub struct GraphDeployment {
     served_offloaded: AtomicU64,
     failed: AtomicU64,
     latencies: Mutex<LatencyWindow>,
+    /// Requests waiting for a slot, in arrival order (a model with a batch axis).
+    waiting: Mutex<VecDeque<Waiting>>,
+    next_waiting: AtomicU64,
+    batching: Mutex<BatchingStats>,
 }
 
 impl GraphDeployment {
@@ -106,7 +143,44 @@ impl GraphDeployment {
             served: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             latencies: Mutex::new(LatencyWindow::new(4096)),
+            waiting: Mutex::new(VecDeque::new()),
+            next_waiting: AtomicU64::new(0),
+            batching: Mutex::new(BatchingStats::default()),
         }
+    }
+
+    /// Batches run here and the requests in them (a model with a batch axis).
+    pub fn batching_stats(&self) -> BatchingStats {
+        *lock(&self.batching)
+    }
+
+    /// Takes request `id` from the waiting list, with the requests behind it that share
+    /// its batch key, in arrival order, up to the row limit; empty if `id` was taken
+    /// already (it is in a batch another request runs).
+    fn take_batch(&self, id: u64) -> Vec<Waiting> {
+        let mut waiting = lock(&self.waiting);
+        let Some(at) = waiting.iter().position(|w| w.id == id) else {
+            return Vec::new();
+        };
+        let limit = self
+            .model
+            .max_batch_rows()
+            .map_or(MAX_BATCH_ROWS, |bound| bound.min(MAX_BATCH_ROWS));
+        let own = waiting.remove(at).expect("found above");
+        let mut rows = own.rows;
+        let mut batch = vec![own];
+        let mut k = 0;
+        while k < waiting.len() && rows < limit {
+            let fits = waiting[k].key == batch[0].key && rows + waiting[k].rows <= limit;
+            if fits {
+                let next = waiting.remove(k).expect("in range");
+                rows += next.rows;
+                batch.push(next);
+            } else {
+                k += 1;
+            }
+        }
+        batch
     }
 
     /// Records one measured local run (an EWMA with weight 1/8; the first sets it).
@@ -223,7 +297,7 @@ impl Server {
             Ok(()) => self.route_graph(&deployment, request).await,
         };
         let outcome = match (&result, checkout) {
-            (Ok((outputs, _, _)), Some((session, taken, from_session))) => {
+            (Ok((outputs, _, _, _)), Some((session, taken, from_session))) => {
                 let next: HashMap<String, NamedTensor> = deployment
                     .state
                     .iter()
@@ -267,12 +341,13 @@ impl Server {
                 deployment.failed.fetch_add(1, Ordering::Relaxed);
             }
         }
-        result.map(|(outputs, location, computed_by)| GraphAnswer {
+        result.map(|(outputs, location, computed_by, batch)| GraphAnswer {
             outputs,
             latency: elapsed,
             session: outcome,
             location,
             computed_by,
+            batch,
         })
     }
 
@@ -281,7 +356,7 @@ impl Server {
         &self,
         deployment: &Arc<GraphDeployment>,
         request: HashMap<String, NamedTensor>,
-    ) -> Result<(HashMap<String, NamedTensor>, Location, String), ServeError> {
+    ) -> Result<(Outputs, Location, String, usize), ServeError> {
         if self.is_pool {
             return self.run_graph_local(deployment, request, false).await;
         }
@@ -350,7 +425,7 @@ impl Server {
                 match offloaded {
                     Ok((outputs, computed_by)) => {
                         self.count(&deployment.name, "cloud");
-                        Ok((outputs, Location::Cloud, computed_by))
+                        Ok((outputs, Location::Cloud, computed_by, 0))
                     }
                     Err(error) if fallback_local => {
                         tracing::debug!(deployment = %deployment.name, %error, "offload failed; serving here");
@@ -378,7 +453,7 @@ impl Server {
         deployment: &Arc<GraphDeployment>,
         request: HashMap<String, NamedTensor>,
         bounded: bool,
-    ) -> Result<(HashMap<String, NamedTensor>, Location, String), ServeError> {
+    ) -> Result<(Outputs, Location, String, usize), ServeError> {
         let params = deployment.params();
         let ahead = deployment.queued.fetch_add(1, Ordering::Relaxed);
         let _queued = QueueSlot(&deployment.queued);
@@ -389,6 +464,12 @@ impl Server {
                 deployment: deployment.name.clone(),
                 retry_after_ms: service_ms.max(1).max(self.shed_ms()),
             });
+        }
+        if deployment.model.batch_axis().is_some() {
+            let (outputs, batch) = self.run_graph_batched(deployment, request).await?;
+            deployment.served.fetch_add(1, Ordering::Relaxed);
+            self.count(&deployment.name, "local");
+            return Ok((outputs, Location::Local, self.name.clone(), batch));
         }
         let _permit = self
             .slots
@@ -411,7 +492,93 @@ impl Server {
         deployment.observe_service(run_started.elapsed());
         deployment.served.fetch_add(1, Ordering::Relaxed);
         self.count(&deployment.name, "local");
-        Ok((outputs, Location::Local, self.name.clone()))
+        Ok((outputs, Location::Local, self.name.clone(), 1))
+    }
+
+    /// Runs a request on a model with a batch axis, as the module describes: it waits
+    /// in line for a slot; whoever gets a slot first runs its own request with those
+    /// behind it that fit, and answers them. The request's outputs and its batch's size.
+    async fn run_graph_batched(
+        &self,
+        deployment: &Arc<GraphDeployment>,
+        request: Outputs,
+    ) -> Result<(Outputs, usize), ServeError> {
+        let id = deployment.next_waiting.fetch_add(1, Ordering::Relaxed);
+        let (reply, mut answer) = tokio::sync::oneshot::channel();
+        lock(&deployment.waiting).push_back(Waiting {
+            id,
+            key: deployment.model.batch_key(&request),
+            rows: deployment.model.rows(&request),
+            request,
+            reply,
+        });
+        // A caller that goes away leaves no request behind in the line.
+        let _in_line = InLine(deployment, id);
+        let permit = tokio::select! {
+            biased;
+            answered = &mut answer => {
+                return answered.unwrap_or_else(|_| Err(ServeError::Failed("the batch it was in was dropped".into())));
+            }
+            permit = self.slots.acquire() => permit.map_err(|e| ServeError::Failed(e.to_string()))?,
+        };
+        let batch = deployment.take_batch(id);
+        if batch.is_empty() {
+            // Taken into a batch another request is running.
+            drop(permit);
+            return answer.await.unwrap_or_else(|_| {
+                Err(ServeError::Failed("the batch it was in was dropped".into()))
+            });
+        }
+        let size = batch.len();
+        let model = deployment.model.clone();
+        let run_started = Instant::now();
+        let (requests, replies): (Vec<Outputs>, Vec<_>) =
+            batch.into_iter().map(|w| (w.request, w.reply)).unzip();
+        let results = tokio::task::spawn_blocking(move || {
+            let refs: Vec<&Outputs> = requests.iter().collect();
+            match model.run_batch(&refs) {
+                Ok(outputs) => outputs.into_iter().map(Ok).collect::<Vec<_>>(),
+                // One bad request must not fail the others: each alone.
+                Err(_) if refs.len() > 1 => refs.iter().map(|r| model.run(r)).collect(),
+                Err(error) => vec![Err(error)],
+            }
+        })
+        .await
+        .map_err(|e| ServeError::Failed(e.to_string()))?;
+        drop(permit);
+        let elapsed = run_started.elapsed();
+        // The service time per request, as the queue prediction counts requests.
+        deployment.observe_service(elapsed / size as u32);
+        {
+            let mut stats = lock(&deployment.batching);
+            stats.batches += 1;
+            stats.requests += size as u64;
+            stats.largest = stats.largest.max(size as u64);
+        }
+        let mut own = None;
+        for (result, reply) in results.into_iter().zip(replies) {
+            let result = result.map(|outputs| (outputs, size)).map_err(|e| match e {
+                nephele_runtime::RuntimeError::BadInput { cause, .. } => {
+                    ServeError::BadInput(cause)
+                }
+                other => ServeError::Failed(other.to_string()),
+            });
+            if own.is_none() {
+                own = Some(result);
+            } else {
+                let _ = reply.send(result);
+            }
+        }
+        own.unwrap_or_else(|| Err(ServeError::Failed("the batch ran no request".into())))
+    }
+}
+
+/// A request's place in a batching line; taken out if its caller goes away first.
+struct InLine<'a>(&'a GraphDeployment, u64);
+
+impl Drop for InLine<'_> {
+    fn drop(&mut self) {
+        lock(&self.0.waiting).retain(|w| w.id != self.1);
     }
 }
 

@@ -170,6 +170,9 @@ fn status(agent: &Agent) -> Response<Full<Bytes>> {
                 "tails": agent.server.deployment(&t.deployment).map(|d| d.loaded_tails()).unwrap_or_default()
                     .iter().map(|(variant, bytes)| serde_json::json!({"variant": variant, "bytes": bytes})).collect::<Vec<_>>(),
                 "sessions": agent.server.graph(&t.deployment).filter(|g| !g.state.is_empty()).map(|g| g.session_stats()),
+                "batching": agent.server.graph(&t.deployment).and_then(|g| g.model.batch_axis().map(|axis| {
+                    serde_json::json!({"axis": axis, "stats": g.batching_stats()})
+                })),
             })).collect::<Vec<_>>(),
             "jobs": agent.job_statuses().iter().map(|s| serde_json::json!({
                 "job": s.job,
@@ -250,6 +253,7 @@ async fn answer_typed(
         "where": answer.location,
         "latency_ms": answer.latency.as_secs_f64() * 1000.0,
         "session": answer.session,
+        "batch_size": answer.batch,
     });
     match (binary_outputs, meta) {
         (true, serde_json::Value::Object(meta)) => {

@@ -6,7 +6,10 @@
 //! binds them from the request's shapes (the same symbol must have one size across the
 //! inputs); a model tract cannot plan that way gets a plan per distinct request shape,
 //! built on first use, the [`PLANS_KEPT`] most recently used kept
-//! ([`crate::plan_cache`]). One request at a time (no batch axis is assumed).
+//! ([`crate::plan_cache`]). A model whose first input dimension is one symbol across
+//! every input and output, with rows that do not mix, has a batch axis
+//! ([`GraphModel::batch_axis`], checked at load) and runs several requests as one batch
+//! ([`GraphModel::run_batch`]); any other runs one request at a time.
 //! [`crate::Model`] remains the path for single-f32-input models, which the batcher
 //! batches.
 //!
@@ -105,6 +108,8 @@ pub struct GraphModel {
     /// Upper bounds of symbolic dimensions, from the file's metadata
     /// ([`crate::input_spec::MAX_DIM_KEY`], given at push as `S..512`).
     max_dims: std::collections::BTreeMap<String, usize>,
+    /// The symbol of the batch axis the model really has, if any ([`Self::batch_axis`]).
+    batch_axis: Option<String>,
 }
 
 impl std::fmt::Debug for GraphModel {
@@ -297,14 +302,191 @@ impl GraphModel {
                 symbols: Vec::new(),
             });
         }
-        Ok(GraphModel {
+        let mut model = GraphModel {
             name: name.to_string(),
             plans,
             planning,
             inputs,
             outputs,
             max_dims,
-        })
+            batch_axis: None,
+        };
+        model.batch_axis = model.find_batch_axis();
+        Ok(model)
+    }
+
+    /// The batch axis this model really has, found at load: the symbol that is the
+    /// first dimension of every input and of no other dimension, with every output's
+    /// first dimension following it, and rows that do not mix (two different rows run
+    /// together answer as each runs alone). Only for a model planned once with its
+    /// symbols (a per-shape model would plan again for every batch size).
+    fn find_batch_axis(&self) -> Option<String> {
+        if !matches!(self.plans, Plans::One(_)) {
+            return None;
+        }
+        let symbol = self.inputs.first()?.symbol(0)?.to_string();
+        let only_first = self.inputs.iter().all(|d| {
+            d.symbol(0) == Some(symbol.as_str())
+                && (1..d.shape.len()).all(|axis| d.symbol(axis) != Some(symbol.as_str()))
+        });
+        if !only_first {
+            return None;
+        }
+        // Two different rows (values an index input can take: 0 and 1).
+        let row = |which: usize| -> HashMap<String, NamedTensor> {
+            self.inputs
+                .iter()
+                .map(|d| {
+                    let count: usize = d.shape.iter().product();
+                    let data = (0..count)
+                        .map(|k| match (d.dtype.as_str(), which) {
+                            ("f32" | "f16", 0) => 0.25 + 0.125 * (k % 7) as f64,
+                            ("f32" | "f16", _) => -0.5 + 0.25 * (k % 5) as f64,
+                            (_, w) => ((k + w) % 2) as f64,
+                        })
+                        .collect();
+                    (
+                        d.name.clone(),
+                        NamedTensor {
+                            dtype: d.dtype.clone(),
+                            shape: d.shape.clone(),
+                            data,
+                        },
+                    )
+                })
+                .collect()
+        };
+        let (a, b) = (row(0), row(1));
+        let alone_a = self.run(&a).ok()?;
+        let alone_b = self.run(&b).ok()?;
+        let mut with_axis = self.clone();
+        with_axis.batch_axis = Some(symbol.clone());
+        let together = with_axis.run_batch(&[&a, &b]).ok()?;
+        let close = |x: &NamedTensor, y: &NamedTensor| {
+            x.shape == y.shape
+                && x.data
+                    .iter()
+                    .zip(&y.data)
+                    .all(|(p, q)| (p - q).abs() <= 1e-4 * p.abs().max(q.abs()).max(1.0))
+        };
+        let rows_kept = self.outputs.iter().all(|o| {
+            let (Some(ta), Some(tb)) = (together[0].get(&o.name), together[1].get(&o.name)) else {
+                return false;
+            };
+            alone_a
+                .get(&o.name)
+                .is_some_and(|x| x.shape.first() == Some(&1) && close(x, ta))
+                && alone_b.get(&o.name).is_some_and(|x| close(x, tb))
+        });
+        rows_kept.then_some(symbol)
+    }
+
+    /// The symbol of the batch axis the model really has (the first dimension of every
+    /// input and output, rows independent), found at load; `None`: requests run one at
+    /// a time.
+    pub fn batch_axis(&self) -> Option<&str> {
+        self.batch_axis.as_deref()
+    }
+
+    /// The rows a request has along the batch axis (1 without one).
+    pub fn rows(&self, request: &HashMap<String, NamedTensor>) -> usize {
+        match (&self.batch_axis, self.inputs.first()) {
+            (Some(_), Some(first)) => request
+                .get(&first.name)
+                .and_then(|t| t.shape.first().copied())
+                .unwrap_or(1),
+            _ => 1,
+        }
+    }
+
+    /// What requests must share to run in one batch: every input's shape past the
+    /// batch axis (`None` without a batch axis).
+    pub fn batch_key(&self, request: &HashMap<String, NamedTensor>) -> Option<Vec<Vec<usize>>> {
+        self.batch_axis.as_ref()?;
+        self.inputs
+            .iter()
+            .map(|d| {
+                request
+                    .get(&d.name)
+                    .map(|t| t.shape.iter().skip(1).copied().collect())
+            })
+            .collect()
+    }
+
+    /// The most rows one batch may hold: the batch symbol's bound, if given at push.
+    pub fn max_batch_rows(&self) -> Option<usize> {
+        self.max_dims.get(self.batch_axis.as_deref()?).copied()
+    }
+
+    /// Runs checked requests with the same [`Self::batch_key`] as one batch along the
+    /// batch axis and gives each its own rows of every output, in order.
+    pub fn run_batch(
+        &self,
+        requests: &[&HashMap<String, NamedTensor>],
+    ) -> Result<Vec<HashMap<String, NamedTensor>>, RuntimeError> {
+        if requests.len() == 1 {
+            return Ok(vec![self.run(requests[0])?]);
+        }
+        let failed = |cause: String| RuntimeError::Run {
+            model: self.name.clone(),
+            cause,
+        };
+        if self.batch_axis.is_none() {
+            return Err(failed("the model has no batch axis".into()));
+        }
+        let key = self.batch_key(requests[0]);
+        if requests.iter().any(|r| self.batch_key(r) != key) {
+            return Err(failed(
+                "requests of different shapes cannot share a batch".into(),
+            ));
+        }
+        let sizes: Vec<usize> = requests.iter().map(|r| self.rows(r)).collect();
+        let total: usize = sizes.iter().sum();
+        let mut merged = HashMap::with_capacity(self.inputs.len());
+        for decl in &self.inputs {
+            let first = &requests[0][&decl.name];
+            let mut shape = first.shape.clone();
+            shape[0] = total;
+            let mut data = Vec::with_capacity(first.data.len() / sizes[0].max(1) * total);
+            for request in requests {
+                data.extend_from_slice(&request[&decl.name].data);
+            }
+            merged.insert(
+                decl.name.clone(),
+                NamedTensor {
+                    dtype: decl.dtype.clone(),
+                    shape,
+                    data,
+                },
+            );
+        }
+        let outputs = self.run(&merged)?;
+        let mut answers: Vec<HashMap<String, NamedTensor>> =
+            vec![HashMap::with_capacity(outputs.len()); requests.len()];
+        for (name, tensor) in outputs {
+            if tensor.shape.first() != Some(&total) {
+                return Err(failed(format!(
+                    "output {name} has shape {:?}, not {total} rows",
+                    tensor.shape
+                )));
+            }
+            let row_len: usize = tensor.shape[1..].iter().product();
+            let mut at = 0;
+            for (answer, rows) in answers.iter_mut().zip(&sizes) {
+                let mut shape = tensor.shape.clone();
+                shape[0] = *rows;
+                answer.insert(
+                    name.clone(),
+                    NamedTensor {
+                        dtype: tensor.dtype.clone(),
+                        shape,
+                        data: tensor.data[at..at + rows * row_len].to_vec(),
+                    },
+                );
+                at += rows * row_len;
+            }
+        }
+        Ok(answers)
     }
 
     /// Upper bounds of symbolic dimensions (`S` → 512); a name not here is unbounded.
@@ -687,6 +869,57 @@ mod tests {
             shape,
             data,
         }
+    }
+
+    #[test]
+    fn a_batch_axis_is_found_only_where_the_model_has_one_and_batches_answer_as_alone() {
+        use crate::input_spec::{apply, InputSpec};
+        let bytes = crate::synthetic::typed_example();
+        // As exported, `ids` is [1, 4]: N is not every input's first dimension.
+        let exported = GraphModel::load("typed", &bytes).expect("loads");
+        assert_eq!(exported.batch_axis(), None);
+        let specs: Vec<InputSpec> = ["ids=N,4", "scale=N..3,4", "offset=scalar:i64=3"]
+            .iter()
+            .map(|t| t.parse().expect("spec"))
+            .collect();
+        let model = GraphModel::load("typed", &apply("typed", &bytes, &specs).expect("applies"))
+            .expect("loads");
+        assert_eq!(model.batch_axis(), Some("N"));
+        assert_eq!(model.max_batch_rows(), Some(3));
+        let request = |rows: usize, seed: f64| {
+            HashMap::from([
+                (
+                    "ids".to_string(),
+                    tensor(
+                        "i64",
+                        vec![rows, 4],
+                        (0..4 * rows).map(|v| (v % 5) as f64 - seed).collect(),
+                    ),
+                ),
+                (
+                    "scale".to_string(),
+                    tensor(
+                        "f32",
+                        vec![rows, 4],
+                        (0..4 * rows).map(|v| v as f64 * 0.5 + seed).collect(),
+                    ),
+                ),
+            ])
+        };
+        let (a, b) = (request(1, 1.0), request(2, -2.0));
+        assert_eq!(model.batch_key(&a), model.batch_key(&b));
+        assert_eq!((model.rows(&a), model.rows(&b)), (1, 2));
+        let together = model.run_batch(&[&a, &b]).expect("one batch");
+        assert_eq!(together[0], model.run(&a).expect("a alone"));
+        assert_eq!(together[1], model.run(&b).expect("b alone"));
+        assert_eq!(together[1]["scaled"].shape, vec![2, 4]);
+        assert!(exported.run_batch(&[&a, &b]).is_err());
+        // A symbol first everywhere is not enough: rows that mix (a mean over the
+        // batch) would answer differently together, so that model runs unbatched.
+        let mixing =
+            GraphModel::load("mixing", &crate::synthetic::row_mixing_example()).expect("loads");
+        assert_eq!(mixing.planning(), "symbolic");
+        assert_eq!(mixing.batch_axis(), None);
     }
 
     #[test]

@@ -585,7 +585,8 @@ pub struct Inspection {
     pub ifs_left: usize,
     /// Whether this version of nephele loads it as given (after `specs`)…
     pub loads: bool,
-    /// …how it would be served (`batched (one f32 input)`, `typed inputs, unbatched`)…
+    /// …how it would be served (`batched (one f32 input)`, `typed inputs, batched along
+    /// N; planned symbolic`, `typed inputs, unbatched (why); planned static`)…
     pub serving: Option<String>,
     /// …and if not, why.
     pub load_error: Option<String>,
@@ -661,7 +662,7 @@ pub fn inspect(name: &str, bytes: &[u8], specs: &[InputSpec]) -> Result<Inspecti
     .unwrap_or_default();
     let single_f32 = inputs.len() == 1 && inputs[0].dtype == "f32";
     // The batched single-f32 path first, then the typed path (several inputs, any of
-    // the supported types, served unbatched).
+    // the supported types, batched only along a batch axis the model really has).
     let prepared = prepare(name, bytes, specs);
     let ifs_in_file = counts_if(graph);
     let ifs_left = match &prepared {
@@ -678,7 +679,11 @@ pub fn inspect(name: &str, bytes: &[u8], specs: &[InputSpec]) -> Result<Inspecti
             Err(single) => match crate::graph_model::GraphModel::load(name, &edited) {
                 Ok(model) => (
                     Some(format!(
-                        "typed inputs, unbatched; planned {}",
+                        "typed inputs, {}; planned {}",
+                        match model.batch_axis() {
+                            Some(axis) => format!("batched along {axis}"),
+                            None => "unbatched (no symbol is the first dimension of every input and output with rows kept apart)".to_string(),
+                        },
                         model.planning()
                     )),
                     None,

@@ -182,6 +182,36 @@ pub fn typed_example() -> Vec<u8> {
     .encode_to_vec()
 }
 
+/// `y = x - mean(x over the batch)` for x f32 `[N, 4]`: its first dimension is a
+/// symbol everywhere, but its rows mix, so it has no batch axis to batch requests on.
+#[cfg(test)]
+pub(crate) fn row_mixing_example() -> Vec<u8> {
+    use tract_onnx::pb::{attribute_proto::AttributeType, AttributeProto};
+    let mut mean = node("ReduceMean", &["x"], "mean");
+    mean.attribute = vec![AttributeProto {
+        name: "axes".into(),
+        r#type: AttributeType::Ints as i32,
+        ints: vec![0],
+        ..AttributeProto::default()
+    }];
+    ModelProto {
+        ir_version: 8,
+        opset_import: vec![OperatorSetIdProto {
+            domain: String::new(),
+            version: 17,
+        }],
+        graph: Some(GraphProto {
+            name: "row-mixing".into(),
+            node: vec![mean, node("Sub", &["x", "mean"], "y")],
+            input: vec![typed_value("x", DataType::Float, &["N", "4"])],
+            output: vec![typed_value("y", DataType::Float, &["N", "4"])],
+            ..GraphProto::default()
+        }),
+        ..ModelProto::default()
+    }
+    .encode_to_vec()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

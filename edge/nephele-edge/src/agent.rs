@@ -349,7 +349,11 @@ async fn run_session(
     .await
     .context("connect timed out")?
     .context("QUIC/TLS connection failed")?;
-    let (mut send, mut recv) = connection.open_bi().await?;
+    let (mut send, recv) = connection.open_bi().await?;
+    // Control frames are read in a `select!` beside the heartbeat: through a reader
+    // whose buffer survives a cancelled read, so a desired state that arrives slowly
+    // across heartbeats is not cut (nephele_net::framing).
+    let mut control = nephele_net::FrameReader::new(recv, MAX_FRAME_BYTES);
     let cached: Vec<[u8; 32]> = agent
         .server
         .deployments
@@ -373,20 +377,18 @@ async fn run_session(
         }),
     )
     .await?;
-    let welcome = match tokio::time::timeout(
-        Duration::from_secs(10),
-        read_frame::<CloudMessage>(&mut recv, MAX_FRAME_BYTES),
-    )
-    .await
-    .context("no Welcome within 10 s")??
-    {
-        Some(CloudMessage::Welcome(welcome)) => welcome,
-        Some(CloudMessage::Refused(error)) => {
-            bail!("the control plane refused this agent: {}", error.message)
-        }
-        Some(other) => bail!("unexpected first message {other:?}"),
-        None => bail!("the control plane closed the control stream"),
-    };
+    let welcome =
+        match tokio::time::timeout(Duration::from_secs(10), control.next::<CloudMessage>())
+            .await
+            .context("no Welcome within 10 s")??
+        {
+            Some(CloudMessage::Welcome(welcome)) => welcome,
+            Some(CloudMessage::Refused(error)) => {
+                bail!("the control plane refused this agent: {}", error.message)
+            }
+            Some(other) => bail!("unexpected first message {other:?}"),
+            None => bail!("the control plane closed the control stream"),
+        };
     tracing::info!(region = %welcome.region, server = %addr, "connected to the control plane");
     *agent
         .server
@@ -428,7 +430,7 @@ async fn run_session(
     let mut seq = 0u64;
     let reason = loop {
         tokio::select! {
-            frame = read_frame::<CloudMessage>(&mut recv, MAX_FRAME_BYTES) => match frame {
+            frame = control.next::<CloudMessage>() => match frame {
                 Ok(Some(CloudMessage::DesiredState(desired))) => {
                     // Jobs act now, whatever the model reconciler is busy with.
                     match &agent.jobs {

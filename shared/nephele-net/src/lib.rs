@@ -11,7 +11,7 @@ pub mod pki;
 pub mod tls;
 pub mod token;
 
-pub use framing::{read_frame, write_frame, NetError};
+pub use framing::{read_frame, write_frame, FrameReader, NetError};
 pub use pki::{fingerprint, ClusterCa, PkiError};
 pub use tls::{
     client_endpoint, join_client_config, mtls_client_config, peer_identity, server_config,

@@ -162,6 +162,14 @@ impl Cloud {
         Cloud::start_with(label, TWO_REGIONS)
     }
 
+    /// The control plane's resident memory now, bytes (from /proc).
+    pub fn rss_bytes(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib * 1024)
+    }
+
     /// A control plane with this configuration (TOML).
     pub fn start_with(label: &str, config: &str) -> Result<Cloud> {
         let dir = temp_dir(label);

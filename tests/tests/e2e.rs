@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nephele_e2e::{heldout, join, Cloud, Edge, MODEL_ONNX};
 use serde_json::Value;
@@ -1261,4 +1261,113 @@ fn carbon_aware_jobs_go_to_the_greener_region_and_wait_for_the_greener_hour() {
         .request("DELETE", &url("/v1/jobs/nightly"), None)
         .unwrap();
     assert!(cloud.get("/v1/jobs/nightly").is_err());
+}
+
+/// Sends raw HTTP/1.1 bytes to the API and reads what comes back within `wait`: the
+/// answer's head and as much of its body as arrived.
+fn raw_http(api: &str, head: &str, body: &[u8], wait: Duration) -> String {
+    use std::io::{Read, Write};
+    let addr = api.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect to the API");
+    stream.set_read_timeout(Some(wait)).expect("timeout");
+    stream.write_all(head.as_bytes()).expect("head");
+    // The body may be refused (and the connection closed) before it is all sent.
+    let _ = stream.write_all(body);
+    let mut answer = Vec::new();
+    let mut buffer = [0u8; 8192];
+    while let Ok(n) = stream.read(&mut buffer) {
+        if n == 0 {
+            break;
+        }
+        answer.extend_from_slice(&buffer[..n]);
+        if answer.windows(4).any(|w| w == b"\r\n\r\n") && answer.len() > 12 {
+            // Head in; take what of the body is already there.
+            stream
+                .set_read_timeout(Some(Duration::from_millis(200)))
+                .expect("timeout");
+        }
+    }
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+#[test]
+fn unauthenticated_uploads_are_refused_before_their_body_is_read() {
+    let cloud = Cloud::start("hostile-api").expect("cloud");
+    let before = cloud.rss_bytes().expect("rss");
+    // Twelve uploads that announce 500 MB each and send 4 MiB: each is answered 401 at
+    // once, without the control plane waiting for (or buffering) the rest.
+    let chunk = vec![b'{'; 4 * 1024 * 1024];
+    let started = Instant::now();
+    let answers: Vec<String> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..12)
+            .map(|i| {
+                let (api, chunk) = (&cloud.api, &chunk);
+                scope.spawn(move || {
+                    let token = if i % 2 == 0 { "" } else { "Authorization: Bearer forged.token\r\n" };
+                    raw_http(
+                        api,
+                        &format!("POST /v1/tokens HTTP/1.1\r\nHost: x\r\n{token}Content-Type: application/json\r\nContent-Length: 500000000\r\n\r\n"),
+                        chunk,
+                        Duration::from_secs(10),
+                    )
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("client"))
+            .collect()
+    });
+    let took = started.elapsed();
+    for answer in &answers {
+        assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    }
+    let after = cloud.rss_bytes().expect("rss");
+    println!(
+        "12 unauthenticated 500 MB uploads refused in {took:?}; control plane RSS {} -> {} MiB",
+        before >> 20,
+        after >> 20
+    );
+    assert!(
+        took < Duration::from_secs(9),
+        "the refusals waited for the bodies: {took:?}"
+    );
+    assert!(
+        after < before + (64 << 20),
+        "RSS grew from {before} to {after} bytes"
+    );
+
+    // Authenticated, a declared body over its route's limit is refused before it is
+    // read, saying the limit: 1 MiB for a deployment, 512 MiB for a model.
+    let auth = format!("Authorization: Bearer {}\r\n", cloud.token);
+    for (path, length, says) in [
+        ("/v1/deployments", 2_000_000u64, "1 MiB"),
+        ("/v1/models/huge", 600_000_000, "512 MiB"),
+    ] {
+        let answer = raw_http(
+            &cloud.api,
+            &format!("POST {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: {length}\r\n\r\n"),
+            b"{}",
+            Duration::from_secs(10),
+        );
+        assert!(answer.starts_with("HTTP/1.1 413"), "{path}: {answer}");
+        assert!(answer.contains(says), "{path}: {answer}");
+    }
+    // The refusals are counted by reason (6 without a token, 6 with a forged one), and
+    // logged with the peer's address but never the token.
+    let metrics = raw_http(
+        &cloud.api,
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        b"",
+        Duration::from_secs(5),
+    );
+    for reason in ["missing", "invalid"] {
+        let line = format!("nephele_api_auth_failures_total{{reason=\"{reason}\"}} 6");
+        assert!(metrics.contains(&line), "{line} not in {metrics}");
+    }
+    let log = std::fs::read_to_string(cloud.log_path()).expect("log");
+    assert!(log.contains("not authenticated"), "{log}");
+    assert!(!log.contains("forged.token"), "a token reached the log");
+    // And honest requests are still served.
+    assert!(cloud.get("/v1/models").is_ok());
 }

@@ -1,6 +1,14 @@
 //! The REST API (actix-web, JSON). Every `/v1` route needs `Authorization: Bearer
 //! <token>`; `/healthz` and `/metrics` are open (bind the API to a private address).
 //!
+//! The token is checked before any body is read ([`authenticate_first`], a middleware
+//! that runs before the handlers' extractors): an unauthenticated upload costs the
+//! control plane its headers, not its body. A declared body over its route's limit
+//! ([`body_limit`]) is refused with 413 before it is read, and a body without a declared
+//! length stops at the same limit; at most [`MAX_CONCURRENT_UPLOADS`] model uploads are
+//! read at once ([`read_upload`]; 429 with `Retry-After` past that). Failed logins are logged with the
+//! peer's address (never the token) and counted.
+//!
 //! Handlers parse and check input, then forward to the federation actor; they hold no
 //! policy. API JSON types are their own set, separate from wire and store types.
 
@@ -38,6 +46,120 @@ pub const MAX_JOB_BYTES: usize = 64 * 1024;
 /// Largest model upload accepted.
 pub const MAX_MODEL_BYTES: usize = 512 * 1024 * 1024;
 
+/// Largest body of any other route (tokens, deployments, interruption notices).
+pub const MAX_SMALL_BODY_BYTES: usize = 1024 * 1024;
+
+/// Model uploads read at the same time; the next one is refused with 429.
+pub const MAX_CONCURRENT_UPLOADS: usize = 2;
+
+/// The largest body `method path` takes: models, grids and jobs have their own limits;
+/// every other route takes a small JSON body at most.
+pub fn body_limit(method: &actix_web::http::Method, path: &str) -> usize {
+    let put_or_post =
+        *method == actix_web::http::Method::PUT || *method == actix_web::http::Method::POST;
+    let segments: Vec<&str> = path.trim_end_matches('/').split('/').collect();
+    match segments.as_slice() {
+        ["", "v1", "models", _] if put_or_post => MAX_MODEL_BYTES,
+        ["", "v1", "regions", _, "grid"] => MAX_GRID_BYTES,
+        ["", "v1", "jobs"] => MAX_JOB_BYTES,
+        _ => MAX_SMALL_BODY_BYTES,
+    }
+}
+
+/// Reads a model upload's body, at most [`MAX_CONCURRENT_UPLOADS`] at a time in this
+/// process (the next one is refused with 429 and a `Retry-After`), each at most
+/// [`MAX_MODEL_BYTES`]. The slot is held while the body is read, not while it builds.
+async fn read_upload(payload: web::Payload) -> Result<web::Bytes, ApiError> {
+    static SLOTS: tokio::sync::Semaphore =
+        tokio::sync::Semaphore::const_new(MAX_CONCURRENT_UPLOADS);
+    let _slot = SLOTS.try_acquire().map_err(|_| ApiError::Busy {
+        message: format!(
+            "{MAX_CONCURRENT_UPLOADS} model uploads are being read already; retry in a few seconds"
+        ),
+        retry_after_s: 5,
+    })?;
+    match payload.to_bytes_limited(MAX_MODEL_BYTES).await {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(error)) => Err(ApiError::BadRequest(format!(
+            "the upload was cut short: {error}"
+        ))),
+        Err(_) => Err(ApiError::TooLarge(format!(
+            "the model is larger than the {} limit",
+            human_bytes(MAX_MODEL_BYTES as u64)
+        ))),
+    }
+}
+
+/// Authenticates a `/v1` request before its handler (and so before its body is read)
+/// and refuses a declared body over its route's limit (see the module). The principal is left in the request's extensions for
+/// [`authorize`].
+pub async fn authenticate_first(
+    request: actix_web::dev::ServiceRequest,
+    next: actix_web::middleware::Next<impl actix_web::body::MessageBody + 'static>,
+) -> Result<actix_web::dev::ServiceResponse<actix_web::body::BoxBody>, actix_web::Error> {
+    use actix_web::HttpMessage;
+    let Some(state) = request
+        .path()
+        .starts_with("/v1/")
+        .then(|| request.app_data::<web::Data<ApiState>>().cloned())
+        .flatten()
+    else {
+        return next.call(request).await.map(|r| r.map_into_boxed_body());
+    };
+    let refuse = |request: actix_web::dev::ServiceRequest, error: ApiError| {
+        Ok(request.into_response(error.error_response()))
+    };
+    let principal = match authorize(request.request(), &state).await {
+        Ok(principal) => principal,
+        Err(error) => {
+            let peer = request
+                .peer_addr()
+                .map(|a| a.ip().to_string())
+                .unwrap_or_else(|| "unknown".into());
+            let reason = match &error {
+                ApiError::Unauthorized(message) if message.starts_with("missing") => "missing",
+                ApiError::Unauthorized(_) => "invalid",
+                _ => "error",
+            };
+            tracing::warn!(%peer, method = %request.method(), path = %request.path(), reason, "API request refused: not authenticated");
+            state
+                .metrics
+                .counter(
+                    "nephele_api_auth_failures_total",
+                    "API requests refused before their body was read: token missing or invalid.",
+                    &[("reason", reason)],
+                )
+                .inc();
+            return refuse(request, error);
+        }
+    };
+    let limit = body_limit(request.method(), request.path());
+    let declared = request
+        .headers()
+        .get(actix_web::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if let Some(length) = declared.filter(|length| *length > limit as u64) {
+        return refuse(
+            request,
+            ApiError::TooLarge(format!(
+                "a body of {length} bytes is over the {} this route takes ({limit} bytes)",
+                human_bytes(limit as u64)
+            )),
+        );
+    }
+    request.extensions_mut().insert(principal);
+    next.call(request).await.map(|r| r.map_into_boxed_body())
+}
+
+fn human_bytes(bytes: u64) -> String {
+    match bytes {
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
+        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
+        b => format!("{b} bytes"),
+    }
+}
+
 #[derive(Debug, serde::Serialize)]
 struct ErrorBody<'a> {
     error: &'a str,
@@ -52,6 +174,8 @@ impl ResponseError for ApiError {
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Busy { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -62,9 +186,15 @@ impl ResponseError for ApiError {
             ApiError::Conflict(_) => "conflict",
             ApiError::Unauthorized(_) => "unauthorized",
             ApiError::Forbidden(_) => "forbidden",
+            ApiError::TooLarge(_) => "too_large",
+            ApiError::Busy { .. } => "busy",
             ApiError::Internal(_) => "internal",
         };
-        HttpResponse::build(self.status_code()).json(ErrorBody {
+        let mut response = HttpResponse::build(self.status_code());
+        if let ApiError::Busy { retry_after_s, .. } = self {
+            response.insert_header(("retry-after", retry_after_s.to_string()));
+        }
+        response.json(ErrorBody {
             error: kind,
             message: self.to_string(),
         })
@@ -76,6 +206,13 @@ fn mailbox(error: actix::MailboxError) -> ApiError {
 }
 
 async fn authorize(request: &HttpRequest, state: &ApiState) -> Result<Principal, ApiError> {
+    // Already authenticated by the middleware, before the body was read.
+    if let Some(principal) = actix_web::HttpMessage::extensions(request)
+        .get::<Principal>()
+        .cloned()
+    {
+        return Ok(principal);
+    }
     let header = request
         .headers()
         .get("authorization")
@@ -202,11 +339,12 @@ async fn put_model(
     state: web::Data<ApiState>,
     name: web::Path<String>,
     query: web::Query<Vec<(String, String)>>,
-    body: web::Bytes,
+    payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     authorize(&request, &state).await?;
     let name = name.into_inner();
     nephele_domain::validate_name("model", &name).map_err(ApiError::BadRequest)?;
+    let body = read_upload(payload).await?;
     let is_json = request
         .headers()
         .get(actix_web::http::header::CONTENT_TYPE)
@@ -860,7 +998,7 @@ pub fn routes(config: &mut web::ServiceConfig) {
                 .limit(1024 * 1024)
                 .error_handler(|e, _| json_error(e)),
         )
-        .app_data(web::PayloadConfig::default().limit(MAX_MODEL_BYTES))
+        .app_data(web::PayloadConfig::default().limit(MAX_SMALL_BODY_BYTES))
         .route("/", web::get().to(dashboard))
         .route("/healthz", web::get().to(healthz))
         .route("/metrics", web::get().to(metrics))
@@ -869,9 +1007,12 @@ pub fn routes(config: &mut web::ServiceConfig) {
         .route("/v1/devices", web::get().to(list_devices))
         .route("/v1/devices/{name}", web::delete().to(delete_device))
         .route("/v1/models", web::get().to(list_models))
-        .route("/v1/models/{name}", web::get().to(get_model))
-        .route("/v1/models/{name}", web::put().to(put_model))
-        .route("/v1/models/{name}", web::post().to(put_model))
+        .service(
+            web::resource("/v1/models/{name}")
+                .route(web::get().to(get_model))
+                .route(web::put().to(put_model))
+                .route(web::post().to(put_model)),
+        )
         .route("/v1/deployments", web::post().to(create_deployment))
         .route("/v1/deployments", web::get().to(list_deployments))
         .route("/v1/deployments/{name}", web::get().to(get_deployment))
@@ -893,8 +1034,12 @@ pub fn routes(config: &mut web::ServiceConfig) {
             "/v1/regions/{name}/nodes/{node}/drain",
             web::post().to(drain_node),
         )
-        .route("/v1/regions/{name}/grid", web::put().to(push_grid))
-        .route("/v1/regions/{name}/grid", web::get().to(get_grid))
+        .service(
+            web::resource("/v1/regions/{name}/grid")
+                .app_data(web::PayloadConfig::default().limit(MAX_GRID_BYTES))
+                .route(web::put().to(push_grid))
+                .route(web::get().to(get_grid)),
+        )
         .route("/v1/jobs", web::post().to(submit_job))
         .route("/v1/jobs", web::get().to(list_jobs))
         .route("/v1/jobs/{name}", web::get().to(get_job))

@@ -70,6 +70,12 @@ pub enum ApiError {
     Unauthorized(String),
     #[error("{0}")]
     Forbidden(String),
+    /// A body over its route's limit (413), saying the limit.
+    #[error("{0}")]
+    TooLarge(String),
+    /// Too many at once (429), with the seconds to wait.
+    #[error("{message}")]
+    Busy { message: String, retry_after_s: u64 },
     #[error("{0}")]
     Internal(String),
 }

@@ -304,6 +304,7 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
     let server = actix_web::HttpServer::new(move || {
         actix_web::App::new()
             .app_data(state.clone())
+            .wrap(actix_web::middleware::from_fn(api::authenticate_first))
             .configure(api::routes)
     })
     .workers(2)

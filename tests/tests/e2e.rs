@@ -1371,3 +1371,75 @@ fn unauthenticated_uploads_are_refused_before_their_body_is_read() {
     // And honest requests are still served.
     assert!(cloud.get("/v1/models").is_ok());
 }
+
+#[test]
+fn connections_holding_half_a_join_request_are_closed_in_bounded_time() {
+    let cloud = Cloud::start("half-joins").expect("cloud");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let ca_pem = std::fs::read_to_string(cloud.dir.join("data/ca.pem")).unwrap();
+    let ca_der = nephele_net::pki::pem_to_der(&ca_pem).unwrap();
+    let config = nephele_net::join_client_config(nephele_net::fingerprint(&ca_der)).unwrap();
+    let addr: std::net::SocketAddr = cloud.quic.parse().unwrap();
+    let holders = 80usize;
+    let started = Instant::now();
+    // Eighty certificate-less connections, each sending half of a join request's
+    // length prefix and then nothing: as an attacker holding the control plane's
+    // memory and places would.
+    let reasons: Vec<String> = runtime.block_on(async {
+        let endpoint = nephele_net::client_endpoint(addr).unwrap();
+        let mut connections = Vec::new();
+        for _ in 0..holders {
+            let connection = endpoint
+                .connect_with(config.clone(), addr, nephele_net::SERVER_NAME)
+                .unwrap()
+                .await
+                .expect("handshake");
+            // One closed at once (busy) may refuse the stream: it is counted all the same.
+            let streams = match connection.open_bi().await {
+                Ok((mut send, recv)) => {
+                    let _ = send.write_all(&[0, 0]).await;
+                    Some((send, recv))
+                }
+                Err(_) => None,
+            };
+            connections.push((connection, streams));
+        }
+        let mut reasons = Vec::new();
+        for (connection, _streams) in &connections {
+            let closed = tokio::time::timeout(Duration::from_secs(20), connection.closed())
+                .await
+                .expect("the control plane closes a connection that does not join");
+            reasons.push(closed.to_string());
+        }
+        reasons
+    });
+    let took = started.elapsed();
+    let busy = reasons
+        .iter()
+        .filter(|r| r.contains("too many joins"))
+        .count();
+    let slow = reasons.iter().filter(|r| r.contains("in time")).count();
+    println!(
+        "{holders} half joins: {busy} closed at once (busy), {slow} after the timeout; all closed in {took:?}"
+    );
+    assert_eq!(busy + slow, holders, "{reasons:?}");
+    assert!(busy >= holders - 64, "{reasons:?}");
+    assert!(took < Duration::from_secs(18), "{took:?}");
+    // Counted by reason, and afterwards an honest agent joins as before.
+    let metrics = cloud
+        .client()
+        .request("GET", &format!("{}/metrics", cloud.api), None)
+        .unwrap();
+    let metrics = metrics.as_str().unwrap_or("");
+    assert!(
+        metrics.contains(&format!(
+            "nephele_gateway_joins_refused_total{{reason=\"timeout\"}} {slow}"
+        )),
+        "{metrics}"
+    );
+    let edge = Edge::start(&cloud, "after-attack", "eu-west", &[], &[]).expect("an honest join");
+    drop(edge);
+}

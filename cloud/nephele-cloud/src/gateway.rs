@@ -33,12 +33,30 @@ pub const CLOSE_REFUSED: u32 = 3;
 
 const CONTROL_FRAME_LIMIT: usize = 1024 * 1024;
 const JOIN_FRAME_LIMIT: usize = 64 * 1024;
+/// Certificate-less connections (joins) handled at once; more are closed at once.
+pub const MAX_JOINS_IN_PROGRESS: usize = 64;
+/// How long a peer has to send a whole first frame (a join request, a Hello, a
+/// request on a stream it opened) before the stream or connection is closed.
+const FIRST_FRAME_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an agent has to send a whole request on a stream it opened.
+const REQUEST_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub struct Gateway {
     pub federation: Addr<FederationActor>,
     pub regions: HashMap<String, Addr<RegionActor>>,
     pub blob_dir: PathBuf,
     pub metrics: Registry,
+    /// Certificate-less connections being handled now ([`MAX_JOINS_IN_PROGRESS`]).
+    pub joins_in_progress: std::sync::atomic::AtomicUsize,
+}
+
+/// Holds one place among the joins in progress; gives it back when dropped.
+struct JoinPlace<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for JoinPlace<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 pub async fn run(endpoint: quinn::Endpoint, gateway: Arc<Gateway>) {
@@ -74,13 +92,39 @@ impl Gateway {
 
     async fn handle_join(&self, connection: quinn::Connection) {
         let remote = connection.remote_address();
+        // A peer without a certificate gets one stream, a small window, a bounded time
+        // and one of a bounded number of places: holding connections open with half a
+        // join request costs the control plane little and not for long.
+        let busy = self
+            .joins_in_progress
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let _place = JoinPlace(&self.joins_in_progress);
+        if busy >= MAX_JOINS_IN_PROGRESS {
+            self.count_refused_join("busy");
+            tracing::warn!(%remote, "closing unauthenticated connection: {MAX_JOINS_IN_PROGRESS} joins in progress already");
+            connection.close(CLOSE_REFUSED.into(), b"too many joins in progress; retry");
+            return;
+        }
+        connection.set_receive_window(quinn::VarInt::from_u32(JOIN_FRAME_LIMIT as u32 * 2));
         let Ok(Ok((mut send, mut recv))) =
-            tokio::time::timeout(Duration::from_secs(10), connection.accept_bi()).await
+            tokio::time::timeout(FIRST_FRAME_TIMEOUT, connection.accept_bi()).await
         else {
             connection.close(CLOSE_REFUSED.into(), b"no join request");
             return;
         };
-        let request: JoinRequest = match read_frame(&mut recv, JOIN_FRAME_LIMIT).await {
+        connection.set_max_concurrent_bi_streams(quinn::VarInt::from_u32(0));
+        let read = tokio::time::timeout(
+            FIRST_FRAME_TIMEOUT,
+            read_frame::<JoinRequest>(&mut recv, JOIN_FRAME_LIMIT),
+        )
+        .await;
+        let Ok(read) = read else {
+            self.count_refused_join("timeout");
+            tracing::warn!(%remote, "closing unauthenticated connection: no whole join request within {FIRST_FRAME_TIMEOUT:?}");
+            connection.close(CLOSE_REFUSED.into(), b"no whole join request in time");
+            return;
+        };
+        let request: JoinRequest = match read {
             Ok(Some(request)) => request,
             Ok(None) => return,
             Err(error) => {
@@ -117,7 +161,13 @@ impl Gateway {
             connection.close(CLOSE_REFUSED.into(), b"no control stream");
             return;
         };
-        let hello = match read_frame::<AgentMessage>(&mut control_recv, CONTROL_FRAME_LIMIT).await {
+        let first = tokio::time::timeout(
+            FIRST_FRAME_TIMEOUT,
+            read_frame::<AgentMessage>(&mut control_recv, CONTROL_FRAME_LIMIT),
+        )
+        .await
+        .unwrap_or(Err(NetError::Timeout("no whole Hello in time")));
+        let hello = match first {
             Ok(Some(AgentMessage::Hello(hello))) => hello,
             Ok(Some(_)) | Ok(None) => {
                 self.protocol_violation(
@@ -267,7 +317,18 @@ impl Gateway {
         mut recv: quinn::RecvStream,
         context: Arc<StreamContext>,
     ) {
-        let request = match read_frame::<StreamRequest>(&mut recv, MAX_FRAME_BYTES).await {
+        let read = tokio::time::timeout(
+            REQUEST_READ_TIMEOUT,
+            read_frame::<StreamRequest>(&mut recv, MAX_FRAME_BYTES),
+        )
+        .await;
+        let Ok(read) = read else {
+            tracing::warn!(device = %context.device, "closing request stream: no whole request within {REQUEST_READ_TIMEOUT:?}");
+            let _ = recv.stop(CLOSE_REFUSED.into());
+            let _ = send.reset(CLOSE_REFUSED.into());
+            return;
+        };
+        let request = match read {
             Ok(Some(request)) => request,
             Ok(None) => return,
             Err(error) => {
@@ -483,6 +544,16 @@ impl Gateway {
                 }
             }
         }
+    }
+
+    fn count_refused_join(&self, reason: &str) {
+        self.metrics
+            .counter(
+                "nephele_gateway_joins_refused_total",
+                "Certificate-less connections closed before a join: too many at once, or too slow to send one.",
+                &[("reason", reason)],
+            )
+            .inc();
     }
 
     fn count_offload(&self, region: &str, outcome: &str) {

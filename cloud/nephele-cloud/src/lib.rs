@@ -290,6 +290,7 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
         regions,
         blob_dir: blob_dir.clone(),
         metrics: metrics.clone(),
+        joins_in_progress: std::sync::atomic::AtomicUsize::new(0),
     });
     actix_rt::spawn(gateway::run(endpoint.clone(), gateway));
 

@@ -39,6 +39,9 @@ fn transport() -> Arc<quinn::TransportConfig> {
             .unwrap_or(quinn::VarInt::from_u32(15_000).into()),
     ));
     transport.max_concurrent_bidi_streams(1024u32.into());
+    // What one peer can make this side buffer, all its streams together (quinn's
+    // default is unbounded per connection): 4 frames of the 4 MiB limit.
+    transport.receive_window((4 * nephele_proto::MAX_FRAME_BYTES as u32).into());
     transport.max_concurrent_uni_streams(0u32.into());
     Arc::new(transport)
 }

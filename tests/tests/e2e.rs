@@ -416,6 +416,20 @@ fn a_fleet_deploys_serves_offloads_and_survives_bad_frames() {
     )
     .unwrap();
     let quic: std::net::SocketAddr = cloud.quic.parse().unwrap();
+    // A blob the lab device fetched (its cache names blobs by sha256): the rogue agent,
+    // assigned nothing, may not fetch it.
+    let lab_blob: [u8; 32] = std::fs::read_dir(lab.dir.join("models"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .find(|n| n.len() == 64)
+        .map(|hex| {
+            let bytes: Vec<u8> = (0..32)
+                .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+                .collect();
+            bytes.try_into().unwrap()
+        })
+        .expect("a blob in the lab device's cache");
     runtime.block_on(async {
         let endpoint = nephele_net::client_endpoint(quic).unwrap();
         let connection = endpoint
@@ -453,6 +467,49 @@ fn a_fleet_deploys_serves_offloads_and_survives_bad_frames() {
             matches!(welcome, Some(nephele_proto::CloudMessage::Welcome(_))),
             "{welcome:?}"
         );
+        // Enrolled but assigned nothing: it may neither fetch another device's model
+        // nor have the pool run a deployment it does not serve.
+        for body in [
+            nephele_proto::RequestBody::FetchChunk {
+                sha256: lab_blob,
+                offset: 0,
+                len: 1024,
+            },
+            nephele_proto::RequestBody::Infer(nephele_proto::InferRequest {
+                deployment: "digits".into(),
+                request_id: 1,
+                input: nephele_proto::Payload::Tensor(nephele_proto::Tensor {
+                    shape: vec![1, 64],
+                    data: vec![0.0; 64],
+                }),
+                stage: nephele_proto::InferStage::Whole,
+            }),
+        ] {
+            let (mut send, mut recv) = connection.open_bi().await.unwrap();
+            nephele_net::write_frame(
+                &mut send,
+                &nephele_proto::StreamRequest {
+                    protocol_version: nephele_proto::PROTOCOL_VERSION,
+                    body,
+                },
+            )
+            .await
+            .unwrap();
+            let _ = send.finish();
+            let reply: Option<nephele_proto::StreamResponse> =
+                nephele_net::read_frame(&mut recv, 1 << 20).await.unwrap();
+            match reply {
+                Some(nephele_proto::StreamResponse::Error(error)) => {
+                    assert_eq!(
+                        error.code,
+                        nephele_proto::ErrorCode::Unauthorized,
+                        "{error}"
+                    );
+                    assert!(error.message.contains("not assigned"), "{error}");
+                }
+                other => panic!("expected a refusal, got {other:?}"),
+            }
+        }
         // Request stream with a 4 GiB length prefix.
         let (mut send, mut recv) = connection.open_bi().await.unwrap();
         send.write_all(&u32::MAX.to_be_bytes()).await.unwrap();

@@ -209,6 +209,11 @@ impl Gateway {
             }
         };
         let region = welcome.region.clone();
+        let context = Arc::new(StreamContext {
+            device: name.clone(),
+            region,
+            allowed: std::sync::RwLock::new(Allowed::of(&desired)),
+        });
         if write_frame(&mut control_send, &CloudMessage::Welcome(welcome))
             .await
             .is_err()
@@ -225,9 +230,13 @@ impl Gateway {
         }
 
         let writer_connection = connection.clone();
+        let writer_context = context.clone();
         let writer = actix_rt::spawn(async move {
             while let Some(message) = rx.recv().await {
                 let refused = matches!(message, CloudMessage::Refused(_));
+                if let CloudMessage::DesiredState(desired) = &message {
+                    writer_context.allow(desired);
+                }
                 if write_frame(&mut control_send, &message).await.is_err() {
                     return;
                 }
@@ -243,10 +252,7 @@ impl Gateway {
 
         let acceptor_connection = connection.clone();
         let acceptor_gateway = self.clone();
-        let acceptor_context = Arc::new(StreamContext {
-            device: name.clone(),
-            region,
-        });
+        let acceptor_context = context.clone();
         let acceptor = actix_rt::spawn(async move {
             while let Ok((send, recv)) = acceptor_connection.accept_bi().await {
                 let gateway = acceptor_gateway.clone();
@@ -367,8 +373,16 @@ impl Gateway {
                     sha256,
                     offset,
                     len,
-                } => self.read_chunk(sha256, offset, len).await,
-                RequestBody::Infer(infer) => self.offload(&context, infer).await,
+                } if context.may_fetch(&sha256) => self.read_chunk(sha256, offset, len).await,
+                RequestBody::FetchChunk { sha256, .. } => {
+                    self.refuse_unassigned(&context, "blob", &hex::encode(sha256))
+                }
+                RequestBody::Infer(infer) if context.may_offload(&infer.deployment) => {
+                    self.offload(&context, infer).await
+                }
+                RequestBody::Infer(infer) => {
+                    self.refuse_unassigned(&context, "deployment", &infer.deployment)
+                }
                 RequestBody::JobLogs { .. } => StreamResponse::Error(ErrorFrame::new(
                     ErrorCode::BadRequest,
                     "job logs are served by pool agents, not by the control plane",
@@ -546,6 +560,22 @@ impl Gateway {
         }
     }
 
+    /// A request for something this agent is not assigned: refused, logged, counted.
+    fn refuse_unassigned(&self, context: &StreamContext, what: &str, name: &str) -> StreamResponse {
+        self.metrics
+            .counter(
+                "nephele_gateway_unassigned_requests_total",
+                "Agent requests refused for a blob or deployment the agent is not assigned.",
+                &[("kind", what)],
+            )
+            .inc();
+        tracing::warn!(device = %context.device, kind = what, name, "refused a request for something the agent is not assigned");
+        StreamResponse::Error(ErrorFrame::new(
+            ErrorCode::Unauthorized,
+            format!("this agent is not assigned {what} {name}"),
+        ))
+    }
+
     fn count_refused_join(&self, reason: &str) {
         self.metrics
             .counter(
@@ -570,6 +600,63 @@ impl Gateway {
 struct StreamContext {
     device: String,
     region: String,
+    /// What this agent's latest desired state lets it ask for.
+    allowed: std::sync::RwLock<Allowed>,
+}
+
+/// What an agent may ask of the control plane on its request streams: offloads for
+/// the deployments it is assigned, and the blobs of their models' variants (a split
+/// variant's tail included). Replaced each time a desired state is sent to it, before
+/// it is sent, so an agent never learns of a model it may not fetch yet.
+#[derive(Debug, Default)]
+struct Allowed {
+    deployments: std::collections::HashSet<String>,
+    blobs: std::collections::HashSet<nephele_proto::Digest>,
+}
+
+impl Allowed {
+    fn of(desired: &nephele_proto::DesiredState) -> Allowed {
+        let mut allowed = Allowed::default();
+        for assignment in &desired.assignments {
+            allowed.deployments.insert(assignment.deployment.clone());
+            // The manifest's signature was made by this control plane; its variants
+            // are what the agent will fetch.
+            let Ok(manifest) = nephele_proto::decode_payload::<nephele_proto::ModelManifest>(
+                &assignment.model.manifest,
+            ) else {
+                continue;
+            };
+            for variant in &manifest.variants {
+                allowed.blobs.insert(variant.sha256);
+                if let nephele_proto::VariantKind::Split { tail_sha256, .. } = &variant.kind {
+                    allowed.blobs.insert(*tail_sha256);
+                }
+            }
+        }
+        allowed
+    }
+}
+
+impl StreamContext {
+    fn allow(&self, desired: &nephele_proto::DesiredState) {
+        *self.allowed.write().unwrap_or_else(|p| p.into_inner()) = Allowed::of(desired);
+    }
+
+    fn may_offload(&self, deployment: &str) -> bool {
+        self.allowed
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .deployments
+            .contains(deployment)
+    }
+
+    fn may_fetch(&self, blob: &nephele_proto::Digest) -> bool {
+        self.allowed
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .blobs
+            .contains(blob)
+    }
 }
 
 /// One request to a pool replica and its answer.

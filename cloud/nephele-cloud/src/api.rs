@@ -4,10 +4,11 @@
 //! The token is checked before any body is read ([`authenticate_first`], a middleware
 //! that runs before the handlers' extractors): an unauthenticated upload costs the
 //! control plane its headers, not its body. A declared body over its route's limit
-//! ([`body_limit`]) is refused with 413 before it is read, and a body without a declared
-//! length stops at the same limit; at most [`MAX_CONCURRENT_UPLOADS`] model uploads are
-//! read at once ([`read_upload`]; 429 with `Retry-After` past that). Failed logins are logged with the
-//! peer's address (never the token) and counted.
+//! ([`body_limit`]) is refused with 413 before it is read; a body without a declared
+//! length is cut at 1 MiB (models 512 MiB, grids 4 MiB) and its handler checks the
+//! route's own limit. At most [`MAX_CONCURRENT_UPLOADS`] model uploads are read at once
+//! ([`read_upload`]; 429 with `Retry-After` past that). Failed logins are logged with
+//! the peer's address (never the token) and counted.
 //!
 //! Handlers parse and check input, then forward to the federation actor; they hold no
 //! policy. API JSON types are their own set, separate from wire and store types.
@@ -91,8 +92,8 @@ async fn read_upload(payload: web::Payload) -> Result<web::Bytes, ApiError> {
 }
 
 /// Authenticates a `/v1` request before its handler (and so before its body is read)
-/// and refuses a declared body over its route's limit (see the module). The principal is left in the request's extensions for
-/// [`authorize`].
+/// and refuses a declared body over its route's limit (see the module). The principal
+/// is left in the request's extensions for [`authorize`].
 pub async fn authenticate_first(
     request: actix_web::dev::ServiceRequest,
     next: actix_web::middleware::Next<impl actix_web::body::MessageBody + 'static>,

@@ -38,16 +38,25 @@ pub struct Enrolment {
     pub data_dir: PathBuf,
 }
 
+/// Writes `path` atomically with permissions `mode` from its creation (a key is never
+/// readable by others, not even between a write and a chmod): a temporary file created
+/// with `mode`, synced, then renamed.
 pub fn write_file(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
+    use std::io::Write as _;
     let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
+    let _ = std::fs::remove_file(&tmp);
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
     #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))?;
-    }
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, mode);
     #[cfg(not(unix))]
     let _ = mode;
+    let mut file = options
+        .open(&tmp)
+        .with_context(|| format!("cannot create {}", tmp.display()))?;
+    file.write_all(bytes)
+        .and_then(|()| file.sync_all())
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))
 }
 
@@ -81,5 +90,56 @@ impl Enrolment {
                 .context("manifest-signing.pub is not hex")?,
             data_dir: data_dir.to_path_buf(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[cfg(unix)]
+    fn files_are_written_whole_with_their_mode_and_replace_what_was_there() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = std::env::temp_dir().join(format!("nephele-write-file-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let key = dir.join("agent.key");
+        // A temporary file left by a crash is not reused with its old mode.
+        std::fs::write(key.with_extension("tmp"), b"stale").expect("stale tmp");
+        write_file(&key, b"secret", 0o600).expect("written");
+        let mode = std::fs::metadata(&key).expect("meta").permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        assert_eq!(std::fs::read(&key).expect("read"), b"secret");
+        assert!(!key.with_extension("tmp").exists());
+        write_file(&key, b"rotated", 0o600).expect("replaced");
+        assert_eq!(std::fs::read(&key).expect("read"), b"rotated");
+        write_file(&dir.join("agent.toml"), b"name = 'a'", 0o644).expect("config");
+        let mode = std::fs::metadata(dir.join("agent.toml"))
+            .expect("meta")
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!(mode, 0o644 & !umask_bits());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Bits the process's umask clears (read back from a file created 0o777).
+    fn umask_bits() -> u32 {
+        use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+        let probe = std::env::temp_dir().join(format!("nephele-umask-{}", std::process::id()));
+        let _ = std::fs::remove_file(&probe);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o777)
+            .open(&probe)
+            .expect("probe");
+        let mode = std::fs::metadata(&probe)
+            .expect("meta")
+            .permissions()
+            .mode()
+            & 0o777;
+        let _ = std::fs::remove_file(&probe);
+        0o777 & !mode
     }
 }

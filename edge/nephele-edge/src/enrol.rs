@@ -50,7 +50,12 @@ pub async fn join(args: JoinArgs) -> Result<()> {
             data_dir.display()
         );
     }
-    std::fs::create_dir_all(data_dir)
+    // The agent's key lives here: created 0700 (an existing directory is left as is).
+    let mut dirs = std::fs::DirBuilder::new();
+    dirs.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut dirs, 0o700);
+    dirs.create(data_dir)
         .with_context(|| format!("cannot create {}", data_dir.display()))?;
 
     let (key_pem, csr_der) = nephele_net::pki::agent_csr(&name)?;

@@ -42,15 +42,16 @@ use crate::sessions::{SessionError, SessionStats, SessionStore};
 /// The most rows one batch of a typed model holds (fewer if its batch axis is bounded).
 pub const MAX_BATCH_ROWS: usize = 32;
 
-type Outputs = HashMap<String, NamedTensor>;
+/// Named tensors: a request's inputs or an answer's outputs.
+type Tensors = HashMap<String, NamedTensor>;
 
 /// A request waiting for an inference slot on a model with a batch axis.
 struct Waiting {
     id: u64,
-    request: Outputs,
+    request: Tensors,
     key: Option<Vec<Vec<usize>>>,
     rows: usize,
-    reply: tokio::sync::oneshot::Sender<Result<(Outputs, usize), ServeError>>,
+    reply: tokio::sync::oneshot::Sender<Result<(Tensors, usize), ServeError>>,
 }
 
 /// Batches run and requests in them, for the status endpoint.
@@ -356,7 +357,7 @@ impl Server {
         &self,
         deployment: &Arc<GraphDeployment>,
         request: HashMap<String, NamedTensor>,
-    ) -> Result<(Outputs, Location, String, usize), ServeError> {
+    ) -> Result<(Tensors, Location, String, usize), ServeError> {
         if self.is_pool {
             return self.run_graph_local(deployment, request, false).await;
         }
@@ -453,7 +454,7 @@ impl Server {
         deployment: &Arc<GraphDeployment>,
         request: HashMap<String, NamedTensor>,
         bounded: bool,
-    ) -> Result<(Outputs, Location, String, usize), ServeError> {
+    ) -> Result<(Tensors, Location, String, usize), ServeError> {
         let params = deployment.params();
         let ahead = deployment.queued.fetch_add(1, Ordering::Relaxed);
         let _queued = QueueSlot(&deployment.queued);
@@ -501,8 +502,8 @@ impl Server {
     async fn run_graph_batched(
         &self,
         deployment: &Arc<GraphDeployment>,
-        request: Outputs,
-    ) -> Result<(Outputs, usize), ServeError> {
+        request: Tensors,
+    ) -> Result<(Tensors, usize), ServeError> {
         let id = deployment.next_waiting.fetch_add(1, Ordering::Relaxed);
         let (reply, mut answer) = tokio::sync::oneshot::channel();
         lock(&deployment.waiting).push_back(Waiting {
@@ -532,10 +533,10 @@ impl Server {
         let size = batch.len();
         let model = deployment.model.clone();
         let run_started = Instant::now();
-        let (requests, replies): (Vec<Outputs>, Vec<_>) =
+        let (requests, replies): (Vec<Tensors>, Vec<_>) =
             batch.into_iter().map(|w| (w.request, w.reply)).unzip();
         let results = tokio::task::spawn_blocking(move || {
-            let refs: Vec<&Outputs> = requests.iter().collect();
+            let refs: Vec<&Tensors> = requests.iter().collect();
             match model.run_batch(&refs) {
                 Ok(outputs) => outputs.into_iter().map(Ok).collect::<Vec<_>>(),
                 // One bad request must not fail the others: each alone.

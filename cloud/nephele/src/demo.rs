@@ -124,6 +124,41 @@ name = "us-east"
 carbon_zone = "US-MIDA-PJM"
 "#;
 
+/// Deletes every job and waits (up to 10 s) until no agent reports a running member.
+fn stop_jobs(api: &Api, endpoints: &[String]) {
+    let names: Vec<String> = api
+        .get("/v1/jobs")
+        .ok()
+        .and_then(|v| v.as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|job| job["name"].as_str().map(str::to_string))
+        .collect();
+    for name in &names {
+        let _ = api.delete(&format!("/v1/jobs/{name}"));
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::time::Instant::now() < deadline {
+        let running = endpoints.iter().any(|endpoint| {
+            Api::new(&format!("http://{endpoint}"), "")
+                .get("/v1/status")
+                .ok()
+                .and_then(|v| v["jobs"].as_array().cloned())
+                .unwrap_or_default()
+                .iter()
+                .any(|member| {
+                    member["state"]
+                        .as_str()
+                        .is_some_and(|s| s.starts_with("running") || s.starts_with("stopping"))
+                })
+        });
+        if !running {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Child processes, killed when dropped.
 struct Fleet {
     children: Vec<(String, Child)>,
@@ -788,6 +823,10 @@ pub fn run(args: DemoArgs) -> Result<()> {
         );
         wait_for_shutdown_signal()?;
     }
+    // Job members run under supervisors that outlive their agent on purpose (an agent
+    // restart must not kill a job), so the demo ends its jobs through the API before it
+    // stops the fleet; otherwise `sleep 3600` would outlive the demo by an hour.
+    stop_jobs(&api, &endpoints);
     drop(fleet);
     if args.dir.is_none() {
         let _ = std::fs::remove_dir_all(&root);

@@ -196,15 +196,20 @@ fn connect(
     })
 }
 
-#[test]
-fn clients_without_a_valid_certificate_are_refused() {
-    let cloud = Cloud::start("certs").expect("cloud");
+/// A tokio runtime for raw QUIC clients, and the control plane's CA certificate (DER).
+fn runtime_and_ca(cloud: &Cloud) -> (tokio::runtime::Runtime, Vec<u8>) {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
     let ca_pem = std::fs::read_to_string(cloud.dir.join("data/ca.pem")).unwrap();
-    let ca_der = nephele_net::pki::pem_to_der(&ca_pem).unwrap();
+    (runtime, nephele_net::pki::pem_to_der(&ca_pem).unwrap())
+}
+
+#[test]
+fn clients_without_a_valid_certificate_are_refused() {
+    let cloud = Cloud::start("certs").expect("cloud");
+    let (runtime, ca_der) = runtime_and_ca(&cloud);
 
     // A certificate from another CA: the TLS handshake fails.
     let other_ca = nephele_net::ClusterCa::generate("attacker").unwrap();
@@ -1432,12 +1437,7 @@ fn unauthenticated_uploads_are_refused_before_their_body_is_read() {
 #[test]
 fn connections_holding_half_a_join_request_are_closed_in_bounded_time() {
     let cloud = Cloud::start("half-joins").expect("cloud");
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let ca_pem = std::fs::read_to_string(cloud.dir.join("data/ca.pem")).unwrap();
-    let ca_der = nephele_net::pki::pem_to_der(&ca_pem).unwrap();
+    let (runtime, ca_der) = runtime_and_ca(&cloud);
     let config = nephele_net::join_client_config(nephele_net::fingerprint(&ca_der)).unwrap();
     let addr: std::net::SocketAddr = cloud.quic.parse().unwrap();
     let holders = 80usize;

@@ -15,6 +15,14 @@
 //! | edge only   | queued locally if the queue has room, else refused (429)         |
 //! | cloud only  | sent to the cloud                                                |
 //! | offload     | `decide` (local / offload / refuse), as the agent does, with the margin it learns from its local answers ([`LocalLateness`]) |
+//! | clairvoyant | a reference no agent can run: kept local exactly when its answer, with every service time known in advance, is within the SLO; else sent to the cloud |
+//!
+//! The clairvoyant mode is first-come first-served with each request kept when it
+//! fits, which with one deadline for all is earliest-deadline-first. Its cloud share
+//! is what this trace and these service times force out of the device, so it is the
+//! floor against which the offload mode's share reads (with varying service times a
+//! schedule that reorders or drops long requests could keep a little more, so it is
+//! a reference, not a proven bound).
 //!
 //! A request counts within the SLO when it was answered and its latency (queueing +
 //! service, or round trip + cloud service) is at most the SLO; refused requests are not
@@ -34,6 +42,7 @@ pub enum Mode {
     EdgeOnly,
     CloudOnly,
     Offload,
+    Clairvoyant,
 }
 
 /// The scenario.
@@ -121,6 +130,16 @@ pub fn simulate(arrivals_us: &[u64], config: &OffloadConfig, mode: Mode) -> Offl
             Mode::CloudOnly => Route::Offload {
                 fallback_local: false,
             },
+            Mode::Clairvoyant => {
+                let start = on_device.back().copied().unwrap_or(now).max(now);
+                if start + service - now <= config.slo_us && queue_ahead < config.queue_capacity {
+                    Route::Local
+                } else {
+                    Route::Offload {
+                        fallback_local: false,
+                    }
+                }
+            }
             Mode::Offload => {
                 let context = RequestContext {
                     queue_ahead,
@@ -218,6 +237,14 @@ mod tests {
             offload.cloud_share > 0.7 && offload.cloud_share < 1.0,
             "{offload:?}"
         );
+        let clairvoyant = simulate(&burst, &config, Mode::Clairvoyant);
+        assert_eq!(clairvoyant.within_slo, 1.0);
+        assert_eq!(
+            clairvoyant.cloud_share,
+            40.0 / 50.0,
+            "10 fit in 10 ms on 1 ms each"
+        );
+        assert!(offload.cloud_share >= clairvoyant.cloud_share);
         let cloud = simulate(&burst, &config, Mode::CloudOnly);
         assert_eq!((cloud.within_slo, cloud.cloud_share), (1.0, 1.0));
     }

@@ -276,6 +276,9 @@ pub struct Report {
     pub int8_accuracy_drop_points: Option<f64>,
     pub offload_within_slo: Option<f64>,
     pub offload_cloud_share: Option<f64>,
+    /// The cloud share of the clairvoyant reference: what the trace and the measured
+    /// service times force out of the device.
+    pub clairvoyant_cloud_share: Option<f64>,
     pub edge_only_within_slo: Option<f64>,
     pub cloud_only_within_slo: Option<f64>,
     pub runtime: Vec<RuntimeRow>,
@@ -806,6 +809,16 @@ pub fn run(args: InferenceArgs) -> Result<()> {
                 .collect::<Result<_, _>>()
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
             let mean_service = service_us.iter().sum::<u64>() / service_us.len() as u64;
+            // Kept so that a policy change can be replayed on the times a run measured.
+            std::fs::create_dir_all(&args.out)
+                .with_context(|| format!("cannot create {}", args.out.display()))?;
+            let times_path = args.out.join("offload-service-us.csv");
+            let mut times = String::from("service_us\n");
+            for us in &service_us {
+                times.push_str(&format!("{us}\n"));
+            }
+            std::fs::write(&times_path, times)
+                .with_context(|| format!("cannot write {}", times_path.display()))?;
             let config = OffloadConfig {
                 slo_us: (mean_service * 20).max(5_000),
                 load: 0.7,
@@ -814,7 +827,12 @@ pub fn run(args: InferenceArgs) -> Result<()> {
                 service_us,
             };
             let scaled = scale_arrivals(&arrivals, &config);
-            for mode in [Mode::EdgeOnly, Mode::CloudOnly, Mode::Offload] {
+            for mode in [
+                Mode::EdgeOnly,
+                Mode::CloudOnly,
+                Mode::Offload,
+                Mode::Clairvoyant,
+            ] {
                 offload.push(simulate(&scaled, &config, mode));
             }
             scenario = Some(serde_json::json!({
@@ -862,6 +880,7 @@ pub fn run(args: InferenceArgs) -> Result<()> {
         ),
         offload_within_slo: find(Mode::Offload).map(|r| r.within_slo),
         offload_cloud_share: find(Mode::Offload).map(|r| r.cloud_share),
+        clairvoyant_cloud_share: find(Mode::Clairvoyant).map(|r| r.cloud_share),
         edge_only_within_slo: find(Mode::EdgeOnly).map(|r| r.within_slo),
         cloud_only_within_slo: find(Mode::CloudOnly).map(|r| r.within_slo),
         runtime: runtime_rows,
@@ -1026,7 +1045,7 @@ fn print_tables(report: &Report) {
         println!("\nOffload under the Azure LLM arrivals: {scenario}");
         for r in &report.offload {
             println!(
-                "  {:<10} within SLO {:>6.2}%  to cloud {:>6.2}%  refused {:>6.2}%  p50 {:.2} ms  p99 {:.2} ms",
+                "  {:<11} within SLO {:>6.2}%  to cloud {:>6.2}%  refused {:>6.2}%  p50 {:.2} ms  p99 {:.2} ms",
                 format!("{:?}", r.mode),
                 r.within_slo * 100.0,
                 r.cloud_share * 100.0,
@@ -1046,9 +1065,10 @@ fn print_tables(report: &Report) {
         opt(report.int8_accuracy_drop_points, 2)
     );
     println!(
-        "  offload_within_slo {}  offload_cloud_share {}  edge_only_within_slo {}",
+        "  offload_within_slo {}  offload_cloud_share {}  clairvoyant_cloud_share {}  edge_only_within_slo {}",
         opt(report.offload_within_slo, 4),
         opt(report.offload_cloud_share, 4),
+        opt(report.clairvoyant_cloud_share, 4),
         opt(report.edge_only_within_slo, 4)
     );
     for s in &report.skipped {

@@ -461,6 +461,9 @@ pub struct Edge {
     pub dir: PathBuf,
     pub endpoint: String,
     child: Child,
+    /// `nephele-edge run`'s arguments, for [`Edge::restart`].
+    run_args: Vec<String>,
+    starts: usize,
 }
 
 impl Edge {
@@ -503,26 +506,78 @@ impl Edge {
         if !ok {
             bail!("join {name} failed: {output}");
         }
-        let ready = dir.join("ready.json");
+        let mut edge = Edge {
+            name: name.into(),
+            endpoint: String::new(),
+            dir,
+            child: Command::new("true").spawn()?,
+            run_args: run_args.iter().map(|s| s.to_string()).collect(),
+            starts: 0,
+        };
+        edge.launch()?;
+        Ok(edge)
+    }
+
+    /// Starts `nephele-edge run` on the data dir (each start logs to a file of its own)
+    /// and waits for its ready file.
+    fn launch(&mut self) -> Result<()> {
+        self.starts += 1;
+        let ready = self.dir.join("ready.json");
+        let _ = std::fs::remove_file(&ready);
         let mut args: Vec<String> = vec![
             "run".into(),
             "--data-dir".into(),
-            dir.display().to_string(),
+            self.dir.display().to_string(),
             "--listen".into(),
             "127.0.0.1:0".into(),
             "--ready-file".into(),
             ready.display().to_string(),
         ];
-        args.extend(run_args.iter().map(|s| s.to_string()));
-        let log = dir.join("agent.log");
-        let mut child = spawn_logged("nephele-edge", &args, &log)?;
-        let value = wait_ready(&ready, &mut child, &log)?;
-        Ok(Edge {
-            name: name.into(),
-            endpoint: format!("http://{}", value["listen"].as_str().context("listen")?),
-            dir,
-            child,
-        })
+        args.extend(self.run_args.iter().cloned());
+        let log = self.log_path(self.starts);
+        self.child = spawn_logged("nephele-edge", &args, &log)?;
+        let value = wait_ready(&ready, &mut self.child, &log)?;
+        self.endpoint = format!("http://{}", value["listen"].as_str().context("listen")?);
+        Ok(())
+    }
+
+    fn log_path(&self, start: usize) -> PathBuf {
+        match start {
+            1 => self.dir.join("agent.log"),
+            n => self.dir.join(format!("agent-{n}.log")),
+        }
+    }
+
+    /// Kills the agent with SIGKILL, as a crash or a power cut would.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Kills the agent (SIGKILL) and starts it again on the same data dir; returns when
+    /// its local endpoint listens (on a new port).
+    pub fn restart(&mut self) -> Result<()> {
+        self.kill9();
+        self.launch()
+    }
+
+    /// The agent's `/v1/status`.
+    pub fn status(&self) -> Result<Value> {
+        Http::new(None).request("GET", &format!("{}/v1/status", self.endpoint), None)
+    }
+
+    /// The value of a metric (summed over its label sets matching `labels`) on the
+    /// agent's `/metrics`; 0 when absent.
+    pub fn metric(&self, name: &str, labels: &str) -> Result<f64> {
+        let text = ureq::get(&format!("{}/metrics", self.endpoint))
+            .call()?
+            .body_mut()
+            .read_to_string()?;
+        Ok(text
+            .lines()
+            .filter(|line| line.starts_with(name) && line.contains(labels))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum())
     }
 
     pub fn infer(&self, deployment: &str, row: &[f32]) -> Result<(u16, Value)> {
@@ -535,8 +590,12 @@ impl Edge {
         )
     }
 
+    /// All log output of every start so far.
     pub fn logs(&self) -> String {
-        std::fs::read_to_string(self.dir.join("agent.log")).unwrap_or_default()
+        (1..=self.starts)
+            .map(|n| std::fs::read_to_string(self.log_path(n)).unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 }
 

@@ -11,6 +11,13 @@
 //! | waiting      | backoff elapsed             | connecting                             |
 //!
 //! Local serving goes on in every state: a lost control plane only stops offload.
+//! Offline-first: each desired state is kept on the device once applied
+//! ([`crate::persisted`]), and at start the kept one is applied before any session, so
+//! a device restarted while the control plane is unreachable serves again from its
+//! verified cache; the control plane's state, when it comes, reloads only what
+//! changed. A `Refused` with `Unauthorized` (the device was deleted, or its
+//! certificate superseded) unloads everything, stops job members, and is kept: the
+//! local endpoint answers 410 with the reason until the device enrols again.
 //!
 //! A pool agent also runs job members (`crate::jobs`): every `DesiredState`'s `jobs`
 //! go to its `JobRunner` at once (not through the model reconciler, which may be busy
@@ -220,8 +227,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
         "nephele-edge {} ({}, profile {}, {} inference slots) serving on http://{local_addr}",
         agent.enrolment.config.name, agent.enrolment.config.role, profile_name, n_slots
     );
+    let restored = restore(&agent);
     let (desired_tx, desired_rx) = watch::channel::<Option<DesiredState>>(None);
-    tokio::spawn(reconciler(agent.clone(), desired_rx));
+    tokio::spawn(reconciler(agent.clone(), desired_rx, restored));
     let session = tokio::spawn(session_loop(agent.clone(), desired_tx));
     tokio::select! {
         _ = shutdown_signal() => {
@@ -384,12 +392,25 @@ async fn run_session(
         {
             Some(CloudMessage::Welcome(welcome)) => welcome,
             Some(CloudMessage::Refused(error)) => {
+                if error.code == ErrorCode::Unauthorized {
+                    mark_removed(agent, desired_tx, &error.message);
+                }
                 bail!("the control plane refused this agent: {}", error.message)
             }
             Some(other) => bail!("unexpected first message {other:?}"),
             None => bail!("the control plane closed the control stream"),
         };
     tracing::info!(region = %welcome.region, server = %addr, "connected to the control plane");
+    if agent.server.removed().is_some() {
+        // Accepted again (the removal was undone): a member of the fleet once more.
+        agent.server.set_removed(None);
+        let _ = std::fs::remove_file(
+            agent
+                .enrolment
+                .data_dir
+                .join(crate::persisted::REMOVED_FILE),
+        );
+    }
     *agent
         .server
         .connection
@@ -443,7 +464,12 @@ async fn run_session(
                     }
                     let _ = desired_tx.send(Some(desired));
                 }
-                Ok(Some(CloudMessage::Refused(error))) => break format!("refused: {}", error.message),
+                Ok(Some(CloudMessage::Refused(error))) => {
+                    if error.code == ErrorCode::Unauthorized {
+                        mark_removed(agent, desired_tx, &error.message);
+                    }
+                    break format!("refused: {}", error.message)
+                }
                 Ok(Some(CloudMessage::Welcome(_))) => break "protocol violation: a second Welcome".into(),
                 Ok(None) => break "the control plane finished the control stream".into(),
                 Err(error) => break format!("control stream: {error}"),
@@ -627,17 +653,38 @@ async fn serve_cloud_stream(
 /// Applies the latest desired state, one at a time; a newer state supersedes an older
 /// one that has not been applied yet. While any deployment is failed (a download cut
 /// short, a model that would not load), the last state is applied again every 10 s.
-async fn reconciler(agent: Arc<Agent>, mut desired_rx: watch::Receiver<Option<DesiredState>>) {
-    let mut retry = tokio::time::interval(Duration::from_secs(10));
+/// `restored` (the state kept on the device) is applied first, so the device serves
+/// before, or without, the control plane; each state the control plane sends is kept
+/// once applied ([`crate::persisted`]).
+async fn reconciler(
+    agent: Arc<Agent>,
+    mut desired_rx: watch::Receiver<Option<DesiredState>>,
+    restored: Option<DesiredState>,
+) {
+    let every = Duration::from_secs(10);
+    let mut retry = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last: Option<DesiredState> = None;
+    let mut last: Option<DesiredState> = restored;
+    if let Some(desired) = &last {
+        reconcile(&agent, desired).await;
+        agent
+            .applied_generation
+            .store(desired.generation, Ordering::Relaxed);
+        tracing::info!(
+            deployments = desired.assignments.len(),
+            ready_ms = agent.started.elapsed().as_millis() as u64,
+            "applied the desired state kept on this device"
+        );
+    }
     loop {
+        let mut fresh = false;
         tokio::select! {
             changed = desired_rx.changed() => {
                 if changed.is_err() {
                     return;
                 }
                 last = desired_rx.borrow_and_update().clone();
+                fresh = true;
             }
             _ = retry.tick() => {
                 let any_failed = agent
@@ -657,8 +704,98 @@ async fn reconciler(agent: Arc<Agent>, mut desired_rx: watch::Receiver<Option<De
             agent
                 .applied_generation
                 .store(desired.generation, Ordering::Relaxed);
+            if fresh {
+                let data_dir = agent.enrolment.data_dir.clone();
+                let kept = desired.clone();
+                let saved = tokio::task::spawn_blocking(move || {
+                    crate::persisted::save_desired(&data_dir, &kept)
+                })
+                .await;
+                if let Ok(Err(error)) | Err(error) = saved.map_err(anyhow::Error::from) {
+                    tracing::warn!(error = %format!("{error:#}"), "cannot keep the desired state on this device; a restart without the control plane will serve nothing");
+                }
+            }
         }
     }
+}
+
+/// The desired state kept on the device, to serve before the control plane answers;
+/// none when the device was removed from the fleet, or when the kept file is damaged
+/// (refused whole, with the reason: the control plane's next state replaces it).
+fn restore(agent: &Agent) -> Option<DesiredState> {
+    let data_dir = &agent.enrolment.data_dir;
+    if let Some(reason) = crate::persisted::load_removed(data_dir) {
+        tracing::warn!(%reason, "the control plane removed this device from the fleet; serving nothing (enrol again with `nephele-edge join`)");
+        agent.server.set_removed(Some(reason));
+        return None;
+    }
+    match crate::persisted::load_desired(data_dir) {
+        Ok(Some(desired)) => {
+            tracing::info!(
+                generation = desired.generation,
+                deployments = desired.assignments.len(),
+                "serving the desired state kept on this device until the control plane answers"
+            );
+            Some(desired)
+        }
+        Ok(None) => None,
+        Err(reason) => {
+            agent
+                .server
+                .metrics
+                .counter(
+                    "nephele_agent_kept_state_refused_total",
+                    "Desired states kept on the device that were refused at start (damaged).",
+                    &[],
+                )
+                .inc();
+            tracing::error!(%reason, "the desired state kept on this device is refused; serving nothing until the control plane sends one");
+            if let Err(error) = crate::persisted::forget_desired(data_dir) {
+                tracing::warn!(%error, "cannot remove the refused desired-state file");
+            }
+            None
+        }
+    }
+}
+
+/// The control plane removed this device (deleted, or its certificate superseded):
+/// it stops serving and running jobs, forgets its desired state, and keeps the reason
+/// (across restarts) for its local endpoint to give.
+fn mark_removed(agent: &Agent, desired_tx: &watch::Sender<Option<DesiredState>>, reason: &str) {
+    if agent.server.removed().as_deref() == Some(reason) {
+        return;
+    }
+    tracing::error!(%reason, "the control plane removed this device from the fleet; it stops serving");
+    // Nothing is served from now on, not even until the reconciler has run.
+    let server = &agent.server;
+    server
+        .deployments
+        .write()
+        .unwrap_or_else(|p| p.into_inner())
+        .clear();
+    server
+        .graphs
+        .write()
+        .unwrap_or_else(|p| p.into_inner())
+        .clear();
+    server
+        .phases
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clear();
+    server.set_removed(Some(reason.to_string()));
+    if let Some(runner) = &agent.jobs {
+        runner.set_desired(Vec::new());
+    }
+    if let Err(error) = crate::persisted::save_removed(&agent.enrolment.data_dir, reason) {
+        tracing::warn!(error = %format!("{error:#}"), "cannot keep the removal on this device");
+    }
+    // Level-triggered: the empty state unloads every deployment and is kept as such.
+    let _ = desired_tx.send(Some(DesiredState {
+        generation: 0,
+        assignments: Vec::new(),
+        jobs: Vec::new(),
+    }));
 }
 
 /// The split tail a device running a split variant keeps (to run the whole model when
@@ -781,6 +918,7 @@ async fn load_graph(
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(name);
+            count_load(agent, name);
             tracing::info!(deployment = %name, model = %manifest.name, batch_axis = ?batch_axis, "deployment ready (typed inputs)");
         }
         Ok(Err(error)) => {
@@ -789,6 +927,20 @@ async fn load_graph(
         }
         Err(error) => set_phase(agent, name, DeploymentPhase::Failed(error.to_string())),
     }
+}
+
+/// Counts a model loaded for a deployment: a reconnect that reloads what already runs
+/// shows here.
+fn count_load(agent: &Agent, deployment: &str) {
+    agent
+        .server
+        .metrics
+        .counter(
+            "nephele_agent_model_loads_total",
+            "Models loaded for a deployment since the agent started.",
+            &[("deployment", deployment)],
+        )
+        .inc();
 }
 
 fn set_phase(agent: &Agent, deployment: &str, phase: DeploymentPhase) {
@@ -958,6 +1110,7 @@ async fn reconcile(agent: &Arc<Agent>, desired: &DesiredState) {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .remove(&name);
+                count_load(agent, &name);
                 tracing::info!(deployment = %name, model = %manifest.name, variant = %variant.name, "deployment ready");
             }
             Ok(Err(error)) => {
@@ -999,11 +1152,24 @@ fn sha256(bytes: &[u8]) -> [u8; 32] {
 async fn fetch_model(agent: &Arc<Agent>, digest: &[u8; 32], size: u64) -> Result<Vec<u8>> {
     let hex = digest_hex(digest);
     let cache_path = agent.cache_dir.join(&hex);
+    let mut damaged = false;
     if let Ok(bytes) = tokio::fs::read(&cache_path).await {
         if sha256(&bytes) == *digest {
             return Ok(bytes);
         }
-        tracing::warn!(blob = %hex, "cached model is corrupt; fetching it again");
+        // Refused and removed, so that no later read takes it either.
+        tracing::warn!(blob = %hex, "cached model is corrupt (sha256 mismatch); removed, fetching it again");
+        agent
+            .server
+            .metrics
+            .counter(
+                "nephele_agent_corrupt_cache_total",
+                "Cached models found damaged (sha256 mismatch) and fetched again.",
+                &[],
+            )
+            .inc();
+        let _ = tokio::fs::remove_file(&cache_path).await;
+        damaged = true;
     }
     let partial_path = agent.cache_dir.join(format!("{hex}.partial"));
     let mut bytes = tokio::fs::read(&partial_path).await.unwrap_or_default();
@@ -1014,7 +1180,13 @@ async fn fetch_model(agent: &Arc<Agent>, digest: &[u8; 32], size: u64) -> Result
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .clone()
-        .context("not connected to the control plane")?;
+        .with_context(|| {
+            if damaged {
+                "the cached copy was damaged (sha256 mismatch) and the control plane is not reachable to fetch it again"
+            } else {
+                "not cached on this device and the control plane is not reachable to fetch it"
+            }
+        })?;
     while (bytes.len() as u64) < size {
         let chunk_started = Instant::now();
         let (mut send, mut recv) = connection.open_bi().await?;

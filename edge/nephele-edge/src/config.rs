@@ -8,6 +8,8 @@
 //! | `agent.key`           | this agent's private key (never leaves)      | 0600 |
 //! | `manifest-signing.pub`| Ed25519 key that signs model manifests (hex) | 0644 |
 //! | `models/<sha256>`     | verified model cache                         | 0644 |
+//! | `desired-state.bin`   | the last desired state applied (`crate::persisted`) | 0600 |
+//! | `removed.txt`         | why the control plane removed the device, once it has | 0600 |
 //! | `jobs/`               | pool agents: job state, member logs and dirs (`crate::jobs`) | |
 
 use std::collections::BTreeMap;
@@ -40,7 +42,8 @@ pub struct Enrolment {
 
 /// Writes `path` atomically with permissions `mode` from its creation (a key is never
 /// readable by others, not even between a write and a chmod): a temporary file created
-/// with `mode`, synced, then renamed.
+/// with `mode`, synced, then renamed, and the directory synced so that the rename
+/// itself survives a power cut.
 pub fn write_file(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
     use std::io::Write as _;
     let tmp = path.with_extension("tmp");
@@ -57,7 +60,12 @@ pub fn write_file(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
     file.write_all(bytes)
         .and_then(|()| file.sync_all())
         .with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
+    if let Some(dir) = path.parent().and_then(|p| std::fs::File::open(p).ok()) {
+        // Best effort: some filesystems refuse to sync a directory.
+        let _ = dir.sync_all();
+    }
+    Ok(())
 }
 
 impl Enrolment {

@@ -133,6 +133,10 @@ pub async fn join(args: JoinArgs) -> Result<()> {
         toml::to_string_pretty(&config)?.as_bytes(),
         0o644,
     )?;
+    // A new enrolment starts with nothing to serve and no removal on record; the model
+    // cache is kept (it is verified by hash on every read).
+    crate::persisted::forget_desired(data_dir)?;
+    let _ = std::fs::remove_file(data_dir.join(crate::persisted::REMOVED_FILE));
     println!(
         "enrolled {} (role {}, region {}) with {}; start it with `nephele-edge run --data-dir {}`",
         accepted.agent_id,

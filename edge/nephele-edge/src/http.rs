@@ -2,7 +2,7 @@
 //!
 //! | route                          | does                                               |
 //! |--------------------------------|----------------------------------------------------|
-//! | `POST /v1/infer/{deployment}`  | `{"shape": [1, 64], "data": [...]}` or `{"inputs": {NAME: {"dtype", "shape", "data"}}}` → output(s), where computed; with `Inference-Header-Content-Length`, the binary form ([`crate::binary_body`]) |
+//! | `POST /v1/infer/{deployment}`  | `{"shape": [1, 64], "data": [...]}` or `{"inputs": {NAME: {"dtype", "shape", "data"}}}` → output(s), where computed; with `Inference-Header-Content-Length`, the binary form ([`crate::binary_body`]); 410 with the reason once the control plane removed the device |
 //! | `GET /v1/status`               | agent, connection, deployments and job members as JSON |
 //! | `GET /metrics`                 | Prometheus text                                    |
 //! | `GET /healthz`                 | 200 when the process is up                         |
@@ -129,8 +129,19 @@ async fn handle(
         }
         (&Method::GET, "/v1/status") => status(&agent),
         (&Method::POST, route) if route.starts_with("/v1/infer/") => {
-            let deployment = route.trim_start_matches("/v1/infer/").to_string();
-            infer(request, agent, &deployment).await
+            match agent.server.removed() {
+                // 410: the device, not the request, is the problem, and it lasts.
+                Some(reason) => error(
+                    StatusCode::GONE,
+                    format!(
+                        "this device no longer serves: the control plane removed it from the fleet ({reason}); enrol it again with `nephele-edge join --token TOKEN`"
+                    ),
+                ),
+                None => {
+                    let deployment = route.trim_start_matches("/v1/infer/").to_string();
+                    infer(request, agent, &deployment).await
+                }
+            }
         }
         _ => error(
             StatusCode::NOT_FOUND,
@@ -150,6 +161,7 @@ fn status(agent: &Agent) -> Response<Full<Bytes>> {
             "region": agent.enrolment.config.region,
             "profile": agent.profile_name,
             "connected": connected,
+            "removed": agent.server.removed(),
             "inference_slots": agent.server.n_slots,
             "rss_bytes": crate::agent::rss_bytes(),
             "deployments": agent.server.telemetry().iter().map(|t| serde_json::json!({

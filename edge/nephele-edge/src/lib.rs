@@ -19,6 +19,7 @@ pub mod graph_serving;
 pub mod http;
 pub mod jobs;
 pub mod node;
+pub mod persisted;
 pub mod serving;
 pub mod sessions;
 pub mod typed_wire;

@@ -313,6 +313,9 @@ pub struct Server {
     shed_until_us: AtomicU64,
     pub(crate) policy: OffloadPolicy,
     origin: Instant,
+    /// Why the control plane removed this device from the fleet, once it has: the
+    /// device then serves nothing and says so.
+    removed: RwLock<Option<String>>,
 }
 
 impl Server {
@@ -332,7 +335,21 @@ impl Server {
             shed_until_us: AtomicU64::new(0),
             policy: OffloadPolicy::default(),
             origin: Instant::now(),
+            removed: RwLock::new(None),
         }
+    }
+
+    /// Why the control plane removed this device, if it did.
+    pub fn removed(&self) -> Option<String> {
+        self.removed
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Marks the device removed from the fleet (`None`: a member again).
+    pub fn set_removed(&self, reason: Option<String>) {
+        *self.removed.write().unwrap_or_else(|p| p.into_inner()) = reason;
     }
 
     pub fn deployment(&self, name: &str) -> Option<Arc<Deployment>> {

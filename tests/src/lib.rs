@@ -461,8 +461,9 @@ pub struct Edge {
     pub dir: PathBuf,
     pub endpoint: String,
     child: Child,
-    /// `nephele-edge run`'s arguments, for [`Edge::restart`].
-    run_args: Vec<String>,
+    /// `nephele-edge run`'s arguments (after the data dir, listen address and ready
+    /// file), used again by [`Edge::restart`].
+    pub run_args: Vec<String>,
     starts: usize,
 }
 
@@ -510,6 +511,20 @@ impl Edge {
             name: name.into(),
             endpoint: String::new(),
             dir,
+            child: Command::new("true").spawn()?,
+            run_args: run_args.iter().map(|s| s.to_string()).collect(),
+            starts: 0,
+        };
+        edge.launch()?;
+        Ok(edge)
+    }
+
+    /// Runs an agent on a data dir that is already enrolled (a copy of another's, say).
+    pub fn run_existing(name: &str, dir: &Path, run_args: &[&str]) -> Result<Edge> {
+        let mut edge = Edge {
+            name: name.into(),
+            endpoint: String::new(),
+            dir: dir.to_path_buf(),
             child: Command::new("true").spawn()?,
             run_args: run_args.iter().map(|s| s.to_string()).collect(),
             starts: 0,

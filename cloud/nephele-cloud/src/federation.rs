@@ -252,6 +252,7 @@ impl FederationActor {
             region: token.region.clone(),
             labels,
             cert_sha256: hex::encode(nephele_net::fingerprint(&certificate_der)),
+            next_cert_sha256: None,
             joined_unix: now_unix(),
             profile_name: String::new(),
             profile_toml: String::new(),
@@ -676,7 +677,16 @@ impl Handler<AgentConnected> for FederationActor {
                     ),
                 )
             })?;
-        if device.cert_sha256 != hex::encode(identity.cert_sha256) {
+        let presented = hex::encode(identity.cert_sha256);
+        if device.next_cert_sha256.as_deref() == Some(presented.as_str()) {
+            // The first connection with a renewed certificate: the old one is retired.
+            device.cert_sha256 = presented;
+            device.next_cert_sha256 = None;
+            self.store
+                .put(Table::Devices, &device.name, &device)
+                .map_err(|e| Self::refuse(Internal, e.to_string()))?;
+            tracing::info!(device = %device.name, "renewed certificate in use; the previous one is retired");
+        } else if device.cert_sha256 != presented {
             return Err(Self::refuse(
                 Unauthorized,
                 "this certificate was superseded or revoked; join again",
@@ -1036,6 +1046,51 @@ impl Handler<ListDevices> for FederationActor {
     fn handle(&mut self, _: ListDevices, _: &mut Self::Context) -> Self::Result {
         let devices: Vec<DeviceRecord> = self.store.list(Table::Devices)?;
         Ok(devices.iter().map(|d| self.device_view(d)).collect())
+    }
+}
+
+/// An enrolled agent, on its mutual-TLS session, asks for a certificate for a new key
+/// before its current one expires. Signed with the device's name and role (the CSR's
+/// subject is not used); accepted beside the current certificate until first used.
+#[derive(Message)]
+#[rtype(result = "Result<Vec<u8>, ErrorFrame>")]
+pub struct RenewCertificate {
+    pub device: String,
+    pub csr_der: Vec<u8>,
+}
+
+impl Handler<RenewCertificate> for FederationActor {
+    type Result = Result<Vec<u8>, ErrorFrame>;
+    fn handle(&mut self, message: RenewCertificate, _: &mut Self::Context) -> Self::Result {
+        use ErrorCode::*;
+        let internal = |e: crate::store::StoreError| Self::refuse(Internal, e.to_string());
+        let mut device: DeviceRecord = self
+            .store
+            .get(Table::Devices, &message.device)
+            .map_err(internal)?
+            .ok_or_else(|| {
+                Self::refuse(
+                    Unauthorized,
+                    format!("device {} is not enrolled (deleted?)", message.device),
+                )
+            })?;
+        let certificate_der = self
+            .ca
+            .sign_agent_csr(&message.csr_der, &device.name, device.role.as_str())
+            .map_err(|e| Self::refuse(BadRequest, e.to_string()))?;
+        device.next_cert_sha256 = Some(hex::encode(nephele_net::fingerprint(&certificate_der)));
+        self.store
+            .put(Table::Devices, &device.name, &device)
+            .map_err(internal)?;
+        self.metrics
+            .counter(
+                "nephele_certificates_renewed_total",
+                "Agent certificates renewed over a session.",
+                &[],
+            )
+            .inc();
+        tracing::info!(device = %device.name, "certificate renewed");
+        Ok(certificate_der)
     }
 }
 

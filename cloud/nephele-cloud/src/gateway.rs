@@ -387,6 +387,23 @@ impl Gateway {
                     ErrorCode::BadRequest,
                     "job logs are served by pool agents, not by the control plane",
                 )),
+                RequestBody::RenewCertificate { csr_der } => {
+                    let renewed = self
+                        .federation
+                        .send(crate::federation::RenewCertificate {
+                            device: context.device.clone(),
+                            csr_der,
+                        })
+                        .await;
+                    match renewed {
+                        Ok(Ok(certificate_der)) => StreamResponse::Certificate { certificate_der },
+                        Ok(Err(refused)) => StreamResponse::Error(refused),
+                        Err(error) => StreamResponse::Error(ErrorFrame::new(
+                            ErrorCode::Internal,
+                            error.to_string(),
+                        )),
+                    }
+                }
             }
         };
         let _ = write_frame(&mut send, &response).await;

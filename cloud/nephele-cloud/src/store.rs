@@ -98,6 +98,12 @@ pub struct DeviceRecord {
     pub region: String,
     pub labels: Labels,
     pub cert_sha256: String,
+    /// A certificate renewed over a session and not yet used to connect: accepted as
+    /// well as `cert_sha256` until the agent first connects with it, which makes it the
+    /// current one (so an agent that crashed while storing its new certificate can still
+    /// connect with the old).
+    #[serde(default)]
+    pub next_cert_sha256: Option<String>,
     pub joined_unix: u64,
     /// Last profile the agent announced (name and TOML), kept so offline devices still
     /// show what they are.

@@ -124,9 +124,27 @@ pub struct Agent {
     pub notice_seconds: u32,
     /// When the node goes away, after SIGUSR1 announced it; sessions send it on.
     pub notice: watch::Sender<Option<Instant>>,
+    /// The certificate (DER) and key (PKCS#8 DER) sessions connect with: the
+    /// enrolment's, then each renewal's ([`crate::renewal`]).
+    identity: std::sync::RwLock<(Vec<u8>, Vec<u8>)>,
+    /// `--renew-before-days`.
+    pub renew_before_days: Option<u32>,
 }
 
 impl Agent {
+    /// The certificate and key to connect with.
+    pub fn identity(&self) -> (Vec<u8>, Vec<u8>) {
+        self.identity
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// A renewed certificate and its key, for the next session.
+    pub fn set_identity(&self, cert_der: Vec<u8>, key_pkcs8_der: Vec<u8>) {
+        *self.identity.write().unwrap_or_else(|p| p.into_inner()) = (cert_der, key_pkcs8_der);
+    }
+
     /// The job members to report (none on an edge agent).
     pub fn job_statuses(&self) -> Vec<JobMemberStatus> {
         self.jobs
@@ -206,6 +224,11 @@ pub async fn run(args: RunArgs) -> Result<()> {
         applied_generation: AtomicU64::new(0),
         link_bps: AtomicU64::new(0),
         cache_dir,
+        identity: std::sync::RwLock::new((
+            enrolment.cert_der.clone(),
+            enrolment.key_pkcs8_der.clone(),
+        )),
+        renew_before_days: args.renew_before_days,
         enrolment,
         jobs,
         node: NodeReport {
@@ -316,6 +339,7 @@ async fn shutdown_signal() {
 
 async fn session_loop(agent: Arc<Agent>, desired_tx: watch::Sender<Option<DesiredState>>) {
     let mut backoff = Duration::from_millis(200);
+    let mut told_expired = false;
     loop {
         match run_session(&agent, &desired_tx).await {
             Ok(reason) => {
@@ -323,7 +347,13 @@ async fn session_loop(agent: Arc<Agent>, desired_tx: watch::Sender<Option<Desire
                 backoff = Duration::from_millis(200);
             }
             Err(error) => {
-                tracing::warn!(error = %format!("{error:#}"), retry_in_ms = backoff.as_millis() as u64, "cannot reach the control plane")
+                tracing::warn!(error = %format!("{error:#}"), retry_in_ms = backoff.as_millis() as u64, "cannot reach the control plane");
+                if let Some(advice) = crate::renewal::expired_advice(&agent) {
+                    if !told_expired {
+                        tracing::error!("{advice}");
+                        told_expired = true;
+                    }
+                }
             }
         }
         *agent
@@ -345,11 +375,9 @@ async fn run_session(
     let config = &agent.enrolment.config;
     let addr = crate::enrol::resolve(&config.server).await?;
     let endpoint = nephele_net::client_endpoint(addr)?;
-    let client_config = nephele_net::mtls_client_config(
-        &agent.enrolment.ca_der,
-        &agent.enrolment.cert_der,
-        &agent.enrolment.key_pkcs8_der,
-    )?;
+    let (cert_der, key_der) = agent.identity();
+    let client_config =
+        nephele_net::mtls_client_config(&agent.enrolment.ca_der, &cert_der, &key_der)?;
     let connection = tokio::time::timeout(
         Duration::from_secs(10),
         endpoint.connect_with(client_config, addr, nephele_net::SERVER_NAME)?,
@@ -438,6 +466,10 @@ async fn run_session(
         })
     };
 
+    let renewer = tokio::spawn(crate::renewal::keep_renewed(
+        agent.clone(),
+        connection.clone(),
+    ));
     let mut heartbeat = tokio::time::interval(Duration::from_millis(u64::from(
         welcome.heartbeat_interval_ms.max(100),
     )));
@@ -506,6 +538,7 @@ async fn run_session(
         }
     };
     acceptor.abort();
+    renewer.abort();
     connection.close(0u32.into(), b"session ended");
     Ok(reason)
 }
@@ -1231,7 +1264,9 @@ async fn fetch_model(agent: &Arc<Agent>, digest: &[u8; 32], size: u64) -> Result
                 tokio::fs::write(&partial_path, &bytes).await?;
             }
             StreamResponse::Error(error) => bail!("control plane: {}", error.message),
-            StreamResponse::Inferred(_) | StreamResponse::Logs { .. } => {
+            StreamResponse::Inferred(_)
+            | StreamResponse::Logs { .. }
+            | StreamResponse::Certificate { .. } => {
                 bail!("unexpected answer to a chunk request")
             }
         }

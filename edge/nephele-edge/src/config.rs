@@ -80,6 +80,7 @@ impl Enrolment {
         })?;
         let config: AgentConfig = toml::from_str(&text)
             .with_context(|| format!("{} is not a valid agent config", config_path.display()))?;
+        crate::renewal::roll_forward(data_dir)?;
         let read_pem = |name: &str| -> Result<Vec<u8>> {
             let path = data_dir.join(name);
             let text = std::fs::read_to_string(&path)

@@ -20,6 +20,7 @@ pub mod http;
 pub mod jobs;
 pub mod node;
 pub mod persisted;
+pub mod renewal;
 pub mod serving;
 pub mod sessions;
 pub mod typed_wire;
@@ -106,6 +107,10 @@ pub struct RunArgs {
     /// Seconds of notice to report when SIGUSR1 announces a spot interruption.
     #[arg(long, default_value_t = 120)]
     pub notice_seconds: u32,
+    /// Renew the agent's certificate (a new key, over the session) when fewer than
+    /// this many days of its validity are left. Default: with a third left.
+    #[arg(long)]
+    pub renew_before_days: Option<u32>,
 }
 
 pub fn init_tracing() {

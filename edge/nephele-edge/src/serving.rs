@@ -1007,9 +1007,11 @@ impl Server {
                 (ErrorCode::BadRequest, _) => Err(OffloadError::BadInput(error.message)),
                 _ => Err(OffloadError::Failed(error.to_string())),
             },
-            StreamResponse::Chunk { .. } | StreamResponse::Logs { .. } => Err(
-                OffloadError::Failed("unexpected answer to an inference request".into()),
-            ),
+            StreamResponse::Chunk { .. }
+            | StreamResponse::Logs { .. }
+            | StreamResponse::Certificate { .. } => Err(OffloadError::Failed(
+                "unexpected answer to an inference request".into(),
+            )),
         }
     }
 

@@ -159,6 +159,17 @@ impl ClusterCa {
     }
 }
 
+/// A certificate's validity, `(not_before, not_after)` in Unix seconds.
+pub fn validity_unix(cert_der: &[u8]) -> Result<(i64, i64), PkiError> {
+    let (_, cert) = x509_parser::parse_x509_certificate(cert_der)
+        .map_err(|error| PkiError::Invalid(format!("invalid certificate: {error}")))?;
+    let validity = cert.validity();
+    Ok((
+        validity.not_before.timestamp(),
+        validity.not_after.timestamp(),
+    ))
+}
+
 /// Makes a key pair and a CSR for it on the device. Returns (PKCS#8 key PEM, CSR DER).
 pub fn agent_csr(agent_name: &str) -> Result<(String, Vec<u8>), PkiError> {
     let key = KeyPair::generate()?;
@@ -216,6 +227,10 @@ mod tests {
         let cert = ca.sign_agent_csr(&csr, "pi-1", "edge").expect("signed");
         let identity = crate::tls::parse_identity(&cert).expect("identity");
         assert_eq!(identity.name, "pi-1");
+        // A year from yesterday (a day of slack for clocks behind the CA's).
+        let (not_before, not_after) = validity_unix(&cert).expect("validity");
+        assert!((364 * 86_400..=367 * 86_400).contains(&(not_after - not_before)));
+        assert!(validity_unix(b"garbage").is_err());
         assert_eq!(identity.role, "edge");
         assert!(ca.sign_agent_csr(b"garbage", "x", "edge").is_err());
         let reloaded = ClusterCa::from_pem(&ca.cert_pem, &ca.key_pem).expect("reload");

@@ -390,6 +390,10 @@ pub enum RequestBody {
         offset: u64,
         max_bytes: u32,
     },
+    /// Agent → cloud: a certificate for a new key (its CSR), before the current one
+    /// expires. Answered with `Certificate`; the control plane then accepts the old and
+    /// the new certificate until the agent first connects with the new one.
+    RenewCertificate { csr_der: Vec<u8> },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -426,6 +430,10 @@ pub enum StreamResponse {
         size: u64,
         /// The member has exited: the log will not grow.
         finished: bool,
+    },
+    /// The answer to `RenewCertificate`: the agent's new certificate (DER).
+    Certificate {
+        certificate_der: Vec<u8>,
     },
 }
 

@@ -197,3 +197,57 @@ fn a_big_cnn_is_built_in_the_background_and_its_split_tail_loads_on_demand() {
     // The RSS step is printed, not asserted: it also holds what the allocator kept of
     // the download and the parse, and moves by megabytes from run to run.
 }
+
+/// A push acknowledged with 202 survives a crash of the control plane mid-build: it was
+/// kept on disk before the answer, and the restarted control plane builds it again.
+#[test]
+fn a_push_acknowledged_before_a_crash_is_built_after_the_restart() {
+    let path = std::path::Path::new(REC_MODEL);
+    if !require(
+        "the PP-OCRv4 recognizer (target/models/ppocr-rec)",
+        path.exists(),
+    ) {
+        return;
+    }
+    let model = std::fs::read(path).expect("read the recognizer");
+    let mut cloud = Cloud::start("push-crash").expect("cloud");
+    let url = format!("{}/v1/models/ocr-rec?input=x%3DN%2C3%2C48%2C320", cloud.api);
+    let (code, view) = cloud.client().raw("PUT", &url, &model).expect("push");
+    assert_eq!(code, 202, "{view}");
+    // Killed while building (this model takes tens of seconds to build here).
+    cloud.kill9();
+    let pushes = cloud.dir.join("data/pushes");
+    assert!(
+        pushes.join("ocr-rec.json").exists() && pushes.join("ocr-rec.body").exists(),
+        "the acknowledged push is kept: {:?}",
+        std::fs::read_dir(&pushes).map(|d| d.count())
+    );
+    let restarted = Instant::now();
+    cloud.restart().expect("restart");
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let ready = loop {
+        let view = cloud
+            .get("/v1/models/ocr-rec")
+            .expect("the model is known after the restart");
+        if view["state"] != "building" {
+            break view;
+        }
+        assert!(Instant::now() < deadline, "still building: {view}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(ready["state"], "ready", "{ready}");
+    assert_eq!(ready["input_specs"][0], "x=N,3,48,320", "{ready}");
+    println!(
+        "push acknowledged, control plane killed mid-build: built again and ready {:.1} s after the restart",
+        restarted.elapsed().as_secs_f64()
+    );
+    assert!(cloud
+        .logs()
+        .contains("building again a push acknowledged before the restart"));
+    // Forgotten once stored: a further restart builds nothing.
+    let left: Vec<_> = std::fs::read_dir(&pushes).unwrap().collect();
+    assert!(left.is_empty(), "{left:?}");
+    // The same push again is the model already stored: 200, not a second build.
+    let (code, view) = cloud.client().raw("PUT", &url, &model).expect("push again");
+    assert_eq!(code, 200, "{view}");
+}

@@ -36,6 +36,8 @@ pub struct ApiState {
     pub region_weights: RegionWeightsConfig,
     /// Where model builds write the variant files (the store's blob directory).
     pub blob_dir: std::path::PathBuf,
+    /// Pushes kept until their builds end, so an acknowledged push survives a crash.
+    pub pushes: crate::pending_pushes::PendingPushes,
 }
 
 /// Largest grid push accepted (a year of hours is about 0.9 MB).
@@ -353,9 +355,22 @@ async fn put_model(
         .is_some_and(|v| v.starts_with("application/json"));
     let push = crate::model_build::parse_push(&query, is_json, &body)?;
     let wait = push.wait;
-    let outcome =
-        crate::model_build::start(name, push, state.federation.clone(), state.blob_dir.clone())
-            .await;
+    let journal = crate::model_build::Journal {
+        pushes: state.pushes.clone(),
+        request: Some(crate::model_build::KeptRequest {
+            query: query.into_inner(),
+            is_json,
+            body,
+        }),
+    };
+    let outcome = crate::model_build::start(
+        name,
+        push,
+        state.federation.clone(),
+        state.blob_dir.clone(),
+        Some(journal),
+    )
+    .await;
     count(&state, "put_model", outcome.is_ok());
     match outcome? {
         crate::model_build::Started::Existing(view) => Ok(HttpResponse::Ok().json(view)),

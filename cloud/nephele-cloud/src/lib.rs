@@ -14,6 +14,7 @@ pub mod config;
 pub mod federation;
 pub mod gateway;
 pub mod model_build;
+pub mod pending_pushes;
 pub mod provider;
 pub mod region;
 pub mod replica_sizing;
@@ -125,7 +126,7 @@ fn restrict(_: &Path, _: u32) -> Result<()> {
 
 /// Writes a secret readable by its owner only: created 0600 (never readable by others,
 /// not even between a write and a chmod) under a temporary name, then renamed.
-fn write_secret(path: &Path, bytes: &[u8]) -> Result<()> {
+pub(crate) fn write_secret(path: &Path, bytes: &[u8]) -> Result<()> {
     use std::io::Write as _;
     let tmp = path.with_extension("tmp");
     let _ = std::fs::remove_file(&tmp);
@@ -140,6 +141,39 @@ fn write_secret(path: &Path, bytes: &[u8]) -> Result<()> {
         .and_then(|()| file.sync_all())
         .with_context(|| format!("cannot write {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// Builds again every push acknowledged before a restart whose build had not ended.
+fn resume_pushes(
+    pushes: &pending_pushes::PendingPushes,
+    federation: &actix::Addr<federation::FederationActor>,
+    blob_dir: &Path,
+) {
+    for (kept, body) in pushes.kept() {
+        let push = match model_build::parse_push(&kept.query, kept.is_json, &body) {
+            Ok(push) => push,
+            Err(error) => {
+                tracing::warn!(model = %kept.name, %error, "dropping a push kept before a restart");
+                pushes.forget(&kept.name);
+                continue;
+            }
+        };
+        tracing::info!(model = %kept.name, bytes = kept.body_len, "building again a push acknowledged before the restart");
+        let journal = model_build::Journal {
+            pushes: pushes.clone(),
+            request: None,
+        };
+        let (name, federation, blob_dir) = (kept.name, federation.clone(), blob_dir.to_path_buf());
+        let pushes_done = pushes.clone();
+        actix_rt::spawn(async move {
+            if let Err(error) =
+                model_build::start(name.clone(), push, federation, blob_dir, Some(journal)).await
+            {
+                tracing::warn!(model = %name, %error, "the push kept before the restart was not built again; dropped");
+                pushes_done.forget(&name);
+            }
+        });
+    }
 }
 
 /// Loads the cluster CA, or creates it on first start.
@@ -208,6 +242,8 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
         );
     }
     let blob_dir = store.blob_dir().to_path_buf();
+    let pushes = pending_pushes::PendingPushes::open(&data_dir)
+        .with_context(|| format!("cannot create {}/pushes", data_dir.display()))?;
 
     let (server_cert, server_key) = ca.issue_server(&config.server_names)?;
     let quic_config = nephele_net::server_config(ca.cert_der(), &server_cert, &server_key)?;
@@ -308,6 +344,7 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
     });
     actix_rt::spawn(gateway::run(endpoint.clone(), gateway));
 
+    resume_pushes(&pushes, &federation, &blob_dir);
     let state = actix_web::web::Data::new(api::ApiState {
         federation,
         metrics,
@@ -315,6 +352,7 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
         default_region: config.default_region().to_string(),
         region_weights: config.scheduler.region_weights,
         blob_dir,
+        pushes,
     });
     let server = actix_web::HttpServer::new(move || {
         actix_web::App::new()

@@ -230,13 +230,31 @@ fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(ring::digest::digest(&ring::digest::SHA256, bytes).as_ref())
 }
 
+/// Where a push is kept until its build ends ([`crate::pending_pushes`]).
+pub struct Journal {
+    pub pushes: crate::pending_pushes::PendingPushes,
+    /// The push as it came, to keep once its build is registered; `None` when it is
+    /// kept already (a push built again after a restart).
+    pub request: Option<KeptRequest>,
+}
+
+/// A push's request: its query, content type and body.
+pub struct KeptRequest {
+    pub query: Vec<(String, String)>,
+    pub is_json: bool,
+    pub body: actix_web::web::Bytes,
+}
+
 /// Checks the file and applies the specs (on a blocking thread: a large protobuf takes
-/// a moment to decode), registers the build with the federation actor, and starts it.
+/// a moment to decode), registers the build with the federation actor, keeps the push
+/// in `journal` (before the caller acknowledges it) and starts the build; the journal
+/// forgets it when the build is stored or has failed.
 pub async fn start(
     name: String,
     push: Push,
     federation: Addr<FederationActor>,
     blob_dir: PathBuf,
+    journal: Option<Journal>,
 ) -> Result<Started, ApiError> {
     let Push {
         source,
@@ -287,9 +305,50 @@ pub async fn start(
         .await
         .map_err(|e| ApiError::Internal(format!("the federation actor is gone: {e}")))??;
     let view = match begin {
-        Begin::Existing(view) => return Ok(Started::Existing(view)),
+        Begin::Existing(view) => {
+            // A push built again after a restart whose model was stored before it.
+            if let Some(Journal {
+                pushes,
+                request: None,
+            }) = &journal
+            {
+                pushes.forget(&name);
+            }
+            return Ok(Started::Existing(view));
+        }
         Begin::InFlight(view) => return Ok(Started::InFlight(view)),
         Begin::Started(view) => view,
+    };
+    let pushes = match journal {
+        Some(Journal {
+            pushes,
+            request: Some(request),
+        }) => {
+            let (keeper, kept_name) = (pushes.clone(), name.clone());
+            let kept = actix_web::web::block(move || {
+                keeper.keep(&kept_name, &request.query, request.is_json, &request.body)
+            })
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))
+            .and_then(|kept| kept);
+            if let Err(error) = kept {
+                let error = ApiError::Internal(format!(
+                    "cannot keep the push on disk ({error:#}), so it would not survive a restart; nothing was built"
+                ));
+                federation.do_send(ModelFailed {
+                    name: name.clone(),
+                    sha256: digest.clone(),
+                    error: error.to_string(),
+                });
+                return Err(error);
+            }
+            Some(pushes)
+        }
+        Some(Journal {
+            pushes,
+            request: None,
+        }) => Some(pushes),
+        None => None,
     };
     let (result_tx, result_rx) = tokio::sync::oneshot::channel();
     let (built_tx, built_rx) = tokio::sync::oneshot::channel::<Result<PutModel, String>>();
@@ -332,6 +391,9 @@ pub async fn start(
                 "the build thread ended without a result".into(),
             )),
         };
+        if let Some(pushes) = &pushes {
+            pushes.forget(&name);
+        }
         if let Err(error) = &outcome {
             federation.do_send(ModelFailed {
                 name,

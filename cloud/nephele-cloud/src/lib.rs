@@ -143,8 +143,9 @@ pub(crate) fn write_secret(path: &Path, bytes: &[u8]) -> Result<()> {
     std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))
 }
 
-/// Builds again every push acknowledged before a restart whose build had not ended.
-fn resume_pushes(
+/// Builds again every push acknowledged before a restart whose build had not ended;
+/// returns once each is registered (so the API shows it `building` from the start).
+async fn resume_pushes(
     pushes: &pending_pushes::PendingPushes,
     federation: &actix::Addr<federation::FederationActor>,
     blob_dir: &Path,
@@ -163,16 +164,19 @@ fn resume_pushes(
             pushes: pushes.clone(),
             request: None,
         };
-        let (name, federation, blob_dir) = (kept.name, federation.clone(), blob_dir.to_path_buf());
-        let pushes_done = pushes.clone();
-        actix_rt::spawn(async move {
-            if let Err(error) =
-                model_build::start(name.clone(), push, federation, blob_dir, Some(journal)).await
-            {
-                tracing::warn!(model = %name, %error, "the push kept before the restart was not built again; dropped");
-                pushes_done.forget(&name);
-            }
-        });
+        let name = kept.name;
+        if let Err(error) = model_build::start(
+            name.clone(),
+            push,
+            federation.clone(),
+            blob_dir.to_path_buf(),
+            Some(journal),
+        )
+        .await
+        {
+            tracing::warn!(model = %name, %error, "the push kept before the restart was not built again; dropped");
+            pushes.forget(&name);
+        }
     }
 }
 
@@ -344,7 +348,7 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
     });
     actix_rt::spawn(gateway::run(endpoint.clone(), gateway));
 
-    resume_pushes(&pushes, &federation, &blob_dir);
+    resume_pushes(&pushes, &federation, &blob_dir).await;
     let state = actix_web::web::Data::new(api::ApiState {
         federation,
         metrics,

@@ -3,8 +3,8 @@
 //! [`super::PutModel`] (stored, the build is forgotten) or [`ModelFailed`] (kept, with
 //! the reason, until the name is pushed again). Only small messages reach the actor:
 //! loading, measuring and writing the variant files all happen on the build thread.
-//! Builds live in memory: a control plane restarted mid-build forgets it, and the model
-//! is pushed again.
+//! Builds live in memory; the pushes behind them are kept on disk until they end
+//! ([`crate::pending_pushes`]), so a control plane restarted mid-build builds them again.
 
 use actix::prelude::*;
 use nephele_runtime::variants::BuildProgress;

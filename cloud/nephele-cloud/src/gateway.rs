@@ -35,6 +35,9 @@ const CONTROL_FRAME_LIMIT: usize = 1024 * 1024;
 const JOIN_FRAME_LIMIT: usize = 64 * 1024;
 /// Certificate-less connections (joins) handled at once; more are closed at once.
 pub const MAX_JOINS_IN_PROGRESS: usize = 64;
+/// Of those, from one IP address: one address cannot take every place (a site behind
+/// one NAT enrolling many devices at once retries the ones refused).
+pub const MAX_JOINS_PER_ADDRESS: usize = 8;
 /// How long a peer has to send a whole first frame (a join request, a Hello, a
 /// request on a stream it opened) before the stream or connection is closed.
 const FIRST_FRAME_TIMEOUT: Duration = Duration::from_secs(10);
@@ -48,6 +51,40 @@ pub struct Gateway {
     pub metrics: Registry,
     /// Certificate-less connections being handled now ([`MAX_JOINS_IN_PROGRESS`]).
     pub joins_in_progress: std::sync::atomic::AtomicUsize,
+    /// The same, by remote IP address ([`MAX_JOINS_PER_ADDRESS`]).
+    pub joins_by_address: std::sync::Mutex<HashMap<std::net::IpAddr, usize>>,
+}
+
+/// Holds one place among one address's joins in progress; gives it back when dropped.
+struct AddressPlace<'a> {
+    places: &'a std::sync::Mutex<HashMap<std::net::IpAddr, usize>>,
+    address: std::net::IpAddr,
+}
+
+impl<'a> AddressPlace<'a> {
+    /// A place for `address`, and how many it held before.
+    fn take(
+        places: &'a std::sync::Mutex<HashMap<std::net::IpAddr, usize>>,
+        address: std::net::IpAddr,
+    ) -> (AddressPlace<'a>, usize) {
+        let mut map = places.lock().unwrap_or_else(|p| p.into_inner());
+        let held = map.entry(address).or_insert(0);
+        let before = *held;
+        *held += 1;
+        (AddressPlace { places, address }, before)
+    }
+}
+
+impl Drop for AddressPlace<'_> {
+    fn drop(&mut self) {
+        let mut map = self.places.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(held) = map.get_mut(&self.address) {
+            *held = held.saturating_sub(1);
+            if *held == 0 {
+                map.remove(&self.address);
+            }
+        }
+    }
 }
 
 /// Holds one place among the joins in progress; gives it back when dropped.
@@ -95,6 +132,17 @@ impl Gateway {
         // A peer without a certificate gets one stream, a small window, a bounded time
         // and one of a bounded number of places: holding connections open with half a
         // join request costs the control plane little and not for long.
+        let (_address_place, from_address) =
+            AddressPlace::take(&self.joins_by_address, remote.ip());
+        if from_address >= MAX_JOINS_PER_ADDRESS {
+            self.count_refused_join("busy_address");
+            tracing::warn!(%remote, "closing unauthenticated connection: {MAX_JOINS_PER_ADDRESS} joins from this address in progress already");
+            connection.close(
+                CLOSE_REFUSED.into(),
+                b"too many joins from this address in progress; retry",
+            );
+            return;
+        }
         let busy = self
             .joins_in_progress
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);

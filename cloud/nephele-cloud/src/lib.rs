@@ -345,6 +345,7 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
         blob_dir: blob_dir.clone(),
         metrics: metrics.clone(),
         joins_in_progress: std::sync::atomic::AtomicUsize::new(0),
+        joins_by_address: std::sync::Mutex::new(HashMap::new()),
     });
     actix_rt::spawn(gateway::run(endpoint.clone(), gateway));
 

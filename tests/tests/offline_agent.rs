@@ -220,3 +220,86 @@ fn a_device_deleted_in_the_control_plane_stops_serving_and_says_why() {
     let (code, body) = edge.infer("digits", &row).unwrap();
     assert_eq!(code, 410, "{body}");
 }
+
+fn served_local(cloud: &Cloud) -> u64 {
+    cloud.get("/v1/devices/edge-1/usage").unwrap()["deployments"]["digits"]["served_local"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+/// Usage is kept on the device until the control plane has counted it: requests served
+/// during a partition, across an agent restart, are all counted once after the heal.
+#[test]
+fn usage_served_through_a_partition_and_a_restart_is_counted_exactly_once() {
+    let mut cloud = Cloud::start("usage").expect("cloud");
+    let mut edge = Edge::start(
+        &cloud,
+        "edge-1",
+        "eu-west",
+        &["--label", "tier=edge"],
+        &["--usage-window-ms", "200"],
+    )
+    .unwrap();
+    deploy_digits(&cloud);
+    let row = heldout().features[2].clone();
+    let ask = |edge: &Edge, n: u64| {
+        for _ in 0..n {
+            let (code, body) = edge.infer("digits", &row).unwrap();
+            assert_eq!(code, 200, "{body}");
+        }
+    };
+    ask(&edge, 5);
+    let begun = Instant::now();
+    while served_local(&cloud) < 5 {
+        assert!(begun.elapsed() < Duration::from_secs(30), "never counted");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // Partition: the control plane is gone; the device serves, then restarts.
+    cloud.kill9();
+    ask(&edge, 7);
+    std::thread::sleep(Duration::from_millis(700));
+    edge.restart().unwrap();
+    let pending = edge.status().unwrap()["usage"]["pending"].as_u64().unwrap();
+    assert!(
+        pending >= 1,
+        "the partition's usage is kept across the restart"
+    );
+    let (_, _) = until_status(&edge, &row, 200, Duration::from_secs(30));
+    ask(&edge, 3);
+    std::thread::sleep(Duration::from_millis(700));
+
+    // Heal: everything is delivered, and counted once however often it was sent.
+    let healed = Instant::now();
+    cloud.restart().unwrap();
+    while served_local(&cloud) < 16 {
+        assert!(
+            healed.elapsed() < Duration::from_secs(30),
+            "counted {} of 16",
+            served_local(&cloud)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    println!(
+        "usage: 16 requests served across a partition and an agent restart, all counted {} ms after the control plane came back",
+        healed.elapsed().as_millis()
+    );
+    while edge.status().unwrap()["usage"]["pending"] != 0 {
+        assert!(
+            healed.elapsed() < Duration::from_secs(30),
+            "never acknowledged"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(1_000));
+    let usage = cloud.get("/v1/devices/edge-1/usage").unwrap();
+    assert_eq!(
+        usage["deployments"]["digits"]["served_local"], 16,
+        "{usage}"
+    );
+    assert_eq!(usage["dropped"], 0, "{usage}");
+    assert_eq!(
+        usage["records"], usage["last_seq"],
+        "numbered from 1 without gaps: {usage}"
+    );
+}

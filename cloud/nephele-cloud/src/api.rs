@@ -334,6 +334,22 @@ async fn delete_device(
     Ok(HttpResponse::NoContent().finish())
 }
 
+/// `GET /v1/devices/{name}/usage`: what the device reported serving, per deployment,
+/// each record counted once ([`crate::federation::usage`]).
+async fn device_usage(
+    request: HttpRequest,
+    state: web::Data<ApiState>,
+    name: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    authorize(&request, &state).await?;
+    let usage = forward!(
+        state,
+        "device_usage",
+        crate::federation::usage::GetUsage(name.into_inner())
+    )?;
+    Ok(HttpResponse::Ok().json(usage))
+}
+
 /// `PUT /v1/models/{name}`: see [`crate::model_build`] for the bodies and query
 /// parameters. Answers 202 with the model in state `building` at once, or with
 /// `?wait=true` 201 once it is built (400 when the build fails, with the reason).
@@ -1022,6 +1038,7 @@ pub fn routes(config: &mut web::ServiceConfig) {
         .route("/v1/tokens", web::get().to(list_tokens))
         .route("/v1/devices", web::get().to(list_devices))
         .route("/v1/devices/{name}", web::delete().to(delete_device))
+        .route("/v1/devices/{name}/usage", web::get().to(device_usage))
         .route("/v1/models", web::get().to(list_models))
         .service(
             web::resource("/v1/models/{name}")

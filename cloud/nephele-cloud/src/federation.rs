@@ -6,6 +6,7 @@
 //! of offloaded requests is the region actors' job, not this one's.
 
 mod builds;
+pub mod usage;
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -1104,6 +1105,8 @@ impl Handler<DeleteDevice> for FederationActor {
         if !self.store.delete(Table::Devices, &message.0)? {
             return Err(ApiError::NotFound(format!("no device named {}", message.0)));
         }
+        // A device enrolled again under the name numbers its usage from 1 again.
+        self.store.delete(Table::Usage, &message.0)?;
         // Dropping the session's sender ends its writer; the gateway then closes the
         // connection, and the agent's certificate is refused from now on.
         if let Some(session) = self.sessions.remove(&message.0) {

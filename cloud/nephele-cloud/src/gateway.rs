@@ -320,6 +320,14 @@ impl Gateway {
                         heartbeat,
                     })
                 }
+                Ok(Some(AgentMessage::Usage(report))) => {
+                    self.federation
+                        .do_send(crate::federation::usage::AgentUsage {
+                            name: name.clone(),
+                            session_id,
+                            report,
+                        })
+                }
                 Ok(Some(AgentMessage::Notice(notice))) => {
                     self.federation.do_send(crate::federation::AgentNotice {
                         name: name.clone(),

@@ -23,6 +23,7 @@ const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 const REGION_JOBS: TableDefinition<&str, &[u8]> = TableDefinition::new("region_jobs");
 const REGION_NODES: TableDefinition<&str, &[u8]> = TableDefinition::new("region_nodes");
 const REGION_STATE: TableDefinition<&str, &[u8]> = TableDefinition::new("region_state");
+const USAGE: TableDefinition<&str, &[u8]> = TableDefinition::new("usage");
 
 #[derive(Debug, Clone, Copy)]
 pub enum Table {
@@ -38,6 +39,8 @@ pub enum Table {
     RegionNodes,
     /// `<region>` → the rest of a region's books (grid, replica sets, autoscalers).
     RegionState,
+    /// `<device>` → what the device reported serving (`federation::usage`).
+    Usage,
 }
 
 impl Table {
@@ -52,9 +55,10 @@ impl Table {
             Table::RegionJobs => REGION_JOBS,
             Table::RegionNodes => REGION_NODES,
             Table::RegionState => REGION_STATE,
+            Table::Usage => USAGE,
         }
     }
-    const ALL: [Table; 9] = [
+    const ALL: [Table; 10] = [
         Table::JoinTokens,
         Table::Devices,
         Table::Models,
@@ -64,6 +68,7 @@ impl Table {
         Table::RegionJobs,
         Table::RegionNodes,
         Table::RegionState,
+        Table::Usage,
     ];
 }
 

@@ -29,7 +29,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _, Result};
@@ -45,7 +45,7 @@ use tokio::sync::watch;
 
 use crate::config::Enrolment;
 use crate::jobs::{JobRunner, JobRunnerConfig, SupervisorCommand};
-use crate::serving::{Deployment, Server};
+use crate::serving::{lock, Deployment, Server};
 use crate::RunArgs;
 
 /// Resolves `--profile NAME` (built in, or a path to a TOML file), or detects the host.
@@ -129,6 +129,11 @@ pub struct Agent {
     identity: std::sync::RwLock<(Vec<u8>, Vec<u8>)>,
     /// `--renew-before-days`.
     pub renew_before_days: Option<u32>,
+    /// What was served, until the control plane has counted it ([`crate::usage`]).
+    pub usage: Mutex<crate::usage::UsageQueue>,
+    /// Wakes the task that keeps `usage` on disk.
+    usage_changed: tokio::sync::Notify,
+    usage_window: Duration,
 }
 
 impl Agent {
@@ -229,6 +234,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
             enrolment.key_pkcs8_der.clone(),
         )),
         renew_before_days: args.renew_before_days,
+        usage: Mutex::new(load_usage(&args.data_dir)),
+        usage_changed: tokio::sync::Notify::new(),
+        usage_window: Duration::from_millis(args.usage_window_ms.max(100)),
         enrolment,
         jobs,
         node: NodeReport {
@@ -250,6 +258,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
         "nephele-edge {} ({}, profile {}, {} inference slots) serving on http://{local_addr}",
         agent.enrolment.config.name, agent.enrolment.config.role, profile_name, n_slots
     );
+    tokio::spawn(record_usage(agent.clone()));
+    tokio::spawn(keep_usage(agent.clone()));
     let restored = restore(&agent);
     let (desired_tx, desired_rx) = watch::channel::<Option<DesiredState>>(None);
     tokio::spawn(reconciler(agent.clone(), desired_rx, restored));
@@ -503,6 +513,11 @@ async fn run_session(
                     break format!("refused: {}", error.message)
                 }
                 Ok(Some(CloudMessage::Welcome(_))) => break "protocol violation: a second Welcome".into(),
+                Ok(Some(CloudMessage::UsageAck { up_to })) => {
+                    if lock(&agent.usage).ack(up_to) {
+                        agent.usage_changed.notify_one();
+                    }
+                }
                 Ok(None) => break "the control plane finished the control stream".into(),
                 Err(error) => break format!("control stream: {error}"),
             },
@@ -533,6 +548,14 @@ async fn run_session(
                 });
                 if let Err(error) = write_frame(&mut send, &beat).await {
                     break format!("heartbeat: {error}");
+                }
+                // Usage not counted yet goes with every beat until it is acknowledged
+                // (counted once by its sequence number, however often it is sent).
+                let report = lock(&agent.usage).report();
+                if let Some(report) = report {
+                    if let Err(error) = write_frame(&mut send, &AgentMessage::Usage(report)).await {
+                        break format!("usage: {error}");
+                    }
                 }
             }
         }
@@ -748,6 +771,53 @@ async fn reconciler(
                     tracing::warn!(error = %format!("{error:#}"), "cannot keep the desired state on this device; a restart without the control plane will serve nothing");
                 }
             }
+        }
+    }
+}
+
+/// The usage queue kept on the device, or a new one (a damaged file is logged and
+/// replaced).
+fn load_usage(data_dir: &std::path::Path) -> crate::usage::UsageQueue {
+    match crate::usage::UsageQueue::load(data_dir, crate::usage::UsageQueue::DEFAULT_BOUND) {
+        Ok(queue) => queue,
+        Err((fresh, reason)) => {
+            tracing::error!(%reason, "the usage queue kept on this device is unreadable; starting a new one (its records are lost)");
+            fresh
+        }
+    }
+}
+
+/// Closes a usage window every `usage_window`: what each deployment served in it
+/// becomes a record in the queue.
+async fn record_usage(agent: Arc<Agent>) {
+    let mut last = std::collections::BTreeMap::new();
+    let mut start = crate::usage::now_unix_ms();
+    let mut tick = tokio::time::interval_at(
+        tokio::time::Instant::now() + agent.usage_window,
+        agent.usage_window,
+    );
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let end = crate::usage::now_unix_ms();
+        let now = agent.server.telemetry();
+        let added = lock(&agent.usage).record_window(start, end, &now, &mut last);
+        start = end;
+        if added {
+            agent.usage_changed.notify_one();
+        }
+    }
+}
+
+/// Writes the usage queue to disk after each change (the latest state, in order).
+async fn keep_usage(agent: Arc<Agent>) {
+    loop {
+        agent.usage_changed.notified().await;
+        let snapshot = lock(&agent.usage).clone();
+        let data_dir = agent.enrolment.data_dir.clone();
+        let saved = tokio::task::spawn_blocking(move || snapshot.save(&data_dir)).await;
+        if let Ok(Err(error)) | Err(error) = saved.map_err(anyhow::Error::from) {
+            tracing::warn!(error = %format!("{error:#}"), "cannot keep the usage queue on this device");
         }
     }
 }

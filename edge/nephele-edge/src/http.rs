@@ -162,6 +162,10 @@ fn status(agent: &Agent) -> Response<Full<Bytes>> {
             "profile": agent.profile_name,
             "connected": connected,
             "removed": agent.server.removed(),
+            "usage": {
+                "pending": crate::serving::lock(&agent.usage).pending(),
+                "dropped": crate::serving::lock(&agent.usage).dropped(),
+            },
             "certificate_not_after_unix": nephele_net::pki::validity_unix(&agent.identity().0).ok().map(|(_, not_after)| not_after),
             "inference_slots": agent.server.n_slots,
             "rss_bytes": crate::agent::rss_bytes(),

@@ -24,6 +24,7 @@ pub mod renewal;
 pub mod serving;
 pub mod sessions;
 pub mod typed_wire;
+pub mod usage;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -111,6 +112,10 @@ pub struct RunArgs {
     /// this many days of its validity are left. Default: with a third left.
     #[arg(long)]
     pub renew_before_days: Option<u32>,
+    /// Length of a usage window: what each deployment served in it is kept on the
+    /// device until the control plane has counted it (`crate::usage`).
+    #[arg(long, default_value_t = 60_000)]
+    pub usage_window_ms: u64,
 }
 
 pub fn init_tracing() {

@@ -61,6 +61,32 @@ pub enum AgentMessage {
     /// The node will be taken away (a spot interruption notice from its provider):
     /// the region drains it within the notice.
     Notice(InterruptionNotice),
+    /// Usage the agent recorded and the control plane has not acknowledged yet, oldest
+    /// first. Resent until acknowledged (`CloudMessage::UsageAck`); the control plane
+    /// counts each `seq` once, so a resent record is not counted twice.
+    Usage(UsageReport),
+}
+
+/// A batch of the agent's usage records.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UsageReport {
+    pub records: Vec<UsageRecord>,
+    /// Records the agent dropped, oldest first, because its queue was full (while the
+    /// control plane was unreachable for long); counted since the agent enrolled.
+    pub dropped: u64,
+}
+
+/// What one deployment served on one agent in one window of time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageRecord {
+    /// Numbers the agent's records from 1, without gaps, across restarts.
+    pub seq: u64,
+    pub start_unix_ms: u64,
+    pub end_unix_ms: u64,
+    pub deployment: String,
+    pub served_local: u64,
+    pub served_offloaded: u64,
+    pub failed: u64,
 }
 
 /// A node's provider announced that it will reclaim the node.
@@ -127,6 +153,10 @@ pub enum CloudMessage {
     DesiredState(DesiredState),
     /// The control plane refuses the session; it closes the connection after this.
     Refused(ErrorFrame),
+    /// Every usage record up to this `seq` is counted: the agent may forget them.
+    UsageAck {
+        up_to: u64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -1468,6 +1468,10 @@ fn connections_holding_half_a_join_request_are_closed_in_bounded_time() {
             (endpoint, held)
         })
     };
+    // An agent enrolled before the attack, whose session must go on through it.
+    let resident = Edge::start(&cloud, "resident", "eu-west", &[], &[]).expect("resident agent");
+    let sessions_before = resident.metric("nephele_agent_sessions_total", "").unwrap();
+    let rss_before = cloud.rss_bytes().unwrap_or(0);
     let started = Instant::now();
     let mut attack = vec![hold(&runtime, 2, 12)];
     // One address cannot take every place: an honest agent joins during its attack.
@@ -1483,6 +1487,27 @@ fn connections_holding_half_a_join_request_are_closed_in_bounded_time() {
         attack.push(hold(&runtime, host, 8));
     }
     let holders: usize = attack.iter().map(|(_, held)| held.len()).sum();
+    // Every place is held now: the control plane's memory, and the resident agent.
+    let rss_during = cloud.rss_bytes().unwrap_or(0);
+    let online = cloud.get("/v1/devices").unwrap();
+    assert!(
+        online
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|d| d["name"] == "resident" && d["online"] == true),
+        "{online}"
+    );
+    println!(
+        "control plane RSS {} MiB before the attack, {} MiB with {holders} half joins held",
+        rss_before >> 20,
+        rss_during >> 20
+    );
+    // The stated bound: what the held joins cost stays under 64 MiB.
+    assert!(
+        rss_during < rss_before + (64 << 20),
+        "{rss_before} -> {rss_during}"
+    );
     let reasons: Vec<String> = runtime.block_on(async {
         let mut reasons = Vec::new();
         for (_, held) in &attack {
@@ -1520,6 +1545,12 @@ fn connections_holding_half_a_join_request_are_closed_in_bounded_time() {
         .request("GET", &format!("{}/metrics", cloud.api), None)
         .unwrap();
     let metrics = metrics.as_str().unwrap_or("");
+    // The resident agent's session went on: no reconnect during the attack.
+    assert!(resident.status().unwrap()["connected"].as_bool().unwrap());
+    assert_eq!(
+        resident.metric("nephele_agent_sessions_total", "").unwrap(),
+        sessions_before
+    );
     for (reason, count) in [
         ("timeout", slow),
         ("busy", busy),

@@ -302,4 +302,21 @@ fn usage_served_through_a_partition_and_a_restart_is_counted_exactly_once() {
         usage["records"], usage["last_seq"],
         "numbered from 1 without gaps: {usage}"
     );
+    // The CLI shows the same.
+    let output = std::process::Command::new(nephele_e2e::bin("nephele"))
+        .args(["device", "usage", "edge-1"])
+        .args(["--api", &cloud.api, "--token", &cloud.token])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{text}");
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("digits"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert_eq!(
+        row.split_whitespace().nth(1),
+        Some("16"),
+        "served locally: {text}"
+    );
 }

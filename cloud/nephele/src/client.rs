@@ -142,6 +142,11 @@ pub enum DeviceCommand {
     Delete {
         name: String,
     },
+    /// What a device reported serving, per deployment (each usage record counted once,
+    /// also what it served while the control plane was unreachable).
+    Usage {
+        name: String,
+    },
 }
 
 #[derive(Debug, Clone, clap::Subcommand)]
@@ -352,6 +357,35 @@ pub fn device(args: ApiArgs, command: DeviceCommand) -> Result<()> {
         DeviceCommand::Delete { name } => {
             api.delete(&format!("/v1/devices/{name}"))?;
             println!("deleted device {name}");
+        }
+        DeviceCommand::Usage { name } => {
+            let value = api.get(&format!("/v1/devices/{name}/usage"))?;
+            print(args.json, &value, |v| {
+                let number = |v: &Value, key: &str| v[key].as_u64().unwrap_or(0);
+                println!(
+                    "{:<24} {:>12} {:>12} {:>8}",
+                    "DEPLOYMENT", "LOCAL", "OFFLOADED", "FAILED"
+                );
+                let deployments = v["deployments"].as_object().cloned().unwrap_or_default();
+                for (deployment, served) in &deployments {
+                    println!(
+                        "{:<24} {:>12} {:>12} {:>8}",
+                        deployment,
+                        number(served, "served_local"),
+                        number(served, "served_offloaded"),
+                        number(served, "failed")
+                    );
+                }
+                if deployments.is_empty() {
+                    println!("(nothing reported yet: devices report every usage window, a minute by default)");
+                }
+                println!(
+                    "{} usage records counted (last {}); {} dropped on the device",
+                    number(v, "records"),
+                    number(v, "last_seq"),
+                    number(v, "dropped")
+                );
+            });
         }
     }
     Ok(())

@@ -1,16 +1,18 @@
 //! Writes acknowledged by the control plane survive a `kill -9` taken at a random
-//! moment of a stream of writes: real `nephele-cloud` processes on loopback. Join
-//! tokens, deployments and jobs are created as fast as one client can; the process is
-//! killed mid-stream, restarted on its data dir, and every write that was answered
-//! 2xx must be there exactly once (a write that was cut may be there or not, but
-//! never twice). Three rounds, killed after 0.3–1.5 s of writing.
+//! moment of a stream of writes: real `nephele-cloud` and `nephele-edge join`
+//! processes on loopback. Join tokens, deployments and jobs are created as fast as one
+//! client can while devices enrol one after another; the control plane is killed
+//! mid-stream, restarted on its data dir, and every write that was answered 2xx (every
+//! join that got its certificate) must be there exactly once (a write that was cut may
+//! be there or not, but never twice), and no join token is spent without its device
+//! or a device enrolled without its token spent. Three rounds, killed after 0.3–1.5 s.
 
 #![allow(clippy::unwrap_used)]
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use nephele_e2e::{Cloud, Http, MODEL_ONNX};
+use nephele_e2e::{join_via, Cloud, Http, MODEL_ONNX};
 use serde_json::{json, Value};
 
 #[derive(Default, Debug)]
@@ -18,6 +20,7 @@ struct Acked {
     tokens: Vec<String>,
     deployments: Vec<String>,
     jobs: Vec<String>,
+    devices: Vec<String>,
 }
 
 /// Writes until the control plane stops answering; what was acknowledged.
@@ -66,6 +69,35 @@ fn write_until_killed(api: &str, token: &str, round: usize) -> Acked {
     acked
 }
 
+/// Enrols devices one after another until the control plane stops answering; the
+/// names that got their certificate.
+fn join_until_killed(
+    api: &str,
+    quic: &str,
+    token: &str,
+    dir: &std::path::Path,
+    round: usize,
+) -> Vec<String> {
+    let client = Http::new(Some(token.to_string()));
+    let mut joined = Vec::new();
+    for i in 0.. {
+        let Ok((201, created)) = client.raw_json(
+            "POST",
+            &format!("{api}/v1/tokens"),
+            &json!({"region": "eu-west", "ttl_s": 3600}),
+        ) else {
+            break;
+        };
+        let name = format!("a{round}x{i}");
+        let secret = created["token"].as_str().unwrap();
+        match join_via(quic, &dir.join(&name), &name, secret, &[]) {
+            Ok((true, _)) => joined.push(name),
+            _ => break,
+        }
+    }
+    joined
+}
+
 /// How many times each name appears in a listing.
 fn counts(listing: &Value, key: &str) -> HashMap<String, usize> {
     let mut counts = HashMap::new();
@@ -85,16 +117,25 @@ fn writes_acknowledged_before_a_kill_9_are_there_after_it_and_none_twice() {
     let mut all = Acked::default();
     for round in 0..3 {
         let (api, token) = (cloud.api.clone(), cloud.token.clone());
-        let writer = std::thread::spawn(move || write_until_killed(&api, &token, round));
+        let writer = {
+            let (api, token) = (api.clone(), token.clone());
+            std::thread::spawn(move || write_until_killed(&api, &token, round))
+        };
+        let joiner = {
+            let (quic, dir) = (cloud.quic.clone(), cloud.dir.clone());
+            std::thread::spawn(move || join_until_killed(&api, &quic, &token, &dir, round))
+        };
         let after = Duration::from_millis(300 + rand_ms(round) % 1_200);
         std::thread::sleep(after);
         cloud.kill9();
         let acked = writer.join().unwrap();
+        let joined = joiner.join().unwrap();
         let restarted = Instant::now();
         cloud.restart().expect("restart");
         println!(
-            "round {round}: killed after {} ms of writing; {} tokens, {} deployments, {} jobs acknowledged; API back in {} ms",
+            "round {round}: killed after {} ms of writing; {} devices joined, {} tokens, {} deployments, {} jobs acknowledged; API back in {} ms",
             after.as_millis(),
+            joined.len(),
             acked.tokens.len(),
             acked.deployments.len(),
             acked.jobs.len(),
@@ -107,14 +148,38 @@ fn writes_acknowledged_before_a_kill_9_are_there_after_it_and_none_twice() {
         all.tokens.extend(acked.tokens);
         all.deployments.extend(acked.deployments);
         all.jobs.extend(acked.jobs);
+        all.devices.extend(joined);
 
-        let tokens = counts(&cloud.get("/v1/tokens").unwrap(), "id");
+        let token_list = cloud.get("/v1/tokens").unwrap();
+        let tokens = counts(&token_list, "id");
+        let devices = counts(&cloud.get("/v1/devices").unwrap(), "name");
+        // A token is spent exactly when its device exists (one transaction).
+        let spent: Vec<String> = token_list
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|t| t["used_by"].as_str().map(str::to_string))
+            .collect();
+        for device in &spent {
+            assert_eq!(
+                devices.get(device),
+                Some(&1),
+                "token spent for {device}, which is not enrolled"
+            );
+        }
+        for device in devices.keys() {
+            assert!(
+                spent.contains(device),
+                "{device} enrolled without its token spent"
+            );
+        }
         let deployments = counts(&cloud.get("/v1/deployments").unwrap(), "name");
         let jobs = counts(&cloud.get("/v1/jobs").unwrap(), "name");
         for (what, names, found) in [
             ("token", &all.tokens, &tokens),
             ("deployment", &all.deployments, &deployments),
             ("job", &all.jobs, &jobs),
+            ("device", &all.devices, &devices),
         ] {
             for name in names {
                 assert_eq!(

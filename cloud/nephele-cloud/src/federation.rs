@@ -241,12 +241,9 @@ impl FederationActor {
             .ca
             .sign_agent_csr(&request.csr_der, &request.name, role.as_str())
             .map_err(|e| Self::refuse(BadRequest, e.to_string()))?;
-        // Spend the token first: if anything after this fails the operator makes a new
-        // one, but a token can never enrol two devices.
+        // The token is spent and the device enrolled in one transaction: a crash leaves
+        // both or neither, so a token is never spent for nothing, and never enrols two.
         token.used_by = Some(request.name.clone());
-        self.store
-            .put(Table::JoinTokens, &token.id, &token)
-            .map_err(internal)?;
         let device = DeviceRecord {
             name: request.name.clone(),
             role,
@@ -258,8 +255,20 @@ impl FederationActor {
             profile_name: String::new(),
             profile_toml: String::new(),
         };
+        let json = |e: serde_json::Error| Self::refuse(Internal, e.to_string());
         self.store
-            .put(Table::Devices, &device.name, &device)
+            .put_together(&[
+                (
+                    Table::JoinTokens,
+                    &token.id,
+                    serde_json::to_value(&token).map_err(json)?,
+                ),
+                (
+                    Table::Devices,
+                    &device.name,
+                    serde_json::to_value(&device).map_err(json)?,
+                ),
+            ])
             .map_err(internal)?;
         self.metrics
             .counter(

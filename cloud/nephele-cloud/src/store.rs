@@ -313,6 +313,21 @@ impl Store {
         txn.commit().map_err(db_error)
     }
 
+    /// Writes records to several tables in one transaction: all of them are durable,
+    /// or none (a token spent together with the device it enrolled, say).
+    pub fn put_together(
+        &self,
+        writes: &[(Table, &str, serde_json::Value)],
+    ) -> Result<(), StoreError> {
+        let txn = self.db.begin_write().map_err(db_error)?;
+        for (table, key, value) in writes {
+            let bytes = serde_json::to_vec(value).map_err(db_error)?;
+            let mut open = txn.open_table(table.definition()).map_err(db_error)?;
+            open.insert(*key, bytes.as_slice()).map_err(db_error)?;
+        }
+        txn.commit().map_err(db_error)
+    }
+
     pub fn put<T: Serialize>(&self, table: Table, key: &str, value: &T) -> Result<(), StoreError> {
         let bytes = serde_json::to_vec(value).map_err(db_error)?;
         let txn = self.db.begin_write().map_err(db_error)?;

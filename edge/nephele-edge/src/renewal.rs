@@ -68,11 +68,15 @@ pub fn roll_forward(data_dir: &Path) -> Result<()> {
 }
 
 /// Renews the certificate whenever its time comes, for as long as the session lasts
-/// (the caller aborts the task when the session ends).
+/// (the caller aborts the task when the session ends); at most once a session: the
+/// control plane keeps one renewed certificate beside the current one until it is
+/// used, so a second renewal before the next session would supersede the first, and
+/// an agent that then lost the second (a crash before storing it) would hold neither.
 pub async fn keep_renewed(agent: std::sync::Arc<Agent>, connection: quinn::Connection) {
     loop {
         match renew_if_due(&agent, &connection).await {
-            Ok(true) | Ok(false) => {}
+            Ok(true) => return,
+            Ok(false) => {}
             Err(error) => {
                 agent
                     .server

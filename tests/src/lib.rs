@@ -301,6 +301,14 @@ impl Cloud {
         Ok(value["token"].as_str().context("token")?.to_string())
     }
 
+    /// Waits until device `name` is online; returns the device list.
+    pub fn wait_online(&self, name: &str) -> Result<Value> {
+        self.wait_for("/v1/devices", &format!("{name} online"), |v| {
+            v.as_array()
+                .is_some_and(|a| a.iter().any(|d| d["name"] == name && d["online"] == true))
+        })
+    }
+
     /// Waits until `check` holds for GET `path`, or fails with the last value.
     pub fn wait_for(
         &self,

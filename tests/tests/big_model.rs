@@ -36,16 +36,22 @@ fn status(edge: &Edge) -> serde_json::Value {
         .expect("agent status")
 }
 
-#[test]
-fn a_big_cnn_is_built_in_the_background_and_its_split_tail_loads_on_demand() {
+/// The recognizer's bytes; `None` (a skip, or a failure under `CI=true`) when the test
+/// script has not fetched it.
+fn recognizer() -> Option<Vec<u8>> {
     let path = std::path::Path::new(REC_MODEL);
-    if !require(
+    require(
         "the PP-OCRv4 recognizer (target/models/ppocr-rec)",
         path.exists(),
-    ) {
+    )
+    .then(|| std::fs::read(path).expect("read the recognizer"))
+}
+
+#[test]
+fn a_big_cnn_is_built_in_the_background_and_its_split_tail_loads_on_demand() {
+    let Some(model) = recognizer() else {
         return;
-    }
-    let model = std::fs::read(path).expect("read the recognizer");
+    };
     assert!(model.len() >= 10_000_000, "{} bytes", model.len());
     let cloud = Cloud::start("big-model").expect("cloud");
     let edge = Edge::start(
@@ -202,14 +208,9 @@ fn a_big_cnn_is_built_in_the_background_and_its_split_tail_loads_on_demand() {
 /// kept on disk before the answer, and the restarted control plane builds it again.
 #[test]
 fn a_push_acknowledged_before_a_crash_is_built_after_the_restart() {
-    let path = std::path::Path::new(REC_MODEL);
-    if !require(
-        "the PP-OCRv4 recognizer (target/models/ppocr-rec)",
-        path.exists(),
-    ) {
+    let Some(model) = recognizer() else {
         return;
-    }
-    let model = std::fs::read(path).expect("read the recognizer");
+    };
     let mut cloud = Cloud::start("push-crash").expect("cloud");
     let url = format!("{}/v1/models/ocr-rec?input=x%3DN%2C3%2C48%2C320", cloud.api);
     let (code, view) = cloud.client().raw("PUT", &url, &model).expect("push");

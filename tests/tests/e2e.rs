@@ -606,16 +606,7 @@ fn agents_reconnect_after_the_control_plane_restarts() {
     );
 
     cloud.restart().unwrap();
-    let devices = cloud
-        .wait_for("/v1/devices", "edge-1 back online", |v| {
-            v.as_array()
-                .map(|a| {
-                    a.iter()
-                        .any(|d| d["name"] == "edge-1" && d["online"] == true)
-                })
-                .unwrap_or(false)
-        })
-        .unwrap();
+    let devices = cloud.wait_online("edge-1").unwrap();
     assert_eq!(devices.as_array().unwrap().len(), 1);
     let status = cloud
         .wait_for("/v1/deployments/digits", "ready after restart", |v| {

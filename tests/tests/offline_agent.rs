@@ -94,16 +94,7 @@ fn an_agent_restarted_while_the_cloud_is_down_serves_what_it_kept() {
     // Heal: the control plane's state is the same, so nothing is loaded again.
     let healed = Instant::now();
     cloud.restart().unwrap();
-    cloud
-        .wait_for("/v1/devices", "edge-1 back online", |v| {
-            v.as_array()
-                .map(|a| {
-                    a.iter()
-                        .any(|d| d["name"] == "edge-1" && d["online"] == true)
-                })
-                .unwrap_or(false)
-        })
-        .unwrap();
+    cloud.wait_online("edge-1").unwrap();
     cloud
         .wait_for("/v1/deployments/digits", "ready after the heal", |v| {
             v["ready_devices"] == 1

@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _, Result};
 use serde_json::Value;
 
+pub mod netlab;
+
 pub const MODEL_ONNX: &[u8] = include_bytes!("../../shared/models/digits-mlp/model.onnx");
 pub const HELDOUT_JSON: &str = include_str!("../../shared/models/digits-mlp/heldout.json");
 
@@ -102,9 +104,19 @@ fn wait_ready(path: &Path, child: &mut Child, log: &Path) -> Result<Value> {
     }
 }
 
-fn spawn_logged(binary: &str, args: &[String], log: &Path) -> Result<Child> {
+/// Starts `binary` with `args`, behind `prefix` when there is one (`ip netns exec NS`,
+/// which execs the binary, so the child is the binary itself).
+fn spawn_logged(prefix: &[String], binary: &str, args: &[String], log: &Path) -> Result<Child> {
     let file = std::fs::File::create(log)?;
-    Command::new(bin(binary))
+    let mut command = match prefix.split_first() {
+        Some((program, rest)) => {
+            let mut command = Command::new(program);
+            command.args(rest).arg(bin(binary));
+            command
+        }
+        None => Command::new(bin(binary)),
+    };
+    command
         .args(args)
         .env("RUST_LOG", "info,quinn=warn")
         .stdin(Stdio::null())
@@ -172,6 +184,12 @@ impl Cloud {
 
     /// A control plane with this configuration (TOML).
     pub fn start_with(label: &str, config: &str) -> Result<Cloud> {
+        Cloud::start_listening(label, config, "127.0.0.1:0")
+    }
+
+    /// [`Cloud::start_with`], its QUIC endpoint on `quic` (an address on a
+    /// [`netlab::Lab`]'s link, say); the API stays on loopback.
+    pub fn start_listening(label: &str, config: &str, quic: &str) -> Result<Cloud> {
         let dir = temp_dir(label);
         std::fs::write(dir.join("cloud.toml"), config)?;
         let mut cloud = Cloud {
@@ -182,7 +200,7 @@ impl Cloud {
             child: Command::new("true").spawn()?,
             starts: 0,
         };
-        cloud.launch("127.0.0.1:0", "127.0.0.1:0")?;
+        cloud.launch("127.0.0.1:0", quic)?;
         Ok(cloud)
     }
 
@@ -203,7 +221,7 @@ impl Cloud {
             "--ready-file".into(),
             ready.display().to_string(),
         ];
-        self.child = spawn_logged("nephele-cloud", &args, &log)?;
+        self.child = spawn_logged(&[], "nephele-cloud", &args, &log)?;
         let value = wait_ready(&ready, &mut self.child, &log)?;
         self.api = format!("http://{}", value["api"].as_str().context("api")?);
         self.quic = value["quic"].as_str().context("quic")?.to_string();
@@ -443,6 +461,18 @@ pub fn join_via(
     token: &str,
     extra: &[&str],
 ) -> Result<(bool, String)> {
+    join_from(&[], server, data_dir, name, token, extra)
+}
+
+/// [`join_via`] run behind `prefix` (`ip netns exec NS`, from another host).
+pub fn join_from(
+    prefix: &[String],
+    server: &str,
+    data_dir: &Path,
+    name: &str,
+    token: &str,
+    extra: &[&str],
+) -> Result<(bool, String)> {
     let mut args: Vec<String> = vec![
         "join".into(),
         "--server".into(),
@@ -455,7 +485,14 @@ pub fn join_via(
         name.into(),
     ];
     args.extend(extra.iter().map(|s| s.to_string()));
-    let output = Command::new(bin("nephele-edge")).args(&args).output()?;
+    let output = match prefix.split_first() {
+        Some((program, rest)) => Command::new(program)
+            .args(rest)
+            .arg(bin("nephele-edge"))
+            .args(&args)
+            .output()?,
+        None => Command::new(bin("nephele-edge")).args(&args).output()?,
+    };
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&output.stdout),
@@ -473,6 +510,10 @@ pub struct Edge {
     /// file), used again by [`Edge::restart`].
     pub run_args: Vec<String>,
     starts: usize,
+    /// What the agent runs behind (`ip netns exec NS` in a [`netlab::Lab`]).
+    prefix: Vec<String>,
+    /// Where its local endpoint listens (port 0: any).
+    listen: String,
 }
 
 impl Edge {
@@ -509,9 +550,55 @@ impl Edge {
         join_args: &[&str],
         run_args: &[&str],
     ) -> Result<Edge> {
+        Edge::enrol_and_run(
+            cloud,
+            &[],
+            "127.0.0.1",
+            server,
+            name,
+            region,
+            join_args,
+            run_args,
+        )
+    }
+
+    /// An agent on the far side of `lab`'s link: it enrols and runs in the lab's
+    /// namespace, reaching the control plane (which must listen on `lab.cloud_ip`)
+    /// across the emulated link; its local endpoint is on the management path.
+    pub fn start_in(
+        lab: &netlab::Lab,
+        cloud: &Cloud,
+        name: &str,
+        region: &str,
+        join_args: &[&str],
+        run_args: &[&str],
+    ) -> Result<Edge> {
+        Edge::enrol_and_run(
+            cloud,
+            &lab.exec_prefix(),
+            &lab.edge_management_ip.to_string(),
+            &cloud.quic,
+            name,
+            region,
+            join_args,
+            run_args,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn enrol_and_run(
+        cloud: &Cloud,
+        prefix: &[String],
+        listen_ip: &str,
+        server: &str,
+        name: &str,
+        region: &str,
+        join_args: &[&str],
+        run_args: &[&str],
+    ) -> Result<Edge> {
         let dir = cloud.dir.join(name);
         let token = cloud.join_token(region, 600)?;
-        let (ok, output) = join_via(server, &dir, name, &token, join_args)?;
+        let (ok, output) = join_from(prefix, server, &dir, name, &token, join_args)?;
         if !ok {
             bail!("join {name} failed: {output}");
         }
@@ -522,6 +609,8 @@ impl Edge {
             child: Command::new("true").spawn()?,
             run_args: run_args.iter().map(|s| s.to_string()).collect(),
             starts: 0,
+            prefix: prefix.to_vec(),
+            listen: format!("{listen_ip}:0"),
         };
         edge.launch()?;
         Ok(edge)
@@ -536,6 +625,8 @@ impl Edge {
             child: Command::new("true").spawn()?,
             run_args: run_args.iter().map(|s| s.to_string()).collect(),
             starts: 0,
+            prefix: Vec::new(),
+            listen: "127.0.0.1:0".into(),
         };
         edge.launch()?;
         Ok(edge)
@@ -552,13 +643,13 @@ impl Edge {
             "--data-dir".into(),
             self.dir.display().to_string(),
             "--listen".into(),
-            "127.0.0.1:0".into(),
+            self.listen.clone(),
             "--ready-file".into(),
             ready.display().to_string(),
         ];
         args.extend(self.run_args.iter().cloned());
         let log = self.log_path(self.starts);
-        self.child = spawn_logged("nephele-edge", &args, &log)?;
+        self.child = spawn_logged(&self.prefix, "nephele-edge", &args, &log)?;
         let value = wait_ready(&ready, &mut self.child, &log)?;
         self.endpoint = format!("http://{}", value["listen"].as_str().context("listen")?);
         Ok(())

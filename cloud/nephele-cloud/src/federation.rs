@@ -91,6 +91,9 @@ impl From<crate::store::StoreError> for ApiError {
 struct Session {
     id: u64,
     tx: UnboundedSender<CloudMessage>,
+    /// The session's QUIC connection, for the address it is reached at now (QUIC
+    /// follows a device whose address changes without a new session).
+    connection: quinn::Connection,
     connected_at: Instant,
     local_endpoint: String,
     role: AgentRole,
@@ -728,6 +731,7 @@ impl Handler<AgentConnected> for FederationActor {
             Session {
                 id: session_id,
                 tx,
+                connection: connection.clone(),
                 connected_at: Instant::now(),
                 local_endpoint: hello.local_endpoint.clone(),
                 role: device.role,
@@ -984,6 +988,12 @@ pub struct DeviceView {
     pub health: String,
     pub last_heartbeat_ms_ago: Option<u64>,
     pub connected_for_s: Option<u64>,
+    /// The session now (numbered from 1 per control-plane start): a reconnect gets a
+    /// new one, an address change or a short outage that QUIC rides out keeps it.
+    pub session: Option<u64>,
+    /// Where the control plane reaches the device now (IP:port as it sees it; follows
+    /// QUIC connection migration).
+    pub address: Option<String>,
     pub rss_bytes: Option<u64>,
     /// The link to the control plane as the agent measures it (QUIC RTT; throughput of
     /// its blob transfers, 0 until one was measured).
@@ -1041,6 +1051,8 @@ impl FederationActor {
             health: health.into(),
             last_heartbeat_ms_ago: heartbeat_age,
             connected_for_s: session.map(|s| s.connected_at.elapsed().as_secs()),
+            session: session.map(|s| s.id),
+            address: session.map(|s| s.connection.remote_address().to_string()),
             rss_bytes: telemetry.map(|t| t.heartbeat.rss_bytes),
             link: telemetry.map(|t| t.heartbeat.link),
             local_endpoint: session.map(|s| s.local_endpoint.clone()),

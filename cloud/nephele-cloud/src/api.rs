@@ -180,6 +180,7 @@ impl ResponseError for ApiError {
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Busy { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
     fn error_response(&self) -> HttpResponse {
@@ -192,10 +193,17 @@ impl ResponseError for ApiError {
             ApiError::TooLarge(_) => "too_large",
             ApiError::Busy { .. } => "busy",
             ApiError::Internal(_) => "internal",
+            ApiError::Unavailable(_) => "unavailable",
         };
         let mut response = HttpResponse::build(self.status_code());
-        if let ApiError::Busy { retry_after_s, .. } = self {
-            response.insert_header(("retry-after", retry_after_s.to_string()));
+        match self {
+            ApiError::Busy { retry_after_s, .. } => {
+                response.insert_header(("retry-after", retry_after_s.to_string()));
+            }
+            ApiError::Unavailable(_) => {
+                response.insert_header(("retry-after", "5"));
+            }
+            _ => {}
         }
         response.json(ErrorBody {
             error: kind,

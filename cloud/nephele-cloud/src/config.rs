@@ -31,6 +31,28 @@ pub struct CloudConfig {
     pub autoscale: AutoscaleConfig,
     /// How pools with a provider gain and lose nodes.
     pub nodes: NodesConfig,
+    /// Where the state lives: the embedded redb file (default) or an etcd cluster.
+    pub store: StoreConfig,
+}
+
+/// Where the control plane keeps its records. Model blobs stay in `data_dir` either way.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    /// Client URLs of an etcd cluster (`http://host:2379`, several for several
+    /// members); empty: the embedded redb file `state.redb` in the data dir.
+    pub etcd_endpoints: Vec<String>,
+    /// Key prefix of this control plane's records in etcd.
+    pub etcd_prefix: String,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            etcd_endpoints: Vec::new(),
+            etcd_prefix: "/nephele/".into(),
+        }
+    }
 }
 
 /// The autoscaler each region ticks for the cloud replicas of every deployment that
@@ -319,6 +341,7 @@ impl Default for CloudConfig {
             scheduler: SchedulerConfig::default(),
             autoscale: AutoscaleConfig::default(),
             nodes: NodesConfig::default(),
+            store: StoreConfig::default(),
         }
     }
 }
@@ -331,6 +354,19 @@ impl CloudConfig {
     }
 
     pub fn validate(&self) -> Result<(), String> {
+        for endpoint in &self.store.etcd_endpoints {
+            if !endpoint.starts_with("http://") && !endpoint.starts_with("https://") {
+                return Err(format!(
+                    "[store] etcd_endpoints: {endpoint:?} is not a URL; give etcd's client URLs, e.g. \"http://10.0.0.5:2379\""
+                ));
+            }
+        }
+        if !self.store.etcd_prefix.starts_with('/') {
+            return Err(format!(
+                "[store] etcd_prefix must start with '/', got {:?}",
+                self.store.etcd_prefix
+            ));
+        }
         if self.regions.is_empty() {
             return Err("at least one [[region]] is required".into());
         }

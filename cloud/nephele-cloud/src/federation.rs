@@ -79,11 +79,18 @@ pub enum ApiError {
     Busy { message: String, retry_after_s: u64 },
     #[error("{0}")]
     Internal(String),
+    /// The control plane cannot take this now (its etcd cluster has no quorum): 503,
+    /// retry later. Nothing was changed.
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 impl From<crate::store::StoreError> for ApiError {
     fn from(error: crate::store::StoreError) -> Self {
-        ApiError::Internal(error.to_string())
+        match error {
+            crate::store::StoreError::Unavailable(_) => ApiError::Unavailable(error.to_string()),
+            _ => ApiError::Internal(error.to_string()),
+        }
     }
 }
 

@@ -52,6 +52,10 @@ pub struct CloudArgs {
     /// supervisors and tests that bind port 0).
     #[arg(long)]
     pub ready_file: Option<PathBuf>,
+    /// Overrides `[store] etcd_endpoints`: keep the state in this etcd cluster
+    /// (comma-separated client URLs) instead of the embedded redb file.
+    #[arg(long, value_delimiter = ',')]
+    pub etcd: Vec<String>,
     /// Print the effective configuration as TOML and exit.
     #[arg(long)]
     pub print_config: bool,
@@ -97,6 +101,9 @@ pub fn load_config(args: &CloudArgs) -> Result<CloudConfig> {
     }
     if let Some(addr) = args.quic_listen {
         config.quic_listen = addr;
+    }
+    if !args.etcd.is_empty() {
+        config.store.etcd_endpoints = args.etcd.clone();
     }
     Ok(config)
 }
@@ -235,8 +242,21 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
     let ca = load_or_create_ca(&data_dir)?;
     let ca_fingerprint = hex::encode(ca.fingerprint());
     let signing_key = load_or_create_signing_key(&data_dir)?;
-    let store = store::Store::open(&data_dir)
-        .with_context(|| format!("cannot open state in {}", data_dir.display()))?;
+    let store = if config.store.etcd_endpoints.is_empty() {
+        store::Store::open(&data_dir)
+            .with_context(|| format!("cannot open state in {}", data_dir.display()))?
+    } else {
+        let endpoints = &config.store.etcd_endpoints;
+        let store = store::Store::open_etcd(&data_dir, endpoints, &config.store.etcd_prefix)
+            .with_context(|| {
+                format!(
+                    "cannot reach the etcd cluster at {} (is it running? check [store] etcd_endpoints or --etcd)",
+                    endpoints.join(",")
+                )
+            })?;
+        tracing::info!(endpoints = %endpoints.join(","), prefix = %config.store.etcd_prefix, "state in etcd");
+        store
+    };
     if let Some(token) = federation::ensure_admin_token(&store)? {
         let path = data_dir.join("admin-token");
         write_secret(&path, token.as_bytes())?;

@@ -1,5 +1,6 @@
-//! Durable control-plane state in an embedded redb database, plus content-addressed
-//! blobs (model files) as plain files beside it.
+//! Durable control-plane state in an embedded redb database (the default) or an etcd
+//! cluster (`store/etcd.rs`, `[store] etcd_endpoints`), plus content-addressed blobs
+//! (model files) as plain files in the data dir.
 //!
 //! One writer per table: the federation actor writes the fleet's tables (tokens,
 //! devices, models, deployments); each region actor writes only its own region's rows
@@ -13,6 +14,8 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
 use nephele_domain::{AgentRole, Labels};
+
+pub mod etcd;
 
 const JOIN_TOKENS: TableDefinition<&str, &[u8]> = TableDefinition::new("join_tokens");
 const DEVICES: TableDefinition<&str, &[u8]> = TableDefinition::new("devices");
@@ -44,6 +47,22 @@ pub enum Table {
 }
 
 impl Table {
+    /// The table's name (redb's table, etcd's key segment).
+    pub fn name(self) -> &'static str {
+        match self {
+            Table::JoinTokens => "join_tokens",
+            Table::Devices => "devices",
+            Table::Models => "models",
+            Table::Deployments => "deployments",
+            Table::ApiTokens => "api_tokens",
+            Table::Meta => "meta",
+            Table::RegionJobs => "region_jobs",
+            Table::RegionNodes => "region_nodes",
+            Table::RegionState => "region_state",
+            Table::Usage => "usage",
+        }
+    }
+
     fn definition(self) -> TableDefinition<'static, &'static str, &'static [u8]> {
         match self {
             Table::JoinTokens => JOIN_TOKENS,
@@ -80,6 +99,10 @@ pub enum StoreError {
     Corrupt { key: String, cause: String },
     #[error("blob store: {0}")]
     Io(#[from] std::io::Error),
+    /// The store cannot take writes now (an etcd cluster without a quorum); the API
+    /// answers 503 with this.
+    #[error("state store unavailable: {0}")]
+    Unavailable(String),
 }
 
 fn db_error(error: impl std::fmt::Display) -> StoreError {
@@ -240,14 +263,59 @@ pub struct ApiTokenRecord {
     pub created_unix: u64,
 }
 
+/// Where the records live.
+#[derive(Clone)]
+enum Backend {
+    Redb(std::sync::Arc<Database>),
+    Etcd(std::sync::Arc<etcd::Etcd>),
+}
+
 /// Cheap to clone: every clone is the same database.
 #[derive(Clone)]
 pub struct Store {
-    db: std::sync::Arc<Database>,
+    backend: Backend,
     blob_dir: PathBuf,
 }
 
+fn decode<T: DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, StoreError> {
+    serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt {
+        key: key.to_string(),
+        cause: e.to_string(),
+    })
+}
+
 impl Store {
+    /// The records in the etcd cluster at `endpoints` under `prefix`; blobs in
+    /// `data_dir` (which several control planes must share, see the README).
+    pub fn open_etcd(
+        data_dir: &Path,
+        endpoints: &[String],
+        prefix: &str,
+    ) -> Result<Store, StoreError> {
+        let blob_dir = data_dir.join("blobs");
+        std::fs::create_dir_all(&blob_dir)?;
+        let etcd = etcd::Etcd::connect(endpoints, prefix)?;
+        Ok(Store {
+            backend: Backend::Etcd(std::sync::Arc::new(etcd)),
+            blob_dir,
+        })
+    }
+
+    /// Which backend holds the records, for logs.
+    pub fn describe(&self) -> &'static str {
+        match self.backend {
+            Backend::Redb(_) => "redb",
+            Backend::Etcd(_) => "etcd",
+        }
+    }
+
+    fn db(&self) -> Option<&Database> {
+        match &self.backend {
+            Backend::Redb(db) => Some(db),
+            Backend::Etcd(_) => None,
+        }
+    }
+
     pub fn open(data_dir: &Path) -> Result<Store, StoreError> {
         let db = Database::create(data_dir.join("state.redb")).map_err(db_error)?;
         let blob_dir = data_dir.join("blobs");
@@ -258,7 +326,7 @@ impl Store {
         }
         txn.commit().map_err(db_error)?;
         Ok(Store {
-            db: std::sync::Arc::new(db),
+            backend: Backend::Redb(std::sync::Arc::new(db)),
             blob_dir,
         })
     }
@@ -269,7 +337,10 @@ impl Store {
         table: Table,
         prefix: &str,
     ) -> Result<Vec<(String, T)>, StoreError> {
-        let txn = self.db.begin_read().map_err(db_error)?;
+        let Some(db) = self.db() else {
+            return self.etcd_list(table, prefix);
+        };
+        let txn = db.begin_read().map_err(db_error)?;
         let open = txn.open_table(table.definition()).map_err(db_error)?;
         let mut out = Vec::new();
         for entry in open.range(prefix..).map_err(db_error)? {
@@ -299,7 +370,20 @@ impl Store {
         if puts.is_empty() && deletes.is_empty() {
             return Ok(());
         }
-        let txn = self.db.begin_write().map_err(db_error)?;
+        let Some(db) = self.db() else {
+            let mut ops: Vec<etcd::Op> = puts
+                .iter()
+                .map(|(key, bytes)| etcd::Op::Put {
+                    key: self.etcd_key(table, key),
+                    value: bytes.clone(),
+                })
+                .collect();
+            ops.extend(deletes.iter().map(|key| etcd::Op::Delete {
+                key: self.etcd_key(table, key),
+            }));
+            return self.etcd()?.txn(&ops);
+        };
+        let txn = db.begin_write().map_err(db_error)?;
         {
             let mut open = txn.open_table(table.definition()).map_err(db_error)?;
             for (key, bytes) in puts {
@@ -319,7 +403,17 @@ impl Store {
         &self,
         writes: &[(Table, &str, serde_json::Value)],
     ) -> Result<(), StoreError> {
-        let txn = self.db.begin_write().map_err(db_error)?;
+        let Some(db) = self.db() else {
+            let mut ops = Vec::new();
+            for (table, key, value) in writes {
+                ops.push(etcd::Op::Put {
+                    key: self.etcd_key(*table, key),
+                    value: serde_json::to_vec(value).map_err(db_error)?,
+                });
+            }
+            return self.etcd()?.txn(&ops);
+        };
+        let txn = db.begin_write().map_err(db_error)?;
         for (table, key, value) in writes {
             let bytes = serde_json::to_vec(value).map_err(db_error)?;
             let mut open = txn.open_table(table.definition()).map_err(db_error)?;
@@ -330,7 +424,11 @@ impl Store {
 
     pub fn put<T: Serialize>(&self, table: Table, key: &str, value: &T) -> Result<(), StoreError> {
         let bytes = serde_json::to_vec(value).map_err(db_error)?;
-        let txn = self.db.begin_write().map_err(db_error)?;
+        let Some(db) = self.db() else {
+            let key = self.etcd_key(table, key);
+            return self.etcd()?.txn(&[etcd::Op::Put { key, value: bytes }]);
+        };
+        let txn = db.begin_write().map_err(db_error)?;
         {
             let mut open = txn.open_table(table.definition()).map_err(db_error)?;
             open.insert(key, bytes.as_slice()).map_err(db_error)?;
@@ -343,7 +441,11 @@ impl Store {
         table: Table,
         key: &str,
     ) -> Result<Option<T>, StoreError> {
-        let txn = self.db.begin_read().map_err(db_error)?;
+        let Some(db) = self.db() else {
+            let found = self.etcd()?.get(&self.etcd_key(table, key))?;
+            return found.map(|bytes| decode(key, &bytes)).transpose();
+        };
+        let txn = db.begin_read().map_err(db_error)?;
         let open = txn.open_table(table.definition()).map_err(db_error)?;
         let Some(guard) = open.get(key).map_err(db_error)? else {
             return Ok(None);
@@ -357,7 +459,14 @@ impl Store {
     }
 
     pub fn list<T: DeserializeOwned>(&self, table: Table) -> Result<Vec<T>, StoreError> {
-        let txn = self.db.begin_read().map_err(db_error)?;
+        let Some(db) = self.db() else {
+            return Ok(self
+                .etcd_list(table, "")?
+                .into_iter()
+                .map(|(_, record)| record)
+                .collect());
+        };
+        let txn = db.begin_read().map_err(db_error)?;
         let open = txn.open_table(table.definition()).map_err(db_error)?;
         let mut out = Vec::new();
         for entry in open.iter().map_err(db_error)? {
@@ -373,7 +482,10 @@ impl Store {
     }
 
     pub fn delete(&self, table: Table, key: &str) -> Result<bool, StoreError> {
-        let txn = self.db.begin_write().map_err(db_error)?;
+        let Some(db) = self.db() else {
+            return self.etcd()?.delete(&self.etcd_key(table, key));
+        };
+        let txn = db.begin_write().map_err(db_error)?;
         let existed = {
             let mut open = txn.open_table(table.definition()).map_err(db_error)?;
             let removed = open.remove(key).map_err(db_error)?.is_some();
@@ -381,6 +493,39 @@ impl Store {
         };
         txn.commit().map_err(db_error)?;
         Ok(existed)
+    }
+
+    fn etcd(&self) -> Result<&etcd::Etcd, StoreError> {
+        match &self.backend {
+            Backend::Etcd(etcd) => Ok(etcd),
+            Backend::Redb(_) => Err(StoreError::Db("not an etcd store".into())),
+        }
+    }
+
+    fn etcd_key(&self, table: Table, key: &str) -> String {
+        match &self.backend {
+            Backend::Etcd(etcd) => etcd.key(table.name(), key),
+            Backend::Redb(_) => key.to_string(),
+        }
+    }
+
+    /// `table`'s records whose keys start with `prefix`, with their keys (without the
+    /// table's prefix), in key order.
+    fn etcd_list<T: DeserializeOwned>(
+        &self,
+        table: Table,
+        prefix: &str,
+    ) -> Result<Vec<(String, T)>, StoreError> {
+        let table_prefix = self.etcd_key(table, "");
+        self.etcd()?
+            .list(&self.etcd_key(table, prefix))?
+            .into_iter()
+            .map(|(key, bytes)| {
+                let key = key.strip_prefix(&table_prefix).unwrap_or(&key).to_string();
+                let record = decode(&key, &bytes)?;
+                Ok((key, record))
+            })
+            .collect()
     }
 
     pub fn blob_path(&self, sha256_hex: &str) -> PathBuf {

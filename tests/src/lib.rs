@@ -206,6 +206,92 @@ impl Cloud {
         )
     }
 
+    /// A control-plane replica on the etcd cluster at `endpoints`, sharing `shared_dir`
+    /// with the other replicas, on ports chosen now (so agents can be given every
+    /// replica's address before it leads). Returns at once: a standby writes its ready
+    /// file only when it comes to lead ([`Cloud::wait_leading`]).
+    pub fn replica(
+        label: &str,
+        config: &str,
+        endpoints: &[String],
+        shared_dir: &Path,
+    ) -> Result<Cloud> {
+        let dir = temp_dir(label);
+        std::fs::write(dir.join("cloud.toml"), config)?;
+        let api_port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let quic_port = std::net::UdpSocket::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let mut cloud = Cloud {
+            dir,
+            api: format!("http://127.0.0.1:{api_port}"),
+            quic: format!("127.0.0.1:{quic_port}"),
+            token: String::new(),
+            child: Command::new("true").spawn()?,
+            starts: 0,
+            extra_args: vec![
+                "--etcd".into(),
+                endpoints.join(","),
+                "--shared-dir".into(),
+                shared_dir.display().to_string(),
+            ],
+        };
+        cloud.spawn_replica()?;
+        Ok(cloud)
+    }
+
+    fn spawn_replica(&mut self) -> Result<()> {
+        self.starts += 1;
+        let _ = std::fs::remove_file(self.dir.join("cloud.ready"));
+        let args = self.args(self.api.trim_start_matches("http://"), &self.quic);
+        self.child = spawn_logged(&[], "nephele-cloud", &args, &self.log_path())?;
+        Ok(())
+    }
+
+    /// Starts this replica again (after [`Cloud::kill9`]) without waiting for it.
+    pub fn restart_replica(&mut self) -> Result<()> {
+        self.stop();
+        self.spawn_replica()
+    }
+
+    /// Waits up to `seconds` for this replica to lead (its ready file); how long.
+    pub fn wait_leading(&mut self, seconds: u64) -> Result<Duration> {
+        let begun = Instant::now();
+        let ready = self.dir.join("cloud.ready");
+        let log = self.log_path();
+        loop {
+            if std::fs::read_to_string(&ready)
+                .ok()
+                .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+                .is_some()
+            {
+                return Ok(begun.elapsed());
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                bail!(
+                    "replica exited ({status}):\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
+            if begun.elapsed() > Duration::from_secs(seconds) {
+                bail!("replica did not lead within {seconds} s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The replica's process id (to pause it with SIGSTOP, say).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether the process has exited, and how.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
     fn start_full(label: &str, config: &str, quic: &str, extra_args: &[String]) -> Result<Cloud> {
         let dir = temp_dir(label);
         std::fs::write(dir.join("cloud.toml"), config)?;
@@ -222,11 +308,8 @@ impl Cloud {
         Ok(cloud)
     }
 
-    fn launch(&mut self, api: &str, quic: &str) -> Result<()> {
-        self.starts += 1;
+    fn args(&self, api: &str, quic: &str) -> Vec<String> {
         let ready = self.dir.join("cloud.ready");
-        let _ = std::fs::remove_file(&ready);
-        let log = self.log_path();
         let args: Vec<String> = vec![
             "--config".into(),
             self.dir.join("cloud.toml").display().to_string(),
@@ -239,7 +322,15 @@ impl Cloud {
             "--ready-file".into(),
             ready.display().to_string(),
         ];
-        let args: Vec<String> = args.into_iter().chain(self.extra_args.clone()).collect();
+        args.into_iter().chain(self.extra_args.clone()).collect()
+    }
+
+    fn launch(&mut self, api: &str, quic: &str) -> Result<()> {
+        self.starts += 1;
+        let ready = self.dir.join("cloud.ready");
+        let _ = std::fs::remove_file(&ready);
+        let log = self.log_path();
+        let args = self.args(api, quic);
         self.child = spawn_logged(&[], "nephele-cloud", &args, &log)?;
         let value = wait_ready(&ready, &mut self.child, &log)?;
         self.api = format!("http://{}", value["api"].as_str().context("api")?);

@@ -44,6 +44,10 @@ pub struct StoreConfig {
     pub etcd_endpoints: Vec<String>,
     /// Key prefix of this control plane's records in etcd.
     pub etcd_prefix: String,
+    /// Where model blobs and pushes in flight live (default: the data dir). Replicas
+    /// that share an etcd cluster must share this directory too (a network file
+    /// system), so that whichever leads has every model.
+    pub shared_dir: Option<PathBuf>,
 }
 
 impl Default for StoreConfig {
@@ -51,6 +55,7 @@ impl Default for StoreConfig {
         StoreConfig {
             etcd_endpoints: Vec::new(),
             etcd_prefix: "/nephele/".into(),
+            shared_dir: None,
         }
     }
 }

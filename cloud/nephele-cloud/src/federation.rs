@@ -88,7 +88,9 @@ pub enum ApiError {
 impl From<crate::store::StoreError> for ApiError {
     fn from(error: crate::store::StoreError) -> Self {
         match error {
-            crate::store::StoreError::Unavailable(_) => ApiError::Unavailable(error.to_string()),
+            crate::store::StoreError::Unavailable(_) | crate::store::StoreError::Fenced(_) => {
+                ApiError::Unavailable(error.to_string())
+            }
             _ => ApiError::Internal(error.to_string()),
         }
     }

@@ -13,6 +13,7 @@ pub mod api;
 pub mod config;
 pub mod federation;
 pub mod gateway;
+pub mod leader;
 pub mod model_build;
 pub mod pending_pushes;
 pub mod provider;
@@ -56,6 +57,10 @@ pub struct CloudArgs {
     /// (comma-separated client URLs) instead of the embedded redb file.
     #[arg(long, value_delimiter = ',')]
     pub etcd: Vec<String>,
+    /// Overrides `[store] shared_dir`: where model blobs and pushes in flight live,
+    /// shared by every replica on one etcd cluster (a network file system).
+    #[arg(long)]
+    pub shared_dir: Option<PathBuf>,
     /// Print the effective configuration as TOML and exit.
     #[arg(long)]
     pub print_config: bool,
@@ -104,6 +109,9 @@ pub fn load_config(args: &CloudArgs) -> Result<CloudConfig> {
     }
     if !args.etcd.is_empty() {
         config.store.etcd_endpoints = args.etcd.clone();
+    }
+    if let Some(dir) = &args.shared_dir {
+        config.store.shared_dir = Some(dir.clone());
     }
     Ok(config)
 }
@@ -213,6 +221,66 @@ fn load_or_create_ca(data_dir: &Path) -> Result<nephele_net::ClusterCa> {
 
 fn load_or_create_signing_key(data_dir: &Path) -> Result<ring::signature::Ed25519KeyPair> {
     let path = data_dir.join("manifest-signing.pk8");
+    let pkcs8 = load_or_create_signing_pkcs8(data_dir)?;
+    ring::signature::Ed25519KeyPair::from_pkcs8(&pkcs8)
+        .map_err(|_| anyhow::anyhow!("{} is not a valid Ed25519 PKCS#8 key", path.display()))
+}
+
+/// The cluster CA and the manifest-signing key every replica sharing an etcd cluster
+/// uses: kept in the store's `meta` table, created by the first replica (from its data
+/// dir's, when it had some: a control plane moved onto etcd keeps its CA), and copied
+/// into each replica's data dir for operators' tools. etcd then holds private keys, as
+/// it holds Kubernetes' Secrets: give it TLS and authentication in production.
+fn shared_secrets(
+    store: &store::Store,
+    data_dir: &Path,
+) -> Result<(nephele_net::ClusterCa, ring::signature::Ed25519KeyPair)> {
+    use base64::Engine as _;
+    use store::Table;
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Secrets {
+        ca_cert_pem: String,
+        ca_key_pem: String,
+        signing_pkcs8_b64: String,
+    }
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let secrets = match store.get::<Secrets>(Table::Meta, "secrets")? {
+        Some(secrets) => secrets,
+        None => {
+            let ca = load_or_create_ca(data_dir)?;
+            let pkcs8 = load_or_create_signing_pkcs8(data_dir)?;
+            let mine = Secrets {
+                ca_cert_pem: ca.cert_pem.clone(),
+                ca_key_pem: ca.key_pem.clone(),
+                signing_pkcs8_b64: b64.encode(&pkcs8),
+            };
+            if store.put_if_absent(Table::Meta, "secrets", &mine)? {
+                tracing::info!(
+                    "stored the cluster CA and the manifest-signing key for every replica"
+                );
+            }
+            store
+                .get::<Secrets>(Table::Meta, "secrets")?
+                .context("the shared secrets vanished from the store")?
+        }
+    };
+    let ca = nephele_net::ClusterCa::from_pem(&secrets.ca_cert_pem, &secrets.ca_key_pem)
+        .context("the cluster CA in the store is unreadable")?;
+    let pkcs8 = b64
+        .decode(&secrets.signing_pkcs8_b64)
+        .context("the manifest-signing key in the store is not base64")?;
+    let signing = ring::signature::Ed25519KeyPair::from_pkcs8(&pkcs8).map_err(|_| {
+        anyhow::anyhow!("the manifest-signing key in the store is not a valid Ed25519 PKCS#8 key")
+    })?;
+    write_secret(&data_dir.join("ca.key"), secrets.ca_key_pem.as_bytes())?;
+    std::fs::write(data_dir.join("ca.pem"), &secrets.ca_cert_pem)?;
+    write_secret(&data_dir.join("manifest-signing.pk8"), &pkcs8)?;
+    Ok((ca, signing))
+}
+
+/// The manifest-signing key's PKCS#8 document from the data dir, created on first start.
+fn load_or_create_signing_pkcs8(data_dir: &Path) -> Result<Vec<u8>> {
+    let path = data_dir.join("manifest-signing.pk8");
     let pkcs8 = if path.exists() {
         std::fs::read(&path)?
     } else {
@@ -222,8 +290,7 @@ fn load_or_create_signing_key(data_dir: &Path) -> Result<ring::signature::Ed2551
         write_secret(&path, document.as_ref())?;
         document.as_ref().to_vec()
     };
-    ring::signature::Ed25519KeyPair::from_pkcs8(&pkcs8)
-        .map_err(|_| anyhow::anyhow!("{} is not a valid Ed25519 PKCS#8 key", path.display()))
+    Ok(pkcs8)
 }
 
 /// Runs the control plane inside an actix system until the API server stops.
@@ -239,15 +306,22 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
     let data_dir = std::fs::canonicalize(&data_dir)
         .with_context(|| format!("cannot resolve data dir {}", data_dir.display()))?;
     restrict(&data_dir, 0o700)?;
-    let ca = load_or_create_ca(&data_dir)?;
-    let ca_fingerprint = hex::encode(ca.fingerprint());
-    let signing_key = load_or_create_signing_key(&data_dir)?;
+    // Model blobs and pushes in flight: the data dir, or a directory every replica
+    // shares.
+    let shared_dir = match &config.store.shared_dir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create shared dir {}", dir.display()))?;
+            std::fs::canonicalize(dir)?
+        }
+        None => data_dir.clone(),
+    };
     let store = if config.store.etcd_endpoints.is_empty() {
-        store::Store::open(&data_dir)
+        store::Store::open_with_blobs(&data_dir, &shared_dir.join("blobs"))
             .with_context(|| format!("cannot open state in {}", data_dir.display()))?
     } else {
         let endpoints = &config.store.etcd_endpoints;
-        let store = store::Store::open_etcd(&data_dir, endpoints, &config.store.etcd_prefix)
+        let store = store::Store::open_etcd(&shared_dir, endpoints, &config.store.etcd_prefix)
             .with_context(|| {
                 format!(
                     "cannot reach the etcd cluster at {} (is it running? check [store] etcd_endpoints or --etcd)",
@@ -257,6 +331,26 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
         tracing::info!(endpoints = %endpoints.join(","), prefix = %config.store.etcd_prefix, "state in etcd");
         store
     };
+    if let Some(etcd) = store.etcd_client() {
+        let me = leader::LeaderInfo {
+            host: std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_string())
+                .unwrap_or_default(),
+            pid: std::process::id(),
+            api: config.api_listen.to_string(),
+            quic: config.quic_listen.to_string(),
+        };
+        leader::lead(etcd, me, &data_dir).await?;
+    }
+    let (ca, signing_key) = if store.etcd_client().is_some() {
+        shared_secrets(&store, &data_dir)?
+    } else {
+        (
+            load_or_create_ca(&data_dir)?,
+            load_or_create_signing_key(&data_dir)?,
+        )
+    };
+    let ca_fingerprint = hex::encode(ca.fingerprint());
     if let Some(token) = federation::ensure_admin_token(&store)? {
         let path = data_dir.join("admin-token");
         write_secret(&path, token.as_bytes())?;
@@ -266,8 +360,8 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
         );
     }
     let blob_dir = store.blob_dir().to_path_buf();
-    let pushes = pending_pushes::PendingPushes::open(&data_dir)
-        .with_context(|| format!("cannot create {}/pushes", data_dir.display()))?;
+    let pushes = pending_pushes::PendingPushes::open(&shared_dir)
+        .with_context(|| format!("cannot create {}/pushes", shared_dir.display()))?;
 
     let (server_cert, server_key) = ca.issue_server(&config.server_names)?;
     let quic_config = nephele_net::server_config(ca.cert_der(), &server_cert, &server_key)?;

@@ -103,6 +103,9 @@ pub enum StoreError {
     /// answers 503 with this.
     #[error("state store unavailable: {0}")]
     Unavailable(String),
+    /// This replica lost its leadership (etcd): it must stop acting.
+    #[error("state store: {0}")]
+    Fenced(String),
 }
 
 fn db_error(error: impl std::fmt::Display) -> StoreError {
@@ -286,13 +289,13 @@ fn decode<T: DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, StoreError>
 
 impl Store {
     /// The records in the etcd cluster at `endpoints` under `prefix`; blobs in
-    /// `data_dir` (which several control planes must share, see the README).
+    /// `shared_dir` (which several control planes must share, see the README).
     pub fn open_etcd(
-        data_dir: &Path,
+        shared_dir: &Path,
         endpoints: &[String],
         prefix: &str,
     ) -> Result<Store, StoreError> {
-        let blob_dir = data_dir.join("blobs");
+        let blob_dir = shared_dir.join("blobs");
         std::fs::create_dir_all(&blob_dir)?;
         let etcd = etcd::Etcd::connect(endpoints, prefix)?;
         Ok(Store {
@@ -317,8 +320,13 @@ impl Store {
     }
 
     pub fn open(data_dir: &Path) -> Result<Store, StoreError> {
+        Store::open_with_blobs(data_dir, &data_dir.join("blobs"))
+    }
+
+    /// The redb file in `data_dir`, blobs in `blob_dir`.
+    pub fn open_with_blobs(data_dir: &Path, blob_dir: &Path) -> Result<Store, StoreError> {
         let db = Database::create(data_dir.join("state.redb")).map_err(db_error)?;
-        let blob_dir = data_dir.join("blobs");
+        let blob_dir = blob_dir.to_path_buf();
         std::fs::create_dir_all(&blob_dir)?;
         let txn = db.begin_write().map_err(db_error)?;
         for table in Table::ALL {
@@ -493,6 +501,40 @@ impl Store {
         };
         txn.commit().map_err(db_error)?;
         Ok(existed)
+    }
+
+    /// The etcd client, when the records are in etcd (for leader election).
+    pub fn etcd_client(&self) -> Option<std::sync::Arc<etcd::Etcd>> {
+        match &self.backend {
+            Backend::Etcd(etcd) => Some(etcd.clone()),
+            Backend::Redb(_) => None,
+        }
+    }
+
+    /// Writes `value` at `key` in `table` unless there is one; whether it was written.
+    pub fn put_if_absent<T: Serialize>(
+        &self,
+        table: Table,
+        key: &str,
+        value: &T,
+    ) -> Result<bool, StoreError> {
+        let bytes = serde_json::to_vec(value).map_err(db_error)?;
+        let Some(db) = self.db() else {
+            return self
+                .etcd()?
+                .put_if_absent(&self.etcd_key(table, key), &bytes);
+        };
+        let txn = db.begin_write().map_err(db_error)?;
+        let written = {
+            let mut open = txn.open_table(table.definition()).map_err(db_error)?;
+            let exists = open.get(key).map_err(db_error)?.is_some();
+            if !exists {
+                open.insert(key, bytes.as_slice()).map_err(db_error)?;
+            }
+            !exists
+        };
+        txn.commit().map_err(db_error)?;
+        Ok(written)
     }
 
     fn etcd(&self) -> Result<&etcd::Etcd, StoreError> {

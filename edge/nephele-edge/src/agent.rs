@@ -350,13 +350,27 @@ async fn shutdown_signal() {
 async fn session_loop(agent: Arc<Agent>, desired_tx: watch::Sender<Option<DesiredState>>) {
     let mut backoff = Duration::from_millis(200);
     let mut told_expired = false;
+    // Which control-plane replica to try (`--server A,B`): the same one again after a
+    // session ends, the next one after a failed attempt.
+    let mut replica = 0usize;
     loop {
-        match run_session(&agent, &desired_tx).await {
+        let replicas = crate::enrol::servers(&agent.enrolment.config.server);
+        let server = replicas
+            .get(replica % replicas.len().max(1))
+            .copied()
+            .unwrap_or_default()
+            .to_string();
+        match run_session(&agent, &desired_tx, &server).await {
             Ok(reason) => {
                 tracing::warn!(%reason, "session ended; reconnecting");
                 backoff = Duration::from_millis(200);
             }
             Err(error) => {
+                if replicas.len() > 1 {
+                    replica = (replica + 1) % replicas.len();
+                    // Another replica to try: not worth a long wait first.
+                    backoff = backoff.min(Duration::from_millis(400));
+                }
                 tracing::warn!(error = %format!("{error:#}"), retry_in_ms = backoff.as_millis() as u64, "cannot reach the control plane");
                 if let Some(advice) = crate::renewal::expired_advice(&agent) {
                     if !told_expired {
@@ -381,15 +395,16 @@ async fn session_loop(agent: Arc<Agent>, desired_tx: watch::Sender<Option<Desire
 async fn run_session(
     agent: &Arc<Agent>,
     desired_tx: &watch::Sender<Option<DesiredState>>,
+    server: &str,
 ) -> Result<String> {
     let config = &agent.enrolment.config;
-    let addr = crate::enrol::resolve(&config.server).await?;
+    let addr = crate::enrol::resolve(server).await?;
     let endpoint = nephele_net::client_endpoint(addr)?;
     let (cert_der, key_der) = agent.identity();
     let client_config =
         nephele_net::mtls_client_config(&agent.enrolment.ca_der, &cert_der, &key_der)?;
     let connection = tokio::time::timeout(
-        Duration::from_secs(10),
+        crate::enrol::connect_timeout(&config.server, Duration::from_secs(10)),
         endpoint.connect_with(client_config, addr, nephele_net::SERVER_NAME)?,
     )
     .await

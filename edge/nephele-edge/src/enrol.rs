@@ -22,6 +22,25 @@ pub async fn resolve(server: &str) -> Result<std::net::SocketAddr> {
         .with_context(|| format!("{server:?} resolved to no address"))
 }
 
+/// The control-plane addresses in `server` (comma-separated HOST:PORT).
+pub fn servers(server: &str) -> Vec<&str> {
+    server
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+/// How long one connection attempt may take: shorter when there are other replicas to
+/// try (a dead replica's UDP port does not refuse, it stays silent).
+pub fn connect_timeout(server: &str, alone: Duration) -> Duration {
+    if servers(server).len() > 1 {
+        alone.min(Duration::from_secs(4))
+    } else {
+        alone
+    }
+}
+
 fn default_name() -> String {
     std::fs::read_to_string("/etc/hostname")
         .ok()
@@ -59,16 +78,35 @@ pub async fn join(args: JoinArgs) -> Result<()> {
         .with_context(|| format!("cannot create {}", data_dir.display()))?;
 
     let (key_pem, csr_der) = nephele_net::pki::agent_csr(&name)?;
-    let addr = resolve(&args.server).await?;
-    let endpoint = nephele_net::client_endpoint(addr)?;
     let client_config = nephele_net::join_client_config(token.ca_fingerprint)?;
-    let connection = tokio::time::timeout(
-        Duration::from_secs(15),
-        endpoint.connect_with(client_config, addr, nephele_net::SERVER_NAME)?,
-    )
-    .await
-    .with_context(|| format!("no answer from {addr} within 15 s; is the control plane's QUIC port reachable (UDP)?"))?
-    .with_context(|| format!("cannot establish a secure connection to {addr} (if the CA does not match the token, the token is for another cluster)"))?;
+    let timeout = connect_timeout(&args.server, Duration::from_secs(15));
+    let mut failures = Vec::new();
+    let mut reached = None;
+    // Replicas in the order given: the first that answers takes the join.
+    for server in servers(&args.server) {
+        let attempt = async {
+            let addr = resolve(server).await?;
+            let endpoint = nephele_net::client_endpoint(addr)?;
+            let connection = tokio::time::timeout(
+                timeout,
+                endpoint.connect_with(client_config.clone(), addr, nephele_net::SERVER_NAME)?,
+            )
+            .await
+            .with_context(|| format!("no answer from {addr} within {} s; is the control plane's QUIC port reachable (UDP)?", timeout.as_secs()))?
+            .with_context(|| format!("cannot establish a secure connection to {addr} (if the CA does not match the token, the token is for another cluster)"))?;
+            anyhow::Ok((endpoint, connection))
+        };
+        match attempt.await {
+            Ok(pair) => {
+                reached = Some(pair);
+                break;
+            }
+            Err(error) => failures.push(format!("{error:#}")),
+        }
+    }
+    let Some((endpoint, connection)) = reached else {
+        bail!("{}", failures.join("; "));
+    };
     let (mut send, mut recv) = connection
         .open_bi()
         .await

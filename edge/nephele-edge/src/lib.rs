@@ -57,7 +57,8 @@ pub enum EdgeCommand {
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct JoinArgs {
-    /// Control plane QUIC address, HOST:PORT.
+    /// Control plane QUIC address, HOST:PORT; several, comma-separated, for replicas
+    /// of the control plane (the agent uses whichever answers).
     #[arg(long)]
     pub server: String,
     /// Join token from `nephele token create` (or POST /v1/tokens).

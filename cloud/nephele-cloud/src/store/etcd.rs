@@ -54,6 +54,19 @@ pub struct Etcd {
     agent: ureq::Agent,
     /// Until when reads skip the linearizable attempt (the cluster had no quorum).
     degraded_until: Mutex<Option<Instant>>,
+    /// Set once this replica leads: every write is made only while the leader key is
+    /// still the one this replica created (its create revision), so a replica deposed
+    /// while paused or cut off cannot write (fencing).
+    fence: Mutex<Option<(String, i64)>>,
+}
+
+/// The outcome of a campaign for the leader key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Campaign {
+    /// This replica holds the key now, created at this revision.
+    Won { revision: i64 },
+    /// Another holds it; its value.
+    Held { by: Vec<u8> },
 }
 
 /// What one call to a member gave.
@@ -90,6 +103,7 @@ impl Etcd {
                 .build()
                 .into(),
             degraded_until: Mutex::new(None),
+            fence: Mutex::new(None),
         };
         // Reachable at all (a member's own status needs no quorum).
         etcd.call("/v3/maintenance/status", &json!({}), READ_TIMEOUT)?;
@@ -120,7 +134,20 @@ impl Etcd {
         if ops.is_empty() {
             return Ok(());
         }
+        self.write(ops).map(|_| ())
+    }
+
+    /// [`Etcd::txn`], returning etcd's answer.
+    fn write(&self, ops: &[Op]) -> Result<Value, StoreError> {
         self.check_quorum()?;
+        let fence = self.fence.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let compare: Vec<Value> = fence
+            .iter()
+            .map(|(key, revision)| {
+                json!({"key": B64.encode(key), "target": "CREATE", "result": "EQUAL",
+                       "create_revision": revision.to_string()})
+            })
+            .collect();
         let success: Vec<Value> = ops
             .iter()
             .map(|op| match op {
@@ -129,8 +156,14 @@ impl Etcd {
                 Op::Delete { key } => json!({"request_delete_range": {"key": B64.encode(key)}}),
             })
             .collect();
-        match self.call("/v3/kv/txn", &json!({"success": success}), WRITE_TIMEOUT)? {
-            Answer::Ok(_) => Ok(()),
+        let request = json!({"compare": compare, "success": success});
+        match self.call("/v3/kv/txn", &request, WRITE_TIMEOUT)? {
+            Answer::Ok(value) if value["succeeded"] == Value::Bool(true) => Ok(value),
+            Answer::Ok(_) => Err(StoreError::Fenced(
+                "this control-plane replica is no longer the leader (another took over); \
+                 the write was not made"
+                    .into(),
+            )),
             Answer::Unavailable(why) => Err(StoreError::Unavailable(format!(
                 "etcd did not confirm the write ({why}); it may still be applied when the \
                  cluster recovers, so read it back before retrying"
@@ -138,20 +171,99 @@ impl Etcd {
         }
     }
 
-    /// Deletes `key`; whether it existed. Checks for a quorum first.
-    pub fn delete(&self, key: &str) -> Result<bool, StoreError> {
+    /// Writes `value` at `key` unless the key exists; whether it was written. Not
+    /// fenced: for what every replica may create once (the cluster CA, say).
+    pub fn put_if_absent(&self, key: &str, value: &[u8]) -> Result<bool, StoreError> {
         self.check_quorum()?;
-        match self.call(
-            "/v3/kv/deleterange",
-            &json!({"key": B64.encode(key)}),
-            WRITE_TIMEOUT,
-        )? {
-            Answer::Ok(value) => Ok(number(&value["deleted"]) > 0),
-            Answer::Unavailable(why) => Err(StoreError::Unavailable(format!(
-                "etcd did not confirm the delete ({why}); it may still be applied when the \
-                 cluster recovers, so read it back before retrying"
-            ))),
+        let request = json!({
+            "compare": [{"key": B64.encode(key), "target": "CREATE", "result": "EQUAL",
+                         "create_revision": "0"}],
+            "success": [{"request_put": {"key": B64.encode(key), "value": B64.encode(value)}}],
+        });
+        match self.call("/v3/kv/txn", &request, WRITE_TIMEOUT)? {
+            Answer::Ok(value) => Ok(value["succeeded"] == Value::Bool(true)),
+            Answer::Unavailable(why) => Err(StoreError::Unavailable(why)),
         }
+    }
+
+    /// A lease of `ttl_s` seconds; its id.
+    pub fn grant_lease(&self, ttl_s: u64) -> Result<i64, StoreError> {
+        match self.call(
+            "/v3/lease/grant",
+            &json!({"TTL": ttl_s.to_string()}),
+            READ_TIMEOUT,
+        )? {
+            Answer::Ok(value) => {
+                let id = number(&value["ID"]) as i64;
+                if id == 0 {
+                    return Err(StoreError::Db(format!("etcd granted no lease: {value}")));
+                }
+                Ok(id)
+            }
+            Answer::Unavailable(why) => Err(StoreError::Unavailable(why)),
+        }
+    }
+
+    /// Ends lease `id` now (deleting the keys bound to it).
+    pub fn revoke_lease(&self, id: i64) -> Result<(), StoreError> {
+        match self.call("/v3/lease/revoke", &json!({"ID": id.to_string()}), READ_TIMEOUT)? {
+            Answer::Ok(_) => Ok(()),
+            Answer::Unavailable(why) => Err(StoreError::Unavailable(why)),
+        }
+    }
+
+    /// Renews lease `id`; the seconds it has left, 0 when it has expired.
+    pub fn keep_alive(&self, id: i64) -> Result<u64, StoreError> {
+        match self.call(
+            "/v3/lease/keepalive",
+            &json!({"ID": id.to_string()}),
+            READ_TIMEOUT,
+        )? {
+            Answer::Ok(value) => Ok(number(&value["result"]["TTL"])),
+            Answer::Unavailable(why) => Err(StoreError::Unavailable(why)),
+        }
+    }
+
+    /// Tries to create `key` with `value` bound to `lease` (etcd's election recipe:
+    /// the first to create the key leads until its lease ends).
+    pub fn campaign(&self, key: &str, value: &[u8], lease: i64) -> Result<Campaign, StoreError> {
+        let encoded = B64.encode(key);
+        let request = json!({
+            "compare": [{"key": encoded, "target": "CREATE", "result": "EQUAL",
+                         "create_revision": "0"}],
+            "success": [{"request_put": {"key": encoded, "value": B64.encode(value),
+                                          "lease": lease.to_string()}}],
+            "failure": [{"request_range": {"key": encoded}}],
+        });
+        let value = match self.call("/v3/kv/txn", &request, WRITE_TIMEOUT)? {
+            Answer::Ok(value) => value,
+            Answer::Unavailable(why) => return Err(StoreError::Unavailable(why)),
+        };
+        if value["succeeded"] == Value::Bool(true) {
+            return Ok(Campaign::Won {
+                revision: number(&value["header"]["revision"]) as i64,
+            });
+        }
+        let holder = &value["responses"][0]["response_range"]["kvs"][0]["value"];
+        let by = B64
+            .decode(holder.as_str().unwrap_or_default())
+            .unwrap_or_default();
+        Ok(Campaign::Held { by })
+    }
+
+    /// From now on, every write is made only while `key` is still the one created at
+    /// `revision` (this replica's leadership).
+    pub fn fence_on(&self, key: &str, revision: i64) {
+        *self.fence.lock().unwrap_or_else(|p| p.into_inner()) = Some((key.to_string(), revision));
+    }
+
+    /// Deletes `key`; whether it existed. Checks for a quorum first; fenced like
+    /// every write.
+    pub fn delete(&self, key: &str) -> Result<bool, StoreError> {
+        let answer = self.write(&[Op::Delete {
+            key: key.to_string(),
+        }])?;
+        Ok(number(&answer["responses"][0]["response_delete_range"]["deleted"]) > 0)
     }
 
     /// Refuses when the cluster cannot commit a write now: a linearizable read needs

@@ -1,0 +1,183 @@
+//! Two control-plane replicas on one three-member etcd cluster: one leads, the other
+//! waits. Killing the leader moves the fleet to the standby within the lease time,
+//! with nothing lost and nothing reloaded on the device; a leader paused past its
+//! lease is deposed, and when it wakes it can write nothing (fencing) and exits.
+//!
+//! The times printed here are what the README quotes; the assertions hold them only to
+//! generous bounds, so a slow machine does not fail the test.
+
+#![allow(clippy::unwrap_used)]
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use nephele_e2e::etcd::EtcdCluster;
+use nephele_e2e::{heldout, temp_dir, Cloud, Edge, Http, MODEL_ONNX, TWO_REGIONS};
+use serde_json::{json, Value};
+
+fn deploy(cloud: &Cloud, name: &str) -> anyhow::Result<(u16, Value)> {
+    Http::new(Some(cloud.token.clone())).raw_json(
+        "POST",
+        &format!("{}/v1/deployments", cloud.api),
+        &json!({"name": name, "model": "digits-mlp", "selector": "tier=edge"}),
+    )
+}
+
+fn names(value: &Value) -> Vec<String> {
+    let mut names: Vec<String> = value
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v["name"].as_str().map(str::to_string))
+        .collect();
+    names.sort();
+    names
+}
+
+fn signal(pid: u32, name: &str) {
+    let status = Command::new("kill")
+        .args([&format!("-{name}"), &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{name} {pid}");
+}
+
+#[test]
+fn the_standby_takes_over_and_a_deposed_leader_cannot_write() {
+    let Some(etcd) = EtcdCluster::start("failover", 3).unwrap() else {
+        return;
+    };
+    let shared = temp_dir("ha-shared");
+    let mut a = Cloud::replica("ha-a", TWO_REGIONS, &etcd.endpoints(), &shared).unwrap();
+    a.wait_leading(60).unwrap();
+    a.token = std::fs::read_to_string(a.dir.join("data/admin-token"))
+        .unwrap()
+        .trim()
+        .to_string();
+    let mut b = Cloud::replica("ha-b", TWO_REGIONS, &etcd.endpoints(), &shared).unwrap();
+    b.token = a.token.clone();
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(b.wait_leading(0).is_err(), "two replicas lead at once");
+    assert!(b.logs().contains("standby"), "{}", b.logs());
+
+    // A device that knows both replicas, serving a model pushed through the leader.
+    let servers = format!("{},{}", a.quic, b.quic);
+    let edge = Edge::start_via(
+        &a,
+        &servers,
+        "edge-1",
+        "eu-west",
+        &["--label", "tier=edge"],
+        &[],
+    )
+    .unwrap();
+    let (status, body) = a.put_model("digits-mlp", MODEL_ONNX).unwrap();
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = deploy(&a, "digits").unwrap();
+    assert_eq!(status, 201, "{body}");
+    a.wait_for("/v1/deployments/digits", "digits ready", |v| {
+        v["ready_devices"] == 1
+    })
+    .unwrap();
+    let row = heldout().features[6].clone();
+
+    // The leader dies.
+    a.kill9();
+    let killed = Instant::now();
+    let led_after = b.wait_leading(30).unwrap();
+    let b_leads = killed.elapsed();
+    assert!(
+        edge.infer("digits", &row).unwrap().0 == 200,
+        "the device serves throughout"
+    );
+    b.wait_long("/v1/devices", "edge-1 online on the new leader", 60, |v| {
+        v.as_array().is_some_and(|a| {
+            a.iter()
+                .any(|d| d["name"] == "edge-1" && d["online"] == true)
+        })
+    })
+    .unwrap();
+    let device_back = killed.elapsed();
+    b.wait_for(
+        "/v1/deployments/digits",
+        "digits ready via the new leader",
+        |v| v["ready_devices"] == 1,
+    )
+    .unwrap();
+    println!(
+        "etcd failover: the standby led {} ms after the leader was killed (waited {} ms), \
+         the device was back online on it after {} ms",
+        b_leads.as_millis(),
+        led_after.as_millis(),
+        device_back.as_millis()
+    );
+    assert_eq!(names(&b.get("/v1/models").unwrap()), ["digits-mlp"]);
+    assert_eq!(names(&b.get("/v1/deployments").unwrap()), ["digits"]);
+    assert_eq!(names(&b.get("/v1/devices").unwrap()), ["edge-1"]);
+    assert_eq!(
+        edge.metric("nephele_agent_model_loads_total", "").unwrap(),
+        1.0,
+        "nothing reloaded"
+    );
+    // A new push through the new leader reaches the device (blobs are shared).
+    let (status, body) = deploy(&b, "digits-b").unwrap();
+    assert_eq!(status, 201, "{body}");
+    b.wait_for("/v1/deployments/digits-b", "digits-b ready", |v| {
+        v["ready_devices"] == 1
+    })
+    .unwrap();
+
+    // The old leader comes back as a standby.
+    a.restart_replica().unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(a.wait_leading(0).is_err(), "two replicas lead at once");
+
+    // The leader is paused past its lease: the standby takes over; when the paused
+    // one wakes, it writes nothing and leaves.
+    signal(b.pid(), "STOP");
+    let paused = Instant::now();
+    let a_led = a.wait_leading(30);
+    signal(b.pid(), "CONT");
+    a_led.unwrap();
+    let a_leads = paused.elapsed();
+    let late_write = deploy(&b, "from-the-deposed-leader");
+    assert!(
+        !matches!(late_write, Ok((201, _))),
+        "a deposed leader took a write: {late_write:?}"
+    );
+    let begun = Instant::now();
+    let status = loop {
+        if let Some(status) = b.exited() {
+            break status;
+        }
+        assert!(
+            begun.elapsed() < Duration::from_secs(15),
+            "the deposed leader did not stop:\n{}",
+            b.logs()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    println!(
+        "etcd fencing: leader paused; the standby led {} ms later; the woken leader's write was refused ({}) and it exited ({status})",
+        a_leads.as_millis(),
+        match &late_write {
+            Ok((code, _)) => code.to_string(),
+            Err(error) => format!("{error}"),
+        }
+    );
+    assert_eq!(status.code(), Some(75), "{}", b.logs());
+    assert_eq!(
+        names(&a.get("/v1/deployments").unwrap()),
+        ["digits", "digits-b"],
+        "nothing from the deposed leader"
+    );
+    a.wait_long("/v1/devices", "edge-1 back on the first replica", 60, |v| {
+        v.as_array().is_some_and(|a| {
+            a.iter()
+                .any(|d| d["name"] == "edge-1" && d["online"] == true)
+        })
+    })
+    .unwrap();
+    assert_eq!(edge.infer("digits-b", &row).unwrap().0, 200);
+    let _ = std::fs::remove_dir_all(&shared);
+}

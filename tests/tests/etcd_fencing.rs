@@ -38,7 +38,9 @@ fn a_deposed_leader_can_neither_write_nor_delete() {
     let lease_two = two.grant_lease(2).unwrap();
     assert_eq!(
         two.campaign(leader, b"two", lease_two).unwrap(),
-        Campaign::Held { by: b"one".to_vec() }
+        Campaign::Held {
+            by: b"one".to_vec()
+        }
     );
 
     // Its lease ends; two takes over.
@@ -56,7 +58,10 @@ fn a_deposed_leader_can_neither_write_nor_delete() {
     // One still thinks it leads: every write of its is refused, and nothing is made.
     let refused = one.txn(&[put(&b, "by one, deposed")]).unwrap_err();
     assert!(matches!(refused, StoreError::Fenced(_)), "{refused}");
-    assert!(refused.to_string().contains("no longer the leader"), "{refused}");
+    assert!(
+        refused.to_string().contains("no longer the leader"),
+        "{refused}"
+    );
     assert_eq!(one.get(&b).unwrap(), None);
     let refused = one.delete(&a).unwrap_err();
     assert!(matches!(refused, StoreError::Fenced(_)), "{refused}");

@@ -70,7 +70,10 @@ pub async fn lead(etcd: Arc<Etcd>, me: LeaderInfo, data_dir: &Path) -> anyhow::R
         let etcd = etcd.clone();
         let revoked = tokio::task::spawn_blocking(move || etcd.revoke_lease(old)).await?;
         if revoked.is_ok() {
-            tracing::info!(lease = old, "ended this replica's lease from before its restart");
+            tracing::info!(
+                lease = old,
+                "ended this replica's lease from before its restart"
+            );
         }
         let _ = std::fs::remove_file(&lease_file);
     }

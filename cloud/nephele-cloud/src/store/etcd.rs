@@ -206,7 +206,11 @@ impl Etcd {
 
     /// Ends lease `id` now (deleting the keys bound to it).
     pub fn revoke_lease(&self, id: i64) -> Result<(), StoreError> {
-        match self.call("/v3/lease/revoke", &json!({"ID": id.to_string()}), READ_TIMEOUT)? {
+        match self.call(
+            "/v3/lease/revoke",
+            &json!({"ID": id.to_string()}),
+            READ_TIMEOUT,
+        )? {
             Answer::Ok(_) => Ok(()),
             Answer::Unavailable(why) => Err(StoreError::Unavailable(why)),
         }

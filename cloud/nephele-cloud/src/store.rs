@@ -17,17 +17,6 @@ use nephele_domain::{AgentRole, Labels};
 
 pub mod etcd;
 
-const JOIN_TOKENS: TableDefinition<&str, &[u8]> = TableDefinition::new("join_tokens");
-const DEVICES: TableDefinition<&str, &[u8]> = TableDefinition::new("devices");
-const MODELS: TableDefinition<&str, &[u8]> = TableDefinition::new("models");
-const DEPLOYMENTS: TableDefinition<&str, &[u8]> = TableDefinition::new("deployments");
-const API_TOKENS: TableDefinition<&str, &[u8]> = TableDefinition::new("api_tokens");
-const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
-const REGION_JOBS: TableDefinition<&str, &[u8]> = TableDefinition::new("region_jobs");
-const REGION_NODES: TableDefinition<&str, &[u8]> = TableDefinition::new("region_nodes");
-const REGION_STATE: TableDefinition<&str, &[u8]> = TableDefinition::new("region_state");
-const USAGE: TableDefinition<&str, &[u8]> = TableDefinition::new("usage");
-
 #[derive(Debug, Clone, Copy)]
 pub enum Table {
     JoinTokens,
@@ -64,18 +53,7 @@ impl Table {
     }
 
     fn definition(self) -> TableDefinition<'static, &'static str, &'static [u8]> {
-        match self {
-            Table::JoinTokens => JOIN_TOKENS,
-            Table::Devices => DEVICES,
-            Table::Models => MODELS,
-            Table::Deployments => DEPLOYMENTS,
-            Table::ApiTokens => API_TOKENS,
-            Table::Meta => META,
-            Table::RegionJobs => REGION_JOBS,
-            Table::RegionNodes => REGION_NODES,
-            Table::RegionState => REGION_STATE,
-            Table::Usage => USAGE,
-        }
+        TableDefinition::new(self.name())
     }
     const ALL: [Table; 10] = [
         Table::JoinTokens,

@@ -79,6 +79,9 @@ pub async fn join(args: JoinArgs) -> Result<()> {
 
     let (key_pem, csr_der) = nephele_net::pki::agent_csr(&name)?;
     let client_config = nephele_net::join_client_config(token.ca_fingerprint)?;
+    if servers(&args.server).is_empty() {
+        bail!("--server is empty: give the control plane's QUIC address, HOST:PORT (several, comma-separated, for replicas)");
+    }
     let timeout = connect_timeout(&args.server, Duration::from_secs(15));
     let mut failures = Vec::new();
     let mut reached = None;
@@ -184,4 +187,18 @@ pub async fn join(args: JoinArgs) -> Result<()> {
         data_dir.display()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn several_servers_are_tried_each_for_less_time() {
+        assert_eq!(servers(" a:1, b:2 ,,"), ["a:1", "b:2"]);
+        assert!(servers("").is_empty());
+        let alone = Duration::from_secs(10);
+        assert_eq!(connect_timeout("a:1", alone), alone);
+        assert_eq!(connect_timeout("a:1,b:2", alone), Duration::from_secs(4));
+    }
 }

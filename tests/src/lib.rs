@@ -944,6 +944,18 @@ impl Http {
     }
 }
 
+/// The sorted `name`s of a list the API returned (devices, models, deployments).
+pub fn names(value: &Value) -> Vec<String> {
+    let mut names: Vec<String> = value
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v["name"].as_str().map(str::to_string))
+        .collect();
+    names.sort();
+    names
+}
+
 #[derive(serde::Deserialize)]
 pub struct Heldout {
     pub features: Vec<Vec<f32>>,

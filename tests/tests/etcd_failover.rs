@@ -12,7 +12,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use nephele_e2e::etcd::EtcdCluster;
-use nephele_e2e::{heldout, temp_dir, Cloud, Edge, Http, MODEL_ONNX, TWO_REGIONS};
+use nephele_e2e::{heldout, names, temp_dir, Cloud, Edge, Http, MODEL_ONNX, TWO_REGIONS};
 use serde_json::{json, Value};
 
 fn deploy(cloud: &Cloud, name: &str) -> anyhow::Result<(u16, Value)> {
@@ -21,17 +21,6 @@ fn deploy(cloud: &Cloud, name: &str) -> anyhow::Result<(u16, Value)> {
         &format!("{}/v1/deployments", cloud.api),
         &json!({"name": name, "model": "digits-mlp", "selector": "tier=edge"}),
     )
-}
-
-fn names(value: &Value) -> Vec<String> {
-    let mut names: Vec<String> = value
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|v| v["name"].as_str().map(str::to_string))
-        .collect();
-    names.sort();
-    names
 }
 
 fn signal(pid: u32, name: &str) {
@@ -90,13 +79,7 @@ fn the_standby_takes_over_and_a_deposed_leader_cannot_write() {
         edge.infer("digits", &row).unwrap().0 == 200,
         "the device serves throughout"
     );
-    b.wait_long("/v1/devices", "edge-1 online on the new leader", 60, |v| {
-        v.as_array().is_some_and(|a| {
-            a.iter()
-                .any(|d| d["name"] == "edge-1" && d["online"] == true)
-        })
-    })
-    .unwrap();
+    b.wait_online("edge-1").unwrap();
     let device_back = killed.elapsed();
     b.wait_for(
         "/v1/deployments/digits",
@@ -171,13 +154,7 @@ fn the_standby_takes_over_and_a_deposed_leader_cannot_write() {
         ["digits", "digits-b"],
         "nothing from the deposed leader"
     );
-    a.wait_long("/v1/devices", "edge-1 back on the first replica", 60, |v| {
-        v.as_array().is_some_and(|a| {
-            a.iter()
-                .any(|d| d["name"] == "edge-1" && d["online"] == true)
-        })
-    })
-    .unwrap();
+    a.wait_online("edge-1").unwrap();
     assert_eq!(edge.infer("digits-b", &row).unwrap().0, 200);
     let _ = std::fs::remove_dir_all(&shared);
 }

@@ -13,7 +13,7 @@
 use std::time::{Duration, Instant};
 
 use nephele_e2e::etcd::EtcdCluster;
-use nephele_e2e::{heldout, Cloud, Edge, Http, MODEL_ONNX, TWO_REGIONS};
+use nephele_e2e::{heldout, names, Cloud, Edge, Http, MODEL_ONNX, TWO_REGIONS};
 use serde_json::{json, Value};
 
 fn deploy(cloud: &Cloud, name: &str) -> (u16, Value) {
@@ -54,17 +54,6 @@ fn fleet(label: &str, etcd: &EtcdCluster) -> (Cloud, Edge) {
     assert_eq!(status, 201, "{body}");
     wait_ready(&cloud, "digits");
     (cloud, edge)
-}
-
-fn names(value: &Value) -> Vec<String> {
-    let mut names: Vec<String> = value
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|v| v["name"].as_str().map(str::to_string))
-        .collect();
-    names.sort();
-    names
 }
 
 #[test]

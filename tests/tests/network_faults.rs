@@ -52,6 +52,29 @@ fn wait_ready(cloud: &Cloud, name: &str, seconds: u64) {
         .unwrap();
 }
 
+/// A lab with a 10 ms link, a control plane, and `edge-1` across it (run with
+/// `run_args`) serving `digits`.
+fn serving_across_a_link(label: &str, run_args: &[&str]) -> Option<(Lab, Cloud, Edge)> {
+    let (lab, cloud) = lab_and_cloud(label)?;
+    lab.impair(Impairment {
+        delay: Duration::from_millis(10),
+        ..Impairment::CLEAN
+    });
+    let edge = Edge::start_in(
+        &lab,
+        &cloud,
+        "edge-1",
+        "eu-west",
+        &["--label", "tier=edge"],
+        run_args,
+    )
+    .unwrap();
+    upload_digits(&cloud);
+    deploy(&cloud, "digits");
+    wait_ready(&cloud, "digits", 60);
+    Some((lab, cloud, edge))
+}
+
 fn device(cloud: &Cloud, name: &str) -> Value {
     cloud
         .get("/v1/devices")
@@ -158,25 +181,11 @@ fn a_large_desired_state_crosses_a_slow_lossy_link() {
 /// request it served is counted once.
 #[test]
 fn a_partition_neither_restarts_nor_reloads_and_every_record_is_counted_once() {
-    let Some((lab, cloud)) = lab_and_cloud("partition") else {
+    let Some((lab, cloud, edge)) =
+        serving_across_a_link("partition", &["--usage-window-ms", "200"])
+    else {
         return;
     };
-    lab.impair(Impairment {
-        delay: Duration::from_millis(10),
-        ..Impairment::CLEAN
-    });
-    let edge = Edge::start_in(
-        &lab,
-        &cloud,
-        "edge-1",
-        "eu-west",
-        &["--label", "tier=edge"],
-        &["--usage-window-ms", "200"],
-    )
-    .unwrap();
-    upload_digits(&cloud);
-    deploy(&cloud, "digits");
-    wait_ready(&cloud, "digits", 60);
     ask(&edge, 5);
     until("5 requests counted", Duration::from_secs(30), || {
         served_local(&cloud) == 5
@@ -216,14 +225,7 @@ fn a_partition_neither_restarts_nor_reloads_and_every_record_is_counted_once() {
     assert!(edge.status().unwrap()["usage"]["pending"].as_u64().unwrap() >= 1);
     lab.heal();
     let healed = Instant::now();
-    cloud
-        .wait_long("/v1/devices", "edge-1 back online", 60, |v| {
-            v.as_array().is_some_and(|a| {
-                a.iter()
-                    .any(|d| d["name"] == "edge-1" && d["online"] == true)
-            })
-        })
-        .unwrap();
+    cloud.wait_online("edge-1").unwrap();
     let reconnected = healed.elapsed();
     until(
         "the long partition's usage counted",
@@ -280,25 +282,9 @@ fn a_partition_neither_restarts_nor_reloads_and_every_record_is_counted_once() {
 /// the control plane reaches the device at its new address.
 #[test]
 fn an_address_change_keeps_the_session() {
-    let Some((mut lab, cloud)) = lab_and_cloud("migrate") else {
+    let Some((mut lab, cloud, edge)) = serving_across_a_link("migrate", &[]) else {
         return;
     };
-    lab.impair(Impairment {
-        delay: Duration::from_millis(10),
-        ..Impairment::CLEAN
-    });
-    let edge = Edge::start_in(
-        &lab,
-        &cloud,
-        "edge-1",
-        "eu-west",
-        &["--label", "tier=edge"],
-        &[],
-    )
-    .unwrap();
-    upload_digits(&cloud);
-    deploy(&cloud, "digits");
-    wait_ready(&cloud, "digits", 60);
     let old = lab.edge_ip;
     let before = device(&cloud, "edge-1");
     assert!(

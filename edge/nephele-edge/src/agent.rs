@@ -1,14 +1,8 @@
-//! `nephele-edge run`: the session driver and the reconciler.
+//! `nephele-edge run`: start-up, the reconciler, and the streams the region opens.
 //!
-//! Session lifecycle (one QUIC connection at a time):
-//!
-//! | state        | on                          | next                                   |
-//! |--------------|-----------------------------|----------------------------------------|
-//! | connecting   | connected, Welcome received | serving; backoff reset to 200 ms        |
-//! | connecting   | failure or Refused          | waiting (backoff doubles, max 10 s, ±20%) |
-//! | serving      | DesiredState                | serving; reconciler gets the latest    |
-//! | serving      | connection lost / Refused   | waiting                                |
-//! | waiting      | backoff elapsed             | connecting                             |
+//! The session with the control plane (connect, backoff, replicas, heartbeats,
+//! removal) is [`crate::session_core`], a state machine without IO, driven by
+//! [`crate::session`].
 //!
 //! Local serving goes on in every state: a lost control plane only stops offload.
 //! Offline-first: each desired state is kept on the device once applied
@@ -36,15 +30,15 @@ use anyhow::{bail, Context as _, Result};
 use nephele_domain::FirmwareProfile;
 use nephele_net::{read_frame, write_frame};
 use nephele_proto::{
-    decode_payload, digest_hex, AgentMessage, CloudMessage, DeploymentPhase, DesiredState,
-    ErrorCode, ErrorFrame, Heartbeat, Hello, InferResponse, InferStage, InterruptionNotice,
-    JobMemberStatus, LinkReport, ModelManifest, NodeReport, Payload, RequestBody, StreamRequest,
+    digest_hex, DeploymentPhase, DesiredState, ErrorCode, ErrorFrame, InferResponse, InferStage,
+    JobMemberStatus, ModelManifest, NodeReport, Payload, RequestBody, StreamRequest,
     StreamResponse, VariantKind, CHUNK_BYTES, MAX_FRAME_BYTES, PROTOCOL_VERSION,
 };
 use tokio::sync::watch;
 
 use crate::config::Enrolment;
 use crate::jobs::{JobRunner, JobRunnerConfig, SupervisorCommand};
+use crate::reconcile_plan::Step;
 use crate::serving::{lock, Deployment, Server};
 use crate::RunArgs;
 
@@ -132,7 +126,7 @@ pub struct Agent {
     /// What was served, until the control plane has counted it ([`crate::usage`]).
     pub usage: Mutex<crate::usage::UsageQueue>,
     /// Wakes the task that keeps `usage` on disk.
-    usage_changed: tokio::sync::Notify,
+    pub(crate) usage_changed: tokio::sync::Notify,
     usage_window: Duration,
 }
 
@@ -263,7 +257,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let restored = restore(&agent);
     let (desired_tx, desired_rx) = watch::channel::<Option<DesiredState>>(None);
     tokio::spawn(reconciler(agent.clone(), desired_rx, restored));
-    let session = tokio::spawn(session_loop(agent.clone(), desired_tx));
+    let session = tokio::spawn(crate::session::run(agent.clone(), desired_tx));
     tokio::select! {
         _ = shutdown_signal() => {
             if let Some(connection) = server.connection.lock().unwrap_or_else(|p| p.into_inner()).take() {
@@ -316,20 +310,6 @@ async fn relay_interruptions(_agent: Arc<Agent>, never: Interruptions) {
     match never {}
 }
 
-/// The notice to send for a deadline, with the whole seconds left (rounded up); none
-/// once it has passed.
-fn interruption_notice(deadline: Option<Instant>, now: Instant) -> Option<AgentMessage> {
-    let left = deadline?.checked_duration_since(now)?;
-    if left.is_zero() {
-        return None;
-    }
-    let seconds = u32::try_from(left.as_millis().div_ceil(1000)).unwrap_or(u32::MAX);
-    Some(AgentMessage::Notice(InterruptionNotice {
-        seconds,
-        source: "SIGUSR1".into(),
-    }))
-}
-
 async fn shutdown_signal() {
     #[cfg(unix)]
     {
@@ -345,240 +325,6 @@ async fn shutdown_signal() {
     }
     #[cfg(not(unix))]
     let _ = tokio::signal::ctrl_c().await;
-}
-
-async fn session_loop(agent: Arc<Agent>, desired_tx: watch::Sender<Option<DesiredState>>) {
-    let mut backoff = Duration::from_millis(200);
-    let mut told_expired = false;
-    // Which control-plane replica to try (`--server A,B`): the same one again after a
-    // session ends, the next one after a failed attempt.
-    let mut replica = 0usize;
-    loop {
-        let replicas = crate::enrol::servers(&agent.enrolment.config.server);
-        let server = replicas
-            .get(replica % replicas.len().max(1))
-            .copied()
-            .unwrap_or_default()
-            .to_string();
-        match run_session(&agent, &desired_tx, &server).await {
-            Ok(reason) => {
-                tracing::warn!(%reason, "session ended; reconnecting");
-                backoff = Duration::from_millis(200);
-            }
-            Err(error) => {
-                if replicas.len() > 1 {
-                    replica = (replica + 1) % replicas.len();
-                    // Another replica to try: not worth a long wait first.
-                    backoff = backoff.min(Duration::from_millis(400));
-                }
-                tracing::warn!(error = %format!("{error:#}"), retry_in_ms = backoff.as_millis() as u64, "cannot reach the control plane");
-                if let Some(advice) = crate::renewal::expired_advice(&agent) {
-                    if !told_expired {
-                        tracing::error!("{advice}");
-                        told_expired = true;
-                    }
-                }
-            }
-        }
-        *agent
-            .server
-            .connection
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = None;
-        let jitter = 0.8 + rand::random::<f64>() * 0.4;
-        tokio::time::sleep(backoff.mul_f64(jitter)).await;
-        backoff = (backoff * 2).min(Duration::from_secs(10));
-    }
-}
-
-/// One session: returns why it ended when it had been established, an error otherwise.
-async fn run_session(
-    agent: &Arc<Agent>,
-    desired_tx: &watch::Sender<Option<DesiredState>>,
-    server: &str,
-) -> Result<String> {
-    let config = &agent.enrolment.config;
-    let addr = crate::enrol::resolve(server).await?;
-    let endpoint = nephele_net::client_endpoint(addr)?;
-    let (cert_der, key_der) = agent.identity();
-    let client_config =
-        nephele_net::mtls_client_config(&agent.enrolment.ca_der, &cert_der, &key_der)?;
-    let connection = tokio::time::timeout(
-        crate::enrol::connect_timeout(&config.server, Duration::from_secs(10)),
-        endpoint.connect_with(client_config, addr, nephele_net::SERVER_NAME)?,
-    )
-    .await
-    .context("connect timed out")?
-    .context("QUIC/TLS connection failed")?;
-    let (mut send, recv) = connection.open_bi().await?;
-    // Control frames are read in a `select!` beside the heartbeat: through a reader
-    // whose buffer survives a cancelled read, so a desired state that arrives slowly
-    // across heartbeats is not cut (nephele_net::framing).
-    let mut control = nephele_net::FrameReader::new(recv, MAX_FRAME_BYTES);
-    let cached: Vec<[u8; 32]> = agent
-        .server
-        .deployments
-        .read()
-        .unwrap_or_else(|p| p.into_inner())
-        .values()
-        .map(|d| d.model_digest)
-        .collect();
-    write_frame(
-        &mut send,
-        &AgentMessage::Hello(Hello {
-            protocol_version: PROTOCOL_VERSION,
-            agent_version: env!("CARGO_PKG_VERSION").into(),
-            role: config.role.clone(),
-            profile_name: agent.profile_name.clone(),
-            profile_toml: agent.profile_toml.clone(),
-            models_cached: cached,
-            local_endpoint: agent.local_endpoint.clone(),
-            node: agent.node.clone(),
-            jobs: agent.job_statuses(),
-        }),
-    )
-    .await?;
-    let welcome =
-        match tokio::time::timeout(Duration::from_secs(10), control.next::<CloudMessage>())
-            .await
-            .context("no Welcome within 10 s")??
-        {
-            Some(CloudMessage::Welcome(welcome)) => welcome,
-            Some(CloudMessage::Refused(error)) => {
-                if error.code == ErrorCode::Unauthorized {
-                    mark_removed(agent, desired_tx, &error.message);
-                }
-                bail!("the control plane refused this agent: {}", error.message)
-            }
-            Some(other) => bail!("unexpected first message {other:?}"),
-            None => bail!("the control plane closed the control stream"),
-        };
-    tracing::info!(region = %welcome.region, server = %addr, "connected to the control plane");
-    if agent.server.removed().is_some() {
-        // Accepted again (the removal was undone): a member of the fleet once more.
-        agent.server.set_removed(None);
-        let _ = std::fs::remove_file(
-            agent
-                .enrolment
-                .data_dir
-                .join(crate::persisted::REMOVED_FILE),
-        );
-    }
-    *agent
-        .server
-        .connection
-        .lock()
-        .unwrap_or_else(|p| p.into_inner()) = Some(connection.clone());
-    agent
-        .server
-        .metrics
-        .counter(
-            "nephele_agent_sessions_total",
-            "Sessions established with the control plane.",
-            &[],
-        )
-        .inc();
-
-    // Requests the region sends us (pool role) arrive on streams the cloud opens.
-    let acceptor = {
-        let connection = connection.clone();
-        let agent = agent.clone();
-        tokio::spawn(async move {
-            while let Ok((send, recv)) = connection.accept_bi().await {
-                let agent = agent.clone();
-                tokio::spawn(async move { serve_cloud_stream(agent, send, recv).await });
-            }
-        })
-    };
-
-    let renewer = tokio::spawn(crate::renewal::keep_renewed(
-        agent.clone(),
-        connection.clone(),
-    ));
-    let mut heartbeat = tokio::time::interval(Duration::from_millis(u64::from(
-        welcome.heartbeat_interval_ms.max(100),
-    )));
-    // A notice still running from before this session is told to this one too.
-    let mut notice_rx = agent.notice.subscribe();
-    let pending_notice = *notice_rx.borrow_and_update();
-    if let Some(notice) = interruption_notice(pending_notice, Instant::now()) {
-        write_frame(&mut send, &notice).await?;
-    }
-    let mut warned_edge_jobs = false;
-    let mut seq = 0u64;
-    let reason = loop {
-        tokio::select! {
-            frame = control.next::<CloudMessage>() => match frame {
-                Ok(Some(CloudMessage::DesiredState(desired))) => {
-                    // Jobs act now, whatever the model reconciler is busy with.
-                    match &agent.jobs {
-                        Some(runner) => runner.set_desired(desired.jobs.clone()),
-                        None if !desired.jobs.is_empty() && !warned_edge_jobs => {
-                            warned_edge_jobs = true;
-                            tracing::warn!(members = desired.jobs.len(), "the control plane sent job members to an edge agent; only pool agents run jobs");
-                        }
-                        None => {}
-                    }
-                    let _ = desired_tx.send(Some(desired));
-                }
-                Ok(Some(CloudMessage::Refused(error))) => {
-                    if error.code == ErrorCode::Unauthorized {
-                        mark_removed(agent, desired_tx, &error.message);
-                    }
-                    break format!("refused: {}", error.message)
-                }
-                Ok(Some(CloudMessage::Welcome(_))) => break "protocol violation: a second Welcome".into(),
-                Ok(Some(CloudMessage::UsageAck { up_to })) => {
-                    if lock(&agent.usage).ack(up_to) {
-                        agent.usage_changed.notify_one();
-                    }
-                }
-                Ok(None) => break "the control plane finished the control stream".into(),
-                Err(error) => break format!("control stream: {error}"),
-            },
-            changed = notice_rx.changed() => {
-                if changed.is_err() {
-                    continue;
-                }
-                let deadline = *notice_rx.borrow_and_update();
-                if let Some(notice) = interruption_notice(deadline, Instant::now()) {
-                    if let Err(error) = write_frame(&mut send, &notice).await {
-                        break format!("interruption notice: {error}");
-                    }
-                }
-            }
-            _ = heartbeat.tick() => {
-                seq += 1;
-                let beat = AgentMessage::Heartbeat(Heartbeat {
-                    seq,
-                    uptime_ms: agent.started.elapsed().as_millis() as u64,
-                    applied_generation: agent.applied_generation.load(Ordering::Relaxed),
-                    rss_bytes: rss_bytes(),
-                    deployments: agent.server.telemetry(),
-                    link: LinkReport {
-                        rtt_us: connection.rtt().as_micros() as u64,
-                        bandwidth_bps: agent.link_bps.load(Ordering::Relaxed),
-                    },
-                    jobs: agent.job_statuses(),
-                });
-                if let Err(error) = write_frame(&mut send, &beat).await {
-                    break format!("heartbeat: {error}");
-                }
-                // Usage not counted yet goes with every beat until it is acknowledged
-                // (counted once by its sequence number, however often it is sent).
-                let report = lock(&agent.usage).report();
-                if let Some(report) = report {
-                    if let Err(error) = write_frame(&mut send, &AgentMessage::Usage(report)).await {
-                        break format!("usage: {error}");
-                    }
-                }
-            }
-        }
-    };
-    acceptor.abort();
-    renewer.abort();
-    connection.close(0u32.into(), b"session ended");
-    Ok(reason)
 }
 
 /// One inference request from the control plane: a single tensor through the
@@ -657,7 +403,7 @@ fn serve_error_frame(error: crate::serving::ServeError) -> StreamResponse {
     })
 }
 
-async fn serve_cloud_stream(
+pub(crate) async fn serve_cloud_stream(
     agent: Arc<Agent>,
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
@@ -876,46 +622,6 @@ fn restore(agent: &Agent) -> Option<DesiredState> {
     }
 }
 
-/// The control plane removed this device (deleted, or its certificate superseded):
-/// it stops serving and running jobs, forgets its desired state, and keeps the reason
-/// (across restarts) for its local endpoint to give.
-fn mark_removed(agent: &Agent, desired_tx: &watch::Sender<Option<DesiredState>>, reason: &str) {
-    if agent.server.removed().as_deref() == Some(reason) {
-        return;
-    }
-    tracing::error!(%reason, "the control plane removed this device from the fleet; it stops serving");
-    // Nothing is served from now on, not even until the reconciler has run.
-    let server = &agent.server;
-    server
-        .deployments
-        .write()
-        .unwrap_or_else(|p| p.into_inner())
-        .clear();
-    server
-        .graphs
-        .write()
-        .unwrap_or_else(|p| p.into_inner())
-        .clear();
-    server
-        .phases
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clear();
-    server.set_removed(Some(reason.to_string()));
-    if let Some(runner) = &agent.jobs {
-        runner.set_desired(Vec::new());
-    }
-    if let Err(error) = crate::persisted::save_removed(&agent.enrolment.data_dir, reason) {
-        tracing::warn!(error = %format!("{error:#}"), "cannot keep the removal on this device");
-    }
-    // Level-triggered: the empty state unloads every deployment and is kept as such.
-    let _ = desired_tx.send(Some(DesiredState {
-        generation: 0,
-        assignments: Vec::new(),
-        jobs: Vec::new(),
-    }));
-}
-
 /// The split tail a device running a split variant keeps (to run the whole model when
 /// the cloud cannot take the tail), loaded, and that variant's name; nothing for other
 /// variants. A pool loads tails on demand instead ([`tail_loader`]).
@@ -1070,60 +776,78 @@ fn set_phase(agent: &Agent, deployment: &str, phase: DeploymentPhase) {
         .insert(deployment.to_string(), phase);
 }
 
+/// What each running deployment runs: its name and the sha256 of its bytes.
+fn running_digests(server: &Server) -> HashMap<String, [u8; 32]> {
+    let mut running: HashMap<String, [u8; 32]> = server
+        .deployments
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .map(|(name, deployment)| (name.clone(), deployment.model_digest))
+        .collect();
+    for (name, graph) in server
+        .graphs
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+    {
+        running.insert(name.clone(), graph.model_digest);
+    }
+    running
+}
+
 async fn reconcile(agent: &Arc<Agent>, desired: &DesiredState) {
     let server = &agent.server;
-    let wanted: HashSet<String> = desired
-        .assignments
-        .iter()
-        .map(|a| a.deployment.clone())
-        .collect();
-    {
-        let mut deployments = server
-            .deployments
-            .write()
-            .unwrap_or_else(|p| p.into_inner());
-        deployments.retain(|name, _| {
-            let keep = wanted.contains(name);
-            if !keep {
-                tracing::info!(deployment = %name, "deployment removed");
-            }
-            keep
-        });
+    let plan = crate::reconcile_plan::plan(
+        desired,
+        &running_digests(server),
+        &agent.enrolment.signing_key,
+    );
+    for name in &plan.remove {
+        tracing::info!(deployment = %name, "deployment removed");
     }
+    server
+        .deployments
+        .write()
+        .unwrap_or_else(|p| p.into_inner())
+        .retain(|name, _| !plan.remove.contains(name));
     server
         .graphs
         .write()
         .unwrap_or_else(|p| p.into_inner())
-        .retain(|name, _| wanted.contains(name));
-    server
-        .phases
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .retain(|name, _| wanted.contains(name));
+        .retain(|name, _| !plan.remove.contains(name));
+    let wanted: HashSet<&str> = desired
+        .assignments
+        .iter()
+        .map(|a| a.deployment.as_str())
+        .collect();
+    lock(&server.phases).retain(|name, _| wanted.contains(name.as_str()));
 
-    for assignment in &desired.assignments {
-        let name = assignment.deployment.clone();
-        let verified = verify_manifest(&agent.enrolment.signing_key, assignment);
-        let (manifest, variant) = match verified {
-            Ok(found) => found,
-            Err(error) => {
-                tracing::error!(deployment = %name, %error, "refusing deployment");
-                set_phase(agent, &name, DeploymentPhase::Failed(error));
+    for step in plan.steps {
+        let (assignment, manifest, variant) = match step {
+            Step::Refuse { deployment, error } => {
+                tracing::error!(%deployment, %error, "refusing deployment");
+                set_phase(agent, &deployment, DeploymentPhase::Failed(error));
                 continue;
             }
+            Step::Keep(assignment) => {
+                // Runs these bytes already: new parameters, nothing reloaded.
+                let name = &assignment.deployment;
+                if let Some(existing) = server.graph(name) {
+                    *existing.params.write().unwrap_or_else(|p| p.into_inner()) = assignment;
+                } else if let Some(existing) = server.deployment(name) {
+                    *existing.params.write().unwrap_or_else(|p| p.into_inner()) = assignment;
+                }
+                continue;
+            }
+            Step::Load {
+                assignment,
+                manifest,
+                variant,
+            } => (assignment, *manifest, *variant),
         };
-        if let Some(existing) = server.graph(&name) {
-            if existing.model_digest == variant.sha256 {
-                *existing.params.write().unwrap_or_else(|p| p.into_inner()) = assignment.clone();
-                continue;
-            }
-        }
-        if let Some(existing) = server.deployment(&name) {
-            if existing.model_digest == variant.sha256 {
-                *existing.params.write().unwrap_or_else(|p| p.into_inner()) = assignment.clone();
-                continue;
-            }
-        }
+        let assignment = &assignment;
+        let name = assignment.deployment.clone();
         set_phase(agent, &name, DeploymentPhase::Downloading);
         let bytes = match fetch_model(agent, &variant.sha256, variant.size).await {
             Ok(bytes) => bytes,
@@ -1238,25 +962,6 @@ async fn reconcile(agent: &Arc<Agent>, desired: &DesiredState) {
             Err(error) => set_phase(agent, &name, DeploymentPhase::Failed(error.to_string())),
         }
     }
-}
-
-/// Checks the manifest's Ed25519 signature, then decodes it and finds the variant.
-fn verify_manifest(
-    signing_key: &[u8],
-    assignment: &nephele_proto::Assignment,
-) -> Result<(ModelManifest, nephele_proto::ModelVariant), String> {
-    let key = ring::signature::UnparsedPublicKey::new(&ring::signature::ED25519, signing_key);
-    key.verify(&assignment.model.manifest, &assignment.model.signature)
-        .map_err(|_| "model manifest signature is invalid; refusing to run it".to_string())?;
-    let manifest: ModelManifest =
-        decode_payload(&assignment.model.manifest).map_err(|e| format!("manifest: {e}"))?;
-    let variant = manifest
-        .variants
-        .iter()
-        .find(|v| v.name == assignment.variant)
-        .cloned()
-        .ok_or_else(|| format!("manifest has no variant {:?}", assignment.variant))?;
-    Ok((manifest, variant))
 }
 
 fn sha256(bytes: &[u8]) -> [u8; 32] {
@@ -1376,93 +1081,3 @@ async fn fetch_model(agent: &Arc<Agent>, digest: &[u8; 32], size: u64) -> Result
 
 /// Requests a pool replica queues per deployment before it refuses.
 pub const POOL_QUEUE_CAPACITY: usize = 4096;
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use nephele_proto::{Assignment, ModelVariant, SignedManifest};
-
-    fn signed(key: &ring::signature::Ed25519KeyPair) -> Assignment {
-        let manifest = ModelManifest {
-            name: "m".into(),
-            format: "onnx".into(),
-            created_unix: 1,
-            inputs: vec![],
-            outputs: vec![],
-            validation: "none".into(),
-            variants: vec![ModelVariant {
-                name: "full".into(),
-                kind: nephele_proto::VariantKind::Full,
-                precision: "fp32".into(),
-                sha256: [1; 32],
-                size: 10,
-                accuracy: None,
-                min_cosine: Some(1.0),
-                flops: 0,
-            }],
-            state: vec![],
-        };
-        let bytes = nephele_proto::encode_payload(&manifest).expect("encodes");
-        Assignment {
-            deployment: "d".into(),
-            model: SignedManifest {
-                signature: key.sign(&bytes).as_ref().to_vec(),
-                manifest: bytes,
-            },
-            variant: "full".into(),
-            slo_ms: 10,
-            offload: true,
-            max_queue: 4,
-            hard_example_threshold: None,
-        }
-    }
-
-    #[test]
-    fn an_interruption_notice_reports_the_seconds_left_until_it_passes() {
-        let now = Instant::now();
-        let seconds = |deadline: Option<Instant>| match interruption_notice(deadline, now) {
-            Some(AgentMessage::Notice(notice)) => {
-                assert_eq!(notice.source, "SIGUSR1");
-                Some(notice.seconds)
-            }
-            Some(other) => panic!("not a notice: {other:?}"),
-            None => None,
-        };
-        assert_eq!(seconds(None), None);
-        assert_eq!(seconds(Some(now + Duration::from_secs(120))), Some(120));
-        assert_eq!(seconds(Some(now + Duration::from_millis(1500))), Some(2));
-        assert_eq!(seconds(Some(now)), None);
-        assert_eq!(seconds(now.checked_sub(Duration::from_secs(1))), None);
-    }
-
-    #[test]
-    fn manifests_are_verified_before_use() {
-        let rng = ring::rand::SystemRandom::new();
-        let pkcs8 = ring::signature::Ed25519KeyPair::generate_pkcs8(&rng).expect("key");
-        let key = ring::signature::Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).expect("key");
-        let public = ring::signature::KeyPair::public_key(&key).as_ref().to_vec();
-        let good = signed(&key);
-        let (manifest, variant) = verify_manifest(&public, &good).expect("valid");
-        assert_eq!((manifest.name.as_str(), variant.size), ("m", 10));
-
-        let mut tampered = good.clone();
-        let last = tampered.model.manifest.len() - 1;
-        tampered.model.manifest[last] ^= 1;
-        assert!(verify_manifest(&public, &tampered)
-            .unwrap_err()
-            .contains("signature"));
-
-        let other_pkcs8 = ring::signature::Ed25519KeyPair::generate_pkcs8(&rng).expect("key");
-        let other = ring::signature::Ed25519KeyPair::from_pkcs8(other_pkcs8.as_ref()).expect("key");
-        assert!(
-            verify_manifest(&public, &signed(&other)).is_err(),
-            "a manifest signed by another key is refused"
-        );
-
-        let mut wrong_variant = good;
-        wrong_variant.variant = "int8".into();
-        assert!(verify_manifest(&public, &wrong_variant)
-            .unwrap_err()
-            .contains("no variant"));
-    }
-}

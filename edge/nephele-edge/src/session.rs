@@ -1,0 +1,352 @@
+//! The thin tokio shell around [`crate::session_core`]: it dials the control plane,
+//! reads control frames, sleeps until the core's deadline, and does what the core's
+//! effects say (send a heartbeat, apply a desired state, mark the device removed…).
+//! Every decision (when to connect, which replica, how long to wait, when a heartbeat
+//! is due, when a session has failed) is the core's.
+//!
+//! Cancellation safety: the shell waits in one `select!` on the control stream, the
+//! core's deadline and the interruption notice. The control stream is read through
+//! [`nephele_net::FrameReader`], whose buffer survives a cancelled read, so a desired
+//! state arriving slowly across heartbeats is not cut; the other branches hold no
+//! partial state. Writes are not raced: each runs to completion (or failure) before the
+//! shell waits again.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context as _, Result};
+use nephele_net::{write_frame, FrameReader};
+use nephele_proto::{
+    AgentMessage, CloudMessage, DesiredState, Heartbeat, Hello, InterruptionNotice, LinkReport,
+    MAX_FRAME_BYTES, PROTOCOL_VERSION,
+};
+use tokio::sync::watch;
+
+use crate::agent::Agent;
+use crate::serving::lock;
+use crate::session_core::{Effect, Input, SessionConfig, SessionCore};
+
+/// One connection to a replica: its control stream and the tasks it runs.
+struct Link {
+    connection: quinn::Connection,
+    address: SocketAddr,
+    send: quinn::SendStream,
+    control: FrameReader,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Link {
+    fn close(self, reason: &[u8]) {
+        for task in &self.tasks {
+            task.abort();
+        }
+        self.connection.close(0u32.into(), reason);
+    }
+}
+
+/// Runs the agent's session with the control plane for as long as the agent runs.
+pub async fn run(agent: Arc<Agent>, desired_tx: watch::Sender<Option<DesiredState>>) {
+    let config = SessionConfig::for_servers(&agent.enrolment.config.server);
+    let mut core = SessionCore::new(
+        config,
+        Instant::now(),
+        rand::random(),
+        agent.server.removed(),
+    );
+    let mut notice_rx = agent.notice.subscribe();
+    let mut notices_open = true;
+    let mut link: Option<Link> = None;
+    let mut shell = Shell {
+        agent: &agent,
+        desired_tx: &desired_tx,
+        told_expired: false,
+        warned_edge_jobs: false,
+    };
+    let mut inputs = VecDeque::from([Input::Notice(*notice_rx.borrow_and_update())]);
+    loop {
+        while let Some(input) = inputs.pop_front() {
+            for effect in core.handle(Instant::now(), input) {
+                if let Some(next) = shell.execute(&mut link, effect).await {
+                    inputs.push_back(next);
+                }
+            }
+        }
+        let deadline = core.deadline().map(tokio::time::Instant::from_std);
+        let input = tokio::select! {
+            frame = next_frame(&mut link) => match frame {
+                Ok(Some(message)) => Input::Frame(message),
+                Ok(None) => Input::StreamClosed("the control plane finished the control stream".into()),
+                Err(error) => Input::StreamClosed(format!("control stream: {error}")),
+            },
+            _ = sleep_until(deadline) => Input::Tick,
+            changed = notice_rx.changed(), if notices_open => match changed {
+                Ok(()) => Input::Notice(*notice_rx.borrow_and_update()),
+                Err(_) => {
+                    notices_open = false;
+                    continue;
+                }
+            },
+        };
+        inputs.push_back(input);
+    }
+}
+
+/// The next control frame, or never while there is no connection.
+async fn next_frame(
+    link: &mut Option<Link>,
+) -> Result<Option<CloudMessage>, nephele_net::NetError> {
+    match link {
+        Some(link) => link.control.next::<CloudMessage>().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+struct Shell<'a> {
+    agent: &'a Arc<Agent>,
+    desired_tx: &'a watch::Sender<Option<DesiredState>>,
+    told_expired: bool,
+    warned_edge_jobs: bool,
+}
+
+impl Shell<'_> {
+    /// Does one effect; returns what that produced for the core, if anything.
+    async fn execute(&mut self, link: &mut Option<Link>, effect: Effect) -> Option<Input> {
+        let agent = self.agent;
+        match effect {
+            Effect::Connect { server, timeout } => {
+                if let Some(old) = link.take() {
+                    old.close(b"reconnecting");
+                }
+                match tokio::time::timeout(timeout, connect(agent, &server)).await {
+                    Ok(Ok(connected)) => {
+                        *link = Some(connected);
+                        Some(Input::Connected)
+                    }
+                    Ok(Err(error)) => Some(Input::ConnectFailed(format!("{error:#}"))),
+                    Err(_) => Some(Input::ConnectFailed(format!(
+                        "connect timed out after {} s",
+                        timeout.as_secs_f64()
+                    ))),
+                }
+            }
+            Effect::Established { region } => {
+                let link = link.as_mut()?;
+                tracing::info!(%region, server = %link.address, "connected to the control plane");
+                *lock(&agent.server.connection) = Some(link.connection.clone());
+                agent
+                    .server
+                    .metrics
+                    .counter(
+                        "nephele_agent_sessions_total",
+                        "Sessions established with the control plane.",
+                        &[],
+                    )
+                    .inc();
+                // Requests the region sends us (pool role) arrive on streams it opens.
+                let connection = link.connection.clone();
+                let serving = agent.clone();
+                link.tasks.push(tokio::spawn(async move {
+                    while let Ok((send, recv)) = connection.accept_bi().await {
+                        let agent = serving.clone();
+                        tokio::spawn(async move {
+                            crate::agent::serve_cloud_stream(agent, send, recv).await
+                        });
+                    }
+                }));
+                link.tasks.push(tokio::spawn(crate::renewal::keep_renewed(
+                    agent.clone(),
+                    link.connection.clone(),
+                )));
+                None
+            }
+            Effect::SendHeartbeat { seq } => {
+                let link = link.as_mut()?;
+                let beat = AgentMessage::Heartbeat(Heartbeat {
+                    seq,
+                    uptime_ms: agent.started.elapsed().as_millis() as u64,
+                    applied_generation: agent.applied_generation.load(Ordering::Relaxed),
+                    rss_bytes: crate::agent::rss_bytes(),
+                    deployments: agent.server.telemetry(),
+                    link: LinkReport {
+                        rtt_us: link.connection.rtt().as_micros() as u64,
+                        bandwidth_bps: agent.link_bps.load(Ordering::Relaxed),
+                    },
+                    jobs: agent.job_statuses(),
+                });
+                if let Err(error) = write_frame(&mut link.send, &beat).await {
+                    return Some(Input::WriteFailed(format!("heartbeat: {error}")));
+                }
+                // Usage not counted yet goes with every beat until it is acknowledged
+                // (counted once by its sequence number, however often it is sent).
+                let report = lock(&agent.usage).report();
+                if let Some(report) = report {
+                    if let Err(error) =
+                        write_frame(&mut link.send, &AgentMessage::Usage(report)).await
+                    {
+                        return Some(Input::WriteFailed(format!("usage: {error}")));
+                    }
+                }
+                None
+            }
+            Effect::SendNotice { seconds } => {
+                let link = link.as_mut()?;
+                let notice = AgentMessage::Notice(InterruptionNotice {
+                    seconds,
+                    source: "SIGUSR1".into(),
+                });
+                write_frame(&mut link.send, &notice)
+                    .await
+                    .err()
+                    .map(|error| Input::WriteFailed(format!("interruption notice: {error}")))
+            }
+            Effect::Apply(desired) => {
+                // Jobs act now, whatever the model reconciler is busy with.
+                match &agent.jobs {
+                    Some(runner) => runner.set_desired(desired.jobs.clone()),
+                    None if !desired.jobs.is_empty() && !self.warned_edge_jobs => {
+                        self.warned_edge_jobs = true;
+                        tracing::warn!(members = desired.jobs.len(), "the control plane sent job members to an edge agent; only pool agents run jobs");
+                    }
+                    None => {}
+                }
+                let _ = self.desired_tx.send(Some(desired));
+                None
+            }
+            Effect::AckUsage { up_to } => {
+                if lock(&agent.usage).ack(up_to) {
+                    agent.usage_changed.notify_one();
+                }
+                None
+            }
+            Effect::MarkRemoved { reason } => {
+                mark_removed(agent, self.desired_tx, &reason);
+                None
+            }
+            Effect::ClearRemoved => {
+                // Accepted again (the removal was undone): a member of the fleet once more.
+                agent.server.set_removed(None);
+                let _ = std::fs::remove_file(
+                    agent
+                        .enrolment
+                        .data_dir
+                        .join(crate::persisted::REMOVED_FILE),
+                );
+                None
+            }
+            Effect::Close {
+                reason,
+                established,
+                retry_in,
+            } => {
+                *lock(&agent.server.connection) = None;
+                if let Some(old) = link.take() {
+                    old.close(b"session ended");
+                }
+                let retry_in_ms = retry_in.as_millis() as u64;
+                if established {
+                    tracing::warn!(%reason, retry_in_ms, "session ended; reconnecting");
+                } else {
+                    tracing::warn!(error = %reason, retry_in_ms, "cannot reach the control plane");
+                    if !self.told_expired {
+                        if let Some(advice) = crate::renewal::expired_advice(agent) {
+                            tracing::error!("{advice}");
+                            self.told_expired = true;
+                        }
+                    }
+                }
+                None
+            }
+        }
+    }
+}
+
+/// Dials `server`, opens the control stream and sends `Hello`.
+async fn connect(agent: &Arc<Agent>, server: &str) -> Result<Link> {
+    let config = &agent.enrolment.config;
+    let address = crate::enrol::resolve(server).await?;
+    let endpoint = nephele_net::client_endpoint(address)?;
+    let (cert_der, key_der) = agent.identity();
+    let client_config =
+        nephele_net::mtls_client_config(&agent.enrolment.ca_der, &cert_der, &key_der)?;
+    let connection = endpoint
+        .connect_with(client_config, address, nephele_net::SERVER_NAME)?
+        .await
+        .context("QUIC/TLS connection failed")?;
+    let (mut send, recv) = connection.open_bi().await?;
+    let cached: Vec<[u8; 32]> = agent
+        .server
+        .deployments
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .values()
+        .map(|d| d.model_digest)
+        .collect();
+    write_frame(
+        &mut send,
+        &AgentMessage::Hello(Hello {
+            protocol_version: PROTOCOL_VERSION,
+            agent_version: env!("CARGO_PKG_VERSION").into(),
+            role: config.role.clone(),
+            profile_name: agent.profile_name.clone(),
+            profile_toml: agent.profile_toml.clone(),
+            models_cached: cached,
+            local_endpoint: agent.local_endpoint.clone(),
+            node: agent.node.clone(),
+            jobs: agent.job_statuses(),
+        }),
+    )
+    .await?;
+    Ok(Link {
+        connection,
+        address,
+        send,
+        control: FrameReader::new(recv, MAX_FRAME_BYTES),
+        tasks: Vec::new(),
+    })
+}
+
+/// The control plane removed this device (deleted, or its certificate superseded):
+/// it stops serving and running jobs, forgets its desired state, and keeps the reason
+/// (across restarts) for its local endpoint to give.
+fn mark_removed(agent: &Agent, desired_tx: &watch::Sender<Option<DesiredState>>, reason: &str) {
+    if agent.server.removed().as_deref() == Some(reason) {
+        return;
+    }
+    tracing::error!(%reason, "the control plane removed this device from the fleet; it stops serving");
+    // Nothing is served from now on, not even until the reconciler has run.
+    let server = &agent.server;
+    server
+        .deployments
+        .write()
+        .unwrap_or_else(|p| p.into_inner())
+        .clear();
+    server
+        .graphs
+        .write()
+        .unwrap_or_else(|p| p.into_inner())
+        .clear();
+    lock(&server.phases).clear();
+    server.set_removed(Some(reason.to_string()));
+    if let Some(runner) = &agent.jobs {
+        runner.set_desired(Vec::new());
+    }
+    if let Err(error) = crate::persisted::save_removed(&agent.enrolment.data_dir, reason) {
+        tracing::warn!(error = %format!("{error:#}"), "cannot keep the removal on this device");
+    }
+    // Level-triggered: the empty state unloads every deployment and is kept as such.
+    let _ = desired_tx.send(Some(DesiredState {
+        generation: 0,
+        assignments: Vec::new(),
+        jobs: Vec::new(),
+    }));
+}

@@ -6,18 +6,19 @@
 //! of offloaded requests is the region actors' job, not this one's.
 
 mod builds;
+pub mod fleet;
 pub mod usage;
 
 use std::collections::HashMap;
 use std::time::Instant;
 
 use actix::prelude::*;
-use nephele_domain::{AgentRole, FirmwareProfile, Labels, Selector};
+use nephele_domain::{AgentRole, FirmwareProfile, Labels};
 use nephele_net::{ClusterCa, PeerIdentity};
 use nephele_proto::{
-    Assignment, CloudMessage, DeploymentPhase, DesiredState, ErrorCode, ErrorFrame, Heartbeat,
-    Hello, JoinAccepted, JoinRequest, ModelManifest, ModelVariant, TensorSpec, VariantKind,
-    Welcome, PROTOCOL_VERSION,
+    CloudMessage, DeploymentPhase, DesiredState, ErrorCode, ErrorFrame, Heartbeat, Hello,
+    JoinAccepted, JoinRequest, ModelManifest, ModelVariant, TensorSpec, VariantKind, Welcome,
+    PROTOCOL_VERSION,
 };
 use serde::Serialize;
 use tokio::sync::mpsc::UnboundedSender;
@@ -28,7 +29,7 @@ use crate::config::CloudConfig;
 use crate::region::{
     InterruptNode, PoolJoined, PoolLeft, PoolReport, RegionActor, SyncDeployments,
 };
-use crate::scheduler::{PoolWork, ReplicaSpec};
+use crate::scheduler::PoolWork;
 use crate::store::{
     ApiTokenRecord, DeploymentRecord, DeviceRecord, JoinTokenRecord, ModelRecord, Store, Table,
     VariantRecord,
@@ -135,6 +136,8 @@ pub struct FederationActor {
     pool_work: HashMap<String, PoolWork>,
     /// Models pushed and not yet stored ([`builds`]).
     builds: HashMap<String, builds::Build>,
+    /// The deployments and models, kept in step with the store ([`fleet`]).
+    catalog: fleet::Catalog,
     generation: u64,
     next_session_id: u64,
     metrics: nephele_telemetry::Registry,
@@ -149,13 +152,15 @@ impl FederationActor {
         regions: HashMap<String, Addr<RegionActor>>,
         metrics: nephele_telemetry::Registry,
         pool_work: HashMap<String, PoolWork>,
-    ) -> Self {
+    ) -> Result<Self, crate::store::StoreError> {
+        let catalog =
+            fleet::Catalog::load(store.list(Table::Deployments)?, store.list(Table::Models)?);
         // Generations must grow across restarts too: start from the wall clock.
         let generation = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
             .unwrap_or(1);
-        FederationActor {
+        Ok(FederationActor {
             config,
             store,
             ca,
@@ -168,10 +173,11 @@ impl FederationActor {
             planned_full_us: HashMap::new(),
             pool_work,
             builds: HashMap::new(),
+            catalog,
             generation,
             next_session_id: 1,
             metrics,
-        }
+        })
     }
 
     fn refuse(code: ErrorCode, message: impl Into<String>) -> ErrorFrame {
@@ -301,124 +307,37 @@ impl FederationActor {
         })
     }
 
-    /// Whether `deployment` runs on `device`: on an edge device, when its selector
-    /// matches; on a pool agent, when its region placed a replica there.
+    /// Whether `deployment` runs on `device` ([`fleet::Catalog::runs_on`]).
     fn assignment_matches(&self, device: &DeviceRecord, deployment: &DeploymentRecord) -> bool {
-        match device.role {
-            AgentRole::Edge => Selector::parse(&deployment.selector)
-                .map(|selector| selector.matches(&device_labels(device)))
-                .unwrap_or(false),
-            AgentRole::Pool => {
-                deployment.offload
-                    && self
-                        .pool_work
-                        .get(&device.name)
-                        .is_some_and(|work| work.deployments.contains(&deployment.name))
-            }
-        }
-    }
-
-    /// Every deployment that may offload, as its regions' replica spec and its
-    /// latency target (ms).
-    fn replica_specs(&self) -> Vec<(ReplicaSpec, u32)> {
-        let Ok(deployments) = self.store.list::<DeploymentRecord>(Table::Deployments) else {
-            return Vec::new();
-        };
-        deployments
-            .iter()
-            .filter(|d| d.offload)
-            .map(|d| {
-                let model_bytes = self
-                    .store
-                    .get::<ModelRecord>(Table::Models, &d.model)
-                    .ok()
-                    .flatten()
-                    .map_or(0, |m| m.size);
-                crate::replica_sizing::replica_spec(d, model_bytes, &self.config.autoscale)
-            })
-            .collect()
+        self.catalog
+            .runs_on(device, deployment, self.pool_work.get(&device.name))
     }
 
     /// Tells every region which deployments may offload.
     fn sync_regions(&self) {
-        let specs = self.replica_specs();
+        let specs = self.catalog.replica_specs(&self.config.autoscale);
         for region in self.regions.values() {
             region.do_send(SyncDeployments(specs.clone()));
         }
     }
 
-    fn desired_for(&self, device: &DeviceRecord) -> Result<DesiredState, ApiError> {
-        let deployments: Vec<DeploymentRecord> = self.store.list(Table::Deployments)?;
-        let mut assignments = Vec::new();
-        for deployment in deployments {
-            if !self.assignment_matches(device, &deployment) {
-                continue;
-            }
-            let Some(model) = self
-                .store
-                .get::<ModelRecord>(Table::Models, &deployment.model)?
-            else {
-                continue;
-            };
-            let variant =
-                match nephele_proto::decode_payload::<ModelManifest>(&model.signed_manifest) {
-                    Ok(manifest)
-                        if device.role == AgentRole::Edge
-                            && deployment.variant == crate::variants::PLANNED_SPLIT =>
-                    {
-                        let pool = self.pool_replica(&device.region);
-                        let measured = crate::variants::MeasuredTimes {
-                            device_full_us: self.full_time(&device.name, &model.name),
-                            pool_full_us: pool
-                                .as_ref()
-                                .and_then(|(name, _)| self.full_time(name, &model.name)),
-                        };
-                        crate::variants::split_for(
-                            &manifest,
-                            &device.profile_toml,
-                            pool.as_ref().map(|(_, profile)| profile.as_str()),
-                            self.link_of(&device.name),
-                            measured,
-                        )
-                    }
-                    Ok(manifest) => crate::variants::variant_for(
-                        device.role,
-                        &device.profile_toml,
-                        &manifest,
-                        &deployment.variant,
-                    ),
-                    Err(error) => crate::variants::VariantDecision {
-                        variant: "full".into(),
-                        why: format!("stored manifest unreadable: {error}"),
-                    },
-                };
-            tracing::debug!(device = %device.name, deployment = %deployment.name, variant = %variant.variant, why = %variant.why, "variant chosen");
-            assignments.push(Assignment {
-                deployment: deployment.name.clone(),
-                model: nephele_proto::SignedManifest {
-                    manifest: model.signed_manifest.clone(),
-                    signature: model.signature.clone(),
-                },
-                variant: variant.variant,
-                slo_ms: deployment.slo_ms,
-                offload: deployment.offload,
-                max_queue: deployment.max_queue,
-                hard_example_threshold: deployment.hard_example_threshold,
-            });
-        }
-        let jobs = match device.role {
-            AgentRole::Pool => self
-                .pool_work
-                .get(&device.name)
-                .map(|work| work.jobs.clone())
-                .unwrap_or_default(),
-            AgentRole::Edge => Vec::new(),
+    /// The device's whole desired state at the current generation.
+    fn desired_for(&self, device: &DeviceRecord) -> DesiredState {
+        // A pool replica's profile and times matter only to a cut planned per device.
+        let pool = if self.catalog.plans_split(device) {
+            self.pool_replica(&device.region)
+        } else {
+            None
         };
-        Ok(DesiredState {
-            generation: self.generation,
-            assignments,
-            jobs,
-        })
+        let inputs = fleet::DeviceInputs {
+            pool_work: self.pool_work.get(&device.name),
+            pool: pool
+                .as_ref()
+                .map(|(name, profile)| (name.as_str(), profile.as_str())),
+            measured_full_us: Some(&self.measured_full_us),
+            link: self.link_of(&device.name),
+        };
+        self.catalog.desired_for(device, inputs, self.generation)
     }
 
     /// A connected pool replica in `region` (the first by name) and its profile: what a
@@ -436,13 +355,6 @@ impl FederationActor {
         })
     }
 
-    /// The whole model's batch-1 compute time `device` measured for `model`, µs.
-    fn full_time(&self, device: &str, model: &str) -> Option<u64> {
-        self.measured_full_us
-            .get(&(device.to_string(), model.to_string()))
-            .copied()
-    }
-
     /// Keeps the whole-model compute times a heartbeat reports (deployments running
     /// `full` or a weights-only int8 variant, which computes at full's speed).
     fn record_measured_times(&mut self, name: &str, heartbeat: &Heartbeat) {
@@ -450,25 +362,12 @@ impl FederationActor {
             if telemetry.service_us == 0 || telemetry.phase != DeploymentPhase::Ready {
                 continue;
             }
-            let Ok(Some(deployment)) = self
-                .store
-                .get::<DeploymentRecord>(Table::Deployments, &telemetry.deployment)
-            else {
-                continue;
-            };
-            let Ok(Some(model)) = self
-                .store
-                .get::<ModelRecord>(Table::Models, &deployment.model)
-            else {
-                continue;
-            };
-            let whole = nephele_proto::decode_payload::<ModelManifest>(&model.signed_manifest)
-                .ok()
-                .and_then(|m| m.variants.into_iter().find(|v| v.name == telemetry.variant))
-                .is_some_and(|v| matches!(v.kind, VariantKind::Full | VariantKind::Int8Weights));
-            if whole {
+            if let Some(model) = self
+                .catalog
+                .whole_model_of(&telemetry.deployment, &telemetry.variant)
+            {
                 self.measured_full_us
-                    .insert((name.to_string(), model.name), telemetry.service_us);
+                    .insert((name.to_string(), model.to_string()), telemetry.service_us);
             }
         }
     }
@@ -517,28 +416,14 @@ impl FederationActor {
         let Ok(Some(device)) = self.store.get::<DeviceRecord>(Table::Devices, name) else {
             return;
         };
-        let planned = self
-            .store
-            .list::<DeploymentRecord>(Table::Deployments)
-            .map(|all| {
-                all.iter().any(|d| {
-                    d.variant == crate::variants::PLANNED_SPLIT
-                        && self.assignment_matches(&device, d)
-                })
-            })
-            .unwrap_or(false);
-        if !planned || device.role != AgentRole::Edge {
+        if !self.catalog.plans_split(&device) {
             return;
         }
         self.generation += 1;
-        match self.desired_for(&device) {
-            Ok(desired) => {
-                tracing::info!(device = %name, bandwidth_bps = link.bandwidth_bps, rtt_us = link.rtt_us, "link or measured compute time moved; split cuts re-planned");
-                if let Some(session) = self.sessions.get(name) {
-                    let _ = session.tx.send(CloudMessage::DesiredState(desired));
-                }
-            }
-            Err(error) => tracing::error!(device = %name, %error, "cannot re-plan"),
+        let desired = self.desired_for(&device);
+        tracing::info!(device = %name, bandwidth_bps = link.bandwidth_bps, rtt_us = link.rtt_us, "link or measured compute time moved; split cuts re-planned");
+        if let Some(session) = self.sessions.get(name) {
+            let _ = session.tx.send(CloudMessage::DesiredState(desired));
         }
     }
 
@@ -550,15 +435,9 @@ impl FederationActor {
             let Ok(Some(device)) = self.store.get::<DeviceRecord>(Table::Devices, &name) else {
                 continue;
             };
-            match self.desired_for(&device) {
-                Ok(desired) => {
-                    if let Some(session) = self.sessions.get(&name) {
-                        let _ = session.tx.send(CloudMessage::DesiredState(desired));
-                    }
-                }
-                Err(error) => {
-                    tracing::error!(device = %name, %error, "cannot compute desired state")
-                }
+            let desired = self.desired_for(&device);
+            if let Some(session) = self.sessions.get(&name) {
+                let _ = session.tx.send(CloudMessage::DesiredState(desired));
             }
         }
     }
@@ -572,18 +451,6 @@ impl FederationActor {
             )
             .set(self.sessions.len() as i64);
     }
-}
-
-/// A device's labels plus the implicit ones every device has.
-fn device_labels(device: &DeviceRecord) -> Labels {
-    let mut labels = device.labels.clone();
-    labels.insert("nephele.io/role".into(), device.role.to_string());
-    labels.insert("nephele.io/region".into(), device.region.clone());
-    if !device.profile_name.is_empty() {
-        labels.insert("nephele.io/profile".into(), device.profile_name.clone());
-    }
-    labels.insert("nephele.io/name".into(), device.name.clone());
-    labels
 }
 
 impl Actor for FederationActor {
@@ -623,15 +490,9 @@ impl Handler<SetPoolWork> for FederationActor {
             return;
         };
         self.generation += 1;
-        match self.desired_for(&device) {
-            Ok(desired) => {
-                if let Some(session) = self.sessions.get(&message.agent) {
-                    let _ = session.tx.send(CloudMessage::DesiredState(desired));
-                }
-            }
-            Err(error) => {
-                tracing::error!(device = %message.agent, %error, "cannot compute desired state")
-            }
+        let desired = self.desired_for(&device);
+        if let Some(session) = self.sessions.get(&message.agent) {
+            let _ = session.tx.send(CloudMessage::DesiredState(desired));
         }
     }
 }
@@ -771,9 +632,7 @@ impl Handler<AgentConnected> for FederationActor {
         }
         self.update_connected_gauge();
         tracing::info!(device = %device.name, role = %device.role, profile = %hello.profile_name, "agent connected");
-        let desired = self
-            .desired_for(&device)
-            .map_err(|e| Self::refuse(Internal, e.to_string()))?;
+        let desired = self.desired_for(&device);
         Ok((
             session_id,
             Welcome {
@@ -1035,7 +894,7 @@ impl FederationActor {
             role: device.role.to_string(),
             region: device.region.clone(),
             profile: device.profile_name.clone(),
-            labels: device_labels(device),
+            labels: fleet::device_labels(device),
             accelerators: profile
                 .as_ref()
                 .map(|p| {
@@ -1392,6 +1251,7 @@ impl Handler<PutModel> for FederationActor {
             recurrent_state: message.recurrent_state,
         };
         self.store.put(Table::Models, &record.name, &record)?;
+        self.catalog.put_model(record.clone());
         self.builds.remove(&record.name);
         tracing::info!(
             model = %record.name,
@@ -1464,83 +1324,9 @@ pub struct CreateDeployment(pub DeploymentSpec);
 impl Handler<CreateDeployment> for FederationActor {
     type Result = Result<DeploymentStatus, ApiError>;
     fn handle(&mut self, message: CreateDeployment, _: &mut Self::Context) -> Self::Result {
-        let spec = message.0;
-        nephele_domain::validate_name("deployment", &spec.name).map_err(ApiError::BadRequest)?;
-        Selector::parse(&spec.selector).map_err(|e| ApiError::BadRequest(e.to_string()))?;
-        if spec.slo_ms == 0 || spec.slo_ms > 600_000 {
-            return Err(ApiError::BadRequest(
-                "slo_ms must be between 1 and 600000".into(),
-            ));
-        }
-        if spec.max_queue == 0 || spec.max_queue > 100_000 {
-            return Err(ApiError::BadRequest(
-                "max_queue must be between 1 and 100000".into(),
-            ));
-        }
-        if let Some(threshold) = spec.hard_example_threshold {
-            if !(threshold > 0.0 && threshold < 1.0) {
-                return Err(ApiError::BadRequest(
-                    "hard_example_threshold must be a probability strictly between 0 and 1".into(),
-                ));
-            }
-        }
-        crate::replica_sizing::validate(&spec.replicas).map_err(ApiError::BadRequest)?;
-        let Some(model) = self.store.get::<ModelRecord>(Table::Models, &spec.model)? else {
-            return Err(ApiError::NotFound(format!(
-                "no model named {}; upload it first (`nephele model push`)",
-                spec.model
-            )));
-        };
-        if spec.variant == crate::variants::PLANNED_SPLIT {
-            let has_split = ModelView::from(&model)
-                .variants
-                .iter()
-                .any(|v| v.rejected.is_none() && v.cut.is_some());
-            if !has_split {
-                return Err(ApiError::BadRequest(format!(
-                    "model {} has no shippable split variant for the planner to choose from",
-                    spec.model
-                )));
-            }
-        } else if spec.variant != "auto" {
-            let shipped: Vec<String> = ModelView::from(&model)
-                .variants
-                .iter()
-                .filter(|v| v.rejected.is_none())
-                .map(|v| v.name.clone())
-                .collect();
-            if !shipped.contains(&spec.variant) {
-                return Err(ApiError::BadRequest(format!(
-                    "model {} has no shippable variant {:?}; choose auto, split (the planner picks the cut per device) or one of {}",
-                    spec.model,
-                    spec.variant,
-                    shipped.join(", ")
-                )));
-            }
-        }
-        if self
-            .store
-            .get::<DeploymentRecord>(Table::Deployments, &spec.name)?
-            .is_some()
-        {
-            return Err(ApiError::Conflict(format!(
-                "deployment {} already exists",
-                spec.name
-            )));
-        }
-        let record = DeploymentRecord {
-            name: spec.name.clone(),
-            model: spec.model,
-            selector: spec.selector,
-            slo_ms: spec.slo_ms,
-            offload: spec.offload,
-            max_queue: spec.max_queue,
-            created_unix: now_unix(),
-            variant: spec.variant,
-            hard_example_threshold: spec.hard_example_threshold,
-            replicas: spec.replicas,
-        };
+        let record = self.catalog.validate(message.0, now_unix())?;
         self.store.put(Table::Deployments, &record.name, &record)?;
+        self.catalog.put_deployment(record.clone());
         tracing::info!(deployment = %record.name, model = %record.model, selector = %record.selector, "deployment created");
         self.broadcast();
         self.sync_regions();
@@ -1651,8 +1437,10 @@ pub struct ListDeployments;
 impl Handler<ListDeployments> for FederationActor {
     type Result = Result<Vec<DeploymentStatus>, ApiError>;
     fn handle(&mut self, _: ListDeployments, _: &mut Self::Context) -> Self::Result {
-        let records: Vec<DeploymentRecord> = self.store.list(Table::Deployments)?;
-        records.iter().map(|r| self.deployment_status(r)).collect()
+        self.catalog
+            .deployments()
+            .map(|r| self.deployment_status(r))
+            .collect()
     }
 }
 
@@ -1663,11 +1451,11 @@ pub struct GetDeployment(pub String);
 impl Handler<GetDeployment> for FederationActor {
     type Result = Result<DeploymentStatus, ApiError>;
     fn handle(&mut self, message: GetDeployment, _: &mut Self::Context) -> Self::Result {
-        let record: DeploymentRecord = self
-            .store
-            .get(Table::Deployments, &message.0)?
+        let record = self
+            .catalog
+            .deployment(&message.0)
             .ok_or_else(|| ApiError::NotFound(format!("no deployment named {}", message.0)))?;
-        self.deployment_status(&record)
+        self.deployment_status(record)
     }
 }
 
@@ -1684,6 +1472,7 @@ impl Handler<DeleteDeployment> for FederationActor {
                 message.0
             )));
         }
+        self.catalog.remove_deployment(&message.0);
         tracing::info!(deployment = %message.0, "deployment deleted");
         self.broadcast();
         self.sync_regions();

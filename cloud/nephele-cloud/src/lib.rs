@@ -447,6 +447,7 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
         metrics.clone(),
         initial_work,
     )
+    .context("cannot read the fleet's deployments and models from the store")?
     .start();
     for region in regions.values() {
         region.do_send(region::SetFederation(federation.clone()));

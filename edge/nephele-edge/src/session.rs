@@ -15,7 +15,7 @@ use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
 use nephele_net::{write_frame, FrameReader};
@@ -79,7 +79,13 @@ pub async fn run(agent: Arc<Agent>, desired_tx: watch::Sender<Option<DesiredStat
             frame = next_frame(&mut link) => match frame {
                 Ok(Some(message)) => Input::Frame(message),
                 Ok(None) => Input::StreamClosed("the control plane finished the control stream".into()),
-                Err(error) => Input::StreamClosed(format!("control stream: {error}")),
+                Err(error) => {
+                    let silent = link.as_ref().is_some_and(|link| {
+                        matches!(link.connection.close_reason(), Some(quinn::ConnectionError::TimedOut))
+                    });
+                    let reason = format!("control stream: {error}");
+                    if silent { Input::Silent(reason) } else { Input::StreamClosed(reason) }
+                }
             },
             _ = sleep_until(deadline) => Input::Tick,
             changed = notice_rx.changed(), if notices_open => match changed {
@@ -123,11 +129,15 @@ impl Shell<'_> {
     async fn execute(&mut self, link: &mut Option<Link>, effect: Effect) -> Option<Input> {
         let agent = self.agent;
         match effect {
-            Effect::Connect { server, timeout } => {
+            Effect::Connect {
+                server,
+                timeout,
+                idle_timeout,
+            } => {
                 if let Some(old) = link.take() {
                     old.close(b"reconnecting");
                 }
-                match tokio::time::timeout(timeout, connect(agent, &server)).await {
+                match tokio::time::timeout(timeout, connect(agent, &server, idle_timeout)).await {
                     Ok(Ok(connected)) => {
                         *link = Some(connected);
                         Some(Input::Connected)
@@ -271,13 +281,14 @@ impl Shell<'_> {
 }
 
 /// Dials `server`, opens the control stream and sends `Hello`.
-async fn connect(agent: &Arc<Agent>, server: &str) -> Result<Link> {
+async fn connect(agent: &Arc<Agent>, server: &str, idle_timeout: Duration) -> Result<Link> {
     let config = &agent.enrolment.config;
     let address = crate::enrol::resolve(server).await?;
     let endpoint = nephele_net::client_endpoint(address)?;
     let (cert_der, key_der) = agent.identity();
-    let client_config =
+    let mut client_config =
         nephele_net::mtls_client_config(&agent.enrolment.ca_der, &cert_der, &key_der)?;
+    nephele_net::set_idle_timeout(&mut client_config, idle_timeout);
     let connection = endpoint
         .connect_with(client_config, address, nephele_net::SERVER_NAME)?
         .await

@@ -14,6 +14,7 @@
 //! | awaiting Welcome  | `Refused`, other frame, end, timeout | waiting, as a failed connect             |
 //! | serving           | `DesiredState`, `UsageAck`           | serving (applied, acknowledged)          |
 //! | serving           | stream ended, write failed, `Refused`, second `Welcome` | waiting 200 ms ±20%, same replica |
+//! | serving           | silent past the idle timeout         | waiting 200 ms ±20%, next replica        |
 //!
 //! A `Refused` with `Unauthorized` (the device deleted, or its certificate
 //! superseded) also marks the device removed; a later `Welcome` (the removal undone)
@@ -31,6 +32,10 @@ pub struct SessionConfig {
     pub servers: Vec<String>,
     /// How long one connection attempt may take.
     pub connect_timeout: Duration,
+    /// How long a session lives without hearing from the control plane: the longest
+    /// partition ridden out on the same session, and how long a dead replica keeps the
+    /// agent before it tries the next.
+    pub idle_timeout: Duration,
     /// How long the control plane has to answer `Hello` with `Welcome`.
     pub welcome_timeout: Duration,
     /// The first wait after a failure, and the wait after an established session ends.
@@ -44,22 +49,25 @@ pub struct SessionConfig {
 }
 
 impl SessionConfig {
-    /// The agent's schedule for `servers` (comma-separated replicas): 10 s to connect
-    /// to a lone control plane, 4 s per replica when there are others to try (a dead
-    /// replica's UDP port does not refuse, it stays silent).
+    /// The agent's schedule for `servers` (comma-separated replicas). Alone, a control
+    /// plane gets 10 s to connect and 15 s of silence before the session is given up.
+    /// With other replicas to try, a dead one should not hold the agent: 4 s to connect
+    /// and 6 s of silence (its UDP port does not refuse, it stays silent), so partitions
+    /// longer than that end in a reconnect, which reloads nothing.
     pub fn for_servers(servers: &str) -> SessionConfig {
         let servers: Vec<String> = crate::enrol::servers(servers)
             .into_iter()
             .map(str::to_string)
             .collect();
-        let connect_timeout = if servers.len() > 1 {
-            Duration::from_secs(4)
+        let (connect_timeout, idle_timeout) = if servers.len() > 1 {
+            (Duration::from_secs(4), Duration::from_secs(6))
         } else {
-            Duration::from_secs(10)
+            (Duration::from_secs(10), nephele_net::IDLE_TIMEOUT)
         };
         SessionConfig {
             servers,
             connect_timeout,
+            idle_timeout,
             welcome_timeout: Duration::from_secs(10),
             min_backoff: Duration::from_millis(200),
             max_backoff: Duration::from_secs(10),
@@ -81,6 +89,9 @@ pub enum Input {
     Frame(CloudMessage),
     /// The control stream ended or could not be read.
     StreamClosed(String),
+    /// The connection timed out: the replica fell silent for the idle timeout (dead,
+    /// deposed, or cut off).
+    Silent(String),
     /// A write on the control stream failed.
     WriteFailed(String),
     /// The interruption deadline (SIGUSR1) is now this.
@@ -92,9 +103,14 @@ pub enum Input {
 /// What the shell must do, in order.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Effect {
-    /// Dial this replica, open the control stream and send `Hello`, within `timeout`;
-    /// then hand in [`Input::Connected`] or [`Input::ConnectFailed`].
-    Connect { server: String, timeout: Duration },
+    /// Dial this replica, open the control stream and send `Hello`, within `timeout`,
+    /// for a connection that ends after `idle_timeout` of silence; then hand in
+    /// [`Input::Connected`] or [`Input::ConnectFailed`].
+    Connect {
+        server: String,
+        timeout: Duration,
+        idle_timeout: Duration,
+    },
     /// The session is established: start what runs per session (requests from the
     /// region, certificate renewal) and count it.
     Established { region: String },
@@ -222,6 +238,16 @@ impl SessionCore {
                 }
             }
             Input::Frame(message) => self.frame(now, message, &mut effects),
+            Input::Silent(reason) => match self.phase {
+                Phase::AwaitingWelcome { .. } => self.fail(now, reason, &mut effects),
+                Phase::Serving { .. } => {
+                    // A replica that went silent is likelier dead than cut off (a cut
+                    // that long usually cuts every replica): the next one first.
+                    self.replica = (self.replica + 1) % self.config.servers.len().max(1);
+                    self.end(now, reason, &mut effects)
+                }
+                Phase::Waiting { .. } | Phase::Connecting => {}
+            },
             Input::StreamClosed(reason) | Input::WriteFailed(reason) => match self.phase {
                 Phase::AwaitingWelcome { .. } => self.fail(now, reason, &mut effects),
                 Phase::Serving { .. } => self.end(now, reason, &mut effects),
@@ -239,6 +265,7 @@ impl SessionCore {
                 effects.push(Effect::Connect {
                     server: self.server().to_string(),
                     timeout: self.config.connect_timeout,
+                    idle_timeout: self.config.idle_timeout,
                 });
             }
             Phase::AwaitingWelcome { deadline } if now >= *deadline => {

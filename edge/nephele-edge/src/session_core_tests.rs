@@ -105,7 +105,8 @@ fn it_connects_at_once_and_serves_after_the_welcome() {
         effects,
         vec![Effect::Connect {
             server: "cloud:7443".into(),
-            timeout: Duration::from_secs(10)
+            timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(15),
         }]
     );
     assert_eq!(clock.core.deadline(), None, "the shell owns the attempt");
@@ -232,6 +233,7 @@ fn a_silent_control_plane_fails_the_attempt_after_the_welcome_timeout() {
 fn replicas_are_tried_in_turn_and_a_working_one_is_kept() {
     let mut clock = Clock::new("a:1, b:2", None);
     assert_eq!(clock.core.config.connect_timeout, Duration::from_secs(4));
+    assert_eq!(clock.core.config.idle_timeout, Duration::from_secs(6));
     assert_eq!(clock.next_connect(), "a:1");
     clock.feed(Input::ConnectFailed("timed out".into()));
     assert_eq!(clock.next_connect(), "b:2");
@@ -253,6 +255,22 @@ fn replicas_are_tried_in_turn_and_a_working_one_is_kept() {
         server,
         "a session that ended tries the same replica first"
     );
+}
+
+#[test]
+fn a_replica_that_falls_silent_is_left_for_the_next() {
+    let mut clock = Clock::new("a:1,b:2", None);
+    assert_eq!(clock.next_connect(), "a:1");
+    clock.feed(Input::Connected);
+    clock.feed(welcome(1000));
+    let (established, retry_in) = retry_of(&clock.feed(Input::Silent("timed out".into())));
+    assert!(established && retry_in < Duration::from_millis(240));
+    assert_eq!(clock.next_connect(), "b:2", "the next replica first");
+    // Alone, there is no other to try.
+    let mut alone = Clock::new("a:1", None);
+    alone.establish(1000);
+    alone.feed(Input::Silent("timed out".into()));
+    assert_eq!(alone.next_connect(), "a:1");
 }
 
 #[test]
@@ -421,7 +439,7 @@ fn stale_inputs_after_a_close_are_ignored() {
 
 /// Inputs a shell could hand in, any order.
 fn any_input() -> impl Strategy<Value = (u64, u8)> {
-    (0u64..3_000, 0u8..10)
+    (0u64..3_000, 0u8..11)
 }
 
 fn input_of(kind: u8, now: Instant) -> Input {
@@ -433,6 +451,7 @@ fn input_of(kind: u8, now: Instant) -> Input {
         4 => refused(ErrorCode::Unauthorized, "deleted"),
         5 => Input::StreamClosed("closed".into()),
         6 => Input::WriteFailed("w".into()),
+        9 => Input::Silent("s".into()),
         7 => Input::Notice(Some(now + Duration::from_secs(5))),
         8 => Input::Frame(CloudMessage::UsageAck { up_to: 1 }),
         _ => Input::Tick,

@@ -15,6 +15,6 @@ pub use framing::{read_frame, write_frame, FrameReader, NetError};
 pub use pki::{fingerprint, ClusterCa, PkiError};
 pub use tls::{
     client_endpoint, join_client_config, mtls_client_config, parse_identity, peer_identity,
-    server_config, PeerIdentity, SERVER_NAME,
+    server_config, set_idle_timeout, PeerIdentity, IDLE_TIMEOUT, SERVER_NAME,
 };
 pub use token::{JoinToken, TokenError};

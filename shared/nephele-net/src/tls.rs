@@ -31,12 +31,21 @@ fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
+/// How long a connection lives without hearing from its peer: long enough to ride
+/// out a partition of that length on the same session.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(15);
+
 fn transport() -> Arc<quinn::TransportConfig> {
+    transport_with_idle(IDLE_TIMEOUT)
+}
+
+/// The transport every connection uses, with another idle timeout (the shorter of the
+/// two sides' applies). Keep-alives go at a fifth of it, at most every 3 s.
+fn transport_with_idle(idle: Duration) -> Arc<quinn::TransportConfig> {
     let mut transport = quinn::TransportConfig::default();
-    transport.keep_alive_interval(Some(Duration::from_secs(3)));
+    transport.keep_alive_interval(Some((idle / 5).min(Duration::from_secs(3))));
     transport.max_idle_timeout(Some(
-        quinn::IdleTimeout::try_from(Duration::from_secs(15))
-            .unwrap_or(quinn::VarInt::from_u32(15_000).into()),
+        quinn::IdleTimeout::try_from(idle).unwrap_or(quinn::VarInt::from_u32(15_000).into()),
     ));
     transport.max_concurrent_bidi_streams(1024u32.into());
     // What one peer can make this side buffer, all its streams together (quinn's
@@ -127,6 +136,12 @@ fn finish_client(tls: rustls::ClientConfig) -> Result<quinn::ClientConfig, PkiEr
     let mut config = quinn::ClientConfig::new(Arc::new(quic));
     config.transport_config(transport());
     Ok(config)
+}
+
+/// Sets a client's idle timeout: an agent that has other control-plane replicas to
+/// try notices a dead one sooner (a dead peer's UDP port is silent, not refusing).
+pub fn set_idle_timeout(config: &mut quinn::ClientConfig, idle: Duration) {
+    config.transport_config(transport_with_idle(idle));
 }
 
 /// A QUIC client endpoint on an ephemeral port of the right address family.

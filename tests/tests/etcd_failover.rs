@@ -1,7 +1,9 @@
 //! Two control-plane replicas on one three-member etcd cluster: one leads, the other
 //! waits. Killing the leader moves the fleet to the standby within the lease time,
 //! with nothing lost and nothing reloaded on the device; a leader paused past its
-//! lease is deposed, and when it wakes it can write nothing (fencing) and exits.
+//! lease is deposed, and when it wakes it can write nothing (fencing) and exits. A
+//! standby forwards its API to the leader (a write and a read go through it), and
+//! refuses with 503 while the leader it knows is dead.
 //!
 //! The times printed here are what the README quotes; the assertions hold them only to
 //! generous bounds, so a slow machine does not fail the test.
@@ -62,17 +64,30 @@ fn the_standby_takes_over_and_a_deposed_leader_cannot_write() {
     .unwrap();
     let (status, body) = a.put_model("digits-mlp", MODEL_ONNX).unwrap();
     assert_eq!(status, 201, "{body}");
-    let (status, body) = deploy(&a, "digits").unwrap();
-    assert_eq!(status, 201, "{body}");
+    // The standby forwards its API to the leader: a write and a read through it.
+    let (status, body) = deploy(&b, "digits").unwrap();
+    assert_eq!(status, 201, "a write through the standby: {body}");
     a.wait_for("/v1/deployments/digits", "digits ready", |v| {
         v["ready_devices"] == 1
     })
     .unwrap();
+    assert_eq!(
+        names(&b.get("/v1/devices").unwrap()),
+        ["edge-1"],
+        "a read through the standby"
+    );
     let row = heldout().features[6].clone();
 
-    // The leader dies.
+    // The leader dies. Until the standby leads, a write through it is refused (503,
+    // retry) and not made.
     a.kill9();
     let killed = Instant::now();
+    let (status, body) = deploy(&b, "in-the-gap").unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body["message"].as_str().unwrap_or("").contains("retry"),
+        "{body}"
+    );
     let led_after = b.wait_leading(30).unwrap();
     let b_leads = killed.elapsed();
     assert!(

@@ -12,8 +12,8 @@
 //! before it ends exits (status 75), so that its supervisor starts it again as a
 //! standby rather than it acting on state it no longer owns.
 //!
-//! Today every region is led by the one leading replica (the state is one fleet); the
-//! standbys serve nothing until they lead. Agents are given every replica's address
+//! Today every region is led by the one leading replica (the state is one fleet); a
+//! standby forwards API connections to the leader ([`crate::standby`]) until it leads. Agents are given every replica's address
 //! (`nephele-edge join --server A,B`) and move to whichever answers.
 
 use std::path::Path;
@@ -54,11 +54,15 @@ pub const EXIT_DEPOSED: i32 = 75;
 /// say) it ends its old lease at once rather than waiting out the TTL behind itself.
 const LEASE_FILE: &str = "leader-lease";
 
+/// The key the leader holds: `<prefix>leader`.
+pub fn leader_key(etcd: &Etcd) -> String {
+    etcd.key("leader", "").trim_end_matches('/').to_string()
+}
+
 /// Waits until this replica leads, then fences the store on its leadership and keeps
 /// the lease alive on a thread of its own until the process ends.
 pub async fn lead(etcd: Arc<Etcd>, me: LeaderInfo, data_dir: &Path) -> anyhow::Result<()> {
-    let key = etcd.key("leader", "");
-    let key = key.trim_end_matches('/').to_string();
+    let key = leader_key(&etcd);
     let value = serde_json::to_vec(&me)?;
     let lease_file = data_dir.join(LEASE_FILE);
     if let Some(old) = std::fs::read_to_string(&lease_file)

@@ -20,6 +20,7 @@ pub mod provider;
 pub mod region;
 pub mod replica_sizing;
 pub mod scheduler;
+pub mod standby;
 pub mod store;
 pub mod variants;
 
@@ -340,7 +341,10 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
             api: config.api_listen.to_string(),
             quic: config.quic_listen.to_string(),
         };
+        // Until it leads, its API port forwards to the leader's.
+        let forwarder = standby::Forwarder::start(config.api_listen, etcd.clone()).await?;
         leader::lead(etcd, me, &data_dir).await?;
+        forwarder.stop().await;
     }
     let (ca, signing_key) = if store.etcd_client().is_some() {
         shared_secrets(&store, &data_dir)?

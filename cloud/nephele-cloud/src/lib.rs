@@ -342,7 +342,8 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
             quic: config.quic_listen.to_string(),
         };
         // Until it leads, its API port forwards to the leader's.
-        let forwarder = standby::Forwarder::start(config.api_listen, etcd.clone()).await?;
+        let forwarder =
+            standby::Forwarder::start(config.api_listen, etcd.clone(), me.clone()).await?;
         leader::lead(etcd, me, &data_dir).await?;
         forwarder.stop().await;
     }

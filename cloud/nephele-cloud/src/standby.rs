@@ -31,13 +31,19 @@ pub struct Forwarder {
 }
 
 impl Forwarder {
-    /// Listens on `listen` and forwards each connection to the leader's API.
-    pub async fn start(listen: SocketAddr, etcd: Arc<Etcd>) -> anyhow::Result<Forwarder> {
+    /// Listens on `listen` and forwards each connection to the leader's API; `me` is
+    /// what this replica will put in the leader key when it leads.
+    pub async fn start(
+        listen: SocketAddr,
+        etcd: Arc<Etcd>,
+        me: LeaderInfo,
+    ) -> anyhow::Result<Forwarder> {
         let listener = TcpListener::bind(listen)
             .await
             .with_context(|| format!("cannot bind the API on {listen}"))?;
         tracing::info!(%listen, "standby: forwarding API requests to the leader");
         let slots = Arc::new(tokio::sync::Semaphore::new(MAX_FORWARDED));
+        let me = Arc::new(me);
         let task = tokio::spawn(async move {
             let mut connections = tokio::task::JoinSet::new();
             loop {
@@ -51,9 +57,9 @@ impl Forwarder {
                         continue;
                     }
                 };
-                let etcd = etcd.clone();
+                let (etcd, me) = (etcd.clone(), me.clone());
                 connections.spawn(async move {
-                    forward(client, &etcd).await;
+                    forward(client, &etcd, &me).await;
                     drop(permit);
                 });
                 while connections.try_join_next().is_some() {}
@@ -71,8 +77,8 @@ impl Forwarder {
 }
 
 /// Forwards one connection to the leader, or answers 503 when there is none to reach.
-async fn forward(mut client: TcpStream, etcd: &Arc<Etcd>) {
-    let leader = match leader_api(etcd).await {
+async fn forward(mut client: TcpStream, etcd: &Arc<Etcd>, me: &LeaderInfo) {
+    let leader = match leader_api(etcd, me).await {
         Ok(Some(address)) => address,
         Ok(None) => {
             return unavailable(
@@ -99,8 +105,10 @@ async fn forward(mut client: TcpStream, etcd: &Arc<Etcd>) {
     }
 }
 
-/// The leader's API address, from the leader key; none while no replica leads.
-async fn leader_api(etcd: &Arc<Etcd>) -> anyhow::Result<Option<SocketAddr>> {
+/// The leader's API address, from the leader key; none while no replica leads, or
+/// while the key still names this replica's previous run (whose lease ends shortly):
+/// forwarding to itself would loop.
+async fn leader_api(etcd: &Arc<Etcd>, me: &LeaderInfo) -> anyhow::Result<Option<SocketAddr>> {
     let etcd = etcd.clone();
     let held =
         tokio::task::spawn_blocking(move || etcd.get(&crate::leader::leader_key(&etcd))).await??;
@@ -109,7 +117,16 @@ async fn leader_api(etcd: &Arc<Etcd>) -> anyhow::Result<Option<SocketAddr>> {
     };
     let info: LeaderInfo =
         serde_json::from_slice(&bytes).context("the leader key is unreadable")?;
+    if is_me(&info, me) {
+        return Ok(None);
+    }
     api_address(&info).map(Some)
+}
+
+/// Whether the leader key names this replica (by host and API address; a previous run
+/// of it has another pid).
+fn is_me(info: &LeaderInfo, me: &LeaderInfo) -> bool {
+    info.host == me.host && info.api == me.api
 }
 
 /// Where the leader's API is reached: its configured address, or its host name with
@@ -157,7 +174,7 @@ mod tests {
     }
 
     #[test]
-    fn the_leader_is_reached_at_its_address_or_its_host() {
+    fn the_leader_is_reached_at_its_address_or_its_host_and_never_itself() {
         assert_eq!(
             api_address(&info("10.0.0.7:8080", "cp-1")).unwrap(),
             "10.0.0.7:8080".parse().unwrap()
@@ -165,6 +182,18 @@ mod tests {
         let any = api_address(&info("0.0.0.0:8080", "localhost")).unwrap();
         assert_eq!(any.port(), 8080);
         assert!(any.ip().is_loopback(), "{any}");
+        assert!(is_me(
+            &info("127.0.0.1:8080", "cp-1"),
+            &info("127.0.0.1:8080", "cp-1")
+        ));
+        assert!(!is_me(
+            &info("127.0.0.1:8080", "cp-1"),
+            &info("127.0.0.1:8081", "cp-1")
+        ));
+        assert!(!is_me(
+            &info("0.0.0.0:8080", "cp-1"),
+            &info("0.0.0.0:8080", "cp-2")
+        ));
         assert!(api_address(&info("nonsense", "cp-1"))
             .unwrap_err()
             .to_string()

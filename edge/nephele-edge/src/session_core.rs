@@ -54,15 +54,16 @@ impl SessionConfig {
     /// With other replicas to try, a dead one should not hold the agent: 4 s to connect
     /// and 6 s of silence (its UDP port does not refuse, it stays silent), so partitions
     /// longer than that end in a reconnect, which reloads nothing.
-    pub fn for_servers(servers: &str) -> SessionConfig {
-        let servers: Vec<String> = crate::enrol::servers(servers)
+    pub fn for_servers(list: &str) -> SessionConfig {
+        let connect_timeout = crate::enrol::connect_timeout(list, Duration::from_secs(10));
+        let servers: Vec<String> = crate::enrol::servers(list)
             .into_iter()
             .map(str::to_string)
             .collect();
-        let (connect_timeout, idle_timeout) = if servers.len() > 1 {
-            (Duration::from_secs(4), Duration::from_secs(6))
+        let idle_timeout = if servers.len() > 1 {
+            Duration::from_secs(6)
         } else {
-            (Duration::from_secs(10), nephele_net::IDLE_TIMEOUT)
+            nephele_net::IDLE_TIMEOUT
         };
         SessionConfig {
             servers,
@@ -356,28 +357,34 @@ impl SessionCore {
             self.replica = (self.replica + 1) % self.config.servers.len();
             self.backoff = self.backoff.min(self.config.next_replica_backoff);
         }
-        let retry_in = self.jittered(self.backoff);
-        self.backoff = (self.backoff * 2).min(self.config.max_backoff);
-        self.phase = Phase::Waiting {
-            until: now + retry_in,
-        };
-        effects.push(Effect::Close {
-            reason,
-            established: false,
-            retry_in,
-        });
+        let wait = self.backoff;
+        self.retry_after(now, wait, reason, false, effects);
     }
 
     /// An established session ended: the same replica again, soon.
     fn end(&mut self, now: Instant, reason: String, effects: &mut Vec<Effect>) {
-        let retry_in = self.jittered(self.config.min_backoff);
-        self.backoff = (self.config.min_backoff * 2).min(self.config.max_backoff);
+        let wait = self.config.min_backoff;
+        self.retry_after(now, wait, reason, true, effects);
+    }
+
+    /// Closes the connection and waits `wait` (jittered) before the next attempt; the
+    /// attempt after that, if it fails too, waits twice as long.
+    fn retry_after(
+        &mut self,
+        now: Instant,
+        wait: Duration,
+        reason: String,
+        established: bool,
+        effects: &mut Vec<Effect>,
+    ) {
+        let retry_in = self.jittered(wait);
+        self.backoff = (wait * 2).min(self.config.max_backoff);
         self.phase = Phase::Waiting {
             until: now + retry_in,
         };
         effects.push(Effect::Close {
             reason,
-            established: true,
+            established,
             retry_in,
         });
     }

@@ -383,27 +383,39 @@ impl Store {
         txn.commit().map_err(db_error)
     }
 
-    /// Writes records to several tables in one transaction: all of them are durable,
-    /// or none (a token spent together with the device it enrolled, say).
-    pub fn put_together(
-        &self,
-        writes: &[(Table, &str, serde_json::Value)],
-    ) -> Result<(), StoreError> {
+    /// Puts (`Some(json)`) and deletes (`None`) across tables in one transaction: all
+    /// of it is durable, or none (a device removed together with its usage, say).
+    pub fn write_batch(&self, ops: &[(Table, String, Option<Vec<u8>>)]) -> Result<(), StoreError> {
+        if ops.is_empty() {
+            return Ok(());
+        }
         let Some(db) = self.db() else {
-            let mut ops = Vec::new();
-            for (table, key, value) in writes {
-                ops.push(etcd::Op::Put {
-                    key: self.etcd_key(*table, key),
-                    value: serde_json::to_vec(value).map_err(db_error)?,
-                });
-            }
+            let ops: Vec<etcd::Op> = ops
+                .iter()
+                .map(|(table, key, value)| match value {
+                    Some(bytes) => etcd::Op::Put {
+                        key: self.etcd_key(*table, key),
+                        value: bytes.clone(),
+                    },
+                    None => etcd::Op::Delete {
+                        key: self.etcd_key(*table, key),
+                    },
+                })
+                .collect();
             return self.etcd()?.txn(&ops);
         };
         let txn = db.begin_write().map_err(db_error)?;
-        for (table, key, value) in writes {
-            let bytes = serde_json::to_vec(value).map_err(db_error)?;
+        for (table, key, value) in ops {
             let mut open = txn.open_table(table.definition()).map_err(db_error)?;
-            open.insert(*key, bytes.as_slice()).map_err(db_error)?;
+            match value {
+                Some(bytes) => {
+                    open.insert(key.as_str(), bytes.as_slice())
+                        .map_err(db_error)?;
+                }
+                None => {
+                    open.remove(key.as_str()).map_err(db_error)?;
+                }
+            }
         }
         txn.commit().map_err(db_error)
     }

@@ -1,18 +1,18 @@
-//! Models between upload and store: an asynchronous push registers a build here
-//! ([`BeginModel`]), the build thread reports its progress ([`ModelProgress`]) and ends in
-//! [`super::PutModel`] (stored, the build is forgotten) or [`ModelFailed`] (kept, with
-//! the reason, until the name is pushed again). Only small messages reach the actor:
+//! Models between upload and store, in the federation core: an asynchronous push
+//! registers a build here ([`FleetCore::begin_model`]), the build thread reports its
+//! progress ([`FleetCore::model_progress`]) and ends in [`FleetCore::put_model`] (stored,
+//! the build is forgotten) or [`FleetCore::model_failed`] (kept, with the reason, until
+//! the name is pushed again). Only small messages reach the actor:
 //! loading, measuring and writing the variant files all happen on the build thread.
 //! Builds live in memory; the pushes behind them are kept on disk until they end
 //! ([`crate::pending_pushes`]), so a control plane restarted mid-build builds them again.
 
-use actix::prelude::*;
 use nephele_runtime::variants::BuildProgress;
 use serde::Serialize;
 
-use super::{FederationActor, ModelView};
-use crate::federation::ApiError;
-use crate::store::{ModelRecord, Table};
+use super::fleet_core::FleetCore;
+use super::views::ModelView;
+use super::ApiError;
 
 /// One build in flight or failed.
 #[derive(Debug, Clone)]
@@ -28,7 +28,7 @@ pub struct Build {
 }
 
 impl Build {
-    fn view(&self, name: &str) -> ModelView {
+    pub fn view(&self, name: &str) -> ModelView {
         ModelView {
             name: name.to_string(),
             version: 1,
@@ -62,7 +62,7 @@ pub enum ModelState {
     Failed,
 }
 
-/// What [`BeginModel`] found.
+/// What [`FleetCore::begin_model`] found.
 pub enum Begin {
     /// A build was registered; its view (state `building`).
     Started(ModelView),
@@ -72,35 +72,31 @@ pub enum Begin {
     InFlight(ModelView),
 }
 
-#[derive(Message)]
-#[rtype(result = "Result<Begin, ApiError>")]
-pub struct BeginModel {
+/// A push to build: the file's name, hash, size and format, and the `--input` specs.
+pub struct NewBuild {
     pub name: String,
     pub sha256: String,
     pub size: u64,
     pub format: String,
     pub input_specs: Vec<String>,
-    pub now_unix: u64,
 }
 
-impl Handler<BeginModel> for FederationActor {
-    type Result = Result<Begin, ApiError>;
-    fn handle(&mut self, message: BeginModel, _: &mut Self::Context) -> Self::Result {
-        if let Some(existing) = self
-            .store
-            .get::<ModelRecord>(Table::Models, &message.name)?
-        {
-            if existing.sha256 == message.sha256 {
-                return Ok(Begin::Existing(ModelView::from(&existing)));
+impl FleetCore {
+    /// Registers a build of a pushed file, unless it is stored or building already.
+    pub fn begin_model(&mut self, now_unix: u64, new: NewBuild) -> Result<Begin, ApiError> {
+        self.begin();
+        if let Some(existing) = self.catalog.model(&new.name) {
+            if existing.sha256 == new.sha256 {
+                return Ok(Begin::Existing(ModelView::from(existing)));
             }
             return Err(ApiError::Conflict(format!(
                 "model {} already exists with different content; upload under a new name (e.g. {}-v2)",
-                message.name, message.name
+                new.name, new.name
             )));
         }
-        if let Some(build) = self.builds.get(&message.name) {
-            if build.error.is_none() && build.sha256 == message.sha256 {
-                return Ok(Begin::InFlight(build.view(&message.name)));
+        if let Some(build) = self.builds.get(&new.name) {
+            if build.error.is_none() && build.sha256 == new.sha256 {
+                return Ok(Begin::InFlight(build.view(&new.name)));
             }
             if build.error.is_none() {
                 let step = build
@@ -110,98 +106,65 @@ impl Handler<BeginModel> for FederationActor {
                     .unwrap_or_default();
                 return Err(ApiError::Conflict(format!(
                     "model {} is being built from another file{step}; wait for it with `nephele model get {}`",
-                    message.name, message.name
+                    new.name, new.name
                 )));
             }
         }
         let build = Build {
-            sha256: message.sha256,
-            size: message.size,
-            started_unix: message.now_unix,
-            format: message.format,
-            input_specs: message.input_specs,
+            sha256: new.sha256,
+            size: new.size,
+            started_unix: now_unix,
+            format: new.format,
+            input_specs: new.input_specs,
             progress: None,
             error: None,
         };
-        let view = build.view(&message.name);
-        self.builds.insert(message.name, build);
+        let view = build.view(&new.name);
+        self.builds.insert(new.name, build);
         Ok(Begin::Started(view))
     }
-}
 
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct ModelProgress {
-    pub name: String,
-    pub sha256: String,
-    pub progress: BuildProgress,
-}
-
-impl Handler<ModelProgress> for FederationActor {
-    type Result = ();
-    fn handle(&mut self, message: ModelProgress, _: &mut Self::Context) {
-        if let Some(build) = self
-            .builds
-            .get_mut(&message.name)
-            .filter(|b| b.sha256 == message.sha256)
-        {
-            build.progress = Some(message.progress);
+    /// How far the build of `name` from the file `sha256` is.
+    pub fn model_progress(&mut self, name: &str, sha256: &str, progress: BuildProgress) {
+        self.begin();
+        if let Some(build) = self.builds.get_mut(name).filter(|b| b.sha256 == sha256) {
+            build.progress = Some(progress);
         }
     }
-}
 
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct ModelFailed {
-    pub name: String,
-    pub sha256: String,
-    pub error: String,
-}
-
-impl Handler<ModelFailed> for FederationActor {
-    type Result = ();
-    fn handle(&mut self, message: ModelFailed, _: &mut Self::Context) {
-        tracing::warn!(model = %message.name, error = %message.error, "model build failed");
-        if let Some(build) = self
-            .builds
-            .get_mut(&message.name)
-            .filter(|b| b.sha256 == message.sha256)
-        {
-            build.error = Some(message.error);
+    /// The build of `name` from the file `sha256` failed: kept with the reason.
+    pub fn model_failed(&mut self, name: &str, sha256: &str, error: String) {
+        self.begin();
+        tracing::warn!(model = %name, %error, "model build failed");
+        if let Some(build) = self.builds.get_mut(name).filter(|b| b.sha256 == sha256) {
+            build.error = Some(error);
         }
     }
-}
 
-/// `GET /v1/models/{name}`: a stored model, or one being built or failed.
-#[derive(Message)]
-#[rtype(result = "Result<ModelView, ApiError>")]
-pub struct GetModel(pub String);
-
-impl Handler<GetModel> for FederationActor {
-    type Result = Result<ModelView, ApiError>;
-    fn handle(&mut self, message: GetModel, _: &mut Self::Context) -> Self::Result {
-        if let Some(record) = self.store.get::<ModelRecord>(Table::Models, &message.0)? {
-            return Ok(ModelView::from(&record));
+    /// A stored model, or one being built or failed.
+    pub fn model_view(&self, name: &str) -> Result<ModelView, ApiError> {
+        if let Some(record) = self.catalog.model(name) {
+            return Ok(ModelView::from(record));
         }
-        match self.builds.get(&message.0) {
-            Some(build) => Ok(build.view(&message.0)),
+        match self.builds.get(name) {
+            Some(build) => Ok(build.view(name)),
             None => Err(ApiError::NotFound(format!(
-                "no model named {}; `nephele model list` shows the models",
-                message.0
+                "no model named {name}; `nephele model list` shows the models"
             ))),
         }
     }
-}
 
-impl FederationActor {
-    /// Views of the builds in flight or failed, for the model list.
-    pub(super) fn build_views(&self) -> Vec<ModelView> {
-        let mut views: Vec<ModelView> = self
+    /// Every stored model, then the builds in flight or failed, each by name.
+    pub fn model_views(&self) -> Vec<ModelView> {
+        let mut views: Vec<ModelView> = self.catalog.models().map(ModelView::from).collect();
+        views.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut builds: Vec<ModelView> = self
             .builds
             .iter()
             .map(|(name, build)| build.view(name))
             .collect();
-        views.sort_by(|a, b| a.name.cmp(&b.name));
+        builds.sort_by(|a, b| a.name.cmp(&b.name));
+        views.extend(builds);
         views
     }
 }

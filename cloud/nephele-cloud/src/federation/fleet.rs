@@ -13,7 +13,8 @@ use std::collections::{BTreeMap, HashMap};
 use nephele_domain::{AgentRole, Labels, Selector};
 use nephele_proto::{Assignment, DesiredState, ModelManifest, SignedManifest, VariantKind};
 
-use super::{ApiError, DeploymentSpec, ModelView};
+use super::views::{DeploymentSpec, ModelView};
+use super::ApiError;
 use crate::config::AutoscaleConfig;
 use crate::scheduler::{PoolWork, ReplicaSpec};
 use crate::store::{DeploymentRecord, DeviceRecord, ModelRecord};
@@ -88,6 +89,11 @@ impl Catalog {
             .insert(record.name.clone(), ModelEntry { record, manifest });
     }
 
+    /// A model removed; whether there was one.
+    pub fn remove_model(&mut self, name: &str) -> bool {
+        self.models.remove(name).is_some()
+    }
+
     pub fn deployment(&self, name: &str) -> Option<&DeploymentRecord> {
         self.deployments.get(name).map(|entry| &entry.record)
     }
@@ -95,6 +101,11 @@ impl Catalog {
     /// Every deployment, by name.
     pub fn deployments(&self) -> impl Iterator<Item = &DeploymentRecord> {
         self.deployments.values().map(|entry| &entry.record)
+    }
+
+    /// Every model (in no particular order).
+    pub fn models(&self) -> impl Iterator<Item = &ModelRecord> {
+        self.models.values().map(|entry| &entry.record)
     }
 
     pub fn model(&self, name: &str) -> Option<&ModelRecord> {
@@ -327,4 +338,4 @@ pub fn device_labels(device: &DeviceRecord) -> Labels {
 
 #[cfg(test)]
 #[path = "fleet_tests.rs"]
-mod tests;
+pub(super) mod tests;

@@ -42,7 +42,7 @@ fn variant_record(name: &str, rejected: Option<&str>) -> VariantRecord {
 
 /// A model with a shipped `full`, a shipped `int8w` (weights-only int8) and a
 /// rejected `int8`.
-fn model(name: &str) -> ModelRecord {
+pub(in crate::federation) fn model(name: &str) -> ModelRecord {
     let variant = |name: &str, kind| ModelVariant {
         name: name.into(),
         kind,
@@ -87,7 +87,12 @@ fn model(name: &str) -> ModelRecord {
     }
 }
 
-fn spec(name: &str, model: &str, selector: &str, variant: &str) -> DeploymentSpec {
+pub(in crate::federation) fn spec(
+    name: &str,
+    model: &str,
+    selector: &str,
+    variant: &str,
+) -> DeploymentSpec {
     DeploymentSpec {
         name: name.into(),
         model: model.into(),

@@ -6,12 +6,10 @@
 use std::collections::BTreeMap;
 
 use actix::prelude::*;
-use nephele_proto::{CloudMessage, UsageReport};
+use nephele_proto::UsageReport;
 use serde::{Deserialize, Serialize};
 
-use super::FederationActor;
-use crate::federation::ApiError;
-use crate::store::{DeviceRecord, Table};
+use super::{ApiError, FederationActor};
 
 /// What one deployment served on a device, all windows reported so far.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,34 +76,13 @@ pub struct AgentUsage {
 impl Handler<AgentUsage> for FederationActor {
     type Result = ();
     fn handle(&mut self, message: AgentUsage, _: &mut Self::Context) {
-        let Some(session) = self
-            .sessions
-            .get(&message.name)
-            .filter(|s| s.id == message.session_id)
-        else {
-            return;
-        };
-        let tx = session.tx.clone();
-        let mut totals: UsageTotals = match self.store.get(Table::Usage, &message.name) {
-            Ok(found) => found.unwrap_or_else(|| UsageTotals {
-                device: message.name.clone(),
-                ..UsageTotals::default()
-            }),
-            Err(error) => {
-                tracing::warn!(device = %message.name, %error, "cannot read usage totals; not acknowledged");
-                return;
-            }
-        };
-        if totals.apply(&message.report) {
-            // Stored before it is acknowledged: an acknowledged record is never lost.
-            if let Err(error) = self.store.put(Table::Usage, &message.name, &totals) {
-                tracing::warn!(device = %message.name, %error, "cannot store usage totals; not acknowledged");
-                return;
-            }
+        let output = self
+            .core
+            .usage(&message.name, message.session_id, &message.report);
+        // Stored before it is acknowledged: when the store refuses, nothing is acked.
+        if let Err(error) = self.run(output) {
+            tracing::warn!(device = %message.name, %error, "cannot store usage totals; not acknowledged");
         }
-        let _ = tx.send(CloudMessage::UsageAck {
-            up_to: totals.last_seq,
-        });
     }
 }
 
@@ -117,23 +94,7 @@ pub struct GetUsage(pub String);
 impl Handler<GetUsage> for FederationActor {
     type Result = Result<UsageTotals, ApiError>;
     fn handle(&mut self, message: GetUsage, _: &mut Self::Context) -> Self::Result {
-        if self
-            .store
-            .get::<DeviceRecord>(Table::Devices, &message.0)?
-            .is_none()
-        {
-            return Err(ApiError::NotFound(format!(
-                "no device named {}; `nephele device list` shows the devices",
-                message.0
-            )));
-        }
-        Ok(self
-            .store
-            .get(Table::Usage, &message.0)?
-            .unwrap_or_else(|| UsageTotals {
-                device: message.0.clone(),
-                ..UsageTotals::default()
-            }))
+        self.core.usage_of(&message.0)
     }
 }
 

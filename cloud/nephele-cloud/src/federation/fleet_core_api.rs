@@ -1,0 +1,558 @@
+//! The federation core's API commands and queries: join tokens, devices, models,
+//! deployments, API tokens, regions, usage. Same contract as `fleet_core.rs`: the time comes
+//! in as an argument, writes and effects go out in the [`Output`].
+
+use nephele_domain::{AgentRole, FirmwareProfile};
+use nephele_proto::{
+    CloudMessage, DeploymentPhase, ErrorCode, ErrorFrame, ModelManifest, ModelVariant, TensorSpec,
+    VariantKind,
+};
+
+use super::fleet::device_labels;
+use super::fleet_core::{Effect, FleetCore, Output};
+use super::fleet_store::{Record, Write};
+use super::usage::UsageTotals;
+use super::views::*;
+use super::{constant_time_eq, sha256_hex, ApiError};
+use crate::store::{
+    DeploymentRecord, DeviceRecord, JoinTokenRecord, ModelRecord, Table, VariantRecord,
+};
+
+/// A model that a build (`model_build`) loaded and derived variants from, off the
+/// actor's thread, with the pushed file and every shippable variant file already
+/// written as blobs: the core only signs and records the manifest.
+pub struct PutModel {
+    pub name: String,
+    pub bytes: Vec<u8>,
+    pub inputs: Vec<nephele_runtime::TensorInfo>,
+    pub outputs: Vec<nephele_runtime::TensorInfo>,
+    pub variants: nephele_runtime::variants::VariantSet,
+    /// What the variants were measured on, e.g. `360 labelled rows`.
+    pub validation: String,
+    /// The manifest format: `nephele_runtime::FORMAT_ONNX` or `FORMAT_CANDLE_BERT`.
+    pub format: String,
+    /// The `--input` specs applied to the file (already in `bytes`).
+    pub input_specs: Vec<String>,
+    /// Recurrent state (`--state INPUT=OUTPUT`), checked against the model.
+    pub recurrent_state: Vec<nephele_proto::StateBinding>,
+}
+
+/// A new join token: its id and secret are drawn by the shell.
+pub struct NewJoinToken {
+    pub region: Option<String>,
+    pub ttl_s: Option<u64>,
+    pub id: String,
+    pub secret: String,
+}
+
+fn sha256_of(bytes: &[u8]) -> [u8; 32] {
+    let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
+    let mut sha256 = [0u8; 32];
+    sha256.copy_from_slice(digest.as_ref());
+    sha256
+}
+
+/// The manifest entry of a shippable variant (its files are stored by the caller).
+fn manifest_variant(variant: &nephele_runtime::variants::BuiltVariant) -> Option<ModelVariant> {
+    let first = variant.files.first()?;
+    let kind = match (&variant.cut, variant.name.as_str()) {
+        (Some(cut), _) => {
+            let tail = variant.files.get(1)?;
+            VariantKind::Split {
+                cut: cut.tensor.clone(),
+                activation_bytes: cut.activation_bytes,
+                head_flops: cut.head_flops,
+                tail_flops: cut.tail_flops,
+                tail_sha256: sha256_of(tail),
+                tail_size: tail.len() as u64,
+            }
+        }
+        (None, "int8") => VariantKind::Int8Weights,
+        (None, _) => VariantKind::Full,
+    };
+    Some(ModelVariant {
+        name: variant.name.clone(),
+        kind,
+        precision: variant.precision.clone(),
+        sha256: sha256_of(first),
+        size: first.len() as u64,
+        accuracy: variant.accuracy.map(|a| (a / 100.0) as f32),
+        min_cosine: variant.agreement.map(|a| a.min_cosine as f32),
+        flops: variant.flops,
+    })
+}
+
+impl FleetCore {
+    // ------------------------------------------------------------------------------
+    // Join tokens
+    // ------------------------------------------------------------------------------
+
+    pub fn create_join_token(
+        &mut self,
+        now_unix: u64,
+        new: NewJoinToken,
+    ) -> Output<Result<JoinTokenView, ApiError>> {
+        self.begin();
+        let reply = self.create_join_token_checked(now_unix, new);
+        self.finish(reply, Vec::new())
+    }
+
+    fn create_join_token_checked(
+        &mut self,
+        now_unix: u64,
+        new: NewJoinToken,
+    ) -> Result<JoinTokenView, ApiError> {
+        let region = new
+            .region
+            .unwrap_or_else(|| self.config.default_region().to_string());
+        if !self.config.regions.iter().any(|r| r.name == region) {
+            return Err(ApiError::BadRequest(format!(
+                "unknown region {region:?}; configured regions: {}",
+                self.config
+                    .regions
+                    .iter()
+                    .map(|r| r.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        let ttl_s = new.ttl_s.unwrap_or(self.config.join_token_ttl_s);
+        if ttl_s == 0 || ttl_s > 7 * 24 * 3600 {
+            return Err(ApiError::BadRequest(
+                "ttl_s must be between 1 and 604800 (7 days)".into(),
+            ));
+        }
+        if self.records.join_tokens.contains_key(&new.id) {
+            return Err(ApiError::Conflict(format!(
+                "a join token {} exists already; try again",
+                new.id
+            )));
+        }
+        let record = JoinTokenRecord {
+            id: new.id.clone(),
+            secret_sha256: sha256_hex(new.secret.as_bytes()),
+            region: region.clone(),
+            created_unix: now_unix,
+            expires_unix: now_unix + ttl_s,
+            used_by: None,
+        };
+        let expires_unix = record.expires_unix;
+        self.write(Write::Put(Record::JoinToken(record)));
+        let token = nephele_net::JoinToken {
+            id: new.id.clone(),
+            secret: new.secret,
+            ca_fingerprint: self.authority.ca_fingerprint(),
+        };
+        Ok(JoinTokenView {
+            id: new.id,
+            region,
+            expires_unix,
+            used_by: None,
+            token: Some(token.to_string()),
+        })
+    }
+
+    pub fn join_tokens(&self) -> Vec<JoinTokenView> {
+        self.records
+            .join_tokens
+            .values()
+            .map(|r| JoinTokenView {
+                id: r.id.clone(),
+                region: r.region.clone(),
+                expires_unix: r.expires_unix,
+                used_by: r.used_by.clone(),
+                token: None,
+            })
+            .collect()
+    }
+
+    // ------------------------------------------------------------------------------
+    // Devices
+    // ------------------------------------------------------------------------------
+
+    /// Every enrolled device as the API shows it (`address` is the shell's to fill: it
+    /// holds the connections).
+    pub fn device_views(&self, now_ms: u64) -> Vec<DeviceView> {
+        self.records
+            .devices
+            .values()
+            .map(|d| self.device_view(now_ms, d))
+            .collect()
+    }
+
+    fn device_view(&self, now_ms: u64, device: &DeviceRecord) -> DeviceView {
+        let profile = FirmwareProfile::from_toml(&device.profile_toml, None).ok();
+        let session = self.sessions.get(&device.name);
+        let telemetry = self.telemetry.get(&device.name);
+        let heartbeat_age = telemetry.map(|t| now_ms.saturating_sub(t.received_ms));
+        let interval = u64::from(self.config.heartbeat_interval_ms);
+        let health = match (session, heartbeat_age) {
+            (None, _) => "offline",
+            (Some(_), Some(age)) if age <= 3 * interval => "healthy",
+            (Some(s), None) if now_ms.saturating_sub(s.connected_ms) <= 3 * interval => "healthy",
+            _ => "stale",
+        };
+        DeviceView {
+            name: device.name.clone(),
+            role: device.role.to_string(),
+            region: device.region.clone(),
+            profile: device.profile_name.clone(),
+            labels: device_labels(device),
+            accelerators: profile
+                .as_ref()
+                .map(|p| {
+                    p.accelerators
+                        .iter()
+                        .map(|a| AcceleratorView {
+                            kind: format!("{:?}", a.kind).to_lowercase(),
+                            model: a.model.clone(),
+                            count: a.count,
+                            peak_int8_tops: a
+                                .peak_tops
+                                .get(&nephele_domain::Precision::Int8)
+                                .copied()
+                                .unwrap_or(0.0),
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+            cpu_cores: profile.as_ref().map(|p| p.device.cpu_cores).unwrap_or(0),
+            memory_mb: profile.as_ref().map(|p| p.device.memory_mb).unwrap_or(0),
+            online: session.is_some(),
+            health: health.into(),
+            last_heartbeat_ms_ago: heartbeat_age,
+            connected_for_s: session.map(|s| now_ms.saturating_sub(s.connected_ms) / 1000),
+            session: session.map(|s| s.id),
+            address: None,
+            rss_bytes: telemetry.map(|t| t.heartbeat.rss_bytes),
+            link: telemetry.map(|t| t.heartbeat.link),
+            local_endpoint: session.map(|s| s.local_endpoint.clone()),
+            deployments: telemetry
+                .map(|t| t.heartbeat.deployments.len())
+                .unwrap_or(0),
+        }
+    }
+
+    /// Removes a device and its usage; its session is told why and ended, and its
+    /// certificate is refused from now on.
+    pub fn delete_device(&mut self, name: &str) -> Output<Result<(), ApiError>> {
+        self.begin();
+        if !self.records.devices.contains_key(name) {
+            let error = ApiError::NotFound(format!("no device named {name}"));
+            return self.finish(Err(error), Vec::new());
+        }
+        self.write(Write::Delete(Table::Devices, name.to_string()));
+        // A device enrolled again under the name numbers its usage from 1 again.
+        if self.records.usage.contains_key(name) {
+            self.write(Write::Delete(Table::Usage, name.to_string()));
+        }
+        let mut effects = Vec::new();
+        if let Some(session) = self.sessions.get(name).map(|s| s.id) {
+            self.set_session(name, None);
+            effects.push(Effect::Send {
+                device: name.to_string(),
+                session,
+                message: CloudMessage::Refused(ErrorFrame::new(
+                    ErrorCode::Unauthorized,
+                    "this device was deleted from the fleet",
+                )),
+            });
+            effects.push(Effect::EndSession {
+                device: name.to_string(),
+                session,
+            });
+        }
+        self.remove_telemetry(name);
+        tracing::info!(device = %name, "device deleted");
+        self.finish(Ok(()), effects)
+    }
+
+    /// A device's usage totals.
+    pub fn usage_of(&self, name: &str) -> Result<UsageTotals, ApiError> {
+        if !self.records.devices.contains_key(name) {
+            return Err(ApiError::NotFound(format!(
+                "no device named {name}; `nephele device list` shows the devices"
+            )));
+        }
+        Ok(self
+            .records
+            .usage
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| UsageTotals {
+                device: name.to_string(),
+                ..UsageTotals::default()
+            }))
+    }
+
+    // ------------------------------------------------------------------------------
+    // Models
+    // ------------------------------------------------------------------------------
+
+    /// Signs and records a built model's manifest.
+    pub fn put_model(
+        &mut self,
+        now_unix: u64,
+        message: PutModel,
+    ) -> Output<Result<ModelView, ApiError>> {
+        self.begin();
+        let reply = self.put_model_checked(now_unix, message);
+        self.finish(reply, Vec::new())
+    }
+
+    fn put_model_checked(
+        &mut self,
+        now_unix: u64,
+        message: PutModel,
+    ) -> Result<ModelView, ApiError> {
+        nephele_domain::validate_name("model", &message.name).map_err(ApiError::BadRequest)?;
+        let sha256 = sha256_of(&message.bytes);
+        let sha_hex = hex::encode(sha256);
+        if let Some(existing) = self.catalog.model(&message.name) {
+            if existing.sha256 == sha_hex {
+                return Ok(ModelView::from(existing));
+            }
+            return Err(ApiError::Conflict(format!(
+                "model {} already exists with different content; upload under a new name (e.g. {}-v2)",
+                message.name, message.name
+            )));
+        }
+        let spec = |info: &nephele_runtime::TensorInfo| TensorSpec {
+            name: info.name.clone(),
+            shape: info.shape.clone(),
+            dtype: info.dtype.clone(),
+        };
+        let mut shipped: Vec<ModelVariant> = message
+            .variants
+            .shippable()
+            .filter_map(manifest_variant)
+            .collect();
+        if !shipped.iter().any(|v| v.kind == VariantKind::Full) {
+            // The builder always ships the pushed file; keep the invariant explicit.
+            shipped.insert(
+                0,
+                ModelVariant {
+                    name: "full".into(),
+                    kind: VariantKind::Full,
+                    precision: "fp32".into(),
+                    sha256,
+                    size: message.bytes.len() as u64,
+                    accuracy: None,
+                    min_cosine: Some(1.0),
+                    flops: 0,
+                },
+            );
+        }
+        let manifest = ModelManifest {
+            name: message.name.clone(),
+            format: message.format.clone(),
+            created_unix: now_unix,
+            inputs: message.inputs.iter().map(spec).collect(),
+            outputs: message.outputs.iter().map(spec).collect(),
+            validation: message.validation.clone(),
+            variants: shipped,
+            state: message.recurrent_state.clone(),
+        };
+        let manifest_bytes = nephele_proto::encode_payload(&manifest)
+            .map_err(|e| ApiError::Internal(e.to_string()))?;
+        let signature = self.authority.sign_manifest(&manifest_bytes);
+        let record = ModelRecord {
+            name: message.name.clone(),
+            sha256: sha_hex,
+            size: message.bytes.len() as u64,
+            created_unix: manifest.created_unix,
+            inputs: message.inputs,
+            outputs: message.outputs,
+            signed_manifest: manifest_bytes,
+            signature,
+            variants: message
+                .variants
+                .variants
+                .iter()
+                .map(|v| VariantRecord {
+                    name: v.name.clone(),
+                    precision: v.precision.clone(),
+                    size: v.size(),
+                    flops: v.flops,
+                    accuracy_pct: v.accuracy,
+                    min_cosine: v.agreement.map(|a| a.min_cosine),
+                    top1_agreement: v.agreement.map(|a| a.top1_agreement),
+                    cut: v.cut.clone(),
+                    rejected: v.rejected.clone(),
+                    note: v
+                        .quantization
+                        .as_ref()
+                        .and_then(nephele_runtime::mixed_precision::summary),
+                    status: String::new(),
+                    reason: None,
+                })
+                .collect(),
+            validation: message.validation,
+            format: message.format,
+            input_specs: message.input_specs,
+            recurrent_state: message.recurrent_state,
+        };
+        let view = ModelView::from(&record);
+        tracing::info!(
+            model = %record.name,
+            sha256 = %record.sha256,
+            size = record.size,
+            variants = manifest.variants.len(),
+            "model stored"
+        );
+        let name = record.name.clone();
+        self.write(Write::Put(Record::Model(Box::new(record))));
+        self.set_build(&name, None);
+        Ok(view)
+    }
+
+    // ------------------------------------------------------------------------------
+    // Deployments
+    // ------------------------------------------------------------------------------
+
+    pub fn create_deployment(
+        &mut self,
+        now_unix: u64,
+        spec: DeploymentSpec,
+    ) -> Output<Result<DeploymentStatus, ApiError>> {
+        self.begin();
+        let record = match self.catalog.validate(spec, now_unix) {
+            Ok(record) => record,
+            Err(error) => return self.finish(Err(error), Vec::new()),
+        };
+        tracing::info!(deployment = %record.name, model = %record.model, selector = %record.selector, "deployment created");
+        self.write(Write::Put(Record::Deployment(record.clone())));
+        let mut effects = self.broadcast();
+        effects.push(self.sync_regions());
+        let status = self.status_of(&record);
+        self.finish(Ok(status), effects)
+    }
+
+    pub fn delete_deployment(&mut self, name: &str) -> Output<Result<(), ApiError>> {
+        self.begin();
+        if self.catalog.deployment(name).is_none() {
+            let error = ApiError::NotFound(format!("no deployment named {name}"));
+            return self.finish(Err(error), Vec::new());
+        }
+        self.write(Write::Delete(Table::Deployments, name.to_string()));
+        tracing::info!(deployment = %name, "deployment deleted");
+        let mut effects = self.broadcast();
+        effects.push(self.sync_regions());
+        self.finish(Ok(()), effects)
+    }
+
+    pub fn deployment_status(&self, name: &str) -> Result<DeploymentStatus, ApiError> {
+        let record = self
+            .catalog
+            .deployment(name)
+            .ok_or_else(|| ApiError::NotFound(format!("no deployment named {name}")))?;
+        Ok(self.status_of(record))
+    }
+
+    pub fn deployment_statuses(&self) -> Vec<DeploymentStatus> {
+        self.catalog
+            .deployments()
+            .map(|r| self.status_of(r))
+            .collect()
+    }
+
+    fn status_of(&self, deployment: &DeploymentRecord) -> DeploymentStatus {
+        let mut rows = Vec::new();
+        for device in self.records.devices.values().filter(|d| {
+            self.catalog
+                .runs_on(d, deployment, self.pool_work_of(&d.name))
+        }) {
+            let telemetry = self.telemetry.get(&device.name).and_then(|t| {
+                t.heartbeat
+                    .deployments
+                    .iter()
+                    .find(|d| d.deployment == deployment.name)
+            });
+            let phase = match telemetry.map(|t| &t.phase) {
+                None => "pending".to_string(),
+                Some(DeploymentPhase::Pending) => "pending".into(),
+                Some(DeploymentPhase::Downloading) => "downloading".into(),
+                Some(DeploymentPhase::Ready) => "ready".into(),
+                Some(DeploymentPhase::Failed(reason)) => format!("failed: {reason}"),
+            };
+            let online = self.sessions.contains_key(&device.name);
+            rows.push(DeviceDeploymentStatus {
+                device: device.name.clone(),
+                role: device.role.to_string(),
+                profile: device.profile_name.clone(),
+                online,
+                ready: online && phase == "ready",
+                phase,
+                variant: telemetry.map(|t| t.variant.clone()).unwrap_or_default(),
+                served_local: telemetry.map(|t| t.served_local).unwrap_or(0),
+                served_offloaded: telemetry.map(|t| t.served_offloaded).unwrap_or(0),
+                failed: telemetry.map(|t| t.failed).unwrap_or(0),
+                queue_len: telemetry.map(|t| t.queue_len).unwrap_or(0),
+                service_ms: telemetry
+                    .map(|t| t.service_us as f64 / 1000.0)
+                    .unwrap_or(0.0),
+                p50_ms: telemetry.map(|t| t.p50_us as f64 / 1000.0).unwrap_or(0.0),
+                p99_ms: telemetry.map(|t| t.p99_us as f64 / 1000.0).unwrap_or(0.0),
+            });
+        }
+        let edge_rows = rows
+            .iter()
+            .filter(|r| r.role == AgentRole::Edge.to_string());
+        DeploymentStatus {
+            name: deployment.name.clone(),
+            model: deployment.model.clone(),
+            selector: deployment.selector.clone(),
+            slo_ms: deployment.slo_ms,
+            offload: deployment.offload,
+            max_queue: deployment.max_queue,
+            variant: deployment.variant.clone(),
+            hard_example_threshold: deployment.hard_example_threshold,
+            desired_devices: edge_rows.clone().count(),
+            ready_devices: edge_rows.filter(|r| r.ready).count(),
+            devices: rows,
+        }
+    }
+
+    // ------------------------------------------------------------------------------
+    // API tokens, regions
+    // ------------------------------------------------------------------------------
+
+    /// Who a bearer token speaks for, if it is one of ours.
+    pub fn authenticate(&self, token: &str) -> Option<Principal> {
+        let (id, _) = token.split_once('.')?;
+        let record = self.records.api_tokens.get(id)?;
+        constant_time_eq(
+            sha256_hex(token.as_bytes()).as_bytes(),
+            record.sha256.as_bytes(),
+        )
+        .then(|| Principal {
+            role: record.role.clone(),
+            tenant: record.tenant.clone(),
+        })
+    }
+
+    pub fn region_views(&self) -> Vec<RegionView> {
+        self.config
+            .regions
+            .iter()
+            .map(|region| {
+                let in_region: Vec<&DeviceRecord> = self
+                    .records
+                    .devices
+                    .values()
+                    .filter(|d| d.region == region.name)
+                    .collect();
+                RegionView {
+                    name: region.name.clone(),
+                    carbon_zone: region.carbon_zone.clone(),
+                    pools: region.pools.clone(),
+                    devices: in_region.len(),
+                    online: in_region
+                        .iter()
+                        .filter(|d| self.sessions.contains_key(&d.name))
+                        .count(),
+                }
+            })
+            .collect()
+    }
+}

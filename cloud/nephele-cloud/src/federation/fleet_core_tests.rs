@@ -1,0 +1,572 @@
+//! The federation core driven as its shell drives it, over a [`MemoryStore`] that can
+//! refuse writes: real CA, real CSRs, real manifests; no actor, no network, no clock.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::OnceLock;
+
+use nephele_net::{ClusterCa, PeerIdentity};
+use nephele_proto::{
+    CloudMessage, DesiredState, ErrorCode, Hello, JoinRequest, NodeReport, UsageRecord,
+    UsageReport, PROTOCOL_VERSION,
+};
+use proptest::prelude::*;
+
+use super::*;
+use crate::federation::authority::Keys;
+use crate::federation::fleet::tests::{model, spec};
+use crate::federation::fleet_store::{FleetStore, MemoryStore, Record, Write};
+use crate::federation::{ApiError, NewJoinToken};
+
+const PROFILE: &str = include_str!("../../../../firmware-profiles/rpi5-8gb.toml");
+const NAMES: [&str; 3] = ["cam-1", "cam-2", "cam-3"];
+const SELECTORS: [&str; 3] = ["", "nephele.io/name=cam-1", "site=north"];
+
+/// One CSR per device name, made once (key generation is the slow part).
+fn csr(name: &str) -> Vec<u8> {
+    static CSRS: OnceLock<HashMap<&'static str, Vec<u8>>> = OnceLock::new();
+    CSRS.get_or_init(|| {
+        NAMES
+            .iter()
+            .map(|n| (*n, nephele_net::pki::agent_csr(n).expect("csr").1))
+            .collect()
+    })[name]
+        .clone()
+}
+
+fn keys() -> Box<Keys> {
+    static CA: OnceLock<(String, String)> = OnceLock::new();
+    let (cert, key) = CA.get_or_init(|| {
+        let ca = ClusterCa::generate("test").expect("ca");
+        (ca.cert_pem.clone(), ca.key_pem.clone())
+    });
+    let rng = ring::rand::SystemRandom::new();
+    let pkcs8 = ring::signature::Ed25519KeyPair::generate_pkcs8(&rng).expect("key");
+    Box::new(Keys {
+        ca: ClusterCa::from_pem(cert, key).expect("ca"),
+        signing_key: ring::signature::Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).expect("key"),
+    })
+}
+
+/// The shell's part, played by the test: commit, roll back, carry out.
+struct Shell {
+    core: FleetCore,
+    store: MemoryStore,
+    /// Device → (session, last desired state it was sent).
+    agents: BTreeMap<String, (u64, Option<DesiredState>)>,
+    /// Device → usage acknowledged up to.
+    acked: HashMap<String, u64>,
+    /// Per device, the usage records it has made (seq 1..=n).
+    made: HashMap<String, u64>,
+    tokens: Vec<(String, String)>,
+    certs: HashMap<String, [u8; 32]>,
+    now_unix: u64,
+    now_ms: u64,
+    next_token: u64,
+    /// Commits to refuse before the store takes writes again.
+    refuse_next: u32,
+}
+
+impl Shell {
+    fn new() -> Shell {
+        // A model to deploy, stored as the model build would.
+        let store = MemoryStore::default();
+        store
+            .commit(&[Write::Put(Record::Model(Box::new(model("m"))))])
+            .expect("commit");
+        let config = crate::config::CloudConfig {
+            heartbeat_interval_ms: 1000,
+            ..Default::default()
+        };
+        let core = FleetCore::new(
+            config,
+            keys(),
+            store.load().expect("load"),
+            1,
+            HashMap::new(),
+        );
+        Shell {
+            core,
+            store,
+            agents: BTreeMap::new(),
+            acked: HashMap::new(),
+            made: HashMap::new(),
+            tokens: Vec::new(),
+            certs: HashMap::new(),
+            now_unix: 1_000,
+            now_ms: 0,
+            next_token: 0,
+            refuse_next: 0,
+        }
+    }
+
+    /// What the actor's `run` does.
+    fn run<R>(&mut self, output: Output<R>) -> Result<R, crate::store::StoreError> {
+        if !output.persist.is_empty() {
+            let refuse = self.refuse_next > 0;
+            if refuse {
+                self.refuse_next -= 1;
+                self.store.refuse_writes(true);
+            }
+            let committed = self.store.commit(&output.persist);
+            if refuse {
+                self.store.refuse_writes(false);
+            }
+            if let Err(error) = committed {
+                self.core.rollback();
+                return Err(error);
+            }
+        }
+        self.carry_out(output.effects);
+        Ok(output.reply)
+    }
+
+    fn carry_out(&mut self, effects: Vec<Effect>) {
+        for effect in effects {
+            match effect {
+                Effect::Send {
+                    device,
+                    session,
+                    message,
+                } => {
+                    let Some(agent) = self.agents.get_mut(&device).filter(|a| a.0 == session)
+                    else {
+                        continue;
+                    };
+                    match message {
+                        CloudMessage::DesiredState(desired) => agent.1 = Some(desired),
+                        CloudMessage::UsageAck { up_to } => {
+                            self.acked.insert(device, up_to);
+                        }
+                        CloudMessage::Refused(_) => {}
+                        other => panic!("unexpected message {other:?}"),
+                    }
+                }
+                Effect::Register { device, session } => {
+                    self.agents.insert(device, (session, None));
+                }
+                Effect::EndSession { device, session } => {
+                    if self.agents.get(&device).map(|a| a.0) == Some(session) {
+                        self.agents.remove(&device);
+                    }
+                }
+                Effect::Region(_) => {}
+            }
+        }
+    }
+
+    fn token(&mut self) -> Result<(), ApiError> {
+        self.next_token += 1;
+        let new = NewJoinToken {
+            region: None,
+            ttl_s: Some(60),
+            id: format!("t{}", self.next_token),
+            secret: format!("secret{}", self.next_token),
+        };
+        let (id, secret) = (new.id.clone(), new.secret.clone());
+        let output = self.core.create_join_token(self.now_unix, new);
+        self.run(output)??;
+        self.tokens.push((id, secret));
+        Ok(())
+    }
+
+    fn join(&mut self, token: usize, name: &str) -> Result<(), String> {
+        let Some((id, secret)) = self.tokens.get(token).cloned() else {
+            return Err("no token".into());
+        };
+        let mut labels = BTreeMap::new();
+        labels.insert("site".to_string(), "north".to_string());
+        let request = JoinRequest {
+            protocol_version: PROTOCOL_VERSION,
+            token_id: id,
+            token_secret: secret,
+            name: name.into(),
+            role: "edge".into(),
+            csr_der: csr(name),
+            labels,
+        };
+        let output = self.core.join(self.now_unix, request);
+        let accepted = self
+            .run(output)
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.message)?;
+        self.certs.insert(
+            name.to_string(),
+            nephele_net::fingerprint(&accepted.certificate_der),
+        );
+        Ok(())
+    }
+
+    fn connect(&mut self, name: &str) -> Result<u64, String> {
+        let identity = PeerIdentity {
+            name: name.into(),
+            role: "edge".into(),
+            cert_sha256: self.certs.get(name).copied().unwrap_or([0; 32]),
+        };
+        let hello = Hello {
+            protocol_version: PROTOCOL_VERSION,
+            agent_version: "test".into(),
+            role: "edge".into(),
+            profile_name: "rpi5-8gb".into(),
+            profile_toml: PROFILE.into(),
+            models_cached: vec![],
+            local_endpoint: "127.0.0.1:8700".into(),
+            node: NodeReport::default(),
+            jobs: vec![],
+        };
+        let output = self.core.agent_connected(self.now_ms, &identity, hello);
+        let (session, _, desired) = self
+            .run(output)
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.message)?;
+        // The gateway sends the desired state of the reply first.
+        if let Some(agent) = self.agents.get_mut(name) {
+            agent.1 = Some(desired);
+        }
+        Ok(session)
+    }
+
+    fn disconnect(&mut self, name: &str) {
+        if let Some(&(session, _)) = self.agents.get(name) {
+            let effects = self.core.disconnected(name, session, "test");
+            self.carry_out(effects);
+        }
+    }
+
+    /// The agent sends every record not acknowledged yet, after making `new` more.
+    fn usage(&mut self, name: &str, new: u64) {
+        let Some(&(session, _)) = self.agents.get(name) else {
+            return;
+        };
+        let made = self.made.entry(name.to_string()).or_default();
+        *made += new;
+        let from = self.acked.get(name).copied().unwrap_or(0) + 1;
+        let records = (from..=*made)
+            .map(|seq| UsageRecord {
+                seq,
+                start_unix_ms: seq,
+                end_unix_ms: seq + 1,
+                deployment: "d".into(),
+                served_local: 1,
+                served_offloaded: 0,
+                failed: 0,
+            })
+            .collect();
+        let report = UsageReport {
+            records,
+            dropped: 0,
+        };
+        let output = self.core.usage(name, session, &report);
+        let _ = self.run(output);
+    }
+
+    fn delete(&mut self, name: &str) {
+        let output = self.core.delete_device(name);
+        if let Ok(Ok(())) = self.run(output) {
+            self.made.remove(name);
+            self.acked.remove(name);
+            self.certs.remove(name);
+        }
+    }
+
+    fn deploy(&mut self, name: &str, selector: &str) {
+        let output = self
+            .core
+            .create_deployment(self.now_unix, spec(name, "m", selector, "auto"));
+        let _ = self.run(output);
+    }
+
+    fn undeploy(&mut self, name: &str) {
+        let output = self.core.delete_deployment(name);
+        let _ = self.run(output);
+    }
+
+    /// The core's mirror is exactly what the store holds.
+    fn check_mirror(&self) {
+        let fresh = FleetCore::new(
+            self.core.config.clone(),
+            keys(),
+            self.store.load().expect("load"),
+            1,
+            HashMap::new(),
+        );
+        let json = |v: &dyn erased::Json| v.json();
+        assert_eq!(
+            json(&self.core.records.devices),
+            json(&fresh.records.devices),
+            "devices"
+        );
+        assert_eq!(
+            json(&self.core.records.join_tokens),
+            json(&fresh.records.join_tokens),
+            "join tokens"
+        );
+        assert_eq!(
+            json(&self.core.records.usage),
+            json(&fresh.records.usage),
+            "usage"
+        );
+        let names = |core: &FleetCore| {
+            core.catalog
+                .deployments()
+                .map(|d| serde_json::to_string(d).expect("json"))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(&self.core), names(&fresh), "deployments");
+    }
+
+    /// Every connected agent was last sent what it should run now, and the shell's
+    /// sessions are the core's.
+    fn check_sessions_and_desired(&self) {
+        let core_sessions: BTreeMap<&String, u64> = self
+            .core
+            .sessions()
+            .iter()
+            .map(|(name, s)| (name, s.id))
+            .collect();
+        let shell_sessions: BTreeMap<&String, u64> =
+            self.agents.iter().map(|(name, a)| (name, a.0)).collect();
+        assert_eq!(core_sessions, shell_sessions);
+        for (name, (_, sent)) in &self.agents {
+            let device = &self.core.records.devices[name];
+            let now = self.core.desired_for(device);
+            let sent = sent.as_ref().expect("a connected agent was sent a state");
+            assert_eq!(sent.assignments, now.assignments, "{name}");
+        }
+    }
+
+    /// Each usage record acknowledged was counted exactly once.
+    fn check_usage(&self) {
+        for (name, totals) in &self.core.records.usage {
+            let served: u64 = totals.deployments.values().map(|s| s.served_local).sum();
+            assert_eq!(totals.records, totals.last_seq, "{name}");
+            assert_eq!(served, totals.last_seq, "{name}");
+            if let Some(&acked) = self.acked.get(name) {
+                assert!(
+                    acked <= totals.last_seq,
+                    "{name}: acked beyond what is stored"
+                );
+            }
+        }
+    }
+}
+
+mod erased {
+    /// Serialises any map of records, to compare a mirror with a fresh load.
+    pub trait Json {
+        fn json(&self) -> String;
+    }
+    impl<T: serde::Serialize> Json for T {
+        fn json(&self) -> String {
+            serde_json::to_string(self).expect("json")
+        }
+    }
+}
+
+#[test]
+fn a_join_token_enrols_one_device_once_and_expires() {
+    let mut shell = Shell::new();
+    shell.token().unwrap();
+    shell.join(0, "cam-1").unwrap();
+    let again = shell.join(0, "cam-2").unwrap_err();
+    assert!(again.contains("already used by cam-1"), "{again}");
+    shell.token().unwrap();
+    shell.now_unix += 61;
+    let late = shell.join(1, "cam-2").unwrap_err();
+    assert!(late.contains("expired"), "{late}");
+    // The token and the device were committed together.
+    let records = shell.store.records();
+    assert!(records.contains_key(&("devices", "cam-1".to_string())));
+    match &records[&("join_tokens", "t1".to_string())] {
+        Record::JoinToken(token) => assert_eq!(token.used_by.as_deref(), Some("cam-1")),
+        other => panic!("{other:?}"),
+    }
+    shell.check_mirror();
+}
+
+#[test]
+fn a_refused_commit_changes_nothing_and_sends_nothing() {
+    let mut shell = Shell::new();
+    shell.token().unwrap();
+    shell.store.refuse_writes(true);
+    let refused = shell.join(0, "cam-1").unwrap_err();
+    assert!(refused.contains("refuses writes"), "{refused}");
+    shell.check_mirror();
+    assert!(
+        shell.core.records.join_tokens["t1"].used_by.is_none(),
+        "the token is not spent by a join that was not kept"
+    );
+    shell.store.refuse_writes(false);
+    shell.join(0, "cam-1").unwrap();
+    shell.connect("cam-1").unwrap();
+    shell.deploy("d", "");
+    shell.store.refuse_writes(true);
+    let before = shell.agents["cam-1"].1.clone();
+    shell.undeploy("d");
+    assert_eq!(
+        shell.agents["cam-1"].1, before,
+        "no desired state sent for a delete that was not kept"
+    );
+    assert!(shell.core.deployment_status("d").is_ok());
+    shell.store.refuse_writes(false);
+    shell.undeploy("d");
+    assert!(shell.agents["cam-1"]
+        .1
+        .as_ref()
+        .unwrap()
+        .assignments
+        .is_empty());
+    shell.check_mirror();
+}
+
+#[test]
+fn a_reconnect_replaces_the_session_and_the_old_one_is_ignored() {
+    let mut shell = Shell::new();
+    shell.token().unwrap();
+    shell.join(0, "cam-1").unwrap();
+    let first = shell.connect("cam-1").unwrap();
+    let second = shell.connect("cam-1").unwrap();
+    assert_ne!(first, second);
+    // The first session's end (its connection closing late) ends nothing.
+    let effects = shell.core.disconnected("cam-1", first, "old");
+    assert!(!effects
+        .iter()
+        .any(|e| matches!(e, Effect::EndSession { .. })));
+    assert_eq!(shell.core.sessions()["cam-1"].id, second);
+    // Usage on the old session is not counted or acknowledged.
+    let output = shell.core.usage(
+        "cam-1",
+        first,
+        &UsageReport {
+            records: vec![],
+            dropped: 0,
+        },
+    );
+    assert!(output.effects.is_empty() && output.persist.is_empty());
+}
+
+#[test]
+fn a_deleted_device_is_told_why_and_its_certificate_refused() {
+    let mut shell = Shell::new();
+    shell.token().unwrap();
+    shell.join(0, "cam-1").unwrap();
+    let session = shell.connect("cam-1").unwrap();
+    shell.usage("cam-1", 3);
+    let output = shell.core.delete_device("cam-1");
+    assert!(output.effects.iter().any(|e| matches!(
+        e,
+        Effect::Send { message: CloudMessage::Refused(frame), session: s, .. }
+            if *s == session && frame.message.contains("deleted")
+    )));
+    shell.run(output).unwrap().unwrap();
+    assert!(!shell.agents.contains_key("cam-1"));
+    assert!(!shell
+        .store
+        .records()
+        .contains_key(&("usage", "cam-1".to_string())));
+    let refused = shell.connect("cam-1").unwrap_err();
+    assert!(refused.contains("not enrolled"), "{refused}");
+    assert!(matches!(
+        shell.core.delete_device("cam-1").reply,
+        Err(ApiError::NotFound(_))
+    ));
+}
+
+#[test]
+fn a_wrong_certificate_is_refused() {
+    let mut shell = Shell::new();
+    shell.token().unwrap();
+    shell.join(0, "cam-1").unwrap();
+    shell.certs.insert("cam-1".into(), [9; 32]);
+    let refused = shell.connect("cam-1").unwrap_err();
+    assert!(refused.contains("superseded or revoked"), "{refused}");
+    let output = shell.core.join(
+        shell.now_unix,
+        JoinRequest {
+            protocol_version: PROTOCOL_VERSION + 1,
+            token_id: "t1".into(),
+            token_secret: "x".into(),
+            name: "cam-2".into(),
+            role: "edge".into(),
+            csr_der: vec![],
+            labels: BTreeMap::new(),
+        },
+    );
+    assert_eq!(output.reply.unwrap_err().code, ErrorCode::VersionMismatch);
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    Token,
+    /// Join with a fresh token (`None`) or one made before.
+    Join(Option<usize>, usize),
+    Connect(usize),
+    Disconnect(usize),
+    Delete(usize),
+    Deploy(usize, usize),
+    Undeploy(usize),
+    Usage(usize, u64),
+    /// The store refuses the next this many commits (an etcd cluster without a
+    /// quorum, for a while).
+    StoreRefuses(u32),
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    // Weighted so that sequences get far: devices join, connect and report usage
+    // while deployments come and go and the store now and then refuses writes.
+    prop_oneof![
+        1 => Just(Step::Token),
+        4 => (proptest::option::weighted(0.25, 0..4usize), 0..3usize)
+            .prop_map(|(t, n)| Step::Join(t, n)),
+        4 => (0..3usize).prop_map(Step::Connect),
+        1 => (0..3usize).prop_map(Step::Disconnect),
+        1 => (0..3usize).prop_map(Step::Delete),
+        3 => (0..2usize, 0..3usize).prop_map(|(d, s)| Step::Deploy(d, s)),
+        1 => (0..2usize).prop_map(Step::Undeploy),
+        4 => (0..3usize, 0..4u64).prop_map(|(n, k)| Step::Usage(n, k)),
+        2 => (1..4u32).prop_map(Step::StoreRefuses),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Whatever agents and operators do, and whenever the store refuses a write: the
+    /// core holds exactly what the store holds, every connected agent was last sent
+    /// what it should run now, and each acknowledged usage record was counted once.
+    #[test]
+    fn the_core_never_holds_or_sends_what_the_store_did_not_keep(
+        steps in proptest::collection::vec(step(), 1..60)
+    ) {
+        let mut shell = Shell::new();
+        for step in steps {
+            shell.now_ms += 100;
+            match step {
+                Step::Token => {
+                    let _ = shell.token();
+                }
+                Step::Join(token, name) => {
+                    let token = match token {
+                        Some(token) => token,
+                        None => {
+                            let _ = shell.token();
+                            shell.tokens.len().saturating_sub(1)
+                        }
+                    };
+                    let _ = shell.join(token, NAMES[name]);
+                }
+                Step::Connect(name) => {
+                    let _ = shell.connect(NAMES[name]);
+                }
+                Step::Disconnect(name) => shell.disconnect(NAMES[name]),
+                Step::Delete(name) => shell.delete(NAMES[name]),
+                Step::Deploy(d, s) => shell.deploy(["d0", "d1"][d], SELECTORS[s]),
+                Step::Undeploy(d) => shell.undeploy(["d0", "d1"][d]),
+                Step::Usage(name, new) => shell.usage(NAMES[name], new),
+                Step::StoreRefuses(commits) => shell.refuse_next = commits,
+            }
+            shell.check_mirror();
+            shell.check_sessions_and_desired();
+            shell.check_usage();
+        }
+    }
+}

@@ -1,0 +1,191 @@
+//! The fleet's durable records as the federation core sees them: what it loads at start
+//! ([`Snapshot`]), the writes it asks for ([`Write`]), and the store behind a trait
+//! ([`FleetStore`]): the control plane's [`Store`] (redb or etcd) in production, a
+//! [`MemoryStore`] in the core's tests.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use super::usage::UsageTotals;
+use crate::store::{
+    ApiTokenRecord, DeploymentRecord, DeviceRecord, JoinTokenRecord, ModelRecord, Store,
+    StoreError, Table,
+};
+
+/// One durable record of the fleet.
+#[derive(Debug, Clone)]
+pub enum Record {
+    JoinToken(JoinTokenRecord),
+    Device(DeviceRecord),
+    Model(Box<ModelRecord>),
+    Deployment(DeploymentRecord),
+    ApiToken(ApiTokenRecord),
+    Usage(UsageTotals),
+}
+
+impl Record {
+    pub fn table(&self) -> Table {
+        match self {
+            Record::JoinToken(_) => Table::JoinTokens,
+            Record::Device(_) => Table::Devices,
+            Record::Model(_) => Table::Models,
+            Record::Deployment(_) => Table::Deployments,
+            Record::ApiToken(_) => Table::ApiTokens,
+            Record::Usage(_) => Table::Usage,
+        }
+    }
+
+    pub fn key(&self) -> &str {
+        match self {
+            Record::JoinToken(r) => &r.id,
+            Record::Device(r) => &r.name,
+            Record::Model(r) => &r.name,
+            Record::Deployment(r) => &r.name,
+            Record::ApiToken(r) => &r.id,
+            Record::Usage(r) => &r.device,
+        }
+    }
+
+    /// The record as the store keeps it (JSON).
+    pub fn to_json(&self) -> Result<Vec<u8>, StoreError> {
+        let bytes = match self {
+            Record::JoinToken(r) => serde_json::to_vec(r),
+            Record::Device(r) => serde_json::to_vec(r),
+            Record::Model(r) => serde_json::to_vec(r),
+            Record::Deployment(r) => serde_json::to_vec(r),
+            Record::ApiToken(r) => serde_json::to_vec(r),
+            Record::Usage(r) => serde_json::to_vec(r),
+        };
+        bytes.map_err(|e| StoreError::Db(e.to_string()))
+    }
+}
+
+/// A change to the fleet's records (a few per command, short-lived: not worth boxing).
+#[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)]
+pub enum Write {
+    Put(Record),
+    Delete(Table, String),
+}
+
+impl Write {
+    pub fn table(&self) -> Table {
+        match self {
+            Write::Put(record) => record.table(),
+            Write::Delete(table, _) => *table,
+        }
+    }
+
+    pub fn key(&self) -> &str {
+        match self {
+            Write::Put(record) => record.key(),
+            Write::Delete(_, key) => key,
+        }
+    }
+}
+
+/// Every fleet record the store holds, read once when the core starts.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    pub join_tokens: Vec<JoinTokenRecord>,
+    pub devices: Vec<DeviceRecord>,
+    pub models: Vec<ModelRecord>,
+    pub deployments: Vec<DeploymentRecord>,
+    pub api_tokens: Vec<ApiTokenRecord>,
+    pub usage: Vec<UsageTotals>,
+}
+
+/// Where the fleet's records are kept. `commit` is all or nothing and durable when it
+/// returns Ok; the core changes nothing it has not been told was committed.
+pub trait FleetStore {
+    fn load(&self) -> Result<Snapshot, StoreError>;
+    fn commit(&self, writes: &[Write]) -> Result<(), StoreError>;
+}
+
+impl FleetStore for Store {
+    fn load(&self) -> Result<Snapshot, StoreError> {
+        Ok(Snapshot {
+            join_tokens: self.list(Table::JoinTokens)?,
+            devices: self.list(Table::Devices)?,
+            models: self.list(Table::Models)?,
+            deployments: self.list(Table::Deployments)?,
+            api_tokens: self.list(Table::ApiTokens)?,
+            usage: self.list(Table::Usage)?,
+        })
+    }
+
+    fn commit(&self, writes: &[Write]) -> Result<(), StoreError> {
+        let ops = writes
+            .iter()
+            .map(|write| {
+                let value = match write {
+                    Write::Put(record) => Some(record.to_json()?),
+                    Write::Delete(..) => None,
+                };
+                Ok((write.table(), write.key().to_string(), value))
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        self.write_batch(&ops)
+    }
+}
+
+/// The fleet's records in memory, for tests of the core: it can be told to refuse the
+/// next commits, as an etcd cluster without a quorum does.
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    records: Mutex<BTreeMap<(&'static str, String), Record>>,
+    refuse: Mutex<bool>,
+}
+
+impl MemoryStore {
+    /// From now on, commits fail (`true`) or succeed (`false`).
+    pub fn refuse_writes(&self, refuse: bool) {
+        *self.refuse.lock().unwrap_or_else(|p| p.into_inner()) = refuse;
+    }
+
+    /// Every record held, by (table, key).
+    pub fn records(&self) -> BTreeMap<(&'static str, String), Record> {
+        self.records
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+impl FleetStore for MemoryStore {
+    fn load(&self) -> Result<Snapshot, StoreError> {
+        let mut snapshot = Snapshot::default();
+        for record in self.records().into_values() {
+            match record {
+                Record::JoinToken(r) => snapshot.join_tokens.push(r),
+                Record::Device(r) => snapshot.devices.push(r),
+                Record::Model(r) => snapshot.models.push(*r),
+                Record::Deployment(r) => snapshot.deployments.push(r),
+                Record::ApiToken(r) => snapshot.api_tokens.push(r),
+                Record::Usage(r) => snapshot.usage.push(r),
+            }
+        }
+        Ok(snapshot)
+    }
+
+    fn commit(&self, writes: &[Write]) -> Result<(), StoreError> {
+        if *self.refuse.lock().unwrap_or_else(|p| p.into_inner()) {
+            return Err(StoreError::Unavailable(
+                "the store refuses writes (test)".into(),
+            ));
+        }
+        let mut records = self.records.lock().unwrap_or_else(|p| p.into_inner());
+        for write in writes {
+            let key = (write.table().name(), write.key().to_string());
+            match write {
+                Write::Put(record) => {
+                    records.insert(key, record.clone());
+                }
+                Write::Delete(..) => {
+                    records.remove(&key);
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,240 @@
+//! What the API shows of the fleet (views built by the federation core) and the
+//! deployment spec it accepts.
+
+use nephele_domain::Labels;
+use serde::Serialize;
+
+use super::ModelState;
+use crate::store::{ModelRecord, VariantRecord};
+
+#[derive(Debug, Serialize)]
+pub struct JoinTokenView {
+    pub id: String,
+    pub region: String,
+    pub expires_unix: u64,
+    pub used_by: Option<String>,
+    /// Only present in the response that created it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct AcceleratorView {
+    pub kind: String,
+    pub model: String,
+    pub count: u32,
+    pub peak_int8_tops: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DeviceView {
+    pub name: String,
+    pub role: String,
+    pub region: String,
+    pub profile: String,
+    pub labels: Labels,
+    pub accelerators: Vec<AcceleratorView>,
+    pub cpu_cores: u32,
+    pub memory_mb: u64,
+    pub online: bool,
+    /// `healthy` (heartbeats on time), `stale` (late heartbeats), `offline`.
+    pub health: String,
+    pub last_heartbeat_ms_ago: Option<u64>,
+    pub connected_for_s: Option<u64>,
+    /// The session now (numbered from 1 per control-plane start): a reconnect gets a
+    /// new one, an address change or a short outage that QUIC rides out keeps it.
+    pub session: Option<u64>,
+    /// Where the control plane reaches the device now (IP:port as it sees it; follows
+    /// QUIC connection migration).
+    pub address: Option<String>,
+    pub rss_bytes: Option<u64>,
+    /// The link to the control plane as the agent measures it (QUIC RTT; throughput of
+    /// its blob transfers, 0 until one was measured).
+    pub link: Option<nephele_proto::LinkReport>,
+    pub local_endpoint: Option<String>,
+    pub deployments: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelView {
+    pub name: String,
+    /// Always 1 for now: a name holds one file (pushing other content under it is
+    /// refused), so a new version is a new name.
+    pub version: u32,
+    /// `building` until the variants are built and stored, then `ready`; `failed` with
+    /// `error` saying why.
+    pub state: ModelState,
+    /// How far the build is (while `building`).
+    pub progress: Option<nephele_runtime::variants::BuildProgress>,
+    pub error: Option<String>,
+    /// The `--input` specs applied to the file at push.
+    pub input_specs: Vec<String>,
+    /// Recurrent state kept per session on devices (`--state INPUT=OUTPUT`).
+    pub recurrent_state: Vec<nephele_proto::StateBinding>,
+    pub sha256: String,
+    pub size: u64,
+    pub created_unix: u64,
+    pub inputs: Vec<nephele_runtime::TensorInfo>,
+    pub outputs: Vec<nephele_runtime::TensorInfo>,
+    /// What the variants were measured on.
+    pub validation: String,
+    /// Every variant built on push; those with `rejected` set are not shipped.
+    pub variants: Vec<VariantRecord>,
+    /// `onnx` (tract, or onnxruntime) or `candle-bert-gguf` (candle).
+    pub format: String,
+}
+
+impl From<&ModelRecord> for ModelView {
+    fn from(record: &ModelRecord) -> Self {
+        let variants = if record.variants.is_empty() {
+            vec![VariantRecord {
+                name: "full".into(),
+                precision: "fp32".into(),
+                size: record.size,
+                flops: 0,
+                accuracy_pct: None,
+                min_cosine: Some(1.0),
+                top1_agreement: Some(1.0),
+                cut: None,
+                rejected: None,
+                note: None,
+                status: String::new(),
+                reason: None,
+            }]
+        } else {
+            record.variants.clone()
+        };
+        let variants = variants
+            .into_iter()
+            .map(|mut v| {
+                v.status = if v.rejected.is_some() {
+                    "rejected"
+                } else {
+                    "shipped"
+                }
+                .into();
+                v.reason = v
+                    .rejected
+                    .clone()
+                    .or_else(|| v.cut.as_ref().map(|c| c.chosen_because.clone()))
+                    .or_else(|| v.note.clone())
+                    .filter(|r| !r.is_empty());
+                v
+            })
+            .collect();
+        ModelView {
+            name: record.name.clone(),
+            version: 1,
+            state: ModelState::Ready,
+            progress: None,
+            error: None,
+            input_specs: record.input_specs.clone(),
+            recurrent_state: record.recurrent_state.clone(),
+            sha256: record.sha256.clone(),
+            size: record.size,
+            created_unix: record.created_unix,
+            inputs: record.inputs.clone(),
+            outputs: record.outputs.clone(),
+            validation: record.validation.clone(),
+            variants,
+            format: record.format.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeploymentSpec {
+    pub name: String,
+    pub model: String,
+    #[serde(default)]
+    pub selector: String,
+    #[serde(default = "default_slo_ms")]
+    pub slo_ms: u32,
+    #[serde(default = "default_true")]
+    pub offload: bool,
+    #[serde(default = "default_max_queue")]
+    pub max_queue: u32,
+    /// `auto` (chosen per device from its profile) or a variant name of the model.
+    #[serde(default = "default_variant")]
+    pub variant: String,
+    /// Re-ask the cloud when the local answer's top-class probability is below this.
+    #[serde(default)]
+    pub hard_example_threshold: Option<f32>,
+    /// Its cloud replicas: priority, bounds, latency target and size (each absent
+    /// field takes the `[autoscale]` default).
+    #[serde(default)]
+    pub replicas: crate::store::ReplicaSettings,
+}
+
+fn default_variant() -> String {
+    "auto".into()
+}
+
+fn default_slo_ms() -> u32 {
+    50
+}
+fn default_true() -> bool {
+    true
+}
+fn default_max_queue() -> u32 {
+    64
+}
+
+#[derive(Debug, Serialize)]
+pub struct DeviceDeploymentStatus {
+    pub device: String,
+    pub role: String,
+    pub profile: String,
+    pub online: bool,
+    pub phase: String,
+    pub ready: bool,
+    pub variant: String,
+    pub served_local: u64,
+    pub served_offloaded: u64,
+    pub failed: u64,
+    pub queue_len: u32,
+    /// Batch 1's compute time the agent measured for its variant when it loaded it.
+    pub service_ms: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DeploymentStatus {
+    pub name: String,
+    pub model: String,
+    pub selector: String,
+    pub slo_ms: u32,
+    pub offload: bool,
+    pub max_queue: u32,
+    /// What the deployment asked for: `auto` or a variant name.
+    pub variant: String,
+    pub hard_example_threshold: Option<f32>,
+    pub desired_devices: usize,
+    pub ready_devices: usize,
+    pub devices: Vec<DeviceDeploymentStatus>,
+}
+
+/// Who an API token speaks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    pub role: String,
+    pub tenant: String,
+}
+
+impl Principal {
+    /// Admins act for every tenant; other roles only for their own.
+    pub fn is_admin(&self) -> bool {
+        self.role == "admin"
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct RegionView {
+    pub name: String,
+    pub carbon_zone: Option<String>,
+    pub pools: Vec<crate::config::PoolConfig>,
+    pub devices: usize,
+    pub online: usize,
+}

@@ -31,6 +31,10 @@ pub struct VariantDecision {
     pub why: String,
 }
 
+/// A device's capabilities, or why its profile gives none. The federation core works
+/// them out once per profile a device announces, not per deployment per broadcast.
+pub type Caps = Result<DeviceCaps, String>;
+
 /// The runtime's capabilities on a device described by `profile_toml`.
 pub fn device_caps(profile_toml: &str) -> Result<DeviceCaps, String> {
     let profile = FirmwareProfile::from_toml(profile_toml, None).map_err(|e| e.to_string())?;
@@ -127,8 +131,8 @@ pub struct MeasuredTimes {
 /// pool in the region, or no cut: `full`, with the reason.
 pub fn split_for(
     manifest: &ModelManifest,
-    device_profile: &str,
-    pool_profile: Option<&str>,
+    device_caps: &Caps,
+    pool_caps: Option<&Caps>,
     link: Option<Link>,
     measured: MeasuredTimes,
 ) -> VariantDecision {
@@ -136,13 +140,13 @@ pub fn split_for(
         variant: "full".into(),
         why,
     };
-    let Some(pool_profile) = pool_profile else {
+    let Some(pool_caps) = pool_caps else {
         return full("split planner: no pool replica in the region to run a tail".into());
     };
     let Some(link) = link.filter(|l| l.bandwidth_bps > 0.0) else {
         return full("split planner: the device has not measured its link yet".into());
     };
-    let (device, pool) = match (device_caps(device_profile), device_caps(pool_profile)) {
+    let (device, pool) = match (device_caps, pool_caps) {
         (Ok(device), Ok(pool)) => (device, pool),
         (Err(error), _) | (_, Err(error)) => {
             return full(format!("split planner: no usable profile ({error})"))
@@ -264,10 +268,11 @@ fn tensor_bytes(shape: Option<&[i64]>) -> u64 {
         .saturating_mul(4)
 }
 
-/// The variant `role`/`profile_toml` runs for a deployment that asked for `requested`.
+/// The variant a device of `role` with `caps` runs for a deployment that asked for
+/// `requested`.
 pub fn variant_for(
     role: AgentRole,
-    profile_toml: &str,
+    caps: &Caps,
     manifest: &ModelManifest,
     requested: &str,
 ) -> VariantDecision {
@@ -288,11 +293,11 @@ pub fn variant_for(
             full(format!("the manifest has no variant {requested:?}"))
         };
     }
-    let caps = match device_caps(profile_toml) {
+    let caps = match caps {
         Ok(caps) => caps,
         Err(error) => return full(format!("no usable profile ({error})")),
     };
-    match choose_variant(&candidates(manifest), &caps, &Constraints::default()) {
+    match choose_variant(&candidates(manifest), caps, &Constraints::default()) {
         Ok(choice) => VariantDecision {
             variant: choice.variant,
             why: format!("{:?}", choice.reason),
@@ -345,7 +350,12 @@ mod tests {
     }
 
     fn check(role: AgentRole, profile_name: &str, full_size: u64, requested: &str, expected: &str) {
-        let decision = variant_for(role, profile(profile_name), &manifest(full_size), requested);
+        let decision = variant_for(
+            role,
+            &device_caps(profile(profile_name)),
+            &manifest(full_size),
+            requested,
+        );
         assert_eq!(
             decision.variant, expected,
             "{profile_name} {full_size} B {requested}: {decision:?}"
@@ -377,7 +387,7 @@ mod tests {
         // Too big for anything: full, with the reasons.
         let decision = variant_for(
             AgentRole::Edge,
-            profile("coral-dev-board"),
+            &device_caps(profile("coral-dev-board")),
             &manifest(8 * 1024 * MB),
             "auto",
         );
@@ -387,7 +397,12 @@ mod tests {
 
     #[test]
     fn a_broken_profile_falls_back_to_full() {
-        let decision = variant_for(AgentRole::Edge, "not toml [", &manifest(1000), "auto");
+        let decision = variant_for(
+            AgentRole::Edge,
+            &device_caps("not toml ["),
+            &manifest(1000),
+            "auto",
+        );
         assert_eq!(decision.variant, "full");
         assert!(decision.why.contains("profile"), "{decision:?}");
     }
@@ -433,8 +448,9 @@ mod tests {
     #[test]
     fn the_split_planner_cuts_where_the_link_pays() {
         let cnn = cnn_manifest();
-        let coral = profile("coral-dev-board");
-        let pool = Some(profile("gpu-4x-l4"));
+        let coral = &device_caps(profile("coral-dev-board"));
+        let pool_caps = device_caps(profile("gpu-4x-l4"));
+        let pool = Some(&pool_caps);
         let link = |mbit: f64| {
             Some(Link {
                 bandwidth_bps: mbit * 1e6,
@@ -490,7 +506,7 @@ mod tests {
             (
                 split_for(
                     &cnn,
-                    "not toml [",
+                    &device_caps("not toml ["),
                     pool,
                     link(100.0),
                     MeasuredTimes::default(),

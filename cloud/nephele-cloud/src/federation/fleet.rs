@@ -18,7 +18,7 @@ use super::ApiError;
 use crate::config::AutoscaleConfig;
 use crate::scheduler::{PoolWork, ReplicaSpec};
 use crate::store::{DeploymentRecord, DeviceRecord, ModelRecord};
-use crate::variants::{MeasuredTimes, VariantDecision, PLANNED_SPLIT};
+use crate::variants::{Caps, MeasuredTimes, VariantDecision, PLANNED_SPLIT};
 
 /// A deployment with its selector parsed.
 #[derive(Debug, Clone)]
@@ -40,8 +40,11 @@ struct ModelEntry {
 pub struct DeviceInputs<'a> {
     /// What its region placed on it (pool agents).
     pub pool_work: Option<&'a PoolWork>,
-    /// A pool replica of its region (name, profile TOML): where a split tail runs.
-    pub pool: Option<(&'a str, &'a str)>,
+    /// A pool replica of its region (name, capabilities): where a split tail runs.
+    pub pool: Option<(&'a str, &'a Caps)>,
+    /// The device's capabilities, worked out once from its profile (`None`: from the
+    /// record's profile now).
+    pub caps: Option<&'a Caps>,
     /// Batch 1's compute time of whole models as agents measured it, by (device,
     /// model), µs.
     pub measured_full_us: Option<&'a HashMap<(String, String), u64>>,
@@ -296,6 +299,14 @@ impl Catalog {
                 }
             }
         };
+        let own;
+        let caps = match inputs.caps {
+            Some(caps) => caps,
+            None => {
+                own = crate::variants::device_caps(&device.profile_toml);
+                &own
+            }
+        };
         if device.role == AgentRole::Edge && deployment.variant == PLANNED_SPLIT {
             let time_of = |device: &str| {
                 inputs
@@ -309,18 +320,13 @@ impl Catalog {
             };
             return crate::variants::split_for(
                 manifest,
-                &device.profile_toml,
-                inputs.pool.map(|(_, profile)| profile),
+                caps,
+                inputs.pool.map(|(_, caps)| caps),
                 inputs.link,
                 measured,
             );
         }
-        crate::variants::variant_for(
-            device.role,
-            &device.profile_toml,
-            manifest,
-            &deployment.variant,
-        )
+        crate::variants::variant_for(device.role, caps, manifest, &deployment.variant)
     }
 }
 

@@ -35,6 +35,7 @@ use super::{constant_time_eq, sha256_hex};
 use crate::config::CloudConfig;
 use crate::scheduler::{PoolWork, ReplicaSpec};
 use crate::store::{ApiTokenRecord, DeviceRecord, JoinTokenRecord, Table};
+use crate::variants::{device_caps, Caps};
 
 /// What a command asks of the shell.
 #[derive(Debug)]
@@ -137,6 +138,9 @@ pub struct FleetCore {
     pub(super) authority: Box<dyn Authority + Send>,
     pub(super) records: Records,
     pub(super) catalog: Catalog,
+    /// Each device's capabilities, worked out from its profile when its record is
+    /// loaded or written (not per deployment on every broadcast).
+    caps: HashMap<String, Caps>,
     pub(super) sessions: BTreeMap<String, SessionInfo>,
     pub(super) telemetry: HashMap<String, Telemetry>,
     /// Per device, the link bandwidth its split cuts were last planned for (bits/s).
@@ -187,10 +191,16 @@ impl FleetCore {
             api_tokens: api_tokens.into_iter().map(|r| (r.id.clone(), r)).collect(),
             usage: usage.into_iter().map(|r| (r.device.clone(), r)).collect(),
         };
+        let caps = records
+            .devices
+            .values()
+            .map(|d| (d.name.clone(), device_caps(&d.profile_toml)))
+            .collect();
         FleetCore {
             config,
             authority,
             records,
+            caps,
             catalog: Catalog::load(deployments, models),
             sessions: BTreeMap::new(),
             telemetry: HashMap::new(),
@@ -299,11 +309,27 @@ impl FleetCore {
                 })
                 .map(Record::JoinToken)
             }
-            Table::Devices => replace(&mut self.records.devices, &key, record, |r| match r {
-                Record::Device(r) => Some(r),
-                _ => None,
-            })
-            .map(Record::Device),
+            Table::Devices => {
+                let before = replace(&mut self.records.devices, &key, record, |r| match r {
+                    Record::Device(r) => Some(r),
+                    _ => None,
+                });
+                match self.records.devices.get(&key) {
+                    Some(now) => {
+                        let same_profile = before
+                            .as_ref()
+                            .is_some_and(|b| b.profile_toml == now.profile_toml);
+                        if !same_profile || !self.caps.contains_key(&key) {
+                            self.caps
+                                .insert(key.clone(), device_caps(&now.profile_toml));
+                        }
+                    }
+                    None => {
+                        self.caps.remove(&key);
+                    }
+                }
+                before.map(Record::Device)
+            }
             Table::ApiTokens => replace(&mut self.records.api_tokens, &key, record, |r| match r {
                 Record::ApiToken(r) => Some(r),
                 _ => None,
@@ -357,19 +383,21 @@ impl FleetCore {
         let inputs = fleet::DeviceInputs {
             pool_work: self.pool_work.get(&device.name),
             pool,
+            caps: self.caps.get(&device.name),
             measured_full_us: Some(&self.measured_full_us),
             link: self.link_of(&device.name),
         };
         self.catalog.desired_for(device, inputs, self.generation)
     }
 
-    /// A connected pool replica in `region` (the first by name) and its profile: what a
-    /// split tail from that region runs on.
-    fn pool_replica(&self, region: &str) -> Option<(&str, &str)> {
+    /// A connected pool replica in `region` (the first by name) and its capabilities:
+    /// what a split tail from that region runs on.
+    fn pool_replica(&self, region: &str) -> Option<(&str, &Caps)> {
         self.sessions.keys().find_map(|name| {
             let device = self.records.devices.get(name)?;
+            let caps = self.caps.get(name)?;
             (device.role == AgentRole::Pool && device.region == region)
-                .then_some((device.name.as_str(), device.profile_toml.as_str()))
+                .then_some((device.name.as_str(), caps))
         })
     }
 

@@ -305,6 +305,10 @@ impl Shell {
             json(&fresh.records.usage),
             "usage"
         );
+        assert_eq!(
+            self.core.caps, fresh.caps,
+            "capabilities worked out from profiles"
+        );
         let names = |core: &FleetCore| {
             core.catalog
                 .deployments()

@@ -40,7 +40,7 @@ use crate::region::{
     InterruptNode, PoolJoined, PoolLeft, PoolReport, RegionActor, SyncDeployments,
 };
 use crate::scheduler::PoolWork;
-use crate::store::{ApiTokenRecord, Store, StoreError, Table};
+use crate::store::{Store, StoreError};
 use fleet_store::FleetStore;
 
 pub fn now_unix() -> u64 {
@@ -164,6 +164,15 @@ impl FederationActor {
             started: Instant::now(),
             metrics,
         })
+    }
+
+    /// Creates the first admin API token when there is none (a fresh control plane);
+    /// returns it, once, for the operator.
+    pub fn bootstrap_admin_token(&mut self) -> Result<Option<String>, StoreError> {
+        let output = self
+            .core
+            .bootstrap_admin_token(now_unix(), random_alnum(8), random_alnum(40));
+        self.run(output)
     }
 
     fn now_ms(&self) -> u64 {
@@ -687,28 +696,6 @@ impl Handler<Authenticate> for FederationActor {
     fn handle(&mut self, message: Authenticate, _: &mut Self::Context) -> Self::Result {
         self.core.authenticate(&message.0)
     }
-}
-
-/// Creates the first admin API token if there is none. Returns it (once).
-pub fn ensure_admin_token(store: &Store) -> Result<Option<String>, crate::store::StoreError> {
-    let existing: Vec<ApiTokenRecord> = store.list(Table::ApiTokens)?;
-    if !existing.is_empty() {
-        return Ok(None);
-    }
-    let id = random_alnum(8);
-    let token = format!("{id}.{}", random_alnum(40));
-    store.put(
-        Table::ApiTokens,
-        &id,
-        &ApiTokenRecord {
-            id: id.clone(),
-            sha256: sha256_hex(token.as_bytes()),
-            role: "admin".into(),
-            tenant: "default".into(),
-            created_unix: now_unix(),
-        },
-    )?;
-    Ok(Some(token))
 }
 
 #[derive(Message)]

@@ -356,14 +356,6 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
         )
     };
     let ca_fingerprint = hex::encode(ca.fingerprint());
-    if let Some(token) = federation::ensure_admin_token(&store)? {
-        let path = data_dir.join("admin-token");
-        write_secret(&path, token.as_bytes())?;
-        println!(
-            "nephele-cloud: created the admin API token (shown once; also saved to {}):\n  {token}",
-            path.display()
-        );
-    }
     let blob_dir = store.blob_dir().to_path_buf();
     let pushes = pending_pushes::PendingPushes::open(&shared_dir)
         .with_context(|| format!("cannot create {}/pushes", shared_dir.display()))?;
@@ -443,7 +435,7 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
         initial_work.extend(actor.initial_work());
         regions.insert(region.name.clone(), actor.start());
     }
-    let federation = federation::FederationActor::new(
+    let mut federation = federation::FederationActor::new(
         config.clone(),
         store,
         ca,
@@ -452,8 +444,16 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
         metrics.clone(),
         initial_work,
     )
-    .context("cannot read the fleet's deployments and models from the store")?
-    .start();
+    .context("cannot read the fleet's deployments and models from the store")?;
+    if let Some(token) = federation.bootstrap_admin_token()? {
+        let path = data_dir.join("admin-token");
+        write_secret(&path, token.as_bytes())?;
+        println!(
+            "nephele-cloud: created the admin API token (shown once; also saved to {}):\n  {token}",
+            path.display()
+        );
+    }
+    let federation = federation.start();
     for region in regions.values() {
         region.do_send(region::SetFederation(federation.clone()));
     }

@@ -15,7 +15,8 @@ use super::usage::UsageTotals;
 use super::views::*;
 use super::{constant_time_eq, sha256_hex, ApiError};
 use crate::store::{
-    DeploymentRecord, DeviceRecord, JoinTokenRecord, ModelRecord, Table, VariantRecord,
+    ApiTokenRecord, DeploymentRecord, DeviceRecord, JoinTokenRecord, ModelRecord, Table,
+    VariantRecord,
 };
 
 /// A model that a build (`model_build`) loaded and derived variants from, off the
@@ -516,6 +517,29 @@ impl FleetCore {
     // ------------------------------------------------------------------------------
     // API tokens, regions
     // ------------------------------------------------------------------------------
+
+    /// The first admin API token, when there is none (a fresh control plane): its
+    /// hash is written, and the token is returned once, for the operator.
+    pub fn bootstrap_admin_token(
+        &mut self,
+        now_unix: u64,
+        id: String,
+        secret: String,
+    ) -> Output<Option<String>> {
+        self.begin();
+        if !self.records.api_tokens.is_empty() {
+            return self.finish(None, Vec::new());
+        }
+        let token = format!("{id}.{secret}");
+        self.write(Write::Put(Record::ApiToken(ApiTokenRecord {
+            id,
+            sha256: sha256_hex(token.as_bytes()),
+            role: "admin".into(),
+            tenant: "default".into(),
+            created_unix: now_unix,
+        })));
+        self.finish(Some(token), Vec::new())
+    }
 
     /// Who a bearer token speaks for, if it is one of ours.
     pub fn authenticate(&self, token: &str) -> Option<Principal> {

@@ -498,6 +498,29 @@ fn a_wrong_certificate_is_refused() {
     assert_eq!(output.reply.unwrap_err().code, ErrorCode::VersionMismatch);
 }
 
+#[test]
+fn the_first_admin_token_is_made_once_and_authenticates() {
+    let mut shell = Shell::new();
+    let output = shell
+        .core
+        .bootstrap_admin_token(1, "abc".into(), "s3cret".into());
+    let token = shell.run(output).unwrap().expect("a fresh plane makes one");
+    assert_eq!(token, "abc.s3cret");
+    let admin = shell.core.authenticate(&token).expect("it authenticates");
+    assert!(admin.is_admin());
+    assert!(shell.core.authenticate("abc.wrong").is_none());
+    assert!(shell.core.authenticate("no-dot").is_none());
+    // Only its hash is kept.
+    match &shell.store.records()[&("api_tokens", "abc".to_string())] {
+        Record::ApiToken(record) => assert!(!record.sha256.contains("s3cret")),
+        other => panic!("{other:?}"),
+    }
+    let again = shell
+        .core
+        .bootstrap_admin_token(2, "def".into(), "x".into());
+    assert!(again.reply.is_none() && again.persist.is_empty());
+}
+
 #[derive(Debug, Clone)]
 enum Step {
     Token,

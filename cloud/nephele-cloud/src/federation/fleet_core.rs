@@ -235,6 +235,13 @@ impl FleetCore {
         }
     }
 
+    /// A command whose only outputs are its reply and its writes (no effects).
+    pub(super) fn writes_only<R>(&mut self, command: impl FnOnce(&mut Self) -> R) -> Output<R> {
+        self.begin();
+        let reply = command(self);
+        self.finish(reply, Vec::new())
+    }
+
     /// The last command's writes could not be committed: undo everything it changed.
     pub fn rollback(&mut self) {
         self.pending.clear();
@@ -459,9 +466,7 @@ impl FleetCore {
         now_unix: u64,
         request: JoinRequest,
     ) -> Output<Result<JoinAccepted, ErrorFrame>> {
-        self.begin();
-        let reply = self.join_checked(now_unix, request);
-        self.finish(reply, Vec::new())
+        self.writes_only(|core| core.join_checked(now_unix, request))
     }
 
     fn join_checked(

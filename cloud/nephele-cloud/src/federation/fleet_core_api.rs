@@ -93,9 +93,7 @@ impl FleetCore {
         now_unix: u64,
         new: NewJoinToken,
     ) -> Output<Result<JoinTokenView, ApiError>> {
-        self.begin();
-        let reply = self.create_join_token_checked(now_unix, new);
-        self.finish(reply, Vec::new())
+        self.writes_only(|core| core.create_join_token_checked(now_unix, new))
     }
 
     fn create_join_token_checked(
@@ -296,9 +294,7 @@ impl FleetCore {
         now_unix: u64,
         message: PutModel,
     ) -> Output<Result<ModelView, ApiError>> {
-        self.begin();
-        let reply = self.put_model_checked(now_unix, message);
-        self.finish(reply, Vec::new())
+        self.writes_only(|core| core.put_model_checked(now_unix, message))
     }
 
     fn put_model_checked(

@@ -258,7 +258,7 @@ pub struct Store {
     blob_dir: PathBuf,
 }
 
-fn decode<T: DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, StoreError> {
+pub(crate) fn decode<T: DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, StoreError> {
     serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt {
         key: key.to_string(),
         cause: e.to_string(),
@@ -479,6 +479,40 @@ impl Store {
         Ok(out)
     }
 
+    /// Every record of each of `tables` (its key, its JSON), all read at one point: one
+    /// redb read transaction, or one etcd revision.
+    pub fn list_together(&self, tables: &[Table]) -> Result<Vec<etcd::KeyValues>, StoreError> {
+        let Some(db) = self.db() else {
+            let prefixes: Vec<String> = tables.iter().map(|t| self.etcd_key(*t, "")).collect();
+            let lists = self.etcd()?.list_together(&prefixes)?;
+            return Ok(lists
+                .into_iter()
+                .zip(&prefixes)
+                .map(|(list, prefix)| {
+                    list.into_iter()
+                        .map(|(key, value)| {
+                            let key = key.strip_prefix(prefix.as_str()).unwrap_or(&key);
+                            (key.to_string(), value)
+                        })
+                        .collect()
+                })
+                .collect());
+        };
+        let txn = db.begin_read().map_err(db_error)?;
+        tables
+            .iter()
+            .map(|table| {
+                let open = txn.open_table(table.definition()).map_err(db_error)?;
+                let mut out = Vec::new();
+                for entry in open.iter().map_err(db_error)? {
+                    let (key, value) = entry.map_err(db_error)?;
+                    out.push((key.value().to_string(), value.value().to_vec()));
+                }
+                Ok(out)
+            })
+            .collect()
+    }
+
     pub fn delete(&self, table: Table, key: &str) -> Result<bool, StoreError> {
         let Some(db) = self.db() else {
             return self.etcd()?.delete(&self.etcd_key(table, key));
@@ -625,6 +659,15 @@ mod tests {
         let store = Store::open(&dir).unwrap();
         let back: DeploymentRecord = store.get(Table::Deployments, "d").unwrap().unwrap();
         assert_eq!(back.selector, "a=b");
+        let together = store
+            .list_together(&[Table::Devices, Table::Deployments])
+            .unwrap();
+        assert_eq!(together.len(), 2);
+        assert!(together[0].is_empty());
+        assert_eq!(together[1].len(), 1);
+        assert_eq!(together[1][0].0, "d");
+        let decoded: DeploymentRecord = decode("d", &together[1][0].1).unwrap();
+        assert_eq!(decoded.selector, "a=b");
         assert_eq!(
             store
                 .list::<DeploymentRecord>(Table::Deployments)

@@ -102,15 +102,35 @@ pub trait FleetStore {
     fn commit(&self, writes: &[Write]) -> Result<(), StoreError>;
 }
 
+fn records<T: serde::de::DeserializeOwned>(
+    list: Vec<(String, Vec<u8>)>,
+) -> Result<Vec<T>, StoreError> {
+    list.iter()
+        .map(|(key, bytes)| crate::store::decode(key, bytes))
+        .collect()
+}
+
 impl FleetStore for Store {
+    /// The fleet's tables as they were at one point (one read transaction, or one etcd
+    /// revision), so a snapshot never holds half of a write.
     fn load(&self) -> Result<Snapshot, StoreError> {
+        let tables = [
+            Table::JoinTokens,
+            Table::Devices,
+            Table::Models,
+            Table::Deployments,
+            Table::ApiTokens,
+            Table::Usage,
+        ];
+        let mut lists = self.list_together(&tables)?.into_iter();
+        let mut next = || -> Vec<(String, Vec<u8>)> { lists.next().unwrap_or_default() };
         Ok(Snapshot {
-            join_tokens: self.list(Table::JoinTokens)?,
-            devices: self.list(Table::Devices)?,
-            models: self.list(Table::Models)?,
-            deployments: self.list(Table::Deployments)?,
-            api_tokens: self.list(Table::ApiTokens)?,
-            usage: self.list(Table::Usage)?,
+            join_tokens: records(next())?,
+            devices: records(next())?,
+            models: records(next())?,
+            deployments: records(next())?,
+            api_tokens: records(next())?,
+            usage: records(next())?,
         })
     }
 

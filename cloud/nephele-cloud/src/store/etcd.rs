@@ -38,6 +38,9 @@ const DEGRADED_FOR: Duration = Duration::from_secs(5);
 /// quorum), so its answer, not ours, says what happened.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Keys and their values, in key order.
+pub type KeyValues = Vec<(String, Vec<u8>)>;
+
 /// One operation of a transaction.
 #[derive(Debug, Clone)]
 pub enum Op {
@@ -289,16 +292,63 @@ impl Etcd {
         }
     }
 
+    /// Every key under each of `prefixes` with its value, all read at one revision (one
+    /// read-only transaction, linearizable); when the cluster has no quorum, each
+    /// prefix read from the member's own copy, which may lag.
+    pub fn list_together(&self, prefixes: &[String]) -> Result<Vec<KeyValues>, StoreError> {
+        if !self.degraded() {
+            let ranges: Vec<Value> = prefixes
+                .iter()
+                .map(|prefix| {
+                    json!({"request_range": {
+                        "key": B64.encode(prefix),
+                        "range_end": B64.encode(prefix_end(prefix.as_bytes())),
+                    }})
+                })
+                .collect();
+            match self.call("/v3/kv/txn", &json!({"success": ranges}), READ_TIMEOUT)? {
+                Answer::Ok(value) => {
+                    let responses = value["responses"].as_array().cloned().unwrap_or_default();
+                    if responses.len() != prefixes.len() {
+                        return Err(StoreError::Db(format!(
+                            "etcd answered {} of {} reads in one transaction",
+                            responses.len(),
+                            prefixes.len()
+                        )));
+                    }
+                    return responses
+                        .iter()
+                        .map(|r| key_values(&r["response_range"]))
+                        .collect();
+                }
+                Answer::Unavailable(why) => self.degrade(&why),
+            }
+        }
+        prefixes.iter().map(|prefix| self.list(prefix)).collect()
+    }
+
+    /// Whether reads skip the linearizable attempt now (no quorum a moment ago).
+    fn degraded(&self) -> bool {
+        let until = self
+            .degraded_until
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        until.is_some_and(|until| Instant::now() < until)
+    }
+
+    /// A linearizable read found no quorum: read the member's own copy for a while.
+    fn degrade(&self, why: &str) {
+        tracing::warn!(reason = %why, "etcd has no quorum; reading the member's own copy, which may lag");
+        *self
+            .degraded_until
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(Instant::now() + DEGRADED_FOR);
+    }
+
     /// A range read: linearizable, or the member's own copy when the cluster has no
     /// quorum (logged; the control plane keeps answering reads).
     fn range(&self, request: &Value) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
-        let degraded = {
-            let until = self
-                .degraded_until
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            until.is_some_and(|until| Instant::now() < until)
-        };
+        let degraded = self.degraded();
         let linearizable = if degraded {
             Answer::Unavailable("no quorum a moment ago".into())
         } else {
@@ -308,11 +358,7 @@ impl Etcd {
             Answer::Ok(value) => value,
             Answer::Unavailable(why) => {
                 if !degraded {
-                    tracing::warn!(reason = %why, "etcd has no quorum; reading the member's own copy, which may lag");
-                    *self
-                        .degraded_until
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner()) = Some(Instant::now() + DEGRADED_FOR);
+                    self.degrade(&why);
                 }
                 let mut serializable = request.clone();
                 serializable["serializable"] = Value::Bool(true);
@@ -324,16 +370,7 @@ impl Etcd {
                 }
             }
         };
-        let mut out = Vec::new();
-        for kv in value["kvs"].as_array().into_iter().flatten() {
-            let decode = |field: &str| {
-                B64.decode(kv[field].as_str().unwrap_or_default())
-                    .map_err(|e| StoreError::Db(format!("etcd returned bad base64: {e}")))
-            };
-            let key = String::from_utf8_lossy(&decode("key")?).into_owned();
-            out.push((key, decode("value")?));
-        }
-        Ok(out)
+        key_values(&value)
     }
 
     /// POSTs `body` to `path` on the current member, moving on to the next one that
@@ -392,6 +429,20 @@ impl Etcd {
             failures.join("; ")
         )))
     }
+}
+
+/// The keys and values of a range answer.
+fn key_values(answer: &Value) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+    let mut out = Vec::new();
+    for kv in answer["kvs"].as_array().into_iter().flatten() {
+        let decode = |field: &str| {
+            B64.decode(kv[field].as_str().unwrap_or_default())
+                .map_err(|e| StoreError::Db(format!("etcd returned bad base64: {e}")))
+        };
+        let key = String::from_utf8_lossy(&decode("key")?).into_owned();
+        out.push((key, decode("value")?));
+    }
+    Ok(out)
 }
 
 /// The smallest key after every key that starts with `prefix` (etcd's `range_end`).

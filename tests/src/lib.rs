@@ -907,6 +907,35 @@ impl Http {
         Ok((status, length, body))
     }
 
+    /// A GET's status, headers (names in lower case) and JSON body, whatever the status.
+    pub fn get_full(
+        &self,
+        url: &str,
+    ) -> Result<(u16, std::collections::HashMap<String, String>, Value)> {
+        let mut response = self
+            .agent
+            .get(url)
+            .header("authorization", self.auth())
+            .call()?;
+        let status = response.status().as_u16();
+        let headers = response
+            .headers()
+            .iter()
+            .map(|(name, value)| {
+                (
+                    name.as_str().to_lowercase(),
+                    value.to_str().unwrap_or_default().to_string(),
+                )
+            })
+            .collect();
+        let text = response.body_mut().read_to_string()?;
+        Ok((
+            status,
+            headers,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        ))
+    }
+
     pub fn request(&self, method: &str, url: &str, body: Option<&Value>) -> Result<Value> {
         let mut response = match (method, body) {
             ("GET", _) => self

@@ -2,8 +2,9 @@
 //! waits. Killing the leader moves the fleet to the standby within the lease time,
 //! with nothing lost and nothing reloaded on the device; a leader paused past its
 //! lease is deposed, and when it wakes it can write nothing (fencing) and exits. A
-//! standby forwards its API to the leader (a write and a read go through it), and
-//! refuses with 503 while the leader it knows is dead.
+//! standby forwards its API to the leader (a write and a read go through it), answers
+//! `?stale` reads from its own copy of the store, refuses writes with 503 while the
+//! leader it knows is dead, and meanwhile answers reads from its copy.
 //!
 //! The times printed here are what the README quotes; the assertions hold them only to
 //! generous bounds, so a slow machine does not fail the test.
@@ -76,6 +77,32 @@ fn the_standby_takes_over_and_a_deposed_leader_cannot_write() {
         ["edge-1"],
         "a read through the standby"
     );
+    // Asked for `?stale`, the standby answers from its own copy of the store, says so,
+    // and leaves out what only the leader knows (live state); a wrong token is refused
+    // there too.
+    let stale = |path: &str, token: &str| {
+        Http::new(Some(token.to_string()))
+            .get_full(&format!("{}{path}", b.api))
+            .unwrap()
+    };
+    let (status, headers, devices) = stale("/v1/devices?stale", &b.token);
+    assert_eq!(status, 200, "{devices}");
+    assert_eq!(headers["x-nephele-stale"], "true", "{headers:?}");
+    assert_eq!(headers["x-nephele-known-leader"], "true", "{headers:?}");
+    assert_eq!(names(&devices), ["edge-1"]);
+    assert_eq!(devices[0]["online"], Value::Null, "{devices}");
+    assert_eq!(devices[0]["health"], "unknown", "{devices}");
+    let (_, _, deployment) = stale("/v1/deployments/digits?stale", &b.token);
+    assert_eq!(deployment["model"], "digits-mlp", "{deployment}");
+    assert_eq!(deployment["desired_devices"], 1, "{deployment}");
+    let (status, _, body) = stale("/v1/devices?stale", "nobody.secret");
+    assert_eq!(status, 401, "{body}");
+    let (status, headers, _) = stale("/v1/devices", &b.token);
+    assert_eq!(status, 200);
+    assert!(
+        !headers.contains_key("x-nephele-stale"),
+        "without ?stale the leader answers: {headers:?}"
+    );
     let row = heldout().features[6].clone();
 
     // The leader dies. Until the standby leads, a write through it is refused (503,
@@ -87,6 +114,39 @@ fn the_standby_takes_over_and_a_deposed_leader_cannot_write() {
     assert!(
         body["message"].as_str().unwrap_or("").contains("retry"),
         "{body}"
+    );
+    // Reads are still answered meanwhile, from the standby's copy.
+    let asked = Instant::now();
+    let (status, headers, models) = stale("/v1/models", &b.token);
+    let stale_read = asked.elapsed();
+    assert_eq!(status, 200, "{models}");
+    assert_eq!(headers["x-nephele-stale"], "true", "{headers:?}");
+    assert!(
+        headers["x-nephele-stale-reason"].contains("cannot reach the leader"),
+        "{headers:?}"
+    );
+    assert_eq!(names(&models), ["digits-mlp"]);
+    let (status, _, deployments) = stale("/v1/deployments", &b.token);
+    assert_eq!(status, 200, "{deployments}");
+    assert_eq!(names(&deployments), ["digits"]);
+    // The CLI says where such an answer came from.
+    let output = Command::new(nephele_e2e::bin("nephele"))
+        .args(["device", "list", "--api", &b.api, "--token", &b.token])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+    assert!(output.status.success(), "{stdout}{stderr}");
+    assert!(stdout.contains("edge-1"), "{stdout}");
+    assert!(
+        stderr.contains("answered from a standby's copy"),
+        "{stderr}"
+    );
+    println!(
+        "etcd failover: with the leader dead, the standby answered a read from its copy in {} ms",
+        stale_read.as_millis()
     );
     let led_after = b.wait_leading(30).unwrap();
     let b_leads = killed.elapsed();

@@ -163,12 +163,6 @@ fn human_bytes(bytes: u64) -> String {
     }
 }
 
-#[derive(Debug, serde::Serialize)]
-struct ErrorBody<'a> {
-    error: &'a str,
-    message: String,
-}
-
 impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
         match self {
@@ -184,17 +178,6 @@ impl ResponseError for ApiError {
         }
     }
     fn error_response(&self) -> HttpResponse {
-        let kind = match self {
-            ApiError::BadRequest(_) => "bad_request",
-            ApiError::NotFound(_) => "not_found",
-            ApiError::Conflict(_) => "conflict",
-            ApiError::Unauthorized(_) => "unauthorized",
-            ApiError::Forbidden(_) => "forbidden",
-            ApiError::TooLarge(_) => "too_large",
-            ApiError::Busy { .. } => "busy",
-            ApiError::Internal(_) => "internal",
-            ApiError::Unavailable(_) => "unavailable",
-        };
         let mut response = HttpResponse::build(self.status_code());
         match self {
             ApiError::Busy { retry_after_s, .. } => {
@@ -205,16 +188,32 @@ impl ResponseError for ApiError {
             }
             _ => {}
         }
-        response.json(ErrorBody {
-            error: kind,
-            message: self.to_string(),
-        })
+        response.json(error_body(self))
     }
+}
+
+/// The API's error shape: `{"error": kind, "message": what to do}`.
+pub fn error_body(error: &ApiError) -> serde_json::Value {
+    let kind = match error {
+        ApiError::BadRequest(_) => "bad_request",
+        ApiError::NotFound(_) => "not_found",
+        ApiError::Conflict(_) => "conflict",
+        ApiError::Unauthorized(_) => "unauthorized",
+        ApiError::Forbidden(_) => "forbidden",
+        ApiError::TooLarge(_) => "too_large",
+        ApiError::Busy { .. } => "busy",
+        ApiError::Internal(_) => "internal",
+        ApiError::Unavailable(_) => "unavailable",
+    };
+    serde_json::json!({"error": kind, "message": error.to_string()})
 }
 
 fn mailbox(error: actix::MailboxError) -> ApiError {
     ApiError::Internal(format!("control plane busy: {error}"))
 }
+
+/// What a request without a bearer token is told.
+pub const MISSING_TOKEN: &str = "missing bearer token: send `Authorization: Bearer <token>` (the admin token is printed on first start and kept in <data-dir>/admin-token)";
 
 async fn authorize(request: &HttpRequest, state: &ApiState) -> Result<Principal, ApiError> {
     // Already authenticated by the middleware, before the body was read.
@@ -229,11 +228,9 @@ async fn authorize(request: &HttpRequest, state: &ApiState) -> Result<Principal,
         .get("authorization")
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    let token = header.strip_prefix("Bearer ").ok_or_else(|| {
-        ApiError::Unauthorized(
-            "missing bearer token: send `Authorization: Bearer <token>` (the admin token is printed on first start and kept in <data-dir>/admin-token)".into(),
-        )
-    })?;
+    let token = header
+        .strip_prefix("Bearer ")
+        .ok_or_else(|| ApiError::Unauthorized(MISSING_TOKEN.into()))?;
     state
         .federation
         .send(Authenticate(token.trim().to_string()))

@@ -12,6 +12,7 @@
 mod authority;
 mod builds;
 pub mod fleet;
+pub mod fleet_copy;
 pub mod fleet_core;
 mod fleet_core_api;
 pub mod fleet_store;

@@ -342,8 +342,9 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
             quic: config.quic_listen.to_string(),
         };
         // Until it leads, its API port forwards to the leader's.
+        let reads = standby::reads::Reads::new(store.clone(), config.clone());
         let forwarder =
-            standby::Forwarder::start(config.api_listen, etcd.clone(), me.clone()).await?;
+            standby::Forwarder::start(config.api_listen, etcd.clone(), me.clone(), reads).await?;
         leader::lead(etcd, me, &data_dir).await?;
         forwarder.stop().await;
     }

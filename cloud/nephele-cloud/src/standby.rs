@@ -1,16 +1,27 @@
-//! What a standby replica does with the API while another replica leads: it forwards
-//! every connection to the leader's API, reads and writes alike, so clients and load
-//! balancers may send requests to any replica. The leader is looked up in etcd for each
-//! connection (the leader key says its API address), so a forwarder follows a new
-//! leader at once. When no replica leads (between a leader's death and the next one's
-//! election) or the leader cannot be reached, the client gets `503` with `Retry-After`
-//! and nothing is changed.
+//! What a standby replica does with the API while another replica leads. Writes, and
+//! reads of what only the leader holds (the regions' books, metrics, logs), are
+//! forwarded to the leader's API, so clients and load balancers may send requests to
+//! any replica. Reads of the fleet's records (devices, models, deployments, join
+//! tokens, regions, usage) go to the leader too, for its live state, unless the client
+//! asks for `?stale` (as with Nomad and Consul): then this replica answers from its own
+//! copy of the store ([`reads`]), and so it does when no leader can be reached. Those
+//! answers say so in their headers, and carry no live state.
 //!
-//! Forwarding is by connection (TCP), not by request: the standby holds no state of its
-//! own to answer from, and the leader sees the standby as the peer. Connections are
-//! bounded ([`MAX_FORWARDED`]); the leader's own limits (token before body, sizes,
-//! timeouts) apply to what is forwarded. When the standby comes to lead, the forwarder
-//! stops (its listener and every forwarded connection close) before the API is bound.
+//! The leader is looked up in etcd for each connection (the leader key says its API
+//! address), so a standby follows a new leader at once. When no replica leads (between
+//! a leader's death and the next one's election) or the leader cannot be reached, a
+//! write gets `503` with `Retry-After` and nothing is changed.
+//!
+//! Forwarding is by connection (TCP), decided by its first request's head: the leader
+//! sees the standby as the peer, and later requests on a kept-alive connection go where
+//! the first went. Answers from the copy close their connection. Connections are
+//! bounded ([`MAX_FORWARDED`]) and must send their head within
+//! [`http::HEAD_TIMEOUT`]; the leader's own limits (token before body, sizes, timeouts)
+//! apply to what is forwarded. When the standby comes to lead, the forwarder stops (its
+//! listener and every forwarded connection close) before the API is bound.
+
+mod http;
+pub mod reads;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -19,8 +30,14 @@ use anyhow::Context as _;
 use tokio::io::AsyncWriteExt as _;
 use tokio::net::{TcpListener, TcpStream};
 
+use self::http::{read_head, respond, HeadError, HEAD_TIMEOUT};
+use self::reads::{Leader, Reads};
+use crate::federation::fleet_copy::CopyRead;
 use crate::leader::LeaderInfo;
 use crate::store::etcd::Etcd;
+
+/// How long connecting to the leader's API may take before it counts as unreachable.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Connections forwarded at once; past it a client waits to be accepted.
 pub const MAX_FORWARDED: usize = 256;
@@ -31,12 +48,14 @@ pub struct Forwarder {
 }
 
 impl Forwarder {
-    /// Listens on `listen` and forwards each connection to the leader's API; `me` is
-    /// what this replica will put in the leader key when it leads.
+    /// Listens on `listen` and forwards each connection to the leader's API, or
+    /// answers it from `reads`; `me` is what this replica will put in the leader key
+    /// when it leads.
     pub async fn start(
         listen: SocketAddr,
         etcd: Arc<Etcd>,
         me: LeaderInfo,
+        reads: Reads,
     ) -> anyhow::Result<Forwarder> {
         let listener = TcpListener::bind(listen)
             .await
@@ -44,6 +63,7 @@ impl Forwarder {
         tracing::info!(%listen, "standby: forwarding API requests to the leader");
         let slots = Arc::new(tokio::sync::Semaphore::new(MAX_FORWARDED));
         let me = Arc::new(me);
+        let reads = Arc::new(reads);
         let task = tokio::spawn(async move {
             let mut connections = tokio::task::JoinSet::new();
             loop {
@@ -57,9 +77,9 @@ impl Forwarder {
                         continue;
                     }
                 };
-                let (etcd, me) = (etcd.clone(), me.clone());
+                let (etcd, me, reads) = (etcd.clone(), me.clone(), reads.clone());
                 connections.spawn(async move {
-                    forward(client, &etcd, &me).await;
+                    serve(client, &etcd, &me, &reads).await;
                     drop(permit);
                 });
                 while connections.try_join_next().is_some() {}
@@ -76,30 +96,76 @@ impl Forwarder {
     }
 }
 
-/// Forwards one connection to the leader, or answers 503 when there is none to reach.
-async fn forward(mut client: TcpStream, etcd: &Arc<Etcd>, me: &LeaderInfo) {
-    let leader = match leader_api(etcd, me).await {
-        Ok(Some(address)) => address,
-        Ok(None) => {
-            return unavailable(
-                &mut client,
-                "no replica leads now (an election is under way)",
-            )
-            .await
+/// Serves one connection: forwarded to the leader, or answered from the copy.
+async fn serve(mut client: TcpStream, etcd: &Arc<Etcd>, me: &LeaderInfo, reads: &Reads) {
+    let head = match tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut client)).await {
+        Ok(Ok(head)) => head,
+        Ok(Err(HeadError::Closed)) | Err(_) => return,
+        Ok(Err(HeadError::TooLarge)) => {
+            let why = format!("the request head is over {} bytes", http::MAX_HEAD_BYTES);
+            return refuse(&mut client, 431, &why).await;
         }
-        Err(error) => {
-            return unavailable(&mut client, &format!("cannot find the leader: {error}")).await
+        Ok(Err(HeadError::Malformed(why))) => {
+            return refuse(&mut client, 400, &format!("not an HTTP request: {why}")).await
         }
     };
-    let mut upstream = match TcpStream::connect(leader).await {
-        Ok(upstream) => upstream,
-        Err(error) => {
-            let why = format!("cannot reach the leader's API at {leader}: {error}");
-            return unavailable(&mut client, &why).await;
-        }
+    let read = CopyRead::parse(&head.method, &head.path);
+    let leader = leader_api(etcd, me).await;
+    if let Some(read) = read.as_ref().filter(|_| head.stale()) {
+        let known = matches!(leader, Ok(Some(_)));
+        let leader = Leader {
+            known,
+            why_not_asked: None,
+        };
+        return reads
+            .answer(&mut client, read, head.token.as_deref(), leader)
+            .await;
+    }
+    let (known, why) = match leader {
+        Ok(Some(leader)) => match connect(leader).await {
+            Ok(upstream) => return relay(client, upstream, &head.bytes).await,
+            Err(why) => (true, why),
+        },
+        Ok(None) => (
+            false,
+            "no replica leads now (an election is under way)".to_string(),
+        ),
+        Err(error) => (false, format!("cannot find the leader: {error}")),
     };
+    match read {
+        Some(read) => {
+            let leader = Leader {
+                known,
+                why_not_asked: Some(why),
+            };
+            reads
+                .answer(&mut client, &read, head.token.as_deref(), leader)
+                .await
+        }
+        None => unavailable(&mut client, &why).await,
+    }
+}
+
+async fn connect(leader: SocketAddr) -> Result<TcpStream, String> {
+    let why = |e: &dyn std::fmt::Display| format!("cannot reach the leader's API at {leader}: {e}");
+    match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(leader)).await {
+        Ok(Ok(upstream)) => Ok(upstream),
+        Ok(Err(error)) => Err(why(&error)),
+        Err(_) => Err(why(&format!(
+            "no answer within {} s",
+            CONNECT_TIMEOUT.as_secs()
+        ))),
+    }
+}
+
+/// Sends what was read of the request on, then relays both ways until either closes.
+async fn relay(mut client: TcpStream, mut upstream: TcpStream, read: &[u8]) {
     let _ = upstream.set_nodelay(true);
     let _ = client.set_nodelay(true);
+    if let Err(error) = upstream.write_all(read).await {
+        tracing::debug!(%error, "standby: the leader closed a forwarded connection");
+        return;
+    }
     if let Err(error) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
         tracing::debug!(%error, "standby: a forwarded connection ended");
     }
@@ -147,17 +213,23 @@ fn api_address(info: &LeaderInfo) -> anyhow::Result<SocketAddr> {
         .with_context(|| format!("the leader's host {} has no address", info.host))
 }
 
-/// A `503` in the API's own error shape, telling the client to retry.
+/// A `503` in the API's own error shape, telling the client to retry (writes are not
+/// made; reads of the fleet's records are answered from the copy meanwhile).
 async fn unavailable(client: &mut TcpStream, why: &str) {
     let body =
-        serde_json::json!({"error": "unavailable", "message": format!("{why}; retry in a second")})
-            .to_string();
-    let response = format!(
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let _ = client.write_all(response.as_bytes()).await;
-    let _ = client.shutdown().await;
+        serde_json::json!({"error": "unavailable", "message": format!("{why}; retry in a second")});
+    respond(client, 503, &[("retry-after", "1".into())], &body).await;
+}
+
+/// A request this standby cannot even read.
+async fn refuse(client: &mut TcpStream, status: u16, why: &str) {
+    respond(
+        client,
+        status,
+        &[],
+        &serde_json::json!({"error": "bad_request", "message": why}),
+    )
+    .await;
 }
 
 #[cfg(test)]

@@ -19,12 +19,28 @@ pub struct ApiArgs {
     /// Print JSON instead of a table.
     #[arg(long, global = true)]
     pub json: bool,
+    /// Let the replica you reach answer reads from its own copy of the store (a
+    /// standby's copy is at most a second old and has no live state: online, health,
+    /// readiness), as Nomad's `-stale`; without it reads go to the leader.
+    #[arg(long, global = true)]
+    pub stale: bool,
+}
+
+impl ApiArgs {
+    /// A client of the API these arguments name.
+    pub fn client(&self) -> Api {
+        let mut api = Api::new(&self.api, &self.token);
+        api.stale = self.stale;
+        api
+    }
 }
 
 pub struct Api {
     base: String,
     token: String,
     agent: ureq::Agent,
+    /// Reads may be answered from a replica's copy (`?stale`).
+    pub stale: bool,
 }
 
 impl Api {
@@ -38,6 +54,7 @@ impl Api {
             base: base.trim_end_matches('/').to_string(),
             token: token.to_string(),
             agent,
+            stale: false,
         }
     }
 
@@ -53,6 +70,22 @@ impl Api {
             )
         })?;
         let status = response.status().as_u16();
+        let header = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        if header("x-nephele-stale").as_deref() == Some("true") {
+            let age = header("x-nephele-copy-age-ms").unwrap_or_else(|| "?".into());
+            let why = header("x-nephele-stale-reason")
+                .map(|why| format!(" ({why})"))
+                .unwrap_or_default();
+            eprintln!(
+                "note: answered from a standby's copy of the store, {age} ms old, without live state{why}"
+            );
+        }
         let text = response.body_mut().read_to_string().unwrap_or_default();
         let value: Value = if text.is_empty() {
             Value::Null
@@ -75,9 +108,14 @@ impl Api {
     }
 
     pub fn get(&self, path: &str) -> Result<Value> {
+        let query = match (self.stale, path.contains('?')) {
+            (false, _) => "",
+            (true, false) => "?stale",
+            (true, true) => "&stale",
+        };
         let response = self
             .agent
-            .get(format!("{}{path}", self.base))
+            .get(format!("{}{path}{query}", self.base))
             .header("authorization", self.auth())
             .call();
         self.finish(&format!("GET {path}"), response)
@@ -137,16 +175,13 @@ pub enum TokenCommand {
 
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum DeviceCommand {
+    /// Every enrolled device: role, region, profile, health, address, memory.
     List,
     /// Remove a device; its certificate stops working at once.
-    Delete {
-        name: String,
-    },
+    Delete { name: String },
     /// What a device reported serving, per deployment (each usage record counted once,
     /// also what it served while the control plane was unreachable).
-    Usage {
-        name: String,
-    },
+    Usage { name: String },
 }
 
 #[derive(Debug, Clone, clap::Subcommand)]
@@ -268,7 +303,7 @@ fn s(value: &Value, key: &str) -> String {
 }
 
 pub fn token(args: ApiArgs, command: TokenCommand) -> Result<()> {
-    let api = Api::new(&args.api, &args.token);
+    let api = args.client();
     match command {
         TokenCommand::Create { region, ttl } => {
             let value = api.post(
@@ -308,7 +343,7 @@ pub fn token(args: ApiArgs, command: TokenCommand) -> Result<()> {
 }
 
 pub fn device(args: ApiArgs, command: DeviceCommand) -> Result<()> {
-    let api = Api::new(&args.api, &args.token);
+    let api = args.client();
     match command {
         DeviceCommand::List => {
             let value = api.get("/v1/devices")?;
@@ -646,7 +681,7 @@ fn print_inspection(v: &Value) {
 }
 
 pub fn model(args: ApiArgs, command: ModelCommand) -> Result<()> {
-    let api = Api::new(&args.api, &args.token);
+    let api = args.client();
     match command {
         ModelCommand::Push {
             name,
@@ -797,7 +832,7 @@ fn print_deployment(d: &Value) {
 }
 
 pub fn deploy(args: ApiArgs, command: DeployCommand) -> Result<()> {
-    let api = Api::new(&args.api, &args.token);
+    let api = args.client();
     match command {
         DeployCommand::Create {
             name,
@@ -1078,7 +1113,7 @@ pub enum GridCommand {
 }
 
 pub fn grid(args: ApiArgs, command: GridCommand) -> Result<()> {
-    let api = Api::new(&args.api, &args.token);
+    let api = args.client();
     match command {
         GridCommand::Show { region, hours } => {
             let value = api.get(&format!("/v1/regions/{region}/grid"))?;
@@ -1469,7 +1504,7 @@ fn span(seconds: u64) -> String {
 }
 
 pub fn job(args: ApiArgs, command: JobCommand) -> Result<()> {
-    let api = Api::new(&args.api, &args.token);
+    let api = args.client();
     match command {
         JobCommand::Submit {
             name,
@@ -1646,7 +1681,7 @@ pub fn job(args: ApiArgs, command: JobCommand) -> Result<()> {
 }
 
 pub fn region(args: ApiArgs, command: RegionCommand) -> Result<()> {
-    let api = Api::new(&args.api, &args.token);
+    let api = args.client();
     match command {
         RegionCommand::List => {
             let value = api.get("/v1/regions")?;

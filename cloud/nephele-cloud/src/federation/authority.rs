@@ -49,3 +49,30 @@ impl Authority for Keys {
         self.ca.fingerprint()
     }
 }
+
+/// What a read-only copy of the fleet holds instead of keys: nothing. A
+/// [`super::fleet_copy::FleetCopy`] only answers reads, which sign nothing, so these
+/// are never asked; were they, they refuse or give nothing.
+pub(super) struct NoKeys;
+
+impl Authority for NoKeys {
+    fn sign_agent_csr(&self, _: &[u8], _: &str, _: &str) -> Result<Vec<u8>, String> {
+        Err("a read-only copy of the fleet signs nothing".into())
+    }
+
+    fn sign_manifest(&self, _: &[u8]) -> Vec<u8> {
+        Vec::new()
+    }
+
+    fn manifest_public_key(&self) -> Vec<u8> {
+        Vec::new()
+    }
+
+    fn ca_der(&self) -> Vec<u8> {
+        Vec::new()
+    }
+
+    fn ca_fingerprint(&self) -> [u8; 32] {
+        [0; 32]
+    }
+}

@@ -135,7 +135,7 @@ pub(super) struct Records {
 
 pub struct FleetCore {
     pub(super) config: CloudConfig,
-    pub(super) authority: Box<dyn Authority + Send>,
+    pub(super) authority: Box<dyn Authority + Send + Sync>,
     pub(super) records: Records,
     pub(super) catalog: Catalog,
     /// Each device's capabilities, worked out from its profile when its record is
@@ -172,7 +172,7 @@ impl FleetCore {
     /// `pool_work` is what the regions restored from their books.
     pub fn new(
         config: CloudConfig,
-        authority: Box<dyn Authority + Send>,
+        authority: Box<dyn Authority + Send + Sync>,
         snapshot: Snapshot,
         first_generation: u64,
         pool_work: HashMap<String, PoolWork>,

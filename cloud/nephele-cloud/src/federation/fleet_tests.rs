@@ -6,7 +6,11 @@ use nephele_proto::ModelVariant;
 use proptest::prelude::*;
 use std::collections::BTreeSet;
 
-fn device(name: &str, role: AgentRole, labels: &[(&str, &str)]) -> DeviceRecord {
+pub(in crate::federation) fn device(
+    name: &str,
+    role: AgentRole,
+    labels: &[(&str, &str)],
+) -> DeviceRecord {
     DeviceRecord {
         name: name.into(),
         role,

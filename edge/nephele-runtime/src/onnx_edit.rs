@@ -280,7 +280,7 @@ impl OnnxGraph {
         self.split(cut, &[]).map(|(head, _)| head)
     }
 
-    /// Stores every weight, embedding table and bias (see `channel_axes` for the roles)
+    /// Stores every weight and embedding table (see `channel_axes` for the roles)
     /// of at least [`MIN_QUANTIZED_ELEMENTS`] elements as symmetric int8, with one
     /// scale per output channel where the layout is known, dequantized in the graph.
     pub fn quantize_weights_int8(&self) -> Result<(Vec<u8>, QuantizationReport), RuntimeError> {
@@ -789,8 +789,14 @@ fn int_attr(node: &NodeProto, name: &str) -> Option<i64> {
 /// | MatMul B                 | weight     | [..., K, N]      | per channel, last  |
 /// | Conv / ConvTranspose W   | weight     | [M, C/g, kH, kW] | axis 0 (1 for ConvT) |
 /// | Gather data (embeddings) | table      | [rows, dim]      | one per row        |
-/// | Gemm C, Conv B           | bias       | [N]              | one for the tensor |
+/// | Gemm C, Conv B           | bias       | [N]              | stays f32          |
 /// | anything else            |            |                  | stays f32          |
+///
+/// Biases stay f32, as weight-only quantizers leave them: they are a fraction of a
+/// percent of a model, and one scale for a whole bias vector (a folded BatchNorm puts
+/// each channel's mean and shift there) rounds small channels away. On PP-OCRv4's
+/// recognizer, quantizing its 7,368 bias elements with the 2.67 M weight elements
+/// lowered the min cosine to fp32 from 0.969 to 0.954 (onnxruntime, the pushed rows).
 ///
 /// A tensor used in two roles is quantized only if both agree.
 fn channel_axes(graph: &GraphProto) -> HashMap<&str, Option<usize>> {
@@ -813,7 +819,7 @@ fn channel_axes(graph: &GraphProto) -> HashMap<&str, Option<usize>> {
                 ("Conv", 1) => Some(Some(0)),
                 ("ConvTranspose", 1) => Some(Some(1)),
                 ("Gather", 0) if rank >= 2 => Some(Some(0)),
-                ("Gemm", 2) | ("Conv", 2) | ("ConvTranspose", 2) => Some(None),
+                ("Gemm", 2) | ("Conv", 2) | ("ConvTranspose", 2) => None,
                 _ => None,
             };
             roles

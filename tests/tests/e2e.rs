@@ -944,6 +944,11 @@ fn jobs_are_scheduled_onto_pool_agents() {
     );
     let (ok, text) = cli(&["job", "submit", "x", "--gpus", "2", "--gpu-milli", "500"]);
     assert!(!ok && text.contains("fractional"), "{text}");
+    // Times as dates and ages, not unix seconds.
+    let (ok, text) = cli(&["token", "create", "--ttl", "5000"]);
+    assert!(ok && text.contains(" UTC (in 83 min)"), "{text}");
+    let (ok, text) = cli(&["token", "list"]);
+    assert!(ok && text.contains(" UTC (in 83 min)"), "{text}");
 
     // Bad requests: clear errors, nothing queued.
     for (body, status, needle) in [
@@ -1556,4 +1561,55 @@ fn connections_holding_half_a_join_request_are_closed_in_bounded_time() {
     }
     let edge = Edge::start(&cloud, "after-attack", "eu-west", &[], &[]).expect("an honest join");
     drop(edge);
+}
+
+/// The subcommands a `--help` page lists under `Commands:` (but `help`).
+fn subcommands(help: &str) -> Vec<String> {
+    help.lines()
+        .skip_while(|line| !line.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|line| line.starts_with("  "))
+        .filter_map(|line| line.split_whitespace().next())
+        .filter(|name| *name != "help")
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn no_help_page_shows_a_secret_from_the_environment() {
+    const SECRET: &str = "tok1.s3cr3t-from-the-environment";
+    let help = |binary: &str, args: &[String]| {
+        let output = std::process::Command::new(nephele_e2e::bin(binary))
+            .args(args)
+            .arg("--help")
+            .env("NEPHELE_TOKEN", SECRET)
+            .env("NEPHELE_JOIN_TOKEN", SECRET)
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{binary} {args:?} --help");
+        String::from_utf8_lossy(&output.stdout).to_string()
+            + &String::from_utf8_lossy(&output.stderr)
+    };
+    let mut pages = 0;
+    let mut todo: Vec<(&str, Vec<String>)> = vec![
+        ("nephele", vec![]),
+        ("nephele-edge", vec![]),
+        ("nephele-cloud", vec![]),
+    ];
+    while let Some((binary, args)) = todo.pop() {
+        let page = help(binary, &args);
+        pages += 1;
+        assert!(
+            !page.contains("s3cr3t"),
+            "`{binary} {} --help` shows the token:\n{page}",
+            args.join(" ")
+        );
+        for sub in subcommands(&page) {
+            let mut deeper = args.clone();
+            deeper.push(sub);
+            todo.push((binary, deeper));
+        }
+    }
+    assert!(pages > 30, "only {pages} help pages were read");
+    println!("help pages read without a secret: {pages}");
 }

@@ -14,7 +14,15 @@ pub struct ApiArgs {
     )]
     pub api: String,
     /// API token (the admin token is printed on first start and saved in <data-dir>/admin-token).
-    #[arg(long, env = "NEPHELE_TOKEN", global = true, default_value = "")]
+    /// The token is never shown in `--help`, even when it comes from the environment.
+    #[arg(
+        long,
+        env = "NEPHELE_TOKEN",
+        global = true,
+        default_value = "",
+        hide_env_values = true,
+        hide_default_value = true
+    )]
     pub token: String,
     /// Print JSON instead of a table.
     #[arg(long, global = true)]
@@ -312,9 +320,9 @@ pub fn token(args: ApiArgs, command: TokenCommand) -> Result<()> {
             )?;
             print(args.json, &value, |v| {
                 println!(
-                    "join token for region {} (single use, expires at unix {}):\n  {}",
+                    "join token for region {} (single use, expires {}):\n  {}",
                     s(v, "region"),
-                    s(v, "expires_unix"),
+                    when(v.get("expires_unix")),
                     s(v, "token")
                 );
                 println!(
@@ -326,13 +334,13 @@ pub fn token(args: ApiArgs, command: TokenCommand) -> Result<()> {
         TokenCommand::List => {
             let value = api.get("/v1/tokens")?;
             print(args.json, &value, |v| {
-                println!("{:<10} {:<12} {:>12} USED BY", "ID", "REGION", "EXPIRES");
+                println!("{:<10} {:<12} {:<36} USED BY", "ID", "REGION", "EXPIRES");
                 for t in v.as_array().into_iter().flatten() {
                     println!(
-                        "{:<10} {:<12} {:>12} {}",
+                        "{:<10} {:<12} {:<36} {}",
                         s(t, "id"),
                         s(t, "region"),
-                        s(t, "expires_unix"),
+                        when(t.get("expires_unix")),
                         s(t, "used_by")
                     );
                 }
@@ -796,6 +804,14 @@ fn print_deployment(d: &Value) {
         s(d, "ready_devices"),
         s(d, "desired_devices")
     );
+    for warning in d
+        .get("warnings")
+        .and_then(|w| w.as_array())
+        .into_iter()
+        .flatten()
+    {
+        println!("  warning: {}", warning.as_str().unwrap_or_default());
+    }
     println!(
         "  {:<14} {:<5} {:<22} {:<12} {:<16} {:>8} {:>9} {:>10} {:>8} {:>8}",
         "DEVICE",

@@ -42,6 +42,43 @@ pub struct DemoArgs {
     pub dir: Option<PathBuf>,
 }
 
+/// What the demo says last: where to look while the fleet runs (with
+/// `--keep-running`), or how to keep it up; logs only where they outlive the demo.
+fn closing_lines(
+    api_addr: &str,
+    root: &std::path::Path,
+    keep_running: bool,
+    kept_dir: bool,
+    endpoints: &[String],
+) -> Vec<String> {
+    let token = root.join("cloud-data/admin-token");
+    let mut lines = Vec::new();
+    if keep_running {
+        lines.push(format!(
+            "dashboard: http://{api_addr}/   API: http://{api_addr}   metrics: http://{api_addr}/metrics"
+        ));
+        lines.push(format!(
+            "     try: nephele device list --api http://{api_addr} --token $(cat {})",
+            token.display()
+        ));
+        lines.push(format!(
+            "      or: curl -H \"Authorization: Bearer $(cat {})\" http://{api_addr}/v1/devices",
+            token.display()
+        ));
+        lines.push(format!("agent endpoints: {}", endpoints.join(", ")));
+    } else {
+        lines.push(
+            "the fleet stops now; run `nephele demo --keep-running` to keep it up and explore it \
+             (dashboard, API, CLI)"
+                .to_string(),
+        );
+    }
+    if keep_running || kept_dir {
+        lines.push(format!("logs and data: {}", root.display()));
+    }
+    lines
+}
+
 #[derive(Deserialize)]
 struct Heldout {
     features: Vec<Vec<f32>>,
@@ -793,28 +830,16 @@ pub fn run(args: DemoArgs) -> Result<()> {
             println!("  [{member}] {log}");
         }
         println!();
-        println!(
-            "dashboard: http://{api_addr}/   API: http://{api_addr}/v1  (token in {}{})",
-            root.join("cloud-data/admin-token").display(),
-            if args.keep_running {
-                ""
-            } else {
-                "; add --keep-running to keep them up"
-            }
-        );
-        println!(
-            "     try: curl -H \"Authorization: Bearer $(cat {})\" http://{api_addr}/v1/devices",
-            root.join("cloud-data/admin-token").display()
-        );
-        println!(
-            "metrics: http://{api_addr}/metrics; agent endpoints: {}",
-            endpoints.join(", ")
-        );
-        println!(
-            "logs: {}   finished in {:.1} s",
-            root.display(),
-            started.elapsed().as_secs_f64()
-        );
+        for line in closing_lines(
+            &api_addr.to_string(),
+            &root,
+            args.keep_running,
+            args.dir.is_some(),
+            &endpoints,
+        ) {
+            println!("{line}");
+        }
+        println!("finished in {:.1} s", started.elapsed().as_secs_f64());
     }
 
     if args.keep_running {
@@ -832,4 +857,37 @@ pub fn run(args: DemoArgs) -> Result<()> {
         let _ = std::fs::remove_dir_all(&root);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_demo_points_only_at_what_still_runs() {
+        let root = std::path::Path::new("/tmp/nephele-demo-x");
+        let endpoints = ["http://127.0.0.1:9001".to_string()];
+        let gone = closing_lines("127.0.0.1:8080", root, false, false, &endpoints).join("\n");
+        assert!(!gone.contains("http://"), "{gone}");
+        assert!(
+            !gone.contains("/tmp/nephele-demo-x"),
+            "a removed folder: {gone}"
+        );
+        assert!(gone.contains("--keep-running"), "{gone}");
+        let kept = closing_lines("127.0.0.1:8080", root, false, true, &endpoints).join("\n");
+        assert!(
+            kept.contains("logs and data: /tmp/nephele-demo-x"),
+            "{kept}"
+        );
+        let up = closing_lines("127.0.0.1:8080", root, true, false, &endpoints).join("\n");
+        assert!(
+            up.contains("nephele device list --api http://127.0.0.1:8080 --token"),
+            "{up}"
+        );
+        assert!(
+            !up.contains("8080/v1 "),
+            "the CLI's --api takes the base URL: {up}"
+        );
+        assert!(up.contains("http://127.0.0.1:9001"), "{up}");
+    }
 }

@@ -65,7 +65,7 @@ pub struct JoinArgs {
     #[arg(long)]
     pub server: String,
     /// Join token from `nephele token create` (or POST /v1/tokens).
-    #[arg(long, env = "NEPHELE_JOIN_TOKEN")]
+    #[arg(long, env = "NEPHELE_JOIN_TOKEN", hide_env_values = true)]
     pub token: String,
     #[arg(long, default_value = DEFAULT_DATA_DIR)]
     pub data_dir: PathBuf,

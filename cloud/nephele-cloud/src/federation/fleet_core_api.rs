@@ -495,6 +495,23 @@ impl FleetCore {
         let edge_rows = rows
             .iter()
             .filter(|r| r.role == AgentRole::Edge.to_string());
+        let mut warnings = Vec::new();
+        if edge_rows.clone().next().is_none() {
+            let edge_devices = self
+                .records
+                .devices
+                .values()
+                .filter(|d| d.role == AgentRole::Edge)
+                .count();
+            warnings.push(match (edge_devices, deployment.selector.is_empty()) {
+                (0, _) => "no edge device is enrolled yet: the deployment runs on devices as they join".to_string(),
+                (n, true) => format!("none of the {n} enrolled edge devices runs it yet"),
+                (n, false) => format!(
+                    "selector {:?} matches none of the {n} enrolled edge devices: it runs on devices that join or are labelled to match (`nephele device list` shows their labels)",
+                    deployment.selector
+                ),
+            });
+        }
         DeploymentStatus {
             name: deployment.name.clone(),
             model: deployment.model.clone(),
@@ -507,6 +524,7 @@ impl FleetCore {
             desired_devices: edge_rows.clone().count(),
             ready_devices: edge_rows.filter(|r| r.ready).count(),
             devices: rows,
+            warnings,
         }
     }
 

@@ -597,3 +597,43 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_selector_that_matches_no_device_is_accepted_with_a_warning_and_the_count() {
+    use crate::federation::fleet::tests::device;
+    let store = MemoryStore::default();
+    store
+        .commit(&[
+            Write::Put(Record::Model(Box::new(model("m")))),
+            Write::Put(Record::Device(device(
+                "cam-1",
+                nephele_domain::AgentRole::Edge,
+                &[("site", "north")],
+            ))),
+        ])
+        .expect("commit");
+    let mut core = FleetCore::new(
+        crate::config::CloudConfig::default(),
+        keys(),
+        store.load().expect("load"),
+        1,
+        HashMap::new(),
+    );
+    let none = core
+        .create_deployment(1, spec("d1", "m", "site=south", "auto"))
+        .reply
+        .expect("accepted");
+    assert_eq!(none.desired_devices, 0);
+    assert_eq!(none.warnings.len(), 1, "{:?}", none.warnings);
+    assert!(
+        none.warnings[0].contains("\"site=south\" matches none of the 1 enrolled edge devices"),
+        "{:?}",
+        none.warnings
+    );
+    let some = core
+        .create_deployment(1, spec("d2", "m", "site=north", "auto"))
+        .reply
+        .expect("accepted");
+    assert_eq!(some.desired_devices, 1);
+    assert!(some.warnings.is_empty(), "{:?}", some.warnings);
+}

@@ -214,6 +214,8 @@ pub struct DeploymentStatus {
     pub desired_devices: usize,
     pub ready_devices: usize,
     pub devices: Vec<DeviceDeploymentStatus>,
+    /// What the deployment's author should know: a selector that matches no device.
+    pub warnings: Vec<String>,
 }
 
 /// Who an API token speaks for.

@@ -944,6 +944,13 @@ fn jobs_are_scheduled_onto_pool_agents() {
     );
     let (ok, text) = cli(&["job", "submit", "x", "--gpus", "2", "--gpu-milli", "500"]);
     assert!(!ok && text.contains("fractional"), "{text}");
+    // A job that is nowhere: the error names every region searched.
+    let (ok, text) = cli(&["job", "get", "nope"]);
+    assert!(
+        !ok && text.contains("no job named nope for tenant default in region")
+            && text.contains("eu-west"),
+        "{text}"
+    );
     // Times as dates and ages, not unix seconds.
     let (ok, text) = cli(&["token", "create", "--ttl", "5000"]);
     assert!(ok && text.contains(" UTC (in 83 min)"), "{text}");
@@ -1351,6 +1358,36 @@ fn raw_http(api: &str, head: &str, body: &[u8], wait: Duration) -> String {
 #[test]
 fn unauthenticated_uploads_are_refused_before_their_body_is_read() {
     let cloud = Cloud::start("hostile-api").expect("cloud");
+    // A method a route does not take is a 405 naming the ones it does; readiness is
+    // its own route beside liveness.
+    let answer = raw_http(
+        &cloud.api,
+        &format!(
+            "PATCH /v1/deployments/d HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nConnection: close\r\n\r\n",
+            cloud.token
+        ),
+        b"",
+        Duration::from_secs(10),
+    );
+    assert!(answer.starts_with("HTTP/1.1 405"), "{answer}");
+    assert!(
+        answer.to_lowercase().contains("allow: get, delete"),
+        "{answer}"
+    );
+    assert!(
+        answer.contains("PATCH is not allowed on /v1/deployments/d; it takes GET, DELETE"),
+        "{answer}"
+    );
+    let answer = raw_http(
+        &cloud.api,
+        "GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        b"",
+        Duration::from_secs(10),
+    );
+    assert!(
+        answer.starts_with("HTTP/1.1 200") && answer.contains("\"ready\""),
+        "{answer}"
+    );
     let before = cloud.rss_bytes().expect("rss");
     // Twelve uploads that announce 500 MB each and send 4 MiB: each is answered 401 at
     // once, without the control plane waiting for (or buffering) the rest.

@@ -708,7 +708,8 @@ async fn find_job(
 ) -> Result<(Addr<RegionActor>, String, JobView), ApiError> {
     let tenant = acting_tenant(principal, query.tenant.as_deref())?;
     let mut found = Vec::new();
-    let mut last_error = None;
+    let mut searched = Vec::new();
+    let mut other_error = None;
     for (region, actor) in regions_to_search(state, query.region.as_deref())? {
         match actor
             .send(GetJob {
@@ -719,13 +720,28 @@ async fn find_job(
             .map_err(mailbox)?
         {
             Ok(view) => found.push((actor, region, view)),
-            Err(error) => last_error = Some(error),
+            Err(SchedError::NotFound(_)) => searched.push(region),
+            Err(error) => other_error = other_error.or(Some(error)),
         }
     }
     match found.len() {
-        0 => Err(last_error
-            .map(ApiError::from)
-            .unwrap_or_else(|| ApiError::NotFound(format!("no job {name:?}")))),
+        // Not found anywhere: say where it was looked for, not only the last region.
+        0 => Err(other_error.map(ApiError::from).unwrap_or_else(|| {
+            ApiError::NotFound(format!(
+                "no job named {name} for tenant {tenant} in {} {}{}",
+                if searched.len() == 1 {
+                    "region"
+                } else {
+                    "regions"
+                },
+                searched.join(", "),
+                if query.tenant.is_none() {
+                    " (another tenant's job needs ?tenant=, admins only)"
+                } else {
+                    ""
+                }
+            ))
+        })),
         1 => {
             let (actor, _, view) = found.remove(0);
             Ok((actor, tenant, view))
@@ -1027,6 +1043,42 @@ fn json_error(error: impl std::fmt::Display) -> actix_web::Error {
     .into()
 }
 
+/// A route's resource: a method it does not take is answered `405` with `Allow` and
+/// the API's error shape, naming the methods it takes.
+fn resource(path: &str, allow: &'static str) -> actix_web::Resource {
+    web::resource(path).default_service(web::to(move |request: HttpRequest| async move {
+        HttpResponse::MethodNotAllowed()
+            .insert_header(("allow", allow))
+            .json(serde_json::json!({
+                "error": "method_not_allowed",
+                "message": format!(
+                    "{} is not allowed on {}; it takes {allow}",
+                    request.method(),
+                    request.path()
+                ),
+            }))
+    }))
+}
+
+/// `GET /readyz`: whether this replica serves the API now (the federation answers
+/// within a second); `/healthz` says only that the process is up.
+async fn readyz(state: web::Data<ApiState>) -> HttpResponse {
+    let answered = tokio::time::timeout(
+        std::time::Duration::from_secs(1),
+        state.federation.send(ListRegions),
+    )
+    .await;
+    match answered {
+        Ok(Ok(Ok(_))) => HttpResponse::Ok().json(serde_json::json!({"status": "ready"})),
+        _ => HttpResponse::ServiceUnavailable()
+            .insert_header(("retry-after", "1"))
+            .json(serde_json::json!({
+                "error": "unavailable",
+                "message": "the control plane's fleet state did not answer within a second; retry",
+            })),
+    }
+}
+
 /// All routes, for `App::configure`.
 pub fn routes(config: &mut web::ServiceConfig) {
     config
@@ -1036,53 +1088,66 @@ pub fn routes(config: &mut web::ServiceConfig) {
                 .error_handler(|e, _| json_error(e)),
         )
         .app_data(web::PayloadConfig::default().limit(MAX_SMALL_BODY_BYTES))
-        .route("/", web::get().to(dashboard))
-        .route("/healthz", web::get().to(healthz))
-        .route("/metrics", web::get().to(metrics))
-        .route("/v1/tokens", web::post().to(create_token))
-        .route("/v1/tokens", web::get().to(list_tokens))
-        .route("/v1/devices", web::get().to(list_devices))
-        .route("/v1/devices/{name}", web::delete().to(delete_device))
-        .route("/v1/devices/{name}/usage", web::get().to(device_usage))
-        .route("/v1/models", web::get().to(list_models))
+        .service(resource("/", "GET").route(web::get().to(dashboard)))
+        .service(resource("/healthz", "GET").route(web::get().to(healthz)))
+        .service(resource("/readyz", "GET").route(web::get().to(readyz)))
+        .service(resource("/metrics", "GET").route(web::get().to(metrics)))
         .service(
-            web::resource("/v1/models/{name}")
+            resource("/v1/tokens", "GET, POST")
+                .route(web::post().to(create_token))
+                .route(web::get().to(list_tokens)),
+        )
+        .service(resource("/v1/devices", "GET").route(web::get().to(list_devices)))
+        .service(resource("/v1/devices/{name}", "DELETE").route(web::delete().to(delete_device)))
+        .service(resource("/v1/devices/{name}/usage", "GET").route(web::get().to(device_usage)))
+        .service(resource("/v1/models", "GET").route(web::get().to(list_models)))
+        .service(
+            resource("/v1/models/{name}", "GET, PUT, POST")
                 .route(web::get().to(get_model))
                 .route(web::put().to(put_model))
                 .route(web::post().to(put_model)),
         )
-        .route("/v1/deployments", web::post().to(create_deployment))
-        .route("/v1/deployments", web::get().to(list_deployments))
-        .route("/v1/deployments/{name}", web::get().to(get_deployment))
-        .route(
-            "/v1/deployments/{name}/replicas",
-            web::get().to(deployment_replicas),
-        )
-        .route(
-            "/v1/deployments/{name}",
-            web::delete().to(delete_deployment),
-        )
-        .route("/v1/regions", web::get().to(list_regions))
-        .route("/v1/regions/{name}/nodes", web::get().to(list_nodes))
-        .route(
-            "/v1/regions/{name}/nodes/{node}/interrupt",
-            web::post().to(interrupt_node),
-        )
-        .route(
-            "/v1/regions/{name}/nodes/{node}/drain",
-            web::post().to(drain_node),
+        .service(
+            resource("/v1/deployments", "GET, POST")
+                .route(web::post().to(create_deployment))
+                .route(web::get().to(list_deployments)),
         )
         .service(
-            web::resource("/v1/regions/{name}/grid")
+            resource("/v1/deployments/{name}", "GET, DELETE")
+                .route(web::get().to(get_deployment))
+                .route(web::delete().to(delete_deployment)),
+        )
+        .service(
+            resource("/v1/deployments/{name}/replicas", "GET")
+                .route(web::get().to(deployment_replicas)),
+        )
+        .service(resource("/v1/regions", "GET").route(web::get().to(list_regions)))
+        .service(resource("/v1/regions/{name}/nodes", "GET").route(web::get().to(list_nodes)))
+        .service(
+            resource("/v1/regions/{name}/nodes/{node}/interrupt", "POST")
+                .route(web::post().to(interrupt_node)),
+        )
+        .service(
+            resource("/v1/regions/{name}/nodes/{node}/drain", "POST")
+                .route(web::post().to(drain_node)),
+        )
+        .service(
+            resource("/v1/regions/{name}/grid", "GET, PUT")
                 .app_data(web::PayloadConfig::default().limit(MAX_GRID_BYTES))
                 .route(web::put().to(push_grid))
                 .route(web::get().to(get_grid)),
         )
-        .route("/v1/jobs", web::post().to(submit_job))
-        .route("/v1/jobs", web::get().to(list_jobs))
-        .route("/v1/jobs/{name}", web::get().to(get_job))
-        .route("/v1/jobs/{name}", web::delete().to(delete_job))
-        .route("/v1/jobs/{name}/logs", web::get().to(job_logs))
+        .service(
+            resource("/v1/jobs", "GET, POST")
+                .route(web::post().to(submit_job))
+                .route(web::get().to(list_jobs)),
+        )
+        .service(
+            resource("/v1/jobs/{name}", "GET, DELETE")
+                .route(web::get().to(get_job))
+                .route(web::delete().to(delete_job)),
+        )
+        .service(resource("/v1/jobs/{name}/logs", "GET").route(web::get().to(job_logs)))
         .default_service(web::to(|| async {
             ApiError::NotFound("no such route; see the README's API section".into())
                 .error_response()

@@ -1648,5 +1648,26 @@ fn no_help_page_shows_a_secret_from_the_environment() {
         }
     }
     assert!(pages > 30, "only {pages} help pages were read");
+    // A malformed --api is an input mistake, not an unreachable server.
+    let run = |api: &str| {
+        let output = std::process::Command::new(nephele_e2e::bin("nephele"))
+            .args(["device", "list", "--api", api])
+            .output()
+            .unwrap();
+        assert!(!output.status.success());
+        String::from_utf8_lossy(&output.stderr).to_string()
+    };
+    for bad in ["htp:/x", "127.0.0.1:8080", "http://exa mple"] {
+        let said = run(bad);
+        assert!(
+            said.contains("is not a URL") && !said.contains("cannot reach"),
+            "{bad}: {said}"
+        );
+    }
+    let said = run("http://127.0.0.1:1");
+    assert!(
+        said.contains("cannot reach the API at http://127.0.0.1:1"),
+        "{said}"
+    );
     println!("help pages read without a secret: {pages}");
 }

@@ -58,8 +58,12 @@ impl Api {
             .timeout_global(Some(std::time::Duration::from_secs(60)))
             .build()
             .into();
+        // The base URL, also when given as the API's `/v1` root (as the demo once
+        // printed it): every path the CLI asks starts with `/v1` itself.
+        let base = base.trim_end_matches('/');
+        let base = base.strip_suffix("/v1").unwrap_or(base);
         Api {
-            base: base.trim_end_matches('/').to_string(),
+            base: base.to_string(),
             token: token.to_string(),
             agent,
             stale: false,
@@ -71,12 +75,7 @@ impl Api {
         what: &str,
         response: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
     ) -> Result<Value> {
-        let mut response = response.with_context(|| {
-            format!(
-                "cannot reach the API at {} ({what}); is nephele-cloud running?",
-                self.base
-            )
-        })?;
+        let mut response = response.map_err(|error| self.explain(what, error))?;
         let status = response.status().as_u16();
         let header = |name: &str| {
             response
@@ -109,6 +108,25 @@ impl Api {
             bail!("{what} failed ({status}): {message}");
         }
         Ok(value)
+    }
+
+    /// A failed request said as what it was: a URL that is not one, or a server that
+    /// could not be reached (only then is the network to blame).
+    fn explain(&self, what: &str, error: ureq::Error) -> anyhow::Error {
+        match error {
+            ureq::Error::BadUri(_) | ureq::Error::Http(_) => anyhow::anyhow!(
+                "--api {:?} is not a URL the CLI can use ({error}); give the API's base URL, such as http://127.0.0.1:8080",
+                self.base
+            ),
+            ureq::Error::Io(_)
+            | ureq::Error::HostNotFound
+            | ureq::Error::ConnectionFailed
+            | ureq::Error::Timeout(_) => anyhow::anyhow!(
+                "cannot reach the API at {} ({what}: {error}); is nephele-cloud running there? (--api or NEPHELE_API)",
+                self.base
+            ),
+            other => anyhow::anyhow!("{what} failed: {other}"),
+        }
     }
 
     fn auth(&self) -> String {
@@ -1826,5 +1844,17 @@ mod tests {
         assert!(parse_deadline("8 hours", 0).is_err());
         assert!(parse_deadline("h", 0).is_err());
         assert!(parse_deadline("3w", 0).is_err());
+    }
+
+    #[test]
+    fn the_api_url_may_be_given_with_its_v1_root() {
+        for given in [
+            "http://cp:8080",
+            "http://cp:8080/",
+            "http://cp:8080/v1",
+            "http://cp:8080/v1/",
+        ] {
+            assert_eq!(Api::new(given, "").base, "http://cp:8080", "{given}");
+        }
     }
 }

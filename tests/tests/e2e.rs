@@ -289,6 +289,26 @@ fn a_fleet_deploys_serves_offloads_and_survives_bad_frames() {
         .unwrap();
     assert_eq!(lab_view["profile"], "rpi5-8gb");
     assert_eq!(lab_view["cpu_cores"], 4);
+    // The agent says where its profile contradicts this host (an rpi5 profile here).
+    let rpi5 = nephele_domain::builtin_profiles::builtin("rpi5-8gb")
+        .unwrap()
+        .unwrap();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+    let memory_mb = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map_or(1024, |kb| kb / 1024);
+    let logs = lab.logs();
+    for contradiction in rpi5.contradictions(std::env::consts::ARCH, cores, memory_mb) {
+        assert!(
+            logs.contains(&contradiction),
+            "{contradiction} not in:\n{logs}"
+        );
+    }
 
     // A corrupt model is refused at upload with a clear error.
     let (status, body) = cloud

@@ -66,23 +66,40 @@ pub fn resolve_profile(name: Option<&String>) -> Result<(String, String, Firmwar
             Ok((name.clone(), text, found?))
         }
         None => {
-            let cores = std::thread::available_parallelism()
-                .map(|n| n.get() as u32)
-                .unwrap_or(1);
-            let memory_mb = std::fs::read_to_string("/proc/meminfo")
-                .ok()
-                .and_then(|text| {
-                    text.lines()
-                        .find(|l| l.starts_with("MemTotal:"))
-                        .and_then(|l| l.split_whitespace().nth(1))
-                        .and_then(|kb| kb.parse::<u64>().ok())
-                })
-                .map(|kb| kb / 1024)
-                .unwrap_or(1024);
+            let (cores, memory_mb) = host();
             let profile = FirmwareProfile::detected(cores, memory_mb, std::env::consts::ARCH);
             let text = toml::to_string(&profile)?;
             Ok(("detected".into(), text, profile))
         }
+    }
+}
+
+/// This host's CPU cores and memory (MB, from /proc/meminfo; 1024 where unknown).
+fn host() -> (u32, u64) {
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get() as u32)
+        .unwrap_or(1);
+    let memory_mb = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map(|kb| kb / 1024)
+        .unwrap_or(1024);
+    (cores, memory_mb)
+}
+
+/// Warns, once at start, where the chosen profile contradicts this host: placement,
+/// variant choice and batching will assume the profile, not the host.
+fn warn_if_profile_contradicts_host(profile: &FirmwareProfile) {
+    let (cores, memory_mb) = host();
+    for contradiction in profile.contradictions(std::env::consts::ARCH, cores, memory_mb) {
+        tracing::warn!(
+            "{contradiction}: the control plane will place work and choose variants for the profile, not this host; give --profile matching the host, or omit it to detect the host"
+        );
     }
 }
 
@@ -171,6 +188,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         .clone()
         .or_else(|| enrolment.config.profile.clone());
     let (profile_name, profile_toml, profile) = resolve_profile(profile_choice.as_ref())?;
+    warn_if_profile_contradicts_host(&profile);
     let host_cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);

@@ -211,6 +211,39 @@ impl FirmwareProfile {
     }
 
     /// A profile for a machine with no declared profile, from what the agent detected.
+    /// Where this profile contradicts the host an agent runs on (another architecture,
+    /// more cores, or more than 10% more memory than the host has): each said as a
+    /// sentence, empty when the profile could describe the host. An agent still runs
+    /// with a contradicting profile (a lab emulates devices so), but says so.
+    pub fn contradictions(
+        &self,
+        host_arch: &str,
+        host_cores: u32,
+        host_memory_mb: u64,
+    ) -> Vec<String> {
+        let device = &self.device;
+        let mut found = Vec::new();
+        if !device.arch.is_empty() && device.arch != host_arch {
+            found.push(format!(
+                "profile {} is for {}, this host is {host_arch}",
+                device.name, device.arch
+            ));
+        }
+        if device.cpu_cores > host_cores {
+            found.push(format!(
+                "profile {} says {} CPU cores, this host has {host_cores}",
+                device.name, device.cpu_cores
+            ));
+        }
+        if device.memory_mb > host_memory_mb + host_memory_mb / 10 {
+            found.push(format!(
+                "profile {} says {} MB of memory, this host has {host_memory_mb} MB",
+                device.name, device.memory_mb
+            ));
+        }
+        found
+    }
+
     pub fn detected(cpu_cores: u32, memory_mb: u64, arch: &str) -> FirmwareProfile {
         // Without a datasheet, assume a modern core: 2 FMA units x 8 f32 lanes x 2.5 GHz.
         let fp32_tops = f64::from(cpu_cores.max(1)) * 2.0 * 8.0 * 2.0 * 2.5e9 / 1e12;
@@ -247,6 +280,27 @@ impl FirmwareProfile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_profile_that_contradicts_its_host_is_told_and_one_that_fits_is_not() {
+        let profile = FirmwareProfile::detected(4, 8192, "aarch64");
+        assert!(profile.contradictions("aarch64", 4, 8192).is_empty());
+        assert!(
+            profile.contradictions("aarch64", 8, 7800).is_empty(),
+            "within 10%"
+        );
+        let said = profile.contradictions("x86_64", 2, 4096);
+        assert_eq!(said.len(), 3, "{said:?}");
+        assert!(
+            said[0].contains("is for aarch64, this host is x86_64"),
+            "{said:?}"
+        );
+        assert!(said[1].contains("4 CPU cores, this host has 2"), "{said:?}");
+        assert!(
+            said[2].contains("8192 MB of memory, this host has 4096 MB"),
+            "{said:?}"
+        );
+    }
 
     const PI: &str = r#"
 [device]

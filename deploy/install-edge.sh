@@ -11,7 +11,9 @@ usage() {
 Usage: $PROG --server HOST:PORT --token TOKEN [options]
 
 Installs the nephele agent, enrols this device with the control plane and starts
-the nephele-edge systemd service.
+the nephele-edge systemd service. With --root DIR it installs into an image instead:
+nothing is enrolled or started there; given --server and --token, the image enrols at
+its first boot (nephele-edge-join.service, from DIR/etc/nephele-edge/join.env).
 
 Required (unless the device is already enrolled and --force is not given):
   --server HOST:PORT   QUIC address of the control plane (quic_listen, UDP)
@@ -24,8 +26,12 @@ Options:
   --profile NAME       firmware profile (see \`nephele-edge profiles\`; default: detected)
   --label KEY=VALUE    label for deployment selectors (repeatable)
   --role edge|pool     \`edge\` for devices, \`pool\` for cloud GPU nodes (default: edge)
-  --root DIR           install under DIR instead of / (staging, images, tests): no root
-                       needed, no user created, no chown, nothing started
+  --root DIR           install into an image or staging tree under DIR instead of /:
+                       no root needed, no user created, no chown, nothing started, and
+                       no join: --server/--token (optional here) go to
+                       DIR/etc/nephele-edge/join.env for the first boot (a join token is
+                       single use: one image per device, or drop a join.env per device)
+  --join-now           with --root: enrol now into DIR's data dir (staging and tests)
   --force              re-enrol even if the data dir already holds an enrolment
   --no-start           install and enrol, but do not enable or start the service
   -h, --help           show this help
@@ -63,6 +69,7 @@ ROOT=""
 ROOT_GIVEN=0
 NO_START=0
 FORCE=0
+JOIN_NOW=0
 LABELS=()
 
 while [ $# -gt 0 ]; do
@@ -84,6 +91,7 @@ while [ $# -gt 0 ]; do
         --root) need_value "$1" $#; ROOT=$2; ROOT_GIVEN=1; shift 2 ;;
         --root=*) ROOT=${1#*=}; ROOT_GIVEN=1; shift ;;
         --force) FORCE=1; shift ;;
+        --join-now) JOIN_NOW=1; shift ;;
         --no-start) NO_START=1; shift ;;
         -h | --help) usage; exit 0 ;;
         *) die "unknown argument: $1 (see --help)" ;;
@@ -128,8 +136,19 @@ if [ -z "$BINARY" ]; then
     fi
 fi
 [ -f "$BINARY" ] || die "binary not found: $BINARY"
-"$BINARY" --version >/dev/null 2>&1 \
-    || die "$BINARY does not run here (wrong architecture, or not a nephele-edge binary?)"
+if BINARY_VERSION=$("$BINARY" --version 2>/dev/null); then
+    case "$BINARY_VERSION" in
+        "nephele-edge "*) ;;
+        *) die "$BINARY is not a nephele-edge binary (its --version says '$BINARY_VERSION')" ;;
+    esac
+elif [ -n "$ROOT" ] && [ "$JOIN_NOW" -eq 0 ] \
+    && [ "$(head -c 4 "$BINARY" | od -An -c | tr -d ' ')" = '177ELF' ] \
+    && grep -qa 'nephele-edge' "$BINARY"; then
+    # An image for another architecture: the binary cannot run here, which is fine.
+    note "$BINARY does not run on this machine (another architecture?); installing it into the image"
+else
+    die "$BINARY does not run here (wrong architecture, or not a nephele-edge binary?)"
+fi
 
 UNIT_SRC=""
 for candidate in "$SCRIPT_DIR/nephele-edge.service" "./deploy/nephele-edge.service"; do
@@ -145,6 +164,18 @@ ENROLLED=0
 DO_JOIN=1
 if [ "$ENROLLED" -eq 1 ] && [ "$FORCE" -eq 0 ]; then
     DO_JOIN=0
+fi
+FIRST_BOOT=0
+if [ "$ROOT_GIVEN" -eq 1 ] && [ "$JOIN_NOW" -eq 0 ] && [ "$ENROLLED" -eq 0 ]; then
+    # An image: enrol at its first boot, not here (a join here would spend the token
+    # and bake one device's identity into every copy of the image).
+    DO_JOIN=0
+    if [ -n "$TOKEN" ]; then
+        [ -n "$SERVER" ] || die "--token for the first boot's join needs --server too"
+        FIRST_BOOT=1
+    fi
+elif [ "$JOIN_NOW" -eq 1 ] && [ "$ROOT_GIVEN" -eq 0 ]; then
+    die "--join-now is for --root installs (without --root the device is enrolled anyway)"
 fi
 if [ "$DO_JOIN" -eq 1 ]; then
     [ -n "$SERVER" ] || die "--server HOST:PORT is required (the control plane's QUIC address)"
@@ -221,15 +252,54 @@ if [ "$DO_JOIN" -eq 1 ]; then
         chown -R "$SERVICE_USER:$SERVICE_USER" "$DATA_DIR"
     fi
     [ -f "$DATA_DIR/agent.toml" ] || die "join reported success but $DATA_DIR/agent.toml is missing"
+elif [ "$FIRST_BOOT" -eq 1 ]; then
+    JOIN_ENV="$ROOT/etc/nephele-edge/join.env"
+    step "Writing $JOIN_ENV (0600): the image enrols with $SERVER at its first boot"
+    EXTRA=(--role "$ROLE")
+    [ -z "$NAME" ] || EXTRA+=(--name "$NAME")
+    [ -z "$PROFILE" ] || EXTRA+=(--profile "$PROFILE")
+    if [ ${#LABELS[@]} -gt 0 ]; then
+        for label in "${LABELS[@]}"; do
+            EXTRA+=(--label "$label")
+        done
+    fi
+    for word in "$SERVER" "$TOKEN" "${EXTRA[@]}"; do
+        case "$word" in
+            *[[:space:]\"\\\$]*) die "'$word' cannot go into join.env (spaces, quotes, backslashes and \$ are not allowed there)" ;;
+        esac
+    done
+    mkdir -p "$(dirname "$JOIN_ENV")"
+    (
+        umask 077
+        printf 'NEPHELE_SERVER="%s"\nNEPHELE_JOIN_TOKEN="%s"\nNEPHELE_JOIN_ARGS="%s"\n' \
+            "$SERVER" "$TOKEN" "${EXTRA[*]}" >"$JOIN_ENV.tmp"
+    )
+    mv -f "$JOIN_ENV.tmp" "$JOIN_ENV"
+    note "the token is single use: this image enrols one device (write a join.env per device for more)"
+elif [ "$ROOT_GIVEN" -eq 1 ] && [ "$JOIN_NOW" -eq 0 ] && [ "$ENROLLED" -eq 0 ]; then
+    step "Not enrolling (an image): put /etc/nephele-edge/join.env on the device before its first boot (see nephele-edge-join.service)"
 else
     step "Already enrolled ($DATA_DIR/agent.toml exists); skipping join (use --force to re-enrol)"
 fi
 
 # ---- systemd ---------------------------------------------------------------------------
 
-step "Installing systemd unit to $UNIT_DEST"
+step "Installing systemd units to $(dirname "$UNIT_DEST")"
 mkdir -p "$(dirname "$UNIT_DEST")"
 install -m 0644 "$UNIT_SRC" "$UNIT_DEST"
+JOIN_UNIT_SRC="$(dirname "$UNIT_SRC")/nephele-edge-join.service"
+if [ -f "$JOIN_UNIT_SRC" ]; then
+    install -m 0644 "$JOIN_UNIT_SRC" "$(dirname "$UNIT_DEST")/nephele-edge-join.service"
+elif [ "$FIRST_BOOT" -eq 1 ]; then
+    die "nephele-edge-join.service not found next to $UNIT_SRC; the image could not enrol at its first boot"
+fi
+if [ -n "$ROOT" ] && [ "$FIRST_BOOT" -eq 1 ]; then
+    # Enabled in the image the way `systemctl enable` would.
+    WANTS="$ROOT/etc/systemd/system/multi-user.target.wants"
+    mkdir -p "$WANTS"
+    ln -sf /etc/systemd/system/nephele-edge.service "$WANTS/nephele-edge.service"
+    ln -sf /etc/systemd/system/nephele-edge-join.service "$WANTS/nephele-edge-join.service"
+fi
 
 STARTED=0
 if [ "$NO_START" -eq 1 ]; then

@@ -112,6 +112,7 @@ fn join_tokens_are_single_use_and_expire() {
         .args([
             "--root",
             root.to_str().unwrap(),
+            "--join-now",
             "--no-start",
             "--name",
             "installed-1",
@@ -154,6 +155,103 @@ fn join_tokens_are_single_use_and_expire() {
         .map(|d| d["name"].as_str().unwrap())
         .collect();
     assert_eq!(names, vec!["dev-a", "installed-1"]);
+
+    // Into an image (--root without --join-now): nothing enrolled, the token not spent,
+    // a join.env (0600) for the first boot, and both units enabled.
+    let image = cloud.dir.join("image-root");
+    let token = cloud.join_token("eu-west", 600).unwrap();
+    let install = |extra: &[&str]| {
+        std::process::Command::new("bash")
+            .arg(script)
+            .args(["--root", image.to_str().unwrap(), "--profile", "rpi5-8gb"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let refused = install(&["--binary", "/bin/true"]);
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("is not a nephele-edge binary"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let binary = nephele_e2e::bin("nephele-edge");
+    let output = install(&[
+        "--name",
+        "imaged-1",
+        "--label",
+        "site=lab",
+        "--server",
+        &cloud.quic,
+        "--token",
+        &token,
+        "--binary",
+        binary.to_str().unwrap(),
+    ]);
+    assert!(
+        output.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let data = image.join("var/lib/nephele-edge");
+    assert!(
+        !data.join("agent.toml").exists(),
+        "an image must not be enrolled"
+    );
+    let join_env = image.join("etc/nephele-edge/join.env");
+    let env_text = std::fs::read_to_string(&join_env).unwrap();
+    assert!(
+        env_text.contains(&format!("NEPHELE_JOIN_TOKEN=\"{token}\"")),
+        "{env_text}"
+    );
+    assert!(
+        env_text.contains("--name imaged-1") && env_text.contains("--label site=lab"),
+        "{env_text}"
+    );
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = std::fs::metadata(&join_env).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "join.env holds a token");
+    for unit in ["nephele-edge.service", "nephele-edge-join.service"] {
+        assert!(
+            image
+                .join("etc/systemd/system/multi-user.target.wants")
+                .join(unit)
+                .symlink_metadata()
+                .is_ok(),
+            "{unit} not enabled in the image"
+        );
+    }
+    let devices = cloud.get("/v1/devices").unwrap();
+    assert_eq!(
+        devices.as_array().unwrap().len(),
+        2,
+        "the image spent its token"
+    );
+    // Its first boot, as nephele-edge-join.service runs it: the env file, then join.
+    let first_boot = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(r#"set -a; . "$1"; set +a; exec "$2" join --server "$NEPHELE_SERVER" --data-dir "$3" $NEPHELE_JOIN_ARGS"#)
+        .arg("first-boot")
+        .arg(&join_env)
+        .arg(&binary)
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(
+        first_boot.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first_boot.stderr)
+    );
+    let devices = cloud.get("/v1/devices").unwrap();
+    assert!(
+        devices
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|d| d["name"] == "imaged-1" && d["labels"]["site"] == "lab"),
+        "{devices}"
+    );
 }
 
 /// Opens a QUIC connection to the gateway with the given client config.

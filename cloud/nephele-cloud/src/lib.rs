@@ -68,24 +68,7 @@ pub struct CloudArgs {
 }
 
 pub fn init_tracing() {
-    use tracing_subscriber::layer::SubscriberExt;
-    use tracing_subscriber::util::SubscriberInitExt;
-    // `Targets` (comma-separated `level` and `target=level`) rather than `EnvFilter`:
-    // the same RUST_LOG syntax short of span filters, without the regex engine.
-    const DEFAULT: &str = "info,quinn=warn,actix_server=warn";
-    let filter = match std::env::var("RUST_LOG") {
-        Ok(value) => value.parse().unwrap_or_else(|error| {
-            eprintln!(
-                "RUST_LOG={value:?} is not a filter ({error}); give levels such as \"info,quinn=warn\"; using {DEFAULT:?}"
-            );
-            DEFAULT.parse().unwrap_or_default()
-        }),
-        Err(_) => DEFAULT.parse().unwrap_or_default(),
-    };
-    let _ = tracing_subscriber::registry()
-        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
-        .with::<tracing_subscriber::filter::Targets>(filter)
-        .try_init();
+    nephele_logging::init("info,quinn=warn,actix_server=warn");
 }
 
 /// Loads the configuration with flag overrides applied.

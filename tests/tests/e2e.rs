@@ -1062,6 +1062,16 @@ fn jobs_are_scheduled_onto_pool_agents() {
     );
     let (ok, text) = cli(&["job", "submit", "x", "--gpus", "2", "--gpu-milli", "500"]);
     assert!(!ok && text.contains("fractional"), "{text}");
+    // `--stale` (any replica may answer) is accepted by the leader on every read.
+    for args in [
+        &["job", "list", "--stale"][..],
+        &["job", "get", "urgent", "--stale"],
+        &["device", "list", "--stale"],
+        &["region", "nodes", "eu-west", "--stale"],
+    ] {
+        let (ok, text) = cli(args);
+        assert!(ok, "{args:?}: {text}");
+    }
     // A job that is nowhere: the error names every region searched.
     let (ok, text) = cli(&["job", "get", "nope"]);
     assert!(

@@ -543,12 +543,18 @@ fn regions_to_search(
 pub struct JobQuery {
     pub region: Option<String>,
     pub tenant: Option<String>,
+    /// `?stale`: any replica may answer (a standby from its copy, where it can). The
+    /// leader always may, so it accepts and ignores it.
+    #[serde(default, rename = "stale")]
+    pub _stale: Option<String>,
 }
 
 fn parse_query(request: &HttpRequest) -> Result<JobQuery, ApiError> {
     web::Query::<JobQuery>::from_query(request.query_string())
         .map(web::Query::into_inner)
-        .map_err(|e| ApiError::BadRequest(format!("bad query ({e}); accepted: region, tenant")))
+        .map_err(|e| {
+            ApiError::BadRequest(format!("bad query ({e}); accepted: region, tenant, stale"))
+        })
 }
 
 /// `POST /v1/jobs` with a [`JobSpec`]: queues it and answers with where it went or why it
@@ -817,6 +823,9 @@ pub struct LogQuery {
     #[serde(default)]
     pub offset: u64,
     pub max_bytes: Option<u32>,
+    /// `?stale`, accepted and ignored, as on [`JobQuery`].
+    #[serde(default, rename = "stale")]
+    pub _stale: Option<String>,
 }
 
 /// Most log bytes one call returns.
@@ -842,6 +851,7 @@ async fn job_logs(
     let job_query = JobQuery {
         region: query.region.clone(),
         tenant: query.tenant.clone(),
+        _stale: None,
     };
     let (actor, tenant, view) = find_job(&state, &principal, &job_query, &name).await?;
     let max_bytes = query

@@ -215,15 +215,18 @@ fi
 
 # ---- enrol -----------------------------------------------------------------------------
 
+# What the device joins as, now or at the image's first boot.
+DEVICE_ARGS=(--role "$ROLE")
+[ -z "$NAME" ] || DEVICE_ARGS+=(--name "$NAME")
+[ -z "$PROFILE" ] || DEVICE_ARGS+=(--profile "$PROFILE")
+if [ ${#LABELS[@]} -gt 0 ]; then
+    for label in "${LABELS[@]}"; do
+        DEVICE_ARGS+=(--label "$label")
+    done
+fi
+
 if [ "$DO_JOIN" -eq 1 ]; then
-    JOIN_ARGS=(join --server "$SERVER" --data-dir "$DATA_DIR" --role "$ROLE")
-    [ -z "$NAME" ] || JOIN_ARGS+=(--name "$NAME")
-    [ -z "$PROFILE" ] || JOIN_ARGS+=(--profile "$PROFILE")
-    if [ ${#LABELS[@]} -gt 0 ]; then
-        for label in "${LABELS[@]}"; do
-            JOIN_ARGS+=(--label "$label")
-        done
-    fi
+    JOIN_ARGS=(join --server "$SERVER" --data-dir "$DATA_DIR" "${DEVICE_ARGS[@]}")
     [ "$FORCE" -eq 0 ] || JOIN_ARGS+=(--force)
     # The token goes through the environment (nephele-edge reads NEPHELE_JOIN_TOKEN),
     # so that it does not show in the process list.
@@ -255,15 +258,7 @@ if [ "$DO_JOIN" -eq 1 ]; then
 elif [ "$FIRST_BOOT" -eq 1 ]; then
     JOIN_ENV="$ROOT/etc/nephele-edge/join.env"
     step "Writing $JOIN_ENV (0600): the image enrols with $SERVER at its first boot"
-    EXTRA=(--role "$ROLE")
-    [ -z "$NAME" ] || EXTRA+=(--name "$NAME")
-    [ -z "$PROFILE" ] || EXTRA+=(--profile "$PROFILE")
-    if [ ${#LABELS[@]} -gt 0 ]; then
-        for label in "${LABELS[@]}"; do
-            EXTRA+=(--label "$label")
-        done
-    fi
-    for word in "$SERVER" "$TOKEN" "${EXTRA[@]}"; do
+    for word in "$SERVER" "$TOKEN" "${DEVICE_ARGS[@]}"; do
         case "$word" in
             *[[:space:]\"\\\$]*) die "'$word' cannot go into join.env (spaces, quotes, backslashes and \$ are not allowed there)" ;;
         esac
@@ -272,7 +267,7 @@ elif [ "$FIRST_BOOT" -eq 1 ]; then
     (
         umask 077
         printf 'NEPHELE_SERVER="%s"\nNEPHELE_JOIN_TOKEN="%s"\nNEPHELE_JOIN_ARGS="%s"\n' \
-            "$SERVER" "$TOKEN" "${EXTRA[*]}" >"$JOIN_ENV.tmp"
+            "$SERVER" "$TOKEN" "${DEVICE_ARGS[*]}" >"$JOIN_ENV.tmp"
     )
     mv -f "$JOIN_ENV.tmp" "$JOIN_ENV"
     note "the token is single use: this image enrols one device (write a join.env per device for more)"

@@ -11,6 +11,7 @@ use anyhow::{bail, Context as _, Result};
 use serde_json::Value;
 
 pub mod etcd;
+pub mod model_versions;
 pub mod netlab;
 
 pub const MODEL_ONNX: &[u8] = include_bytes!("../../shared/models/digits-mlp/model.onnx");

@@ -440,6 +440,65 @@ async fn create_deployment(
     Ok(HttpResponse::Created().json(status))
 }
 
+async fn update_deployment(
+    request: HttpRequest,
+    state: web::Data<ApiState>,
+    name: web::Path<String>,
+    body: web::Json<DeploymentSpec>,
+) -> Result<HttpResponse, ApiError> {
+    authorize(&request, &state).await?;
+    let status = forward!(
+        state,
+        "update_deployment",
+        UpdateDeployment {
+            name: name.into_inner(),
+            spec: body.into_inner(),
+        }
+    )?;
+    Ok(HttpResponse::Ok().json(status))
+}
+
+async fn get_rollout(
+    request: HttpRequest,
+    state: web::Data<ApiState>,
+    name: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    authorize(&request, &state).await?;
+    let name = name.into_inner();
+    let status = forward!(state, "get_rollout", GetDeployment(name.clone()))?;
+    match status.rollout {
+        Some(rollout) => Ok(HttpResponse::Ok().json(rollout)),
+        None => Err(ApiError::NotFound(format!(
+            "deployment {name} has never been rolled out; `nephele deployment update {name}` starts a rollout"
+        ))),
+    }
+}
+
+async fn act_on_rollout(
+    request: HttpRequest,
+    state: web::Data<ApiState>,
+    path: web::Path<(String, String)>,
+) -> Result<HttpResponse, ApiError> {
+    let principal = authorize(&request, &state).await?;
+    let (deployment, action) = path.into_inner();
+    let Some(action) = RolloutAction::parse(&action) else {
+        return Err(ApiError::NotFound(format!(
+            "no rollout action {action:?}; use pause, resume or rollback"
+        )));
+    };
+    let by = format!("a {} token of tenant {}", principal.role, principal.tenant);
+    let status = forward!(
+        state,
+        "act_on_rollout",
+        ActOnRollout {
+            deployment,
+            action,
+            by,
+        }
+    )?;
+    Ok(HttpResponse::Ok().json(status))
+}
+
 async fn list_deployments(
     request: HttpRequest,
     state: web::Data<ApiState>,
@@ -1123,9 +1182,17 @@ pub fn routes(config: &mut web::ServiceConfig) {
                 .route(web::get().to(list_deployments)),
         )
         .service(
-            resource("/v1/deployments/{name}", "GET, DELETE")
+            resource("/v1/deployments/{name}", "GET, PUT, DELETE")
                 .route(web::get().to(get_deployment))
+                .route(web::put().to(update_deployment))
                 .route(web::delete().to(delete_deployment)),
+        )
+        .service(
+            resource("/v1/deployments/{name}/rollout", "GET").route(web::get().to(get_rollout)),
+        )
+        .service(
+            resource("/v1/deployments/{name}/rollout/{action}", "POST")
+                .route(web::post().to(act_on_rollout)),
         )
         .service(
             resource("/v1/deployments/{name}/replicas", "GET")

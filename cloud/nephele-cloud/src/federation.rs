@@ -15,7 +15,9 @@ pub mod fleet;
 pub mod fleet_copy;
 pub mod fleet_core;
 mod fleet_core_api;
+mod fleet_core_rollouts;
 pub mod fleet_store;
+pub mod rollout;
 pub mod usage;
 mod views;
 
@@ -33,6 +35,7 @@ use tokio::sync::mpsc::UnboundedSender;
 pub use authority::{Authority, Keys};
 pub use builds::{Begin, ModelState, NewBuild};
 pub use fleet_core_api::{NewJoinToken, PutModel};
+pub use fleet_core_rollouts::RolloutAction;
 pub use views::*;
 
 use self::fleet_core::{Effect, FleetCore, Output, RegionNote};
@@ -50,6 +53,18 @@ pub fn now_unix() -> u64 {
         .map(|d| d.as_secs())
         .unwrap_or(0)
 }
+
+/// Wall-clock milliseconds since the Unix epoch: what rollouts are timed by, so one
+/// resumes where it was after a restart.
+pub fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// How often rollouts under way are advanced.
+const ROLLOUT_TICK: std::time::Duration = std::time::Duration::from_secs(1);
 
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(ring::digest::digest(&ring::digest::SHA256, bytes).as_ref())
@@ -324,9 +339,14 @@ impl FederationActor {
 impl Actor for FederationActor {
     type Context = Context<Self>;
 
-    fn started(&mut self, _: &mut Self::Context) {
+    fn started(&mut self, ctx: &mut Self::Context) {
         let effects = self.core.started();
         self.carry_out(effects);
+        ctx.run_interval(ROLLOUT_TICK, |actor, _| {
+            let output = actor.core.tick_rollouts(now_unix_ms());
+            // A refused write is retried on the next tick (the core was rolled back).
+            let _ = actor.run(output);
+        });
     }
 }
 
@@ -649,6 +669,47 @@ impl Handler<CreateDeployment> for FederationActor {
     type Result = Result<DeploymentStatus, ApiError>;
     fn handle(&mut self, message: CreateDeployment, _: &mut Self::Context) -> Self::Result {
         let output = self.core.create_deployment(now_unix(), message.0);
+        self.run(output)?
+    }
+}
+
+/// Replaces a deployment's spec (a change of what devices run is rolled out in steps).
+#[derive(Message)]
+#[rtype(result = "Result<DeploymentStatus, ApiError>")]
+pub struct UpdateDeployment {
+    pub name: String,
+    pub spec: DeploymentSpec,
+}
+
+impl Handler<UpdateDeployment> for FederationActor {
+    type Result = Result<DeploymentStatus, ApiError>;
+    fn handle(&mut self, message: UpdateDeployment, _: &mut Self::Context) -> Self::Result {
+        let output = self
+            .core
+            .update_deployment(now_unix_ms(), &message.name, message.spec);
+        self.run(output)?
+    }
+}
+
+/// Pauses, resumes or rolls back a deployment's rollout.
+#[derive(Message)]
+#[rtype(result = "Result<DeploymentStatus, ApiError>")]
+pub struct ActOnRollout {
+    pub deployment: String,
+    pub action: RolloutAction,
+    /// Who asked, for the rollout's history.
+    pub by: String,
+}
+
+impl Handler<ActOnRollout> for FederationActor {
+    type Result = Result<DeploymentStatus, ApiError>;
+    fn handle(&mut self, message: ActOnRollout, _: &mut Self::Context) -> Self::Result {
+        let output = self.core.rollout_action(
+            now_unix_ms(),
+            &message.deployment,
+            message.action,
+            &message.by,
+        );
         self.run(output)?
     }
 }

@@ -105,6 +105,8 @@ mod tests {
             variant: "auto".into(),
             hard_example_threshold: None,
             replicas,
+            rollout_settings: None,
+            rollout: None,
         }
     }
 

@@ -123,6 +123,11 @@ pub struct DeviceRecord {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ModelRecord {
     pub name: String,
+    /// The version: the first 12 hex digits of `sha256` (content-addressed, so a
+    /// version never changes). Records from before versions have none: they are keyed
+    /// by the bare name and read as the version their digest gives.
+    #[serde(default)]
+    pub version: String,
     pub sha256: String,
     pub size: u64,
     pub created_unix: u64,
@@ -147,6 +152,35 @@ pub struct ModelRecord {
     /// Recurrent state of a stateful model (`--state INPUT=OUTPUT`).
     #[serde(default)]
     pub recurrent_state: Vec<nephele_proto::StateBinding>,
+}
+
+/// Digits of the sha256 that name a model version.
+pub const VERSION_DIGITS: usize = 12;
+
+impl ModelRecord {
+    /// The version as shown and referred to (`name:version`).
+    pub fn version_id(&self) -> &str {
+        if self.version.is_empty() {
+            self.sha256.get(..VERSION_DIGITS).unwrap_or(&self.sha256)
+        } else {
+            &self.version
+        }
+    }
+
+    /// Where the store keeps it: `name:version`, or the bare name for a record from
+    /// before versions.
+    pub fn key(&self) -> String {
+        if self.version.is_empty() {
+            self.name.clone()
+        } else {
+            format!("{}:{}", self.name, self.version)
+        }
+    }
+
+    /// `name:version`.
+    pub fn reference(&self) -> String {
+        format!("{}:{}", self.name, self.version_id())
+    }
 }
 
 fn onnx_format() -> String {
@@ -196,6 +230,57 @@ pub struct DeploymentRecord {
     /// the control plane's defaults).
     #[serde(default)]
     pub replicas: ReplicaSettings,
+    /// How its updates roll out (absent: the defaults).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout_settings: Option<crate::federation::rollout::RolloutSettings>,
+    /// Its latest rollout: under way, or how the last one ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<Box<crate::federation::rollout::Rollout>>,
+}
+
+impl DeploymentRecord {
+    /// What its devices run when no rollout holds them apart.
+    pub fn runtime(&self) -> crate::federation::rollout::RuntimeSpec {
+        crate::federation::rollout::RuntimeSpec {
+            model: self.model.clone(),
+            variant: self.variant.clone(),
+            slo_ms: self.slo_ms,
+            offload: self.offload,
+            max_queue: self.max_queue,
+            hard_example_threshold: self.hard_example_threshold,
+        }
+    }
+
+    /// The record with `runtime` in place of its own.
+    pub fn with_runtime(
+        &self,
+        runtime: &crate::federation::rollout::RuntimeSpec,
+    ) -> DeploymentRecord {
+        DeploymentRecord {
+            model: runtime.model.clone(),
+            variant: runtime.variant.clone(),
+            slo_ms: runtime.slo_ms,
+            offload: runtime.offload,
+            max_queue: runtime.max_queue,
+            hard_example_threshold: runtime.hard_example_threshold,
+            ..self.clone()
+        }
+    }
+
+    /// The rollout under way (progressing or paused), if any.
+    pub fn active_rollout(&self) -> Option<&crate::federation::rollout::Rollout> {
+        self.rollout.as_deref().filter(|r| r.state.active())
+    }
+
+    /// What `device` runs: the new version if a rollout under way moved it.
+    pub fn for_device(&self, device: &str) -> std::borrow::Cow<'_, DeploymentRecord> {
+        match self.active_rollout() {
+            Some(rollout) if rollout.runs_new(device) => {
+                std::borrow::Cow::Owned(self.with_runtime(&rollout.to))
+            }
+            _ => std::borrow::Cow::Borrowed(self),
+        }
+    }
 }
 
 /// A deployment's cloud replicas, as `POST /v1/deployments` may set them; every field
@@ -650,6 +735,8 @@ mod tests {
             variant: "auto".into(),
             hard_example_threshold: None,
             replicas: Default::default(),
+            rollout_settings: None,
+            rollout: None,
         };
         {
             let store = Store::open(&dir).unwrap();

@@ -296,6 +296,9 @@ pub enum DeployCommand {
         #[arg(long)]
         target_p99_ms: Option<u32>,
     },
+    /// Change a deployment (model version, selector, SLO, …): what devices run is
+    /// rolled out in gated steps (`nephele rollout status NAME --watch`).
+    Update(crate::rollout::UpdateArgs),
     List,
     Status {
         name: String,
@@ -309,7 +312,7 @@ pub enum DeployCommand {
     },
 }
 
-fn print(json: bool, value: &Value, table: impl FnOnce(&Value)) {
+pub(crate) fn print(json: bool, value: &Value, table: impl FnOnce(&Value)) {
     if json {
         println!(
             "{}",
@@ -320,7 +323,7 @@ fn print(json: bool, value: &Value, table: impl FnOnce(&Value)) {
     }
 }
 
-fn s(value: &Value, key: &str) -> String {
+pub(crate) fn s(value: &Value, key: &str) -> String {
     match value.get(key) {
         Some(Value::String(text)) => text.clone(),
         Some(Value::Null) | None => "-".into(),
@@ -622,9 +625,8 @@ fn print_model(v: &Value) {
         .filter_map(|s| s.as_str())
         .collect();
     println!(
-        "model {} v{} ({}) {}: sha256 {} ({} bytes){}; variants checked on {}",
-        s(v, "name"),
-        s(v, "version"),
+        "model {} ({}) {}: sha256 {} ({} bytes){}; variants checked on {}",
+        s(v, "reference"),
         s(v, "format"),
         s(v, "state"),
         s(v, "sha256"),
@@ -795,11 +797,14 @@ pub fn model(args: ApiArgs, command: ModelCommand) -> Result<()> {
         ModelCommand::List => {
             let value = api.get("/v1/models")?;
             print(args.json, &value, |v| {
-                println!("{:<20} {:<17} {:>10} SHA256", "NAME", "FORMAT", "BYTES");
+                println!(
+                    "{:<34} {:<17} {:>10} SHA256",
+                    "MODEL:VERSION", "FORMAT", "BYTES"
+                );
                 for m in v.as_array().into_iter().flatten() {
                     println!(
-                        "{:<20} {:<17} {:>10} {}",
-                        s(m, "name"),
+                        "{:<34} {:<17} {:>10} {}",
+                        s(m, "reference"),
                         s(m, "format"),
                         s(m, "size"),
                         s(m, "sha256")
@@ -812,7 +817,7 @@ pub fn model(args: ApiArgs, command: ModelCommand) -> Result<()> {
     Ok(())
 }
 
-fn print_deployment(d: &Value) {
+pub(crate) fn print_deployment(d: &Value) {
     println!(
         "deployment {} (model {}, selector {:?}, SLO {} ms): {}/{} devices ready",
         s(d, "name"),
@@ -822,6 +827,18 @@ fn print_deployment(d: &Value) {
         s(d, "ready_devices"),
         s(d, "desired_devices")
     );
+    if let Some(r) = d.get("rollout").filter(|r| !r.is_null()) {
+        let moved = r["moved_devices"].as_array().map_or(0, Vec::len);
+        println!(
+            "  rollout {} {}: {} of {} devices told to run {}; {}",
+            s(r, "number"),
+            s(r, "state").replace('_', " "),
+            moved,
+            s(r, "selected_devices"),
+            s(&r["to"], "model"),
+            s(r, "gate")
+        );
+    }
     for warning in d
         .get("warnings")
         .and_then(|w| w.as_array())
@@ -831,12 +848,13 @@ fn print_deployment(d: &Value) {
         println!("  warning: {}", warning.as_str().unwrap_or_default());
     }
     println!(
-        "  {:<14} {:<5} {:<22} {:<12} {:<16} {:>8} {:>9} {:>10} {:>8} {:>8}",
+        "  {:<14} {:<5} {:<22} {:<12} {:<16} {:<22} {:>8} {:>9} {:>10} {:>8} {:>8}",
         "DEVICE",
         "ROLE",
         "PROFILE",
         "PHASE",
         "VARIANT",
+        "MODEL",
         "LOCAL",
         "OFFLOADED",
         "COMPUTE MS",
@@ -850,12 +868,18 @@ fn print_deployment(d: &Value) {
         .flatten()
     {
         println!(
-            "  {:<14} {:<5} {:<22} {:<12} {:<16} {:>8} {:>9} {:>10} {:>8} {:>8}",
+            "  {:<14} {:<5} {:<22} {:<12} {:<16} {:<22} {:>8} {:>9} {:>10} {:>8} {:>8}",
             s(row, "device"),
             s(row, "role"),
             s(row, "profile"),
             s(row, "phase"),
             s(row, "variant"),
+            // The version it is told to run; `*` while it still runs another.
+            format!(
+                "{}{}",
+                s(row, "model"),
+                if row["current"] == false { "*" } else { "" }
+            ),
             s(row, "served_local"),
             s(row, "served_offloaded"),
             s(row, "service_ms"),
@@ -899,6 +923,7 @@ pub fn deploy(args: ApiArgs, command: DeployCommand) -> Result<()> {
             )?;
             print(args.json, &value, print_deployment);
         }
+        DeployCommand::Update(update) => crate::rollout::update(&args, update)?,
         DeployCommand::Replicas { name } => {
             let value = api.get(&format!("/v1/deployments/{name}/replicas"))?;
             print(args.json, &value, |v| {
@@ -1503,7 +1528,7 @@ fn print_job(job: &Value) {
 }
 
 /// A unix second as a UTC date and time, with how long ago or from now.
-fn when(value: Option<&Value>) -> String {
+pub(crate) fn when(value: Option<&Value>) -> String {
     let Some(unix) = value.and_then(|v| v.as_u64()) else {
         return "-".into();
     };

@@ -10,6 +10,7 @@ mod bench_inference;
 mod bench_split;
 mod client;
 mod demo;
+mod rollout;
 mod sim;
 
 use clap::{Parser, Subcommand};
@@ -74,6 +75,13 @@ enum Command {
         #[command(subcommand)]
         command: client::DeployCommand,
     },
+    /// A deployment's rollout of a new version: status, pause, resume, undo.
+    Rollout {
+        #[command(flatten)]
+        api: client::ApiArgs,
+        #[command(subcommand)]
+        command: rollout::RolloutCommand,
+    },
     /// Jobs in the regions' schedulers (gangs, priorities, fair share, quotas).
     Job {
         #[command(flatten)]
@@ -110,6 +118,7 @@ fn main() {
         Command::Device { api, command } => client::device(api, command),
         Command::Model { api, command } => client::model(api, command),
         Command::Deploy { api, command } => client::deploy(api, command),
+        Command::Rollout { api, command } => rollout::run(api, command),
         Command::Job { api, command } => client::job(api, command),
         Command::Region { api, command } => client::region(api, command),
         Command::Grid { api, command } => client::grid(api, command),

@@ -225,6 +225,7 @@ impl GraphDeployment {
             p50_us: latencies.quantile(0.5),
             p99_us: latencies.quantile(0.99),
             service_us: self.service_us.load(Ordering::Relaxed),
+            model_sha256: self.model_digest,
         }
     }
 }

@@ -190,6 +190,7 @@ impl Deployment {
             p50_us: latencies.quantile(0.5),
             p99_us: latencies.quantile(0.99),
             service_us: self.batcher.measured_service_us(),
+            model_sha256: self.model_digest,
         }
     }
 }

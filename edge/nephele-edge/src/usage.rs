@@ -43,6 +43,8 @@ pub struct Counters {
     pub served_local: u64,
     pub served_offloaded: u64,
     pub failed: u64,
+    /// The bytes those counters are of: another model version starts from 0.
+    pub model_sha256: [u8; 32],
 }
 
 impl UsageQueue {
@@ -61,7 +63,8 @@ impl UsageQueue {
     }
 
     /// Records the window `[start, end)` from the counters now and at its start
-    /// (`last`, updated to `now`). A deployment that served nothing, or whose counters
+    /// (`last`, updated to `now`). A deployment that now runs another model version
+    /// (a rollout swapped it) counts from 0. One that served nothing, or whose counters
     /// went back (it was loaded again), adds no record for what it cannot tell. Returns
     /// whether anything was added.
     pub fn record_window(
@@ -78,10 +81,12 @@ impl UsageQueue {
                 served_local: deployment.served_local,
                 served_offloaded: deployment.served_offloaded,
                 failed: deployment.failed,
+                model_sha256: deployment.model_sha256,
             };
             let before = last
                 .get(&deployment.deployment)
                 .copied()
+                .filter(|before| before.model_sha256 == current.model_sha256)
                 .unwrap_or_default();
             seen.insert(deployment.deployment.clone(), current);
             let grew = |now: u64, then: u64| now.checked_sub(then);
@@ -198,6 +203,26 @@ mod tests {
         t.served_offloaded = offloaded;
         t.failed = failed;
         t
+    }
+
+    #[test]
+    fn a_new_model_version_counts_from_zero() {
+        let mut queue = UsageQueue::new(100);
+        let mut last = BTreeMap::new();
+        let mut old = telemetry("a", 100, 0, 0);
+        old.model_sha256 = [1; 32];
+        assert!(queue.record_window(0, 10, &[old], &mut last));
+        // Swapped to another version: its counters started again, and what it served
+        // since (7) is counted, not lost.
+        let mut new = telemetry("a", 7, 0, 0);
+        new.model_sha256 = [2; 32];
+        assert!(queue.record_window(10, 20, &[new], &mut last));
+        let served: Vec<u64> = queue.records.iter().map(|r| r.served_local).collect();
+        assert_eq!(served, vec![100, 7]);
+        // The same bytes loaded again (counters back) still add nothing they cannot tell.
+        let mut again = telemetry("a", 3, 0, 0);
+        again.model_sha256 = [2; 32];
+        assert!(!queue.record_window(20, 30, &[again], &mut last));
     }
 
     #[test]

@@ -29,7 +29,7 @@ pub use codec::{decode_payload, encode_frame, encode_payload, FrameDecoder, Fram
 pub use messages::*;
 
 /// Version of this protocol. Bumped on any incompatible change to a message.
-pub const PROTOCOL_VERSION: u32 = 7;
+pub const PROTOCOL_VERSION: u32 = 8;
 
 /// ALPN identifier for QUIC connections.
 pub const ALPN: &[u8] = b"nephele/1";

@@ -292,6 +292,9 @@ pub struct DeploymentTelemetry {
     /// when it loaded it, µs; 0 when not measured. What the control plane plans split
     /// cuts with, instead of the profile's peak TOPS.
     pub service_us: u64,
+    /// The sha256 of the variant file it runs (zero while none runs): which model
+    /// version serves, so a rollout knows a device runs the new one.
+    pub model_sha256: Digest,
 }
 
 impl DeploymentTelemetry {
@@ -308,6 +311,7 @@ impl DeploymentTelemetry {
             p50_us: 0,
             p99_us: 0,
             service_us: 0,
+            model_sha256: [0; 32],
         }
     }
 }

@@ -169,6 +169,7 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
                         p50_us: 120,
                         p99_us: 900,
                         service_us: 85,
+                        model_sha256: [7; 32],
                     },
                     DeploymentTelemetry::idle("e", DeploymentPhase::Failed("bad".into())),
                     DeploymentTelemetry::idle("f", DeploymentPhase::Pending),

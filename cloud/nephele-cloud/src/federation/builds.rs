@@ -29,9 +29,15 @@ pub struct Build {
 
 impl Build {
     pub fn view(&self, name: &str) -> ModelView {
+        let version = self
+            .sha256
+            .get(..crate::store::VERSION_DIGITS)
+            .unwrap_or(&self.sha256)
+            .to_string();
         ModelView {
             name: name.to_string(),
-            version: 1,
+            reference: format!("{name}:{version}"),
+            version,
             state: if self.error.is_some() {
                 ModelState::Failed
             } else {
@@ -85,14 +91,14 @@ impl FleetCore {
     /// Registers a build of a pushed file, unless it is stored or building already.
     pub fn begin_model(&mut self, now_unix: u64, new: NewBuild) -> Result<Begin, ApiError> {
         self.begin();
-        if let Some(existing) = self.catalog.model(&new.name) {
-            if existing.sha256 == new.sha256 {
-                return Ok(Begin::Existing(ModelView::from(existing)));
-            }
-            return Err(ApiError::Conflict(format!(
-                "model {} already exists with different content; upload under a new name (e.g. {}-v2)",
-                new.name, new.name
-            )));
+        if let Some(existing) = self
+            .catalog
+            .versions(&new.name)
+            .into_iter()
+            .find(|m| m.sha256 == new.sha256)
+        {
+            // Versions are content-addressed: the same file is the same version.
+            return Ok(Begin::Existing(ModelView::from(existing)));
         }
         if let Some(build) = self.builds.get(&new.name) {
             if build.error.is_none() && build.sha256 == new.sha256 {
@@ -141,23 +147,45 @@ impl FleetCore {
         }
     }
 
-    /// A stored model, or one being built or failed.
-    pub fn model_view(&self, name: &str) -> Result<ModelView, ApiError> {
-        if let Some(record) = self.catalog.model(name) {
+    /// A model version (`name:version`), or a model's build in flight or failed, or
+    /// else its latest version (`name`).
+    pub fn model_view(&self, reference: &str) -> Result<ModelView, ApiError> {
+        let (name, version) = match reference.split_once(':') {
+            Some((name, version)) => (name, Some(version)),
+            None => (reference, None),
+        };
+        if let Some(build) = self.builds.get(name) {
+            let view = build.view(name);
+            if version.is_none_or(|v| v == view.version) {
+                return Ok(view);
+            }
+        }
+        if let Some(record) = self.catalog.resolve(reference) {
             return Ok(ModelView::from(record));
         }
-        match self.builds.get(name) {
-            Some(build) => Ok(build.view(name)),
-            None => Err(ApiError::NotFound(format!(
-                "no model named {name}; `nephele model list` shows the models"
-            ))),
-        }
+        let known: Vec<String> = self
+            .catalog
+            .versions(name)
+            .iter()
+            .map(|m| m.reference())
+            .collect();
+        Err(ApiError::NotFound(if known.is_empty() {
+            format!("no model named {name}; `nephele model list` shows the models")
+        } else {
+            format!(
+                "model {name} has no version {}; it has {}",
+                version.unwrap_or_default(),
+                known.join(", ")
+            )
+        }))
     }
 
-    /// Every stored model, then the builds in flight or failed, each by name.
+    /// Every stored model version (by name, oldest version first), then the builds in
+    /// flight or failed, each by name.
     pub fn model_views(&self) -> Vec<ModelView> {
-        let mut views: Vec<ModelView> = self.catalog.models().map(ModelView::from).collect();
-        views.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut records: Vec<&crate::store::ModelRecord> = self.catalog.models().collect();
+        records.sort_by_key(|m| (m.name.clone(), m.created_unix, m.key()));
+        let mut views: Vec<ModelView> = records.into_iter().map(ModelView::from).collect();
         let mut builds: Vec<ModelView> = self
             .builds
             .iter()

@@ -89,12 +89,12 @@ impl Catalog {
         let manifest = nephele_proto::decode_payload::<ModelManifest>(&record.signed_manifest)
             .map_err(|error| error.to_string());
         self.models
-            .insert(record.name.clone(), ModelEntry { record, manifest });
+            .insert(record.key(), ModelEntry { record, manifest });
     }
 
-    /// A model removed; whether there was one.
-    pub fn remove_model(&mut self, name: &str) -> bool {
-        self.models.remove(name).is_some()
+    /// A model removed (by its store key); whether there was one.
+    pub fn remove_model(&mut self, key: &str) -> bool {
+        self.models.remove(key).is_some()
     }
 
     pub fn deployment(&self, name: &str) -> Option<&DeploymentRecord> {
@@ -111,8 +111,43 @@ impl Catalog {
         self.models.values().map(|entry| &entry.record)
     }
 
-    pub fn model(&self, name: &str) -> Option<&ModelRecord> {
-        self.models.get(name).map(|entry| &entry.record)
+    /// The model stored under `key` (`name:version`, or a bare name from before
+    /// versions).
+    pub fn model(&self, key: &str) -> Option<&ModelRecord> {
+        self.models.get(key).map(|entry| &entry.record)
+    }
+
+    /// The model a user's reference names: `name:version`, or `name` for its latest
+    /// version.
+    pub fn resolve(&self, reference: &str) -> Option<&ModelRecord> {
+        match reference.split_once(':') {
+            Some((name, version)) => self.model(reference).or_else(|| {
+                self.models()
+                    .find(|m| m.name == name && m.version_id() == version)
+            }),
+            None => self.latest(reference),
+        }
+    }
+
+    /// The newest version of model `name`.
+    pub fn latest(&self, name: &str) -> Option<&ModelRecord> {
+        self.versions(name).pop()
+    }
+
+    /// Every version of model `name`, oldest first.
+    pub fn versions(&self, name: &str) -> Vec<&ModelRecord> {
+        let mut versions: Vec<&ModelRecord> = self.models().filter(|m| m.name == name).collect();
+        versions.sort_by_key(|m| (m.created_unix, m.key()));
+        versions
+    }
+
+    /// The sha256 of every variant the model stored under `key` ships.
+    pub fn variant_digests(&self, key: &str) -> Vec<[u8; 32]> {
+        self.models
+            .get(key)
+            .and_then(|entry| entry.manifest.as_ref().ok())
+            .map(|manifest| manifest.variants.iter().map(|v| v.sha256).collect())
+            .unwrap_or_default()
     }
 
     /// Checks a new deployment against the catalogue and returns the record to store.
@@ -121,6 +156,18 @@ impl Catalog {
         spec: DeploymentSpec,
         now_unix: u64,
     ) -> Result<DeploymentRecord, ApiError> {
+        if self.deployments.contains_key(&spec.name) {
+            return Err(ApiError::Conflict(format!(
+                "deployment {} already exists; `nephele deployment update {}` changes it (rolled out in steps)",
+                spec.name, spec.name
+            )));
+        }
+        self.check(spec, now_unix)
+    }
+
+    /// Checks a deployment spec (new or an update) and returns the record it makes,
+    /// its model resolved to a version.
+    pub fn check(&self, spec: DeploymentSpec, now_unix: u64) -> Result<DeploymentRecord, ApiError> {
         nephele_domain::validate_name("deployment", &spec.name).map_err(ApiError::BadRequest)?;
         Selector::parse(&spec.selector).map_err(|e| ApiError::BadRequest(e.to_string()))?;
         if spec.slo_ms == 0 || spec.slo_ms > 600_000 {
@@ -141,11 +188,26 @@ impl Catalog {
             }
         }
         crate::replica_sizing::validate(&spec.replicas).map_err(ApiError::BadRequest)?;
-        let Some(model) = self.model(&spec.model) else {
-            return Err(ApiError::NotFound(format!(
-                "no model named {}; upload it first (`nephele model push`)",
-                spec.model
-            )));
+        if let Some(settings) = &spec.rollout {
+            settings.validate().map_err(ApiError::BadRequest)?;
+        }
+        let Some(model) = self.resolve(&spec.model) else {
+            let known: Vec<String> = match spec.model.split_once(':') {
+                Some((name, _)) => self.versions(name).iter().map(|m| m.reference()).collect(),
+                None => Vec::new(),
+            };
+            return Err(ApiError::NotFound(if known.is_empty() {
+                format!(
+                    "no model named {}; upload it first (`nephele model push`)",
+                    spec.model
+                )
+            } else {
+                format!(
+                    "model {} has no such version; it has {}",
+                    spec.model,
+                    known.join(", ")
+                )
+            }));
         };
         let view = ModelView::from(model);
         let shippable = || view.variants.iter().filter(|v| v.rejected.is_none());
@@ -165,15 +227,9 @@ impl Catalog {
                 shipped.join(", ")
             )));
         }
-        if self.deployments.contains_key(&spec.name) {
-            return Err(ApiError::Conflict(format!(
-                "deployment {} already exists",
-                spec.name
-            )));
-        }
         Ok(DeploymentRecord {
             name: spec.name,
-            model: spec.model,
+            model: model.key(),
             selector: spec.selector,
             slo_ms: spec.slo_ms,
             offload: spec.offload,
@@ -182,6 +238,8 @@ impl Catalog {
             variant: spec.variant,
             hard_example_threshold: spec.hard_example_threshold,
             replicas: spec.replicas,
+            rollout_settings: spec.rollout,
+            rollout: None,
         })
     }
 
@@ -251,10 +309,20 @@ impl Catalog {
             if !self.runs_on(device, deployment, inputs.pool_work) {
                 continue;
             }
+            let deployment = &*deployment.for_device(&device.name);
             let Some(model) = self.models.get(&deployment.model) else {
                 continue;
             };
-            let variant = self.variant_for(device, deployment, model, inputs);
+            let mut variant = self.variant_for(device, deployment, model, inputs);
+            if deployment.active_rollout().is_some() && is_split(model, &variant.variant) {
+                // A split's tail runs on the pool replicas, which move to the new
+                // version only when the rollout completes: until then a device keeps
+                // the whole model, never a head whose tail is another version's.
+                variant = VariantDecision {
+                    variant: "full".into(),
+                    why: "a rollout is under way: no split until it completes".into(),
+                };
+            }
             tracing::debug!(device = %device.name, deployment = %deployment.name, variant = %variant.variant, why = %variant.why, "variant chosen");
             assignments.push(Assignment {
                 deployment: deployment.name.clone(),
@@ -328,6 +396,16 @@ impl Catalog {
         }
         crate::variants::variant_for(device.role, caps, manifest, &deployment.variant)
     }
+}
+
+/// Whether `variant` of the model is a split head.
+fn is_split(model: &ModelEntry, variant: &str) -> bool {
+    model.manifest.as_ref().is_ok_and(|manifest| {
+        manifest
+            .variants
+            .iter()
+            .any(|v| v.name == variant && matches!(v.kind, VariantKind::Split { .. }))
+    })
 }
 
 /// A device's labels plus the implicit ones every device has.

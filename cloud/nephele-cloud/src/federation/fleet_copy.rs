@@ -30,6 +30,7 @@ pub enum CopyRead {
     Model(String),
     Deployments,
     Deployment(String),
+    Rollout(String),
     JoinTokens,
     Regions,
 }
@@ -55,6 +56,7 @@ impl CopyRead {
             ["models", model] => CopyRead::Model(name(model)?),
             ["deployments"] => CopyRead::Deployments,
             ["deployments", deployment] => CopyRead::Deployment(name(deployment)?),
+            ["deployments", deployment, "rollout"] => CopyRead::Rollout(name(deployment)?),
             ["tokens"] => CopyRead::JoinTokens,
             ["regions"] => CopyRead::Regions,
             _ => return None,
@@ -75,9 +77,10 @@ const DEVICE_LIVE: [&str; 9] = [
     "deployments",
 ];
 /// A deployment's per-device fields only the leader knows.
-const ROW_LIVE: [&str; 10] = [
+const ROW_LIVE: [&str; 11] = [
     "online",
     "ready",
+    "current",
     "variant",
     "served_local",
     "served_offloaded",
@@ -133,6 +136,13 @@ impl FleetCopy {
                 deployment_unknown(&mut deployment);
                 Ok(deployment)
             }
+            CopyRead::Rollout(name) => match core.deployment_status(name)?.rollout {
+                // Everything a rollout holds is in its record: nothing live to hide.
+                Some(rollout) => json(rollout),
+                None => Err(ApiError::NotFound(format!(
+                    "deployment {name} has never been rolled out"
+                ))),
+            },
             CopyRead::JoinTokens => json(core.join_tokens()),
             CopyRead::Regions => {
                 let mut regions = json(core.region_views())?;
@@ -249,7 +259,9 @@ mod tests {
         let deployment = copy
             .answer(&CopyRead::Deployment("d".into()))
             .expect("deployment");
-        assert_eq!(deployment["model"], "m");
+        // A record from before versions reads as the version its digest gives.
+        assert_eq!(deployment["model"], "m:00");
+        assert_eq!(deployment["devices"][0]["current"], Value::Null);
         assert_eq!(deployment["desired_devices"], 1);
         assert_eq!(deployment["ready_devices"], Value::Null);
         assert_eq!(deployment["devices"][0]["device"], "cam-1");
@@ -265,6 +277,14 @@ mod tests {
         assert!(matches!(
             copy.answer(&CopyRead::Deployment("nope".into())),
             Err(ApiError::NotFound(_))
+        ));
+        assert_eq!(
+            CopyRead::parse("GET", "/v1/deployments/d/rollout"),
+            Some(CopyRead::Rollout("d".into()))
+        );
+        assert!(matches!(
+            copy.answer(&CopyRead::Rollout("d".into())),
+            Err(ApiError::NotFound(ref m)) if m.contains("never been rolled out")
         ));
     }
 }

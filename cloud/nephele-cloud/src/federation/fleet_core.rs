@@ -409,7 +409,7 @@ impl FleetCore {
     }
 
     /// The message sending `device` its desired state now, if it is connected.
-    fn send_desired(&self, device: &DeviceRecord) -> Option<Effect> {
+    pub(super) fn send_desired(&self, device: &DeviceRecord) -> Option<Effect> {
         let session = self.sessions.get(&device.name)?;
         Some(Effect::Send {
             device: device.name.clone(),
@@ -418,9 +418,14 @@ impl FleetCore {
         })
     }
 
+    /// A new generation of desired states begins.
+    pub(super) fn bump_generation(&mut self) {
+        self.generation += 1;
+    }
+
     /// Every connected agent's desired state after a change (a new generation).
     pub(super) fn broadcast(&mut self) -> Vec<Effect> {
-        self.generation += 1;
+        self.bump_generation();
         self.sessions
             .keys()
             .filter_map(|name| self.records.devices.get(name))

@@ -305,15 +305,18 @@ impl FleetCore {
         nephele_domain::validate_name("model", &message.name).map_err(ApiError::BadRequest)?;
         let sha256 = sha256_of(&message.bytes);
         let sha_hex = hex::encode(sha256);
-        if let Some(existing) = self.catalog.model(&message.name) {
-            if existing.sha256 == sha_hex {
-                return Ok(ModelView::from(existing));
-            }
-            return Err(ApiError::Conflict(format!(
-                "model {} already exists with different content; upload under a new name (e.g. {}-v2)",
-                message.name, message.name
-            )));
+        if let Some(existing) = self
+            .catalog
+            .versions(&message.name)
+            .into_iter()
+            .find(|m| m.sha256 == sha_hex)
+        {
+            // Content-addressed: the same file is the same version.
+            let view = ModelView::from(existing);
+            self.set_build(&message.name, None);
+            return Ok(view);
         }
+        let version = sha_hex[..crate::store::VERSION_DIGITS].to_string();
         let spec = |info: &nephele_runtime::TensorInfo| TensorSpec {
             name: info.name.clone(),
             shape: info.shape.clone(),
@@ -355,6 +358,7 @@ impl FleetCore {
         let signature = self.authority.sign_manifest(&manifest_bytes);
         let record = ModelRecord {
             name: message.name.clone(),
+            version,
             sha256: sha_hex,
             size: message.bytes.len() as u64,
             created_unix: manifest.created_unix,
@@ -391,7 +395,7 @@ impl FleetCore {
         };
         let view = ModelView::from(&record);
         tracing::info!(
-            model = %record.name,
+            model = %record.reference(),
             sha256 = %record.sha256,
             size = record.size,
             variants = manifest.variants.len(),
@@ -453,7 +457,7 @@ impl FleetCore {
             .collect()
     }
 
-    fn status_of(&self, deployment: &DeploymentRecord) -> DeploymentStatus {
+    pub(super) fn status_of(&self, deployment: &DeploymentRecord) -> DeploymentStatus {
         let mut rows = Vec::new();
         for device in self.records.devices.values().filter(|d| {
             self.catalog
@@ -473,7 +477,13 @@ impl FleetCore {
                 Some(DeploymentPhase::Failed(reason)) => format!("failed: {reason}"),
             };
             let online = self.sessions.contains_key(&device.name);
+            let model_key = deployment.for_device(&device.name).model.clone();
             rows.push(DeviceDeploymentStatus {
+                model: self
+                    .catalog
+                    .model(&model_key)
+                    .map_or_else(|| model_key.clone(), |m| m.reference()),
+                current: self.runs_model(&device.name, &deployment.name, &model_key),
                 device: device.name.clone(),
                 role: device.role.to_string(),
                 profile: device.profile_name.clone(),
@@ -514,17 +524,23 @@ impl FleetCore {
         }
         DeploymentStatus {
             name: deployment.name.clone(),
-            model: deployment.model.clone(),
+            model: self
+                .catalog
+                .model(&deployment.model)
+                .map_or_else(|| deployment.model.clone(), |m| m.reference()),
             selector: deployment.selector.clone(),
             slo_ms: deployment.slo_ms,
             offload: deployment.offload,
             max_queue: deployment.max_queue,
             variant: deployment.variant.clone(),
             hard_example_threshold: deployment.hard_example_threshold,
+            replicas: deployment.replicas.clone(),
+            rollout_settings: deployment.rollout_settings.clone(),
             desired_devices: edge_rows.clone().count(),
             ready_devices: edge_rows.filter(|r| r.ready).count(),
             devices: rows,
             warnings,
+            rollout: self.rollout_view(deployment),
         }
     }
 

@@ -71,7 +71,10 @@ impl Shell {
         // A model to deploy, stored as the model build would.
         let store = MemoryStore::default();
         store
-            .commit(&[Write::Put(Record::Model(Box::new(model("m"))))])
+            .commit(&[
+                Write::Put(Record::Model(Box::new(model("m")))),
+                Write::Put(Record::Model(Box::new(model_v2()))),
+            ])
             .expect("commit");
         let config = crate::config::CloudConfig {
             heartbeat_interval_ms: 1000,
@@ -273,6 +276,62 @@ impl Shell {
             .core
             .create_deployment(self.now_unix, spec(name, "m", selector, "auto"));
         let _ = self.run(output);
+    }
+
+    /// Updates deployment `name` to model `model`, rolled out in two steps judged on
+    /// no traffic at all (so only readiness and the deadline decide).
+    fn update(&mut self, name: &str, model: &str) {
+        let mut spec = spec(name, model, "", "auto");
+        spec.rollout = Some(quick_rollout());
+        let output = self.core.update_deployment(self.now_ms, name, spec);
+        let _ = self.run(output);
+    }
+
+    fn tick_rollouts(&mut self) {
+        let output = self.core.tick_rollouts(self.now_ms);
+        let _ = self.run(output);
+    }
+
+    fn act(&mut self, name: &str, action: RolloutAction) {
+        let output = self.core.rollout_action(self.now_ms, name, action, "test");
+        let _ = self.run(output);
+    }
+
+    /// A heartbeat of `name` saying it runs deployment `d` on the bytes `sha` with
+    /// `requests` served and a p99 of `p99_ms`.
+    fn report(&mut self, name: &str, d: &str, sha: [u8; 32], requests: u64, p99_ms: u64) {
+        let Some(&(session, _)) = self.agents.get(name) else {
+            return;
+        };
+        let mut row =
+            nephele_proto::DeploymentTelemetry::idle(d, nephele_proto::DeploymentPhase::Ready);
+        row.served_local = requests;
+        row.p99_us = p99_ms * 1000;
+        row.model_sha256 = sha;
+        let heartbeat = nephele_proto::Heartbeat {
+            seq: 1,
+            uptime_ms: self.now_ms,
+            applied_generation: 0,
+            rss_bytes: 0,
+            deployments: vec![row],
+            link: Default::default(),
+            jobs: vec![],
+        };
+        let effects = self.core.heartbeat(self.now_ms, name, session, heartbeat);
+        self.carry_out(effects);
+    }
+
+    /// The variant digest device `name` was last sent for deployment `d`.
+    fn sent_digest(&self, name: &str, d: &str) -> Option<[u8; 32]> {
+        let desired = self.agents.get(name)?.1.as_ref()?;
+        let assignment = desired.assignments.iter().find(|a| a.deployment == d)?;
+        let manifest: nephele_proto::ModelManifest =
+            nephele_proto::decode_payload(&assignment.model.manifest).ok()?;
+        manifest
+            .variants
+            .iter()
+            .find(|v| v.name == assignment.variant)
+            .map(|v| v.sha256)
     }
 
     fn undeploy(&mut self, name: &str) {
@@ -521,6 +580,158 @@ fn the_first_admin_token_is_made_once_and_authenticates() {
     assert!(again.reply.is_none() && again.persist.is_empty());
 }
 
+/// A second version of model `m`, whose variants are other bytes.
+fn model_v2() -> crate::store::ModelRecord {
+    let mut v2 = model("m");
+    v2.version = "v2".into();
+    v2.created_unix = 5;
+    let mut manifest: nephele_proto::ModelManifest =
+        nephele_proto::decode_payload(&v2.signed_manifest).expect("manifest");
+    for variant in &mut manifest.variants {
+        variant.sha256 = [8; 32];
+    }
+    v2.signed_manifest = nephele_proto::encode_payload(&manifest).expect("encodes");
+    v2
+}
+
+fn quick_rollout() -> crate::federation::rollout::RolloutSettings {
+    crate::federation::rollout::RolloutSettings {
+        steps: vec![30, 100],
+        min_requests: 100,
+        min_step_s: 0,
+        progress_deadline_s: 1,
+        ..Default::default()
+    }
+}
+
+use crate::federation::RolloutAction;
+
+#[test]
+fn a_slow_version_goes_to_the_canary_only_and_comes_back_from_it_alone() {
+    let mut shell = Shell::new();
+    for name in NAMES {
+        shell.token().expect("token");
+        shell.join(shell.tokens.len() - 1, name).expect("join");
+        shell.connect(name).expect("connect");
+    }
+    let output = shell
+        .core
+        .create_deployment(shell.now_unix, spec("d0", "m:00", "", "auto"));
+    shell.run(output).expect("committed").expect("created");
+    for name in NAMES {
+        assert_eq!(shell.sent_digest(name, "d0"), Some([7; 32]), "{name}");
+    }
+    // The latest version of `m` is v2; the update names it by `name:version`.
+    shell.update("d0", "m:v2");
+    let canary = "cam-1";
+    assert_eq!(shell.sent_digest(canary, "d0"), Some([8; 32]));
+    for name in ["cam-2", "cam-3"] {
+        assert_eq!(shell.sent_digest(name, "d0"), Some([7; 32]), "{name}");
+    }
+    let status = shell.core.deployment_status("d0").expect("status");
+    let rollout = status.rollout.expect("a rollout");
+    assert_eq!(rollout.moved_devices, vec![canary.to_string()]);
+    assert_eq!(
+        status.model, "m:00",
+        "the deployment's own version until complete"
+    );
+
+    // The canary runs v2 at 40 ms, the others v1 at 1 ms: the gate fails.
+    shell.now_ms += 2_000;
+    shell.report(canary, "d0", [8; 32], 500, 40);
+    shell.report("cam-2", "d0", [7; 32], 500, 1);
+    shell.report("cam-3", "d0", [7; 32], 500, 1);
+    shell.tick_rollouts();
+    let status = shell.core.deployment_status("d0").expect("status");
+    let rollout = status.rollout.expect("a rollout");
+    assert_eq!(
+        rollout.state,
+        crate::federation::rollout::RolloutState::RolledBack
+    );
+    assert!(rollout.gate.contains("p99 40.0 ms"), "{}", rollout.gate);
+    for name in NAMES {
+        assert_eq!(shell.sent_digest(name, "d0"), Some([7; 32]), "{name}");
+    }
+    shell.check_mirror();
+    shell.check_sessions_and_desired();
+
+    // The same update again, and this time v2 is as fast: every device gets it.
+    shell.update("d0", "m:v2");
+    for round in 0..4 {
+        shell.now_ms += 2_000;
+        for name in NAMES {
+            let sha = shell.sent_digest(name, "d0").expect("assigned");
+            shell.report(name, "d0", sha, 500 + round, 1);
+        }
+        shell.tick_rollouts();
+    }
+    let status = shell.core.deployment_status("d0").expect("status");
+    assert_eq!(
+        status.rollout.as_ref().map(|r| r.state),
+        Some(crate::federation::rollout::RolloutState::Complete),
+        "{:?}",
+        status.rollout.map(|r| r.gate)
+    );
+    assert_eq!(status.model, "m:v2");
+    for name in NAMES {
+        assert_eq!(shell.sent_digest(name, "d0"), Some([8; 32]), "{name}");
+    }
+    shell.check_mirror();
+    shell.check_sessions_and_desired();
+}
+
+#[test]
+fn an_update_during_a_rollout_is_refused_and_undo_brings_the_canary_back() {
+    let mut shell = Shell::new();
+    for name in NAMES {
+        shell.token().expect("token");
+        shell.join(shell.tokens.len() - 1, name).expect("join");
+        shell.connect(name).expect("connect");
+    }
+    let output = shell
+        .core
+        .create_deployment(shell.now_unix, spec("d0", "m:00", "", "auto"));
+    shell.run(output).expect("committed").expect("created");
+    shell.update("d0", "m:v2");
+    let again = shell
+        .core
+        .update_deployment(shell.now_ms, "d0", spec("d0", "m:00", "", "auto"));
+    assert!(matches!(again.reply, Err(ApiError::Conflict(ref m)) if m.contains("rollout undo")));
+    let renamed = shell
+        .core
+        .update_deployment(shell.now_ms, "d0", spec("other", "m", "", "auto"));
+    assert!(matches!(renamed.reply, Err(ApiError::BadRequest(ref m)) if m.starts_with("name:")));
+    shell.act("d0", RolloutAction::Pause);
+    shell.now_ms += 10_000;
+    shell.tick_rollouts();
+    let paused = shell
+        .core
+        .deployment_status("d0")
+        .expect("status")
+        .rollout
+        .expect("rollout");
+    assert_eq!(
+        paused.state,
+        crate::federation::rollout::RolloutState::Paused,
+        "past the deadline, but paused"
+    );
+    shell.act("d0", RolloutAction::Rollback);
+    for name in NAMES {
+        assert_eq!(shell.sent_digest(name, "d0"), Some([7; 32]), "{name}");
+    }
+    let missing =
+        shell
+            .core
+            .update_deployment(shell.now_ms, "d0", spec("d0", "m:nope", "", "auto"));
+    assert!(
+        matches!(missing.reply, Err(ApiError::NotFound(ref m)) if m.contains("m:00") && m.contains("m:v2")),
+        "{:?}",
+        missing.reply.err()
+    );
+    shell.check_mirror();
+    shell.check_sessions_and_desired();
+}
+
 #[derive(Debug, Clone)]
 enum Step {
     Token,
@@ -531,6 +742,10 @@ enum Step {
     Delete(usize),
     Deploy(usize, usize),
     Undeploy(usize),
+    /// Deployment d to model version v (`m` or `m:v2`), rolled out in steps.
+    Update(usize, usize),
+    RolloutTick,
+    Act(usize, usize),
     Usage(usize, u64),
     /// The store refuses the next this many commits (an etcd cluster without a
     /// quorum, for a while).
@@ -549,6 +764,9 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0..3usize).prop_map(Step::Delete),
         3 => (0..2usize, 0..3usize).prop_map(|(d, s)| Step::Deploy(d, s)),
         1 => (0..2usize).prop_map(Step::Undeploy),
+        2 => (0..2usize, 0..2usize).prop_map(|(d, v)| Step::Update(d, v)),
+        3 => Just(Step::RolloutTick),
+        1 => (0..2usize, 0..3usize).prop_map(|(d, a)| Step::Act(d, a)),
         4 => (0..3usize, 0..4u64).prop_map(|(n, k)| Step::Usage(n, k)),
         2 => (1..4u32).prop_map(Step::StoreRefuses),
     ]
@@ -588,6 +806,23 @@ proptest! {
                 Step::Delete(name) => shell.delete(NAMES[name]),
                 Step::Deploy(d, s) => shell.deploy(["d0", "d1"][d], SELECTORS[s]),
                 Step::Undeploy(d) => shell.undeploy(["d0", "d1"][d]),
+                Step::Update(d, v) => shell.update(["d0", "d1"][d], ["m:00", "m"][v]),
+                Step::RolloutTick => {
+                    // Agents report what they were sent, so rollouts move on.
+                    shell.now_ms += 700;
+                    for name in NAMES {
+                        for d in ["d0", "d1"] {
+                            if let Some(sha) = shell.sent_digest(name, d) {
+                                shell.report(name, d, sha, shell.now_ms, 1);
+                            }
+                        }
+                    }
+                    shell.tick_rollouts();
+                }
+                Step::Act(d, a) => shell.act(
+                    ["d0", "d1"][d],
+                    [RolloutAction::Pause, RolloutAction::Resume, RolloutAction::Rollback][a],
+                ),
                 Step::Usage(name, new) => shell.usage(NAMES[name], new),
                 Step::StoreRefuses(commits) => shell.refuse_next = commits,
             }

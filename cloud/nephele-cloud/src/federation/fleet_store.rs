@@ -35,14 +35,14 @@ impl Record {
         }
     }
 
-    pub fn key(&self) -> &str {
+    pub fn key(&self) -> std::borrow::Cow<'_, str> {
         match self {
-            Record::JoinToken(r) => &r.id,
-            Record::Device(r) => &r.name,
-            Record::Model(r) => &r.name,
-            Record::Deployment(r) => &r.name,
-            Record::ApiToken(r) => &r.id,
-            Record::Usage(r) => &r.device,
+            Record::JoinToken(r) => r.id.as_str().into(),
+            Record::Device(r) => r.name.as_str().into(),
+            Record::Model(r) => r.key().into(),
+            Record::Deployment(r) => r.name.as_str().into(),
+            Record::ApiToken(r) => r.id.as_str().into(),
+            Record::Usage(r) => r.device.as_str().into(),
         }
     }
 
@@ -76,10 +76,10 @@ impl Write {
         }
     }
 
-    pub fn key(&self) -> &str {
+    pub fn key(&self) -> std::borrow::Cow<'_, str> {
         match self {
             Write::Put(record) => record.key(),
-            Write::Delete(_, key) => key,
+            Write::Delete(_, key) => key.as_str().into(),
         }
     }
 }

@@ -72,6 +72,7 @@ pub(in crate::federation) fn model(name: &str) -> ModelRecord {
     };
     ModelRecord {
         name: name.into(),
+        version: String::new(),
         sha256: "00".into(),
         size: 4096,
         created_unix: 0,
@@ -107,6 +108,7 @@ pub(in crate::federation) fn spec(
         variant: variant.into(),
         hard_example_threshold: None,
         replicas: ReplicaSettings::default(),
+        rollout: None,
     }
 }
 
@@ -231,6 +233,8 @@ fn an_unreadable_stored_manifest_ships_full_and_says_why() {
         variant: "auto".into(),
         hard_example_threshold: None,
         replicas: ReplicaSettings::default(),
+        rollout_settings: None,
+        rollout: None,
     });
     let edge = device("e", AgentRole::Edge, &[]);
     let desired = catalog.desired_for(&edge, DeviceInputs::default(), 1);

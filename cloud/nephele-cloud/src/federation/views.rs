@@ -58,9 +58,11 @@ pub struct DeviceView {
 #[derive(Debug, Clone, Serialize)]
 pub struct ModelView {
     pub name: String,
-    /// Always 1 for now: a name holds one file (pushing other content under it is
-    /// refused), so a new version is a new name.
-    pub version: u32,
+    /// The first 12 hex digits of the stored file's sha256: pushing other content
+    /// under the name adds a version, the same content is the same version.
+    pub version: String,
+    /// `name:version`, what a deployment names to run exactly this version.
+    pub reference: String,
     /// `building` until the variants are built and stored, then `ready`; `failed` with
     /// `error` saying why.
     pub state: ModelState,
@@ -124,7 +126,8 @@ impl From<&ModelRecord> for ModelView {
             .collect();
         ModelView {
             name: record.name.clone(),
-            version: 1,
+            version: record.version_id().to_string(),
+            reference: record.reference(),
             state: ModelState::Ready,
             progress: None,
             error: None,
@@ -165,6 +168,9 @@ pub struct DeploymentSpec {
     /// field takes the `[autoscale]` default).
     #[serde(default)]
     pub replicas: crate::store::ReplicaSettings,
+    /// How updates of it roll out (steps and gates); absent: the defaults.
+    #[serde(default)]
+    pub rollout: Option<super::rollout::RolloutSettings>,
 }
 
 fn default_variant() -> String {
@@ -198,6 +204,10 @@ pub struct DeviceDeploymentStatus {
     pub service_ms: f64,
     pub p50_ms: f64,
     pub p99_ms: f64,
+    /// The model version the device is told to run (`name:version`).
+    pub model: String,
+    /// Whether it runs that version now (its agent reports its bytes ready).
+    pub current: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -211,11 +221,40 @@ pub struct DeploymentStatus {
     /// What the deployment asked for: `auto` or a variant name.
     pub variant: String,
     pub hard_example_threshold: Option<f32>,
+    /// Its cloud replicas' settings as given (absent fields take the defaults).
+    pub replicas: crate::store::ReplicaSettings,
+    /// How its updates roll out, as given (`null`: the defaults).
+    pub rollout_settings: Option<super::rollout::RolloutSettings>,
     pub desired_devices: usize,
     pub ready_devices: usize,
     pub devices: Vec<DeviceDeploymentStatus>,
     /// What the deployment's author should know: a selector that matches no device.
     pub warnings: Vec<String>,
+    /// Its latest rollout: under way, or how the last one ended.
+    pub rollout: Option<RolloutView>,
+}
+
+/// A rollout as the API shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct RolloutView {
+    pub number: u64,
+    /// `progressing`, `paused`, `complete` or `rolled_back`.
+    pub state: super::rollout::RolloutState,
+    pub from: super::rollout::RuntimeSpec,
+    pub to: super::rollout::RuntimeSpec,
+    /// 1-based step under way, of `steps`.
+    pub step: usize,
+    pub steps: Vec<u32>,
+    /// Selected edge devices, and how many are told to run the new version.
+    pub selected_devices: usize,
+    pub moved_devices: Vec<String>,
+    /// What the gate saw last, or what it waits for.
+    pub gate: String,
+    pub settings: super::rollout::RolloutSettings,
+    pub started_unix_ms: u64,
+    pub finished_unix_ms: Option<u64>,
+    pub baseline: super::rollout::Figures,
+    pub events: Vec<super::rollout::RolloutEvent>,
 }
 
 /// Who an API token speaks for.

@@ -357,10 +357,7 @@ impl RegionScheduler {
                     });
                 }
             }
-            let held = self
-                .cluster
-                .reservations()
-                .any(|(_, (_, binding))| binding.node == index);
+            let held = self.holds_work(index);
             let slot = &mut self.slots[index];
             match slot.phase {
                 NodePhase::Up { .. } if !held && slot.agent.is_some() => {
@@ -455,6 +452,11 @@ impl RegionScheduler {
                     }
                 }
             }
+        }
+        // Work restored as running here and not adopted yet runs again elsewhere: its
+        // members leave this node's desired state (and are stopped there).
+        for id in self.recovering_on(index) {
+            events.extend(self.requeue_held(id, "its node is drained", now));
         }
         Ok(events)
     }
@@ -634,11 +636,7 @@ impl RegionScheduler {
                     release: true,
                     ..
                 } => {
-                    let held = self
-                        .cluster
-                        .reservations()
-                        .any(|(_, (_, b))| b.node == index);
-                    if !held || now >= deadline {
+                    if !self.holds_work(index) || now >= deadline {
                         actions.push(self.release(index, now));
                     }
                 }

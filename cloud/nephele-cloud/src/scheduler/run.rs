@@ -436,15 +436,54 @@ impl RegionScheduler {
             .collect();
         let mut events = Vec::new();
         for id in due {
+            events.extend(self.requeue_held(
+                id,
+                "its nodes did not come back after a restart",
+                now,
+            ));
+        }
+        events
+    }
+
+    /// Jobs restored from the books as running on node `index`, not adopted yet.
+    pub(super) fn recovering_on(&self, index: usize) -> Vec<JobId> {
+        let Some(name) = self.slots.get(index).map(|s| s.name.as_str()) else {
+            return Vec::new();
+        };
+        self.jobs
+            .iter()
+            .filter(|(_, m)| match &m.held {
+                Some((_, Hold::Recovering { bindings, .. })) => {
+                    bindings.iter().any(|b| b.node == name)
+                }
+                _ => false,
+            })
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// Whether node `index` holds work: members placed there, or jobs restored as
+    /// running there (their processes may still run) that are not adopted yet.
+    pub(super) fn holds_work(&self, index: usize) -> bool {
+        self.cluster
+            .reservations()
+            .any(|(_, (_, binding))| binding.node == index)
+            || !self.recovering_on(index).is_empty()
+    }
+
+    /// A held job joins the queue again now; one restored as running starts a new
+    /// attempt (`why` says why its last one ended).
+    pub(super) fn requeue_held(&mut self, id: JobId, why: &str, now: u64) -> Vec<SchedEvent> {
+        let mut events = Vec::new();
+        {
             let Some(meta) = self.jobs.get_mut(&id) else {
-                continue;
+                return events;
             };
             let Some((mut job, hold)) = meta.held.take() else {
-                continue;
+                return events;
             };
             if matches!(hold, Hold::Recovering { .. }) {
-                meta.run
-                    .end_attempt("its nodes did not come back after a restart", now);
+                meta.run.end_attempt(why, now);
                 meta.run.members.clear();
                 meta.run.port = None;
                 meta.requeues += 1;

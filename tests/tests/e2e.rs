@@ -731,7 +731,13 @@ fn agents_reconnect_after_the_control_plane_restarts() {
             v["ready_devices"] == 1
         })
         .unwrap();
-    assert_eq!(status["model"], "digits-mlp");
+    // The version the deployment runs, as `name:version`.
+    assert!(
+        status["model"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("digits-mlp:")),
+        "{status:#}"
+    );
     let (code, after) = edge.infer("digits", &row).unwrap();
     assert_eq!(code, 200);
     assert_close(
@@ -1499,7 +1505,7 @@ fn unauthenticated_uploads_are_refused_before_their_body_is_read() {
     );
     assert!(answer.starts_with("HTTP/1.1 405"), "{answer}");
     assert!(
-        answer.to_lowercase().contains("allow: get, delete"),
+        answer.to_lowercase().contains("allow: get, put, delete"),
         "{answer}"
     );
     assert!(

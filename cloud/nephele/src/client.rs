@@ -1545,7 +1545,7 @@ pub(crate) fn when(value: Option<&Value>) -> String {
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + i64::from(month <= 2);
-    let relative = if unix >= now {
+    let relative = if unix > now {
         format!("in {}", span(unix - now))
     } else {
         format!("{} ago", span(now - unix))

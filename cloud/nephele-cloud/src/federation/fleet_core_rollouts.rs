@@ -189,7 +189,12 @@ impl FleetCore {
                 None => continue,
                 Some(Change::Noted) => {}
                 Some(Change::Moved(devices)) => {
-                    tracing::info!(deployment = %name, devices = ?devices, "rollout moved devices to the new version");
+                    let gate = record
+                        .rollout
+                        .as_ref()
+                        .map(|r| r.gate.clone())
+                        .unwrap_or_default();
+                    tracing::info!(deployment = %name, devices = ?devices, %gate, "rollout moved devices to the new version");
                     self.write(Write::Put(Record::Deployment(record)));
                     effects.extend(self.send_to(&devices));
                     continue;
@@ -206,7 +211,12 @@ impl FleetCore {
                     continue;
                 }
                 Some(Change::Completed) => {
-                    tracing::info!(deployment = %name, "rollout complete");
+                    let gate = record
+                        .rollout
+                        .as_ref()
+                        .map(|r| r.gate.clone())
+                        .unwrap_or_default();
+                    tracing::info!(deployment = %name, %gate, "rollout complete");
                     record = complete(&record);
                     everyone = true;
                 }

@@ -1509,7 +1509,7 @@ fn unauthenticated_uploads_are_refused_before_their_body_is_read() {
         "{answer}"
     );
     assert!(
-        answer.contains("PATCH is not allowed on /v1/deployments/d; it takes GET, DELETE"),
+        answer.contains("PATCH is not allowed on /v1/deployments/d; it takes GET, PUT, DELETE"),
         "{answer}"
     );
     let answer = raw_http(

@@ -20,14 +20,32 @@ name = "eu-west"
 
 const DEVICES: [&str; 3] = ["cam-1", "cam-2", "cam-3"];
 
+/// Pushes a version of `digits` and waits until it is built (the slow version's
+/// variants take tens of seconds to measure on a loaded 2-core machine, longer than
+/// a request may wait).
 fn push(cloud: &Cloud, bytes: &[u8]) -> Value {
-    let (status, body) = cloud.put_model("digits", bytes).expect("upload");
+    let (status, body) = cloud
+        .client()
+        .raw("PUT", &format!("{}/v1/models/digits", cloud.api), bytes)
+        .expect("upload");
     assert!(
-        status == 201 || status == 200,
+        matches!(status, 200 | 201 | 202),
         "upload failed: {status} {body}"
     );
-    assert_eq!(body["state"], "ready", "{body:#}");
-    body
+    let reference = body["reference"].as_str().expect("reference").to_string();
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    loop {
+        let model = cloud
+            .get(&format!("/v1/models/{reference}"))
+            .expect("model");
+        match model["state"].as_str() {
+            Some("ready") => return model,
+            Some("building") if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(500))
+            }
+            _ => panic!("{reference} did not build: {model:#}"),
+        }
+    }
 }
 
 fn spec(model: &Value) -> Value {
@@ -41,7 +59,9 @@ fn spec(model: &Value) -> Value {
         "rollout": {
             "steps": [30, 100],
             "min_requests": 100,
-            "min_step_s": 3,
+            // Long enough for the old devices' p99 window to forget the moment the
+            // canary measured its batch sizes (which takes a core for seconds).
+            "min_step_s": 10,
             "progress_deadline_s": 120,
             // On a loaded 2-core machine the old version's p99 moves between 1 and
             // several ms (the canary's slow model takes a core); the slow version's

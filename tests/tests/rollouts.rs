@@ -29,7 +29,7 @@ fn push(cloud: &Cloud, bytes: &[u8]) -> Value {
         .raw("PUT", &format!("{}/v1/models/digits", cloud.api), bytes)
         .expect("upload");
     assert!(
-        matches!(status, 200 | 201 | 202),
+        (200..=202).contains(&status),
         "upload failed: {status} {body}"
     );
     let reference = body["reference"].as_str().expect("reference").to_string();

@@ -184,38 +184,24 @@ impl FleetCore {
             let selected = self.selected_edges(&record);
             let figures = self.device_figures(&record, &rollout.from, &rollout.to, &selected);
             let change = rollout.tick(now_unix_ms, &selected, &figures);
+            let gate = rollout.gate.clone();
             record.rollout = Some(rollout);
             match change {
                 None => continue,
                 Some(Change::Noted) => {}
                 Some(Change::Moved(devices)) => {
-                    let gate = record
-                        .rollout
-                        .as_ref()
-                        .map(|r| r.gate.clone())
-                        .unwrap_or_default();
                     tracing::info!(deployment = %name, devices = ?devices, %gate, "rollout moved devices to the new version");
                     self.write(Write::Put(Record::Deployment(record)));
                     effects.extend(self.send_to(&devices));
                     continue;
                 }
                 Some(Change::RolledBack(devices)) => {
-                    let why = record
-                        .rollout
-                        .as_ref()
-                        .map(|r| r.gate.clone())
-                        .unwrap_or_default();
-                    tracing::warn!(deployment = %name, devices = ?devices, %why, "rollout rolled back");
+                    tracing::warn!(deployment = %name, devices = ?devices, why = %gate, "rollout rolled back");
                     self.write(Write::Put(Record::Deployment(record)));
                     effects.extend(self.send_to(&devices));
                     continue;
                 }
                 Some(Change::Completed) => {
-                    let gate = record
-                        .rollout
-                        .as_ref()
-                        .map(|r| r.gate.clone())
-                        .unwrap_or_default();
                     tracing::info!(deployment = %name, %gate, "rollout complete");
                     record = complete(&record);
                     everyone = true;

@@ -606,18 +606,27 @@ fn quick_rollout() -> crate::federation::rollout::RolloutSettings {
 
 use crate::federation::RolloutAction;
 
+impl Shell {
+    /// Every device of `NAMES` enrolled and connected, deployment `d0` running the
+    /// first version of `m` (`m:00`) on all of them.
+    fn with_every_device_running_m00() -> Shell {
+        let mut shell = Shell::new();
+        for name in NAMES {
+            shell.token().expect("token");
+            shell.join(shell.tokens.len() - 1, name).expect("join");
+            shell.connect(name).expect("connect");
+        }
+        let output = shell
+            .core
+            .create_deployment(shell.now_unix, spec("d0", "m:00", "", "auto"));
+        shell.run(output).expect("committed").expect("created");
+        shell
+    }
+}
+
 #[test]
 fn a_slow_version_goes_to_the_canary_only_and_comes_back_from_it_alone() {
-    let mut shell = Shell::new();
-    for name in NAMES {
-        shell.token().expect("token");
-        shell.join(shell.tokens.len() - 1, name).expect("join");
-        shell.connect(name).expect("connect");
-    }
-    let output = shell
-        .core
-        .create_deployment(shell.now_unix, spec("d0", "m:00", "", "auto"));
-    shell.run(output).expect("committed").expect("created");
+    let mut shell = Shell::with_every_device_running_m00();
     for name in NAMES {
         assert_eq!(shell.sent_digest(name, "d0"), Some([7; 32]), "{name}");
     }
@@ -682,16 +691,7 @@ fn a_slow_version_goes_to_the_canary_only_and_comes_back_from_it_alone() {
 
 #[test]
 fn an_update_during_a_rollout_is_refused_and_undo_brings_the_canary_back() {
-    let mut shell = Shell::new();
-    for name in NAMES {
-        shell.token().expect("token");
-        shell.join(shell.tokens.len() - 1, name).expect("join");
-        shell.connect(name).expect("connect");
-    }
-    let output = shell
-        .core
-        .create_deployment(shell.now_unix, spec("d0", "m:00", "", "auto"));
-    shell.run(output).expect("committed").expect("created");
+    let mut shell = Shell::with_every_device_running_m00();
     shell.update("d0", "m:v2");
     let again = shell
         .core

@@ -635,10 +635,8 @@ impl RegionScheduler {
                     deadline,
                     release: true,
                     ..
-                } => {
-                    if !self.holds_work(index) || now >= deadline {
-                        actions.push(self.release(index, now));
-                    }
+                } if !self.holds_work(index) || now >= deadline => {
+                    actions.push(self.release(index, now));
                 }
                 _ => {}
             }

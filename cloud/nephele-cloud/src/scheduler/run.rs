@@ -475,29 +475,27 @@ impl RegionScheduler {
     /// attempt (`why` says why its last one ended).
     pub(super) fn requeue_held(&mut self, id: JobId, why: &str, now: u64) -> Vec<SchedEvent> {
         let mut events = Vec::new();
-        {
-            let Some(meta) = self.jobs.get_mut(&id) else {
-                return events;
-            };
-            let Some((mut job, hold)) = meta.held.take() else {
-                return events;
-            };
-            if matches!(hold, Hold::Recovering { .. }) {
-                meta.run.end_attempt(why, now);
-                meta.run.members.clear();
-                meta.run.port = None;
-                meta.requeues += 1;
-                meta.started_unix = None;
-                events.push(SchedEvent::Requeued {
-                    job: format!("{}/{}", self.tenants[meta.tenant], meta.name),
-                });
-            }
-            job.submit = now;
-            if self.queue.submit(job.clone()).is_err() {
-                // Cannot happen (the id left the queue); keep it held rather than lose it.
-                if let Some(meta) = self.jobs.get_mut(&id) {
-                    meta.held = Some((job, hold));
-                }
+        let Some(meta) = self.jobs.get_mut(&id) else {
+            return events;
+        };
+        let Some((mut job, hold)) = meta.held.take() else {
+            return events;
+        };
+        if matches!(hold, Hold::Recovering { .. }) {
+            meta.run.end_attempt(why, now);
+            meta.run.members.clear();
+            meta.run.port = None;
+            meta.requeues += 1;
+            meta.started_unix = None;
+            events.push(SchedEvent::Requeued {
+                job: format!("{}/{}", self.tenants[meta.tenant], meta.name),
+            });
+        }
+        job.submit = now;
+        if self.queue.submit(job.clone()).is_err() {
+            // Cannot happen (the id left the queue); keep it held rather than lose it.
+            if let Some(meta) = self.jobs.get_mut(&id) {
+                meta.held = Some((job, hold));
             }
         }
         events

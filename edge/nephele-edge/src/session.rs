@@ -347,12 +347,14 @@ fn mark_removed(agent: &Agent, desired_tx: &watch::Sender<Option<DesiredState>>,
         .unwrap_or_else(|p| p.into_inner())
         .clear();
     lock(&server.phases).clear();
+    // Durable before it is announced: once the endpoint answers 410, a kill -9 or a
+    // power cut must not bring the device back serving its kept desired state.
+    if let Err(error) = crate::persisted::save_removed(&agent.enrolment.data_dir, reason) {
+        tracing::warn!(error = %format!("{error:#}"), "cannot keep the removal on this device");
+    }
     server.set_removed(Some(reason.to_string()));
     if let Some(runner) = &agent.jobs {
         runner.set_desired(Vec::new());
-    }
-    if let Err(error) = crate::persisted::save_removed(&agent.enrolment.data_dir, reason) {
-        tracing::warn!(error = %format!("{error:#}"), "cannot keep the removal on this device");
     }
     // Level-triggered: the empty state unloads every deployment and is kept as such.
     let _ = desired_tx.send(Some(DesiredState {

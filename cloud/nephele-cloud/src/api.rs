@@ -13,10 +13,16 @@
 //! Handlers parse and check input, then forward to the federation actor; they hold no
 //! policy. API JSON types are their own set, separate from wire and store types.
 
+mod access;
+mod problem;
+
 use actix::Addr;
 use actix_web::{http::StatusCode, web, HttpRequest, HttpResponse, ResponseError};
 use serde::Deserialize;
 
+pub use problem::{error_body, parse_json, PROBLEM_JSON};
+
+use crate::federation::access::required;
 use crate::federation::*;
 use crate::region::{
     DeleteJob, DrainNode, GetGrid, GetJob, GetReplicas, InterruptNode, JobLogs, ListJobs,
@@ -38,6 +44,8 @@ pub struct ApiState {
     pub blob_dir: std::path::PathBuf,
     /// Pushes kept until their builds end, so an acknowledged push survives a crash.
     pub pushes: crate::pending_pushes::PendingPushes,
+    /// Per-token request rates.
+    pub rate: crate::api_rate::RateLimiter,
 }
 
 /// Largest grid push accepted (a year of hours is about 0.9 MB).
@@ -93,9 +101,12 @@ async fn read_upload(payload: web::Payload) -> Result<web::Bytes, ApiError> {
     }
 }
 
-/// Authenticates a `/v1` request before its handler (and so before its body is read)
-/// and refuses a declared body over its route's limit (see the module). The principal
-/// is left in the request's extensions for [`authorize`].
+/// Checks a `/v1` request before its handler (and so before its body is read): its
+/// token ([`authorize`]), its role against what the route needs
+/// ([`crate::federation::access::required`]), its token's rate, and a declared body
+/// over its route's limit (see the module). The principal is left in the request's
+/// extensions for the handler; a change (any method but GET) is written to the audit
+/// log with its outcome once answered.
 pub async fn authenticate_first(
     request: actix_web::dev::ServiceRequest,
     next: actix_web::middleware::Next<impl actix_web::body::MessageBody + 'static>,
@@ -112,30 +123,79 @@ pub async fn authenticate_first(
     let refuse = |request: actix_web::dev::ServiceRequest, error: ApiError| {
         Ok(request.into_response(error.error_response()))
     };
+    let peer = request
+        .peer_addr()
+        .map(|a| a.ip().to_string())
+        .unwrap_or_else(|| "unknown".into());
+    let (method, path) = (request.method().to_string(), request.path().to_string());
     let principal = match authorize(request.request(), &state).await {
         Ok(principal) => principal,
         Err(error) => {
-            let peer = request
-                .peer_addr()
-                .map(|a| a.ip().to_string())
-                .unwrap_or_else(|| "unknown".into());
             let reason = match &error {
                 ApiError::Unauthorized(message) if message.starts_with("missing") => "missing",
+                ApiError::Unauthorized(message) if message.contains("revoked") => "revoked",
+                ApiError::Unauthorized(message) if message.contains("expired") => "expired",
                 ApiError::Unauthorized(_) => "invalid",
                 _ => "error",
             };
-            tracing::warn!(%peer, method = %request.method(), path = %request.path(), reason, "API request refused: not authenticated");
+            tracing::warn!(%peer, %method, %path, reason, "API request refused: not authenticated");
             state
                 .metrics
                 .counter(
                     "nephele_api_auth_failures_total",
-                    "API requests refused before their body was read: token missing or invalid.",
+                    "API requests refused before their body was read: token missing, invalid, revoked or expired.",
                     &[("reason", reason)],
                 )
                 .inc();
             return refuse(request, error);
         }
     };
+    let audited = !matches!(method.as_str(), "GET" | "HEAD");
+    let audit = |status: u16| {
+        state.federation.do_send(RecordAudit(AuditEntry {
+            unix_ms: now_unix_ms(),
+            principal: Some(principal.clone()),
+            method: method.clone(),
+            path: path.clone(),
+            status,
+            peer: peer.clone(),
+        }))
+    };
+    if let Err(message) = principal.check(required(&method, &path), &method, &path) {
+        tracing::warn!(%peer, %method, %path, token = %principal.token, "API request refused: role too low");
+        state
+            .metrics
+            .counter(
+                "nephele_api_forbidden_total",
+                "API requests refused because the token's role is too low for the route.",
+                &[("role", principal.role.as_str())],
+            )
+            .inc();
+        if audited {
+            audit(StatusCode::FORBIDDEN.as_u16());
+        }
+        return refuse(request, ApiError::Forbidden(message));
+    }
+    if let Err(retry_after_s) = state.rate.check(&principal.token) {
+        state
+            .metrics
+            .counter(
+                "nephele_api_rate_limited_total",
+                "API requests refused with 429 because their token was over its rate.",
+                &[],
+            )
+            .inc();
+        return refuse(
+            request,
+            ApiError::Busy {
+                message: format!(
+                    "token {} is over its request rate; retry in {retry_after_s} s",
+                    principal.token
+                ),
+                retry_after_s,
+            },
+        );
+    }
     let limit = body_limit(request.method(), request.path());
     let declared = request
         .headers()
@@ -143,6 +203,9 @@ pub async fn authenticate_first(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
     if let Some(length) = declared.filter(|length| *length > limit as u64) {
+        if audited {
+            audit(StatusCode::PAYLOAD_TOO_LARGE.as_u16());
+        }
         return refuse(
             request,
             ApiError::TooLarge(format!(
@@ -151,8 +214,15 @@ pub async fn authenticate_first(
             )),
         );
     }
-    request.extensions_mut().insert(principal);
-    next.call(request).await.map(|r| r.map_into_boxed_body())
+    request.extensions_mut().insert(principal.clone());
+    let response = next.call(request).await.map(|r| r.map_into_boxed_body());
+    if audited {
+        audit(match &response {
+            Ok(response) => response.status().as_u16(),
+            Err(error) => error.as_response_error().status_code().as_u16(),
+        });
+    }
+    response
 }
 
 fn human_bytes(bytes: u64) -> String {
@@ -161,51 +231,6 @@ fn human_bytes(bytes: u64) -> String {
         b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
         b => format!("{b} bytes"),
     }
-}
-
-impl ResponseError for ApiError {
-    fn status_code(&self) -> StatusCode {
-        match self {
-            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
-            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
-            ApiError::Conflict(_) => StatusCode::CONFLICT,
-            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
-            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
-            ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::Busy { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-        }
-    }
-    fn error_response(&self) -> HttpResponse {
-        let mut response = HttpResponse::build(self.status_code());
-        match self {
-            ApiError::Busy { retry_after_s, .. } => {
-                response.insert_header(("retry-after", retry_after_s.to_string()));
-            }
-            ApiError::Unavailable(_) => {
-                response.insert_header(("retry-after", "5"));
-            }
-            _ => {}
-        }
-        response.json(error_body(self))
-    }
-}
-
-/// The API's error shape: `{"error": kind, "message": what to do}`.
-pub fn error_body(error: &ApiError) -> serde_json::Value {
-    let kind = match error {
-        ApiError::BadRequest(_) => "bad_request",
-        ApiError::NotFound(_) => "not_found",
-        ApiError::Conflict(_) => "conflict",
-        ApiError::Unauthorized(_) => "unauthorized",
-        ApiError::Forbidden(_) => "forbidden",
-        ApiError::TooLarge(_) => "too_large",
-        ApiError::Busy { .. } => "busy",
-        ApiError::Internal(_) => "internal",
-        ApiError::Unavailable(_) => "unavailable",
-    };
-    serde_json::json!({"error": kind, "message": error.to_string()})
 }
 
 fn mailbox(error: actix::MailboxError) -> ApiError {
@@ -236,7 +261,7 @@ async fn authorize(request: &HttpRequest, state: &ApiState) -> Result<Principal,
         .send(Authenticate(token.trim().to_string()))
         .await
         .map_err(mailbox)?
-        .ok_or_else(|| ApiError::Unauthorized("invalid API token".into()))
+        .map_err(ApiError::Unauthorized)
 }
 
 fn count(state: &ApiState, route: &'static str, ok: bool) {
@@ -296,11 +321,7 @@ async fn create_token(
     let body: TokenRequest = if body.iter().all(u8::is_ascii_whitespace) {
         TokenRequest::default()
     } else {
-        serde_json::from_slice(&body).map_err(|e| {
-            ApiError::BadRequest(format!(
-                "invalid JSON body: {e}; expected {{\"region\"?, \"ttl_s\"?}}"
-            ))
-        })?
+        parse_json(&body, "{\"region\"?, \"ttl_s\"?}")?
     };
     let view = forward!(
         state,
@@ -365,9 +386,26 @@ async fn put_model(
     query: web::Query<Vec<(String, String)>>,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    authorize(&request, &state).await?;
+    let principal = authorize(&request, &state).await?;
     let name = name.into_inner();
     nephele_domain::validate_name("model", &name).map_err(ApiError::BadRequest)?;
+    // The tenant pushed for travels in the query, so a push kept across a restart
+    // is built again for the same tenant.
+    let mut query = query.into_inner();
+    let named: Vec<&str> = query
+        .iter()
+        .filter(|(k, _)| k == "tenant")
+        .map(|(_, v)| v.as_str())
+        .collect();
+    if named.len() > 1 {
+        return Err(ApiError::invalid(
+            "tenant",
+            "tenant is given more than once",
+        ));
+    }
+    let tenant = acting_tenant(&principal, named.first().copied())?;
+    query.retain(|(k, _)| k != "tenant");
+    query.push(("tenant".into(), tenant));
     let body = read_upload(payload).await?;
     let is_json = request
         .headers()
@@ -379,7 +417,7 @@ async fn put_model(
     let journal = crate::model_build::Journal {
         pushes: state.pushes.clone(),
         request: Some(crate::model_build::KeptRequest {
-            query: query.into_inner(),
+            query,
             is_json,
             body,
         }),
@@ -414,28 +452,45 @@ async fn get_model(
     state: web::Data<ApiState>,
     name: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    authorize(&request, &state).await?;
-    Ok(HttpResponse::Ok().json(forward!(state, "get_model", GetModel(name.into_inner()))?))
+    let principal = authorize(&request, &state).await?;
+    let view = forward!(
+        state,
+        "get_model",
+        GetModel {
+            reference: name.into_inner(),
+            scope: principal.scope().map(str::to_string),
+        }
+    )?;
+    Ok(HttpResponse::Ok().json(view))
 }
 
 async fn list_models(
     request: HttpRequest,
     state: web::Data<ApiState>,
 ) -> Result<HttpResponse, ApiError> {
-    authorize(&request, &state).await?;
-    Ok(HttpResponse::Ok().json(forward!(state, "list_models", ListModels)?))
+    let principal = authorize(&request, &state).await?;
+    let views = forward!(
+        state,
+        "list_models",
+        ListModels {
+            scope: principal.scope().map(str::to_string),
+        }
+    )?;
+    Ok(HttpResponse::Ok().json(views))
 }
 
 async fn create_deployment(
     request: HttpRequest,
     state: web::Data<ApiState>,
-    body: web::Json<DeploymentSpec>,
+    body: web::Bytes,
 ) -> Result<HttpResponse, ApiError> {
-    authorize(&request, &state).await?;
+    let principal = authorize(&request, &state).await?;
+    let spec: DeploymentSpec = parse_json(&body, DEPLOYMENT_FIELDS)?;
+    let tenant = acting_tenant(&principal, spec.tenant.as_deref())?;
     let status = forward!(
         state,
         "create_deployment",
-        CreateDeployment(body.into_inner())
+        CreateDeployment { spec, tenant }
     )?;
     Ok(HttpResponse::Created().json(status))
 }
@@ -444,15 +499,23 @@ async fn update_deployment(
     request: HttpRequest,
     state: web::Data<ApiState>,
     name: web::Path<String>,
-    body: web::Json<DeploymentSpec>,
+    body: web::Bytes,
 ) -> Result<HttpResponse, ApiError> {
-    authorize(&request, &state).await?;
+    let principal = authorize(&request, &state).await?;
+    let spec: DeploymentSpec = parse_json(&body, DEPLOYMENT_FIELDS)?;
+    if spec.tenant.is_some() {
+        return Err(ApiError::invalid(
+            "tenant",
+            "a deployment's tenant cannot change; leave tenant out of an update",
+        ));
+    }
     let status = forward!(
         state,
         "update_deployment",
         UpdateDeployment {
             name: name.into_inner(),
-            spec: body.into_inner(),
+            spec,
+            scope: principal.scope().map(str::to_string),
         }
     )?;
     Ok(HttpResponse::Ok().json(status))
@@ -463,9 +526,16 @@ async fn get_rollout(
     state: web::Data<ApiState>,
     name: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    authorize(&request, &state).await?;
+    let principal = authorize(&request, &state).await?;
     let name = name.into_inner();
-    let status = forward!(state, "get_rollout", GetDeployment(name.clone()))?;
+    let status = forward!(
+        state,
+        "get_rollout",
+        GetDeployment {
+            name: name.clone(),
+            scope: principal.scope().map(str::to_string),
+        }
+    )?;
     match status.rollout {
         Some(rollout) => Ok(HttpResponse::Ok().json(rollout)),
         None => Err(ApiError::NotFound(format!(
@@ -486,14 +556,14 @@ async fn act_on_rollout(
             "no rollout action {action:?}; use pause, resume or rollback"
         )));
     };
-    let by = format!("a {} token of tenant {}", principal.role, principal.tenant);
     let status = forward!(
         state,
         "act_on_rollout",
         ActOnRollout {
             deployment,
             action,
-            by,
+            by: principal.describe(),
+            scope: principal.scope().map(str::to_string),
         }
     )?;
     Ok(HttpResponse::Ok().json(status))
@@ -503,8 +573,15 @@ async fn list_deployments(
     request: HttpRequest,
     state: web::Data<ApiState>,
 ) -> Result<HttpResponse, ApiError> {
-    authorize(&request, &state).await?;
-    Ok(HttpResponse::Ok().json(forward!(state, "list_deployments", ListDeployments)?))
+    let principal = authorize(&request, &state).await?;
+    let statuses = forward!(
+        state,
+        "list_deployments",
+        ListDeployments {
+            scope: principal.scope().map(str::to_string),
+        }
+    )?;
+    Ok(HttpResponse::Ok().json(statuses))
 }
 
 async fn get_deployment(
@@ -512,11 +589,14 @@ async fn get_deployment(
     state: web::Data<ApiState>,
     name: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    authorize(&request, &state).await?;
+    let principal = authorize(&request, &state).await?;
     Ok(HttpResponse::Ok().json(forward!(
         state,
         "get_deployment",
-        GetDeployment(name.into_inner())
+        GetDeployment {
+            name: name.into_inner(),
+            scope: principal.scope().map(str::to_string),
+        }
     )?))
 }
 
@@ -525,11 +605,14 @@ async fn delete_deployment(
     state: web::Data<ApiState>,
     name: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    authorize(&request, &state).await?;
+    let principal = authorize(&request, &state).await?;
     forward!(
         state,
         "delete_deployment",
-        DeleteDeployment(name.into_inner())
+        DeleteDeployment {
+            name: name.into_inner(),
+            scope: principal.scope().map(str::to_string),
+        }
     )?;
     Ok(HttpResponse::NoContent().finish())
 }
@@ -550,11 +633,15 @@ impl From<SchedError> for ApiError {
     fn from(error: SchedError) -> Self {
         match error {
             SchedError::BadRequest(m) => ApiError::BadRequest(m),
+            SchedError::Invalid { field, message } => ApiError::Invalid { field, message },
             SchedError::NotFound(m) => ApiError::NotFound(m),
             SchedError::Conflict(m) => ApiError::Conflict(m),
         }
     }
 }
+
+/// What a deployment body takes, for errors.
+const DEPLOYMENT_FIELDS: &str = "{\"name\", \"model\", \"selector\"?, \"slo_ms\"?, \"offload\"?, \"max_queue\"?, \"variant\"?, \"hard_example_threshold\"?, \"replicas\"?, \"rollout\"?, \"tenant\"?}";
 
 /// The tenant a request acts for: its token's, or (admins only) the one it names.
 fn acting_tenant(principal: &Principal, requested: Option<&str>) -> Result<String, ApiError> {
@@ -564,7 +651,7 @@ fn acting_tenant(principal: &Principal, requested: Option<&str>) -> Result<Strin
             Ok(tenant.to_string())
         }
         Some(tenant) => Err(ApiError::Forbidden(format!(
-            "this token acts for tenant {}, not {tenant}",
+            "tenant: this token acts for tenant {}, not {tenant}; only admin tokens act for another tenant",
             principal.tenant
         ))),
     }
@@ -630,11 +717,10 @@ async fn submit_job(
             body.len()
         )));
     }
-    let spec: JobSpec = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::BadRequest(format!(
-            "invalid job ({e}); expected {{\"name\", \"gpus\"?, \"members\"?, \"cpu_milli\"?, \"memory_mib\"?, \"priority\"?, ...}} (see the README's API section)"
-        ))
-    })?;
+    let spec: JobSpec = parse_json(
+        &body,
+        "{\"name\", \"gpus\"?, \"members\"?, \"cpu_milli\"?, \"memory_mib\"?, \"priority\"?, ...} (see the README's API section)",
+    )?;
     let tenant = acting_tenant(&principal, spec.tenant.as_deref())?;
     let (region, choice) = match spec.region.as_deref() {
         Some(AUTO_REGION) => {
@@ -691,12 +777,8 @@ async fn push_grid(
     name: web::Path<String>,
     body: web::Bytes,
 ) -> Result<HttpResponse, ApiError> {
-    let principal = authorize(&request, &state).await?;
-    if !principal.is_admin() {
-        return Err(ApiError::Forbidden(
-            "pushing grid data needs an admin token (a feed acts for every tenant)".into(),
-        ));
-    }
+    // Admins only (a feed acts for every tenant): see `access::required`.
+    authorize(&request, &state).await?;
     if body.len() > MAX_GRID_BYTES {
         return Err(ApiError::BadRequest(format!(
             "grid push of {} bytes; at most {MAX_GRID_BYTES} (send a year in several pushes)",
@@ -1007,12 +1089,8 @@ async fn interrupt_node(
     path: web::Path<(String, String)>,
     body: web::Bytes,
 ) -> Result<HttpResponse, ApiError> {
-    let principal = authorize(&request, &state).await?;
-    if !principal.is_admin() {
-        return Err(ApiError::Forbidden(
-            "interruption notices need an admin token".into(),
-        ));
-    }
+    // Operators and admins: see `access::required`.
+    authorize(&request, &state).await?;
     let parsed: InterruptBody = if body.is_empty() {
         InterruptBody::default()
     } else {
@@ -1047,12 +1125,8 @@ async fn drain_node(
     state: web::Data<ApiState>,
     path: web::Path<(String, String)>,
 ) -> Result<HttpResponse, ApiError> {
-    let principal = authorize(&request, &state).await?;
-    if !principal.is_admin() {
-        return Err(ApiError::Forbidden(
-            "draining a node needs an admin token".into(),
-        ));
-    }
+    // Operators and admins: see `access::required`.
+    authorize(&request, &state).await?;
     let (region, node) = path.into_inner();
     let actor = region_actor(&state, &region)?;
     let result = ask_region!(state, "drain_node", actor, DrainNode { node });
@@ -1116,16 +1190,21 @@ fn json_error(error: impl std::fmt::Display) -> actix_web::Error {
 /// the API's error shape, naming the methods it takes.
 fn resource(path: &str, allow: &'static str) -> actix_web::Resource {
     web::resource(path).default_service(web::to(move |request: HttpRequest| async move {
-        HttpResponse::MethodNotAllowed()
-            .insert_header(("allow", allow))
-            .json(serde_json::json!({
-                "error": "method_not_allowed",
-                "message": format!(
-                    "{} is not allowed on {}; it takes {allow}",
-                    request.method(),
-                    request.path()
-                ),
-            }))
+        let mut response = problem::problem(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            "Method not allowed",
+            format!(
+                "{} is not allowed on {}; it takes {allow}",
+                request.method(),
+                request.path()
+            ),
+        );
+        response.headers_mut().insert(
+            actix_web::http::header::ALLOW,
+            actix_web::http::header::HeaderValue::from_static(allow),
+        );
+        response
     }))
 }
 
@@ -1225,6 +1304,17 @@ pub fn routes(config: &mut web::ServiceConfig) {
                 .route(web::delete().to(delete_job)),
         )
         .service(resource("/v1/jobs/{name}/logs", "GET").route(web::get().to(job_logs)))
+        .service(
+            resource("/v1/api-tokens", "GET, POST")
+                .route(web::post().to(access::create))
+                .route(web::get().to(access::list)),
+        )
+        .service(resource("/v1/api-tokens/{id}", "DELETE").route(web::delete().to(access::revoke)))
+        .service(
+            resource("/v1/api-tokens/{id}/rotate", "POST").route(web::post().to(access::rotate)),
+        )
+        .service(resource("/v1/audit", "GET").route(web::get().to(access::audit)))
+        .service(resource("/v1/tenants", "GET").route(web::get().to(access::tenants)))
         .default_service(web::to(|| async {
             ApiError::NotFound("no such route; see the README's API section".into())
                 .error_response()

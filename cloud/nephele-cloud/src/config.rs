@@ -19,6 +19,10 @@ pub struct CloudConfig {
     pub server_names: Vec<String>,
     /// How long a join token lives unless the request says otherwise.
     pub join_token_ttl_s: u64,
+    /// API requests each token may make per second, sustained (`api_rate_burst` at
+    /// once); more are answered 429 with `Retry-After`.
+    pub api_rate_per_s: f64,
+    pub api_rate_burst: u32,
     pub heartbeat_interval_ms: u32,
     #[serde(rename = "region")]
     pub regions: Vec<RegionConfig>,
@@ -325,6 +329,8 @@ impl Default for CloudConfig {
             quic_listen: SocketAddr::from(([127, 0, 0, 1], 7443)),
             server_names: vec!["localhost".into(), "127.0.0.1".into()],
             join_token_ttl_s: 3600,
+            api_rate_per_s: 50.0,
+            api_rate_burst: 200,
             heartbeat_interval_ms: 1000,
             regions: vec![RegionConfig {
                 name: "default".into(),
@@ -359,6 +365,14 @@ impl CloudConfig {
     }
 
     pub fn validate(&self) -> Result<(), String> {
+        if !(self.api_rate_per_s.is_finite() && self.api_rate_per_s > 0.0)
+            || self.api_rate_burst == 0
+        {
+            return Err(format!(
+                "api_rate_per_s must be a positive number and api_rate_burst at least 1 (got {} and {})",
+                self.api_rate_per_s, self.api_rate_burst
+            ));
+        }
         for endpoint in &self.store.etcd_endpoints {
             if !endpoint.starts_with("http://") && !endpoint.starts_with("https://") {
                 return Err(format!(

@@ -9,11 +9,14 @@
 //! so a resend is always safe) and notes to regions. Routing of offloaded requests is the
 //! region actors' job, not this one's.
 
+pub mod access;
+mod access_api;
 mod authority;
 mod builds;
 pub mod fleet;
 pub mod fleet_copy;
 pub mod fleet_core;
+mod fleet_core_access;
 mod fleet_core_api;
 mod fleet_core_rollouts;
 pub mod fleet_store;
@@ -32,8 +35,11 @@ use nephele_proto::{
 };
 use tokio::sync::mpsc::UnboundedSender;
 
+pub use access::{Access, Principal, Role};
+pub use access_api::*;
 pub use authority::{Authority, Keys};
 pub use builds::{Begin, ModelState, NewBuild};
+pub use fleet_core_access::{AuditEntry, NewSecret};
 pub use fleet_core_api::{NewJoinToken, PutModel};
 pub use fleet_core_rollouts::RolloutAction;
 pub use views::*;
@@ -88,6 +94,10 @@ fn random_alnum(len: usize) -> String {
 pub enum ApiError {
     #[error("{0}")]
     BadRequest(String),
+    /// A bad value in one field of the request (400), naming it: a JSON path into the
+    /// body (`rollout.steps[1]`), a query parameter, or a header (`authorization`).
+    #[error("{message}")]
+    Invalid { field: String, message: String },
     #[error("{0}")]
     NotFound(String),
     #[error("{0}")]
@@ -108,6 +118,16 @@ pub enum ApiError {
     /// retry later. Nothing was changed.
     #[error("{0}")]
     Unavailable(String),
+}
+
+impl ApiError {
+    /// A bad value in `field` (see [`ApiError::Invalid`]).
+    pub fn invalid(field: &str, message: impl Into<String>) -> ApiError {
+        ApiError::Invalid {
+            field: field.to_string(),
+            message: message.into(),
+        }
+    }
 }
 
 impl From<StoreError> for ApiError {
@@ -578,14 +598,17 @@ impl Handler<PutModel> for FederationActor {
     }
 }
 
+/// The models a tenant sees (`scope`; `None`: every tenant's).
 #[derive(Message)]
 #[rtype(result = "Result<Vec<ModelView>, ApiError>")]
-pub struct ListModels;
+pub struct ListModels {
+    pub scope: Option<String>,
+}
 
 impl Handler<ListModels> for FederationActor {
     type Result = Result<Vec<ModelView>, ApiError>;
-    fn handle(&mut self, _: ListModels, _: &mut Self::Context) -> Self::Result {
-        Ok(self.core.model_views())
+    fn handle(&mut self, message: ListModels, _: &mut Self::Context) -> Self::Result {
+        Ok(self.core.model_views_for(message.scope.as_deref()))
     }
 }
 
@@ -599,6 +622,7 @@ pub struct BeginModel {
     pub format: String,
     pub input_specs: Vec<String>,
     pub now_unix: u64,
+    pub tenant: String,
 }
 
 impl Handler<BeginModel> for FederationActor {
@@ -606,6 +630,7 @@ impl Handler<BeginModel> for FederationActor {
     fn handle(&mut self, message: BeginModel, _: &mut Self::Context) -> Self::Result {
         let new = NewBuild {
             name: message.name,
+            tenant: message.tenant,
             sha256: message.sha256,
             size: message.size,
             format: message.format,
@@ -652,23 +677,33 @@ impl Handler<ModelFailed> for FederationActor {
 /// `GET /v1/models/{name}`: a stored model, or one being built or failed.
 #[derive(Message)]
 #[rtype(result = "Result<ModelView, ApiError>")]
-pub struct GetModel(pub String);
+pub struct GetModel {
+    pub reference: String,
+    pub scope: Option<String>,
+}
 
 impl Handler<GetModel> for FederationActor {
     type Result = Result<ModelView, ApiError>;
     fn handle(&mut self, message: GetModel, _: &mut Self::Context) -> Self::Result {
-        self.core.model_view(&message.0)
+        self.core
+            .model_view_for(&message.reference, message.scope.as_deref())
     }
 }
 
+/// A new deployment of `tenant`.
 #[derive(Message)]
 #[rtype(result = "Result<DeploymentStatus, ApiError>")]
-pub struct CreateDeployment(pub DeploymentSpec);
+pub struct CreateDeployment {
+    pub spec: DeploymentSpec,
+    pub tenant: String,
+}
 
 impl Handler<CreateDeployment> for FederationActor {
     type Result = Result<DeploymentStatus, ApiError>;
     fn handle(&mut self, message: CreateDeployment, _: &mut Self::Context) -> Self::Result {
-        let output = self.core.create_deployment(now_unix(), message.0);
+        let output = self
+            .core
+            .create_deployment(now_unix(), message.spec, &message.tenant);
         self.run(output)?
     }
 }
@@ -679,11 +714,14 @@ impl Handler<CreateDeployment> for FederationActor {
 pub struct UpdateDeployment {
     pub name: String,
     pub spec: DeploymentSpec,
+    pub scope: Option<String>,
 }
 
 impl Handler<UpdateDeployment> for FederationActor {
     type Result = Result<DeploymentStatus, ApiError>;
     fn handle(&mut self, message: UpdateDeployment, _: &mut Self::Context) -> Self::Result {
+        self.core
+            .owned_deployment(&message.name, message.scope.as_deref())?;
         let output = self
             .core
             .update_deployment(now_unix_ms(), &message.name, message.spec);
@@ -699,11 +737,14 @@ pub struct ActOnRollout {
     pub action: RolloutAction,
     /// Who asked, for the rollout's history.
     pub by: String,
+    pub scope: Option<String>,
 }
 
 impl Handler<ActOnRollout> for FederationActor {
     type Result = Result<DeploymentStatus, ApiError>;
     fn handle(&mut self, message: ActOnRollout, _: &mut Self::Context) -> Self::Result {
+        self.core
+            .owned_deployment(&message.deployment, message.scope.as_deref())?;
         let output = self.core.rollout_action(
             now_unix_ms(),
             &message.deployment,
@@ -716,47 +757,46 @@ impl Handler<ActOnRollout> for FederationActor {
 
 #[derive(Message)]
 #[rtype(result = "Result<Vec<DeploymentStatus>, ApiError>")]
-pub struct ListDeployments;
+pub struct ListDeployments {
+    pub scope: Option<String>,
+}
 
 impl Handler<ListDeployments> for FederationActor {
     type Result = Result<Vec<DeploymentStatus>, ApiError>;
-    fn handle(&mut self, _: ListDeployments, _: &mut Self::Context) -> Self::Result {
-        Ok(self.core.deployment_statuses())
+    fn handle(&mut self, message: ListDeployments, _: &mut Self::Context) -> Self::Result {
+        Ok(self.core.deployment_statuses_for(message.scope.as_deref()))
     }
 }
 
 #[derive(Message)]
 #[rtype(result = "Result<DeploymentStatus, ApiError>")]
-pub struct GetDeployment(pub String);
+pub struct GetDeployment {
+    pub name: String,
+    pub scope: Option<String>,
+}
 
 impl Handler<GetDeployment> for FederationActor {
     type Result = Result<DeploymentStatus, ApiError>;
     fn handle(&mut self, message: GetDeployment, _: &mut Self::Context) -> Self::Result {
-        self.core.deployment_status(&message.0)
+        self.core
+            .deployment_status_for(&message.name, message.scope.as_deref())
     }
 }
 
 #[derive(Message)]
 #[rtype(result = "Result<(), ApiError>")]
-pub struct DeleteDeployment(pub String);
+pub struct DeleteDeployment {
+    pub name: String,
+    pub scope: Option<String>,
+}
 
 impl Handler<DeleteDeployment> for FederationActor {
     type Result = Result<(), ApiError>;
     fn handle(&mut self, message: DeleteDeployment, _: &mut Self::Context) -> Self::Result {
-        let output = self.core.delete_deployment(&message.0);
+        self.core
+            .owned_deployment(&message.name, message.scope.as_deref())?;
+        let output = self.core.delete_deployment(&message.name);
         self.run(output)?
-    }
-}
-
-/// Checks an API bearer token; returns its role and tenant.
-#[derive(Message)]
-#[rtype(result = "Option<Principal>")]
-pub struct Authenticate(pub String);
-
-impl Handler<Authenticate> for FederationActor {
-    type Result = Option<Principal>;
-    fn handle(&mut self, message: Authenticate, _: &mut Self::Context) -> Self::Result {
-        self.core.authenticate(&message.0)
     }
 }
 

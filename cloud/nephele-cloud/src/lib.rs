@@ -10,6 +10,7 @@
 //! crates with no actix, tokio or quinn in them (`nephele-domain` today).
 
 pub mod api;
+pub mod api_rate;
 pub mod config;
 pub mod federation;
 pub mod gateway;
@@ -462,6 +463,7 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
         region_weights: config.scheduler.region_weights,
         blob_dir,
         pushes,
+        rate: api_rate::RateLimiter::new(config.api_rate_per_s, config.api_rate_burst),
     });
     let server = actix_web::HttpServer::new(move || {
         actix_web::App::new()

@@ -52,6 +52,9 @@ pub struct Push {
     /// Recurrent state, `--state INPUT=OUTPUT` (checked against the model in the build).
     pub state: Vec<nephele_proto::StateBinding>,
     pub wait: bool,
+    /// The tenant it is pushed for: set by the API from the token (an admin may name
+    /// one with `tenant=`); pushes kept from before tenants are `default`'s.
+    pub tenant: String,
 }
 
 /// Parses `INPUT=OUTPUT` (a `--state` flag).
@@ -130,6 +133,7 @@ pub fn parse_push(
     let mut wait = false;
     let mut spec_texts = Vec::new();
     let mut state_texts = Vec::new();
+    let mut tenant = crate::store::default_tenant();
     for (key, value) in query {
         match key.as_str() {
             "wait" => {
@@ -141,9 +145,10 @@ pub fn parse_push(
             }
             "input" => spec_texts.push(value.clone()),
             "state" => state_texts.push(value.clone()),
+            "tenant" => tenant = value.clone(),
             other => {
                 return Err(bad(format!(
-                    "unknown query parameter {other:?}; a push takes input=NAME=DIMS[:DTYPE][=VALUE] and state=INPUT=OUTPUT (both repeatable) and wait=true"
+                    "unknown query parameter {other:?}; a push takes input=NAME=DIMS[:DTYPE][=VALUE] and state=INPUT=OUTPUT (both repeatable), wait=true and (admins) tenant=NAME"
                 )))
             }
         }
@@ -210,6 +215,7 @@ pub fn parse_push(
         input_specs,
         state,
         wait,
+        tenant,
     })
 }
 
@@ -261,6 +267,7 @@ pub async fn start(
         validation,
         input_specs,
         state,
+        tenant,
         ..
     } = push;
     let spec_texts: Vec<String> = input_specs.iter().map(|s| s.to_string()).collect();
@@ -301,6 +308,7 @@ pub async fn start(
             format: format.to_string(),
             input_specs: spec_texts.clone(),
             now_unix: crate::federation::now_unix(),
+            tenant: tenant.clone(),
         })
         .await
         .map_err(|e| ApiError::Internal(format!("the federation actor is gone: {e}")))??;
@@ -382,7 +390,7 @@ pub async fn start(
         .map_err(|e| ApiError::Internal(format!("cannot start the build thread: {e}")))?;
     actix_rt::spawn(async move {
         let outcome = match built_rx.await {
-            Ok(Ok(message)) => match federation.send(message).await {
+            Ok(Ok(message)) => match federation.send(PutModel { tenant, ..message }).await {
                 Ok(stored) => stored,
                 Err(e) => Err(ApiError::Internal(e.to_string())),
             },
@@ -536,6 +544,8 @@ fn build(
         format: format.to_string(),
         input_specs,
         recurrent_state: Vec::new(),
+        // Set by `start` from the push.
+        tenant: String::new(),
     })
 }
 
@@ -654,6 +664,7 @@ fn build_graph(
         format: nephele_runtime::graph_model::FORMAT_ONNX_GRAPH.to_string(),
         input_specs,
         recurrent_state: state,
+        tenant: String::new(),
     })
 }
 

@@ -107,6 +107,7 @@ mod tests {
             replicas,
             rollout_settings: None,
             rollout: None,
+            tenant: "default".into(),
         }
     }
 

@@ -33,6 +33,8 @@ pub enum Table {
     RegionState,
     /// `<device>` → what the device reported serving (`federation::usage`).
     Usage,
+    /// `<seq>` → one entry of the API's audit log.
+    Audit,
 }
 
 impl Table {
@@ -49,13 +51,14 @@ impl Table {
             Table::RegionNodes => "region_nodes",
             Table::RegionState => "region_state",
             Table::Usage => "usage",
+            Table::Audit => "audit",
         }
     }
 
     fn definition(self) -> TableDefinition<'static, &'static str, &'static [u8]> {
         TableDefinition::new(self.name())
     }
-    const ALL: [Table; 10] = [
+    const ALL: [Table; 11] = [
         Table::JoinTokens,
         Table::Devices,
         Table::Models,
@@ -66,6 +69,7 @@ impl Table {
         Table::RegionNodes,
         Table::RegionState,
         Table::Usage,
+        Table::Audit,
     ];
 }
 
@@ -152,6 +156,9 @@ pub struct ModelRecord {
     /// Recurrent state of a stateful model (`--state INPUT=OUTPUT`).
     #[serde(default)]
     pub recurrent_state: Vec<nephele_proto::StateBinding>,
+    /// The tenant that pushed it: only its tokens (and admins) see and deploy it.
+    #[serde(default = "default_tenant")]
+    pub tenant: String,
 }
 
 /// Digits of the sha256 that name a model version.
@@ -236,6 +243,9 @@ pub struct DeploymentRecord {
     /// Its latest rollout: under way, or how the last one ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<Box<crate::federation::rollout::Rollout>>,
+    /// The tenant it belongs to.
+    #[serde(default = "default_tenant")]
+    pub tenant: String,
 }
 
 impl DeploymentRecord {
@@ -320,13 +330,58 @@ fn auto() -> String {
     "auto".into()
 }
 
+/// An API token: its id (the public half before the dot) and the hash of the whole
+/// token; the secret itself is never stored.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ApiTokenRecord {
     pub id: String,
     pub sha256: String,
-    pub role: String,
+    pub role: crate::federation::Role,
     pub tenant: String,
     pub created_unix: u64,
+    /// What it is for, as its creator said (records from before names have none).
+    #[serde(default)]
+    pub name: String,
+    /// Who created it (`bootstrap` for the first admin token).
+    #[serde(default)]
+    pub created_by: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_unix: Option<u64>,
+    /// When it was revoked: kept, so the audit log's token ids still resolve.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoked_unix: Option<u64>,
+    /// When its secret was last replaced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rotated_unix: Option<u64>,
+}
+
+/// One entry of the audit log: a change asked of the API (allowed or refused), who
+/// asked, from where, and how it ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditRecord {
+    /// Increasing; the record's key.
+    pub seq: u64,
+    pub unix_ms: u64,
+    /// The token's id, or empty when the request had no valid token.
+    pub token: String,
+    pub role: String,
+    pub tenant: String,
+    pub method: String,
+    pub path: String,
+    pub status: u16,
+    /// The peer's IP address.
+    pub peer: String,
+}
+
+impl AuditRecord {
+    pub fn key(&self) -> String {
+        format!("{:020}", self.seq)
+    }
+}
+
+/// The tenant of records from before tenants owned models and deployments.
+pub fn default_tenant() -> String {
+    "default".into()
 }
 
 /// Where the records live.
@@ -737,6 +792,7 @@ mod tests {
             replicas: Default::default(),
             rollout_settings: None,
             rollout: None,
+            tenant: "default".into(),
         };
         {
             let store = Store::open(&dir).unwrap();

@@ -105,7 +105,13 @@ impl Api {
                 .and_then(|m| m.as_str())
                 .map(str::to_string)
                 .unwrap_or_else(|| value.to_string());
-            bail!("{what} failed ({status}): {message}");
+            let field = value
+                .get("field")
+                .and_then(|f| f.as_str())
+                .filter(|field| !message.contains(field))
+                .map(|field| format!(" (field: {field})"))
+                .unwrap_or_default();
+            bail!("{what} failed ({status}): {message}{field}");
         }
         Ok(value)
     }

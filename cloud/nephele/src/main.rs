@@ -1,10 +1,12 @@
 //! `nephele`: the command line for people.
 //!
-//! It talks to the REST API (`token`, `device`, `model`, `deploy`, `job`, `region`, `grid`), and it embeds both
+//! It talks to the REST API (`token`, `api-token`, `tenant`, `audit`, `device`, `model`,
+//! `deploy`, `rollout`, `job`, `region`, `grid`), and it embeds both
 //! server roles (`nephele cloud …` = `nephele-cloud …`, `nephele edge …` =
 //! `nephele-edge …`, as k3s does) so that `nephele demo` can start a whole fleet of real
 //! processes from this one binary.
 
+mod access;
 mod bench;
 mod bench_inference;
 mod bench_split;
@@ -82,6 +84,28 @@ enum Command {
         #[command(subcommand)]
         command: rollout::RolloutCommand,
     },
+    /// API tokens: who may use the API, with which role, for which tenant (admins).
+    ApiToken {
+        #[command(flatten)]
+        api: client::ApiArgs,
+        #[command(subcommand)]
+        command: access::ApiTokenCommand,
+    },
+    /// Tenants and their quotas.
+    Tenant {
+        #[command(flatten)]
+        api: client::ApiArgs,
+        #[command(subcommand)]
+        command: access::TenantCommand,
+    },
+    /// The audit log: every change made through the API, who made it and from where
+    /// (admins).
+    Audit {
+        #[command(flatten)]
+        api: client::ApiArgs,
+        #[command(flatten)]
+        args: access::AuditArgs,
+    },
     /// Jobs in the regions' schedulers (gangs, priorities, fair share, quotas).
     Job {
         #[command(flatten)]
@@ -119,6 +143,9 @@ fn main() {
         Command::Model { api, command } => client::model(api, command),
         Command::Deploy { api, command } => client::deploy(api, command),
         Command::Rollout { api, command } => rollout::run(api, command),
+        Command::ApiToken { api, command } => access::api_token(api, command),
+        Command::Tenant { api, command } => access::tenant(api, command),
+        Command::Audit { api, args } => access::audit(api, args),
         Command::Job { api, command } => client::job(api, command),
         Command::Region { api, command } => client::region(api, command),
         Command::Grid { api, command } => client::grid(api, command),

@@ -18,6 +18,8 @@ use super::ApiError;
 #[derive(Debug, Clone)]
 pub struct Build {
     pub sha256: String,
+    /// The tenant pushing it.
+    pub tenant: String,
     pub size: u64,
     pub started_unix: u64,
     pub format: String,
@@ -36,6 +38,7 @@ impl Build {
             .to_string();
         ModelView {
             name: name.to_string(),
+            tenant: self.tenant.clone(),
             reference: format!("{name}:{version}"),
             version,
             state: if self.error.is_some() {
@@ -81,6 +84,7 @@ pub enum Begin {
 /// A push to build: the file's name, hash, size and format, and the `--input` specs.
 pub struct NewBuild {
     pub name: String,
+    pub tenant: String,
     pub sha256: String,
     pub size: u64,
     pub format: String,
@@ -91,6 +95,7 @@ impl FleetCore {
     /// Registers a build of a pushed file, unless it is stored or building already.
     pub fn begin_model(&mut self, now_unix: u64, new: NewBuild) -> Result<Begin, ApiError> {
         self.begin();
+        self.check_model_owner(&new.name, &new.tenant)?;
         if let Some(existing) = self
             .catalog
             .versions(&new.name)
@@ -118,6 +123,7 @@ impl FleetCore {
         }
         let build = Build {
             sha256: new.sha256,
+            tenant: new.tenant,
             size: new.size,
             started_unix: now_unix,
             format: new.format,

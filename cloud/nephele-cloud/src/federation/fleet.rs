@@ -155,6 +155,7 @@ impl Catalog {
         &self,
         spec: DeploymentSpec,
         now_unix: u64,
+        tenant: &str,
     ) -> Result<DeploymentRecord, ApiError> {
         if self.deployments.contains_key(&spec.name) {
             return Err(ApiError::Conflict(format!(
@@ -162,12 +163,17 @@ impl Catalog {
                 spec.name, spec.name
             )));
         }
-        self.check(spec, now_unix)
+        self.check(spec, now_unix, tenant)
     }
 
-    /// Checks a deployment spec (new or an update) and returns the record it makes,
-    /// its model resolved to a version.
-    pub fn check(&self, spec: DeploymentSpec, now_unix: u64) -> Result<DeploymentRecord, ApiError> {
+    /// Checks a deployment spec (new or an update) of `tenant` and returns the record it
+    /// makes, its model resolved to a version. Another tenant's model is not found.
+    pub fn check(
+        &self,
+        spec: DeploymentSpec,
+        now_unix: u64,
+        tenant: &str,
+    ) -> Result<DeploymentRecord, ApiError> {
         nephele_domain::validate_name("deployment", &spec.name).map_err(ApiError::BadRequest)?;
         Selector::parse(&spec.selector).map_err(|e| ApiError::BadRequest(e.to_string()))?;
         if spec.slo_ms == 0 || spec.slo_ms > 600_000 {
@@ -191,9 +197,14 @@ impl Catalog {
         if let Some(settings) = &spec.rollout {
             settings.validate().map_err(ApiError::BadRequest)?;
         }
-        let Some(model) = self.resolve(&spec.model) else {
+        let Some(model) = self.resolve(&spec.model).filter(|m| m.tenant == tenant) else {
             let known: Vec<String> = match spec.model.split_once(':') {
-                Some((name, _)) => self.versions(name).iter().map(|m| m.reference()).collect(),
+                Some((name, _)) => self
+                    .versions(name)
+                    .iter()
+                    .filter(|m| m.tenant == tenant)
+                    .map(|m| m.reference())
+                    .collect(),
                 None => Vec::new(),
             };
             return Err(ApiError::NotFound(if known.is_empty() {
@@ -229,6 +240,7 @@ impl Catalog {
         }
         Ok(DeploymentRecord {
             name: spec.name,
+            tenant: tenant.to_string(),
             model: model.key(),
             selector: spec.selector,
             slo_ms: spec.slo_ms,

@@ -64,6 +64,23 @@ impl CopyRead {
     }
 }
 
+impl CopyRead {
+    /// The path it reads (for the access table).
+    pub fn path(&self) -> String {
+        match self {
+            CopyRead::Devices => "/v1/devices".into(),
+            CopyRead::DeviceUsage(d) => format!("/v1/devices/{d}/usage"),
+            CopyRead::Models => "/v1/models".into(),
+            CopyRead::Model(m) => format!("/v1/models/{m}"),
+            CopyRead::Deployments => "/v1/deployments".into(),
+            CopyRead::Deployment(d) => format!("/v1/deployments/{d}"),
+            CopyRead::Rollout(d) => format!("/v1/deployments/{d}/rollout"),
+            CopyRead::JoinTokens => "/v1/tokens".into(),
+            CopyRead::Regions => "/v1/regions".into(),
+        }
+    }
+}
+
 /// Device fields only the leader knows.
 const DEVICE_LIVE: [&str; 9] = [
     "online",
@@ -105,12 +122,15 @@ impl FleetCopy {
 
     /// Who a bearer token speaks for, by the token hashes in the copy (a token made on
     /// the leader since the copy was loaded is not known yet).
-    pub fn authenticate(&self, token: &str) -> Option<Principal> {
-        self.core.authenticate(token)
+    pub fn authenticate(&self, token: &str, now_unix: u64) -> Result<Principal, String> {
+        self.core
+            .authenticate(token, now_unix)
+            .ok_or_else(|| self.core.why_refused(token, now_unix))
     }
 
-    /// The answer to `read`, as JSON in the leader's shapes.
-    pub fn answer(&self, read: &CopyRead) -> Result<Value, ApiError> {
+    /// The answer to `read` for a token of `scope` (see [`Principal::scope`]), as JSON
+    /// in the leader's shapes.
+    pub fn answer(&self, read: &CopyRead, scope: Option<&str>) -> Result<Value, ApiError> {
         let core = &self.core;
         match read {
             CopyRead::Devices => {
@@ -122,21 +142,21 @@ impl FleetCopy {
                 Ok(devices)
             }
             CopyRead::DeviceUsage(name) => json(core.usage_of(name)?),
-            CopyRead::Models => json(core.model_views()),
-            CopyRead::Model(name) => json(core.model_view(name)?),
+            CopyRead::Models => json(core.model_views_for(scope)),
+            CopyRead::Model(name) => json(core.model_view_for(name, scope)?),
             CopyRead::Deployments => {
-                let mut deployments = json(core.deployment_statuses())?;
+                let mut deployments = json(core.deployment_statuses_for(scope))?;
                 for deployment in array(&mut deployments) {
                     deployment_unknown(deployment);
                 }
                 Ok(deployments)
             }
             CopyRead::Deployment(name) => {
-                let mut deployment = json(core.deployment_status(name)?)?;
+                let mut deployment = json(core.deployment_status_for(name, scope)?)?;
                 deployment_unknown(&mut deployment);
                 Ok(deployment)
             }
-            CopyRead::Rollout(name) => match core.deployment_status(name)?.rollout {
+            CopyRead::Rollout(name) => match core.deployment_status_for(name, scope)?.rollout {
                 // Everything a rollout holds is in its record: nothing live to hide.
                 Some(rollout) => json(rollout),
                 None => Err(ApiError::NotFound(format!(
@@ -228,7 +248,7 @@ mod tests {
         let store = MemoryStore::default();
         let token = "tok1.secret";
         let deployment = crate::federation::fleet::Catalog::load(vec![], vec![model("m")])
-            .validate(spec("d", "m", "", "auto"), 1)
+            .validate(spec("d", "m", "", "auto"), 1, "default")
             .expect("valid");
         store
             .commit(&[
@@ -238,26 +258,42 @@ mod tests {
                 Write::Put(Record::ApiToken(ApiTokenRecord {
                     id: "tok1".into(),
                     sha256: crate::federation::sha256_hex(token.as_bytes()),
-                    role: "admin".into(),
+                    role: crate::federation::Role::Admin,
                     tenant: "default".into(),
                     created_unix: 1,
+                    name: String::new(),
+                    created_by: String::new(),
+                    expires_unix: None,
+                    revoked_unix: None,
+                    rotated_unix: None,
                 })),
             ])
             .expect("commit");
         let copy = FleetCopy::new(CloudConfig::default(), store.load().expect("load"));
 
-        assert_eq!(copy.authenticate(token).expect("known").role, "admin");
-        assert!(copy.authenticate("tok1.wrong").is_none());
-        assert!(copy.authenticate("nobody.secret").is_none());
+        let admin = copy.authenticate(token, 2).expect("known");
+        assert_eq!(admin.role, crate::federation::Role::Admin);
+        assert!(copy.authenticate("tok1.wrong", 2).is_err());
+        assert!(copy.authenticate("nobody.secret", 2).is_err());
+        // Another tenant's viewer sees none of this tenant's models or deployments.
+        let other = Some("team-b");
+        assert_eq!(
+            copy.answer(&CopyRead::Models, other).expect("models"),
+            serde_json::json!([])
+        );
+        assert!(matches!(
+            copy.answer(&CopyRead::Deployment("d".into()), other),
+            Err(ApiError::NotFound(_))
+        ));
 
-        let devices = copy.answer(&CopyRead::Devices).expect("devices");
+        let devices = copy.answer(&CopyRead::Devices, None).expect("devices");
         assert_eq!(devices[0]["name"], "cam-1");
         assert_eq!(devices[0]["health"], "unknown");
         assert_eq!(devices[0]["online"], Value::Null);
         assert_eq!(devices[0]["region"], "eu");
 
         let deployment = copy
-            .answer(&CopyRead::Deployment("d".into()))
+            .answer(&CopyRead::Deployment("d".into()), None)
             .expect("deployment");
         // A record from before versions reads as the version its digest gives.
         assert_eq!(deployment["model"], "m:00");
@@ -268,14 +304,14 @@ mod tests {
         assert_eq!(deployment["devices"][0]["phase"], "unknown");
         assert_eq!(deployment["devices"][0]["ready"], Value::Null);
 
-        let models = copy.answer(&CopyRead::Models).expect("models");
+        let models = copy.answer(&CopyRead::Models, None).expect("models");
         assert_eq!(models[0]["name"], "m");
         assert!(matches!(
-            copy.answer(&CopyRead::Model("nope".into())),
+            copy.answer(&CopyRead::Model("nope".into()), None),
             Err(ApiError::NotFound(_))
         ));
         assert!(matches!(
-            copy.answer(&CopyRead::Deployment("nope".into())),
+            copy.answer(&CopyRead::Deployment("nope".into()), None),
             Err(ApiError::NotFound(_))
         ));
         assert_eq!(
@@ -283,7 +319,7 @@ mod tests {
             Some(CopyRead::Rollout("d".into()))
         );
         assert!(matches!(
-            copy.answer(&CopyRead::Rollout("d".into())),
+            copy.answer(&CopyRead::Rollout("d".into()), None),
             Err(ApiError::NotFound(ref m)) if m.contains("never been rolled out")
         ));
     }

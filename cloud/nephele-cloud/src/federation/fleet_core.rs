@@ -34,7 +34,7 @@ use super::usage::UsageTotals;
 use super::{constant_time_eq, sha256_hex};
 use crate::config::CloudConfig;
 use crate::scheduler::{PoolWork, ReplicaSpec};
-use crate::store::{ApiTokenRecord, DeviceRecord, JoinTokenRecord, Table};
+use crate::store::{ApiTokenRecord, AuditRecord, DeviceRecord, JoinTokenRecord, Table};
 use crate::variants::{device_caps, Caps};
 
 /// What a command asks of the shell.
@@ -131,6 +131,8 @@ pub(super) struct Records {
     pub devices: BTreeMap<String, DeviceRecord>,
     pub api_tokens: BTreeMap<String, ApiTokenRecord>,
     pub usage: BTreeMap<String, UsageTotals>,
+    /// The newest audit entries, by key (at most `fleet_core_access::AUDIT_KEPT`).
+    pub audit: BTreeMap<String, AuditRecord>,
 }
 
 pub struct FleetCore {
@@ -184,12 +186,14 @@ impl FleetCore {
             deployments,
             api_tokens,
             usage,
+            audit,
         } = snapshot;
         let records = Records {
             join_tokens: join_tokens.into_iter().map(|r| (r.id.clone(), r)).collect(),
             devices: devices.into_iter().map(|r| (r.name.clone(), r)).collect(),
             api_tokens: api_tokens.into_iter().map(|r| (r.id.clone(), r)).collect(),
             usage: usage.into_iter().map(|r| (r.device.clone(), r)).collect(),
+            audit: audit.into_iter().map(|r| (r.key(), r)).collect(),
         };
         let caps = records
             .devices
@@ -347,6 +351,11 @@ impl FleetCore {
                 _ => None,
             })
             .map(Record::Usage),
+            Table::Audit => replace(&mut self.records.audit, &key, record, |r| match r {
+                Record::Audit(r) => Some(r),
+                _ => None,
+            })
+            .map(Record::Audit),
             Table::Models => {
                 let before = self.catalog.model(&key).cloned();
                 match record {

@@ -13,10 +13,9 @@ use super::fleet_core::{Effect, FleetCore, Output};
 use super::fleet_store::{Record, Write};
 use super::usage::UsageTotals;
 use super::views::*;
-use super::{constant_time_eq, sha256_hex, ApiError};
+use super::{sha256_hex, ApiError};
 use crate::store::{
-    ApiTokenRecord, DeploymentRecord, DeviceRecord, JoinTokenRecord, ModelRecord, Table,
-    VariantRecord,
+    DeploymentRecord, DeviceRecord, JoinTokenRecord, ModelRecord, Table, VariantRecord,
 };
 
 /// A model that a build (`model_build`) loaded and derived variants from, off the
@@ -36,6 +35,8 @@ pub struct PutModel {
     pub input_specs: Vec<String>,
     /// Recurrent state (`--state INPUT=OUTPUT`), checked against the model.
     pub recurrent_state: Vec<nephele_proto::StateBinding>,
+    /// The tenant that pushed it.
+    pub tenant: String,
 }
 
 /// A new join token: its id and secret are drawn by the shell.
@@ -303,6 +304,7 @@ impl FleetCore {
         message: PutModel,
     ) -> Result<ModelView, ApiError> {
         nephele_domain::validate_name("model", &message.name).map_err(ApiError::BadRequest)?;
+        self.check_model_owner(&message.name, &message.tenant)?;
         let sha256 = sha256_of(&message.bytes);
         let sha_hex = hex::encode(sha256);
         if let Some(existing) = self
@@ -392,6 +394,7 @@ impl FleetCore {
             format: message.format,
             input_specs: message.input_specs,
             recurrent_state: message.recurrent_state,
+            tenant: message.tenant,
         };
         let view = ModelView::from(&record);
         tracing::info!(
@@ -415,9 +418,10 @@ impl FleetCore {
         &mut self,
         now_unix: u64,
         spec: DeploymentSpec,
+        tenant: &str,
     ) -> Output<Result<DeploymentStatus, ApiError>> {
         self.begin();
-        let record = match self.catalog.validate(spec, now_unix) {
+        let record = match self.catalog.validate(spec, now_unix, tenant) {
             Ok(record) => record,
             Err(error) => return self.finish(Err(error), Vec::new()),
         };
@@ -524,6 +528,7 @@ impl FleetCore {
         }
         DeploymentStatus {
             name: deployment.name.clone(),
+            tenant: deployment.tenant.clone(),
             model: self
                 .catalog
                 .model(&deployment.model)
@@ -545,45 +550,8 @@ impl FleetCore {
     }
 
     // ------------------------------------------------------------------------------
-    // API tokens, regions
+    // Regions
     // ------------------------------------------------------------------------------
-
-    /// The first admin API token, when there is none (a fresh control plane): its
-    /// hash is written, and the token is returned once, for the operator.
-    pub fn bootstrap_admin_token(
-        &mut self,
-        now_unix: u64,
-        id: String,
-        secret: String,
-    ) -> Output<Option<String>> {
-        self.begin();
-        if !self.records.api_tokens.is_empty() {
-            return self.finish(None, Vec::new());
-        }
-        let token = format!("{id}.{secret}");
-        self.write(Write::Put(Record::ApiToken(ApiTokenRecord {
-            id,
-            sha256: sha256_hex(token.as_bytes()),
-            role: "admin".into(),
-            tenant: "default".into(),
-            created_unix: now_unix,
-        })));
-        self.finish(Some(token), Vec::new())
-    }
-
-    /// Who a bearer token speaks for, if it is one of ours.
-    pub fn authenticate(&self, token: &str) -> Option<Principal> {
-        let (id, _) = token.split_once('.')?;
-        let record = self.records.api_tokens.get(id)?;
-        constant_time_eq(
-            sha256_hex(token.as_bytes()).as_bytes(),
-            record.sha256.as_bytes(),
-        )
-        .then(|| Principal {
-            role: record.role.clone(),
-            tenant: record.tenant.clone(),
-        })
-    }
 
     pub fn region_views(&self) -> Vec<RegionView> {
         self.config

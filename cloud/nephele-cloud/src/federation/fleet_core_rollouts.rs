@@ -88,7 +88,9 @@ impl FleetCore {
             )));
         }
         let keep_settings = spec.rollout.is_none();
-        let mut record = self.catalog.check(spec, current.created_unix)?;
+        let mut record = self
+            .catalog
+            .check(spec, current.created_unix, &current.tenant)?;
         if keep_settings {
             record.rollout_settings = current.rollout_settings.clone();
         }

@@ -272,9 +272,11 @@ impl Shell {
     }
 
     fn deploy(&mut self, name: &str, selector: &str) {
-        let output = self
-            .core
-            .create_deployment(self.now_unix, spec(name, "m", selector, "auto"));
+        let output = self.core.create_deployment(
+            self.now_unix,
+            spec(name, "m", selector, "auto"),
+            "default",
+        );
         let _ = self.run(output);
     }
 
@@ -565,10 +567,13 @@ fn the_first_admin_token_is_made_once_and_authenticates() {
         .bootstrap_admin_token(1, "abc".into(), "s3cret".into());
     let token = shell.run(output).unwrap().expect("a fresh plane makes one");
     assert_eq!(token, "abc.s3cret");
-    let admin = shell.core.authenticate(&token).expect("it authenticates");
+    let admin = shell
+        .core
+        .authenticate(&token, 2)
+        .expect("it authenticates");
     assert!(admin.is_admin());
-    assert!(shell.core.authenticate("abc.wrong").is_none());
-    assert!(shell.core.authenticate("no-dot").is_none());
+    assert!(shell.core.authenticate("abc.wrong", 2).is_none());
+    assert!(shell.core.authenticate("no-dot", 2).is_none());
     // Only its hash is kept.
     match &shell.store.records()[&("api_tokens", "abc".to_string())] {
         Record::ApiToken(record) => assert!(!record.sha256.contains("s3cret")),
@@ -616,9 +621,10 @@ impl Shell {
             shell.join(shell.tokens.len() - 1, name).expect("join");
             shell.connect(name).expect("connect");
         }
-        let output = shell
-            .core
-            .create_deployment(shell.now_unix, spec("d0", "m:00", "", "auto"));
+        let output =
+            shell
+                .core
+                .create_deployment(shell.now_unix, spec("d0", "m:00", "", "auto"), "default");
         shell.run(output).expect("committed").expect("created");
         shell
     }
@@ -855,7 +861,7 @@ fn a_selector_that_matches_no_device_is_accepted_with_a_warning_and_the_count() 
         HashMap::new(),
     );
     let none = core
-        .create_deployment(1, spec("d1", "m", "site=south", "auto"))
+        .create_deployment(1, spec("d1", "m", "site=south", "auto"), "default")
         .reply
         .expect("accepted");
     assert_eq!(none.desired_devices, 0);
@@ -866,7 +872,7 @@ fn a_selector_that_matches_no_device_is_accepted_with_a_warning_and_the_count() 
         none.warnings
     );
     let some = core
-        .create_deployment(1, spec("d2", "m", "site=north", "auto"))
+        .create_deployment(1, spec("d2", "m", "site=north", "auto"), "default")
         .reply
         .expect("accepted");
     assert_eq!(some.desired_devices, 1);

@@ -8,8 +8,8 @@ use std::sync::Mutex;
 
 use super::usage::UsageTotals;
 use crate::store::{
-    ApiTokenRecord, DeploymentRecord, DeviceRecord, JoinTokenRecord, ModelRecord, Store,
-    StoreError, Table,
+    ApiTokenRecord, AuditRecord, DeploymentRecord, DeviceRecord, JoinTokenRecord, ModelRecord,
+    Store, StoreError, Table,
 };
 
 /// One durable record of the fleet.
@@ -21,6 +21,7 @@ pub enum Record {
     Deployment(DeploymentRecord),
     ApiToken(ApiTokenRecord),
     Usage(UsageTotals),
+    Audit(AuditRecord),
 }
 
 impl Record {
@@ -32,6 +33,7 @@ impl Record {
             Record::Deployment(_) => Table::Deployments,
             Record::ApiToken(_) => Table::ApiTokens,
             Record::Usage(_) => Table::Usage,
+            Record::Audit(_) => Table::Audit,
         }
     }
 
@@ -43,6 +45,7 @@ impl Record {
             Record::Deployment(r) => r.name.as_str().into(),
             Record::ApiToken(r) => r.id.as_str().into(),
             Record::Usage(r) => r.device.as_str().into(),
+            Record::Audit(r) => r.key().into(),
         }
     }
 
@@ -55,6 +58,7 @@ impl Record {
             Record::Deployment(r) => serde_json::to_vec(r),
             Record::ApiToken(r) => serde_json::to_vec(r),
             Record::Usage(r) => serde_json::to_vec(r),
+            Record::Audit(r) => serde_json::to_vec(r),
         };
         bytes.map_err(|e| StoreError::Db(e.to_string()))
     }
@@ -93,6 +97,7 @@ pub struct Snapshot {
     pub deployments: Vec<DeploymentRecord>,
     pub api_tokens: Vec<ApiTokenRecord>,
     pub usage: Vec<UsageTotals>,
+    pub audit: Vec<AuditRecord>,
 }
 
 /// Where the fleet's records are kept. `commit` is all or nothing and durable when it
@@ -121,6 +126,7 @@ impl FleetStore for Store {
             Table::Deployments,
             Table::ApiTokens,
             Table::Usage,
+            Table::Audit,
         ];
         let mut lists = self.list_together(&tables)?.into_iter();
         let mut next = || -> Vec<(String, Vec<u8>)> { lists.next().unwrap_or_default() };
@@ -131,6 +137,7 @@ impl FleetStore for Store {
             deployments: records(next())?,
             api_tokens: records(next())?,
             usage: records(next())?,
+            audit: records(next())?,
         })
     }
 
@@ -183,6 +190,7 @@ impl FleetStore for MemoryStore {
                 Record::Deployment(r) => snapshot.deployments.push(r),
                 Record::ApiToken(r) => snapshot.api_tokens.push(r),
                 Record::Usage(r) => snapshot.usage.push(r),
+                Record::Audit(r) => snapshot.audit.push(r),
             }
         }
         Ok(snapshot)

@@ -89,6 +89,7 @@ pub(in crate::federation) fn model(name: &str) -> ModelRecord {
         format: "onnx".into(),
         input_specs: vec![],
         recurrent_state: vec![],
+        tenant: "default".into(),
     }
 }
 
@@ -109,6 +110,7 @@ pub(in crate::federation) fn spec(
         hard_example_threshold: None,
         replicas: ReplicaSettings::default(),
         rollout: None,
+        tenant: None,
     }
 }
 
@@ -116,7 +118,7 @@ fn catalog_with(deployments: &[(&str, &str)]) -> Catalog {
     let mut catalog = Catalog::load(vec![], vec![model("m")]);
     for (name, selector) in deployments {
         let record = catalog
-            .validate(spec(name, "m", selector, "auto"), 1)
+            .validate(spec(name, "m", selector, "auto"), 1, "default")
             .expect("valid");
         catalog.put_deployment(record);
     }
@@ -155,7 +157,9 @@ fn edge_devices_get_what_their_labels_select() {
 #[test]
 fn pool_agents_get_only_what_their_region_placed_and_only_offloading_deployments() {
     let mut catalog = catalog_with(&[("a", ""), ("b", "")]);
-    let mut local_only = catalog.validate(spec("c", "m", "", "auto"), 1).unwrap();
+    let mut local_only = catalog
+        .validate(spec("c", "m", "", "auto"), 1, "default")
+        .unwrap();
     local_only.offload = false;
     catalog.put_deployment(local_only);
     let pool = device("p1", AgentRole::Pool, &[]);
@@ -182,7 +186,7 @@ fn pool_agents_get_only_what_their_region_placed_and_only_offloading_deployments
 #[test]
 fn a_new_deployment_is_checked_against_the_catalogue() {
     let catalog = catalog_with(&[("taken", "")]);
-    let refused = |spec: DeploymentSpec| catalog.validate(spec, 1).unwrap_err();
+    let refused = |spec: DeploymentSpec| catalog.validate(spec, 1, "default").unwrap_err();
     assert!(
         matches!(refused(spec("x", "nope", "", "auto")), ApiError::NotFound(m) if m.contains("model push"))
     );
@@ -210,7 +214,9 @@ fn a_new_deployment_is_checked_against_the_catalogue() {
     let mut slow = spec("x", "m", "", "auto");
     slow.slo_ms = 0;
     assert!(matches!(refused(slow), ApiError::BadRequest(_)));
-    let record = catalog.validate(spec("x", "m", "", "int8w"), 77).unwrap();
+    let record = catalog
+        .validate(spec("x", "m", "", "int8w"), 77, "default")
+        .unwrap();
     assert_eq!(
         (record.variant.as_str(), record.created_unix),
         ("int8w", 77)
@@ -235,6 +241,7 @@ fn an_unreadable_stored_manifest_ships_full_and_says_why() {
         replicas: ReplicaSettings::default(),
         rollout_settings: None,
         rollout: None,
+        tenant: "default".into(),
     });
     let edge = device("e", AgentRole::Edge, &[]);
     let desired = catalog.desired_for(&edge, DeviceInputs::default(), 1);
@@ -254,7 +261,9 @@ fn measured_times_count_only_for_variants_that_compute_the_whole_model() {
 #[test]
 fn replica_specs_cover_the_offloading_deployments_with_their_model_size() {
     let mut catalog = catalog_with(&[("a", ""), ("b", "")]);
-    let mut local_only = catalog.validate(spec("c", "m", "", "auto"), 1).unwrap();
+    let mut local_only = catalog
+        .validate(spec("c", "m", "", "auto"), 1, "default")
+        .unwrap();
     local_only.offload = false;
     catalog.put_deployment(local_only);
     let specs = catalog.replica_specs(&AutoscaleConfig::default());
@@ -283,7 +292,7 @@ proptest! {
                     n => format!("site=s{n}"),
                 };
                 catalog.remove_deployment(&name);
-                let record = catalog.validate(spec(&name, "m", &selector, "auto"), 1).unwrap();
+                let record = catalog.validate(spec(&name, "m", &selector, "auto"), 1, "default").unwrap();
                 records.insert(name, record.clone());
                 catalog.put_deployment(record);
             } else {

@@ -58,6 +58,8 @@ pub struct DeviceView {
 #[derive(Debug, Clone, Serialize)]
 pub struct ModelView {
     pub name: String,
+    /// The tenant that pushed it.
+    pub tenant: String,
     /// The first 12 hex digits of the stored file's sha256: pushing other content
     /// under the name adds a version, the same content is the same version.
     pub version: String,
@@ -126,6 +128,7 @@ impl From<&ModelRecord> for ModelView {
             .collect();
         ModelView {
             name: record.name.clone(),
+            tenant: record.tenant.clone(),
             version: record.version_id().to_string(),
             reference: record.reference(),
             state: ModelState::Ready,
@@ -171,6 +174,9 @@ pub struct DeploymentSpec {
     /// How updates of it roll out (steps and gates); absent: the defaults.
     #[serde(default)]
     pub rollout: Option<super::rollout::RolloutSettings>,
+    /// The tenant it belongs to: the token's own when absent; only admins name another.
+    #[serde(default)]
+    pub tenant: Option<String>,
 }
 
 fn default_variant() -> String {
@@ -213,6 +219,7 @@ pub struct DeviceDeploymentStatus {
 #[derive(Debug, Serialize)]
 pub struct DeploymentStatus {
     pub name: String,
+    pub tenant: String,
     pub model: String,
     pub selector: String,
     pub slo_ms: u32,
@@ -257,20 +264,6 @@ pub struct RolloutView {
     pub events: Vec<super::rollout::RolloutEvent>,
 }
 
-/// Who an API token speaks for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Principal {
-    pub role: String,
-    pub tenant: String,
-}
-
-impl Principal {
-    /// Admins act for every tenant; other roles only for their own.
-    pub fn is_admin(&self) -> bool {
-        self.role == "admin"
-    }
-}
-
 #[derive(Debug, Serialize)]
 pub struct RegionView {
     pub name: String,
@@ -278,4 +271,53 @@ pub struct RegionView {
     pub pools: Vec<crate::config::PoolConfig>,
     pub devices: usize,
     pub online: usize,
+}
+
+/// An API token as listed: never its secret, which only the response that created or
+/// rotated it carries (`token`).
+#[derive(Debug, Clone, Serialize)]
+pub struct ApiTokenView {
+    pub id: String,
+    pub name: String,
+    pub role: super::Role,
+    pub tenant: String,
+    /// `active`, `expired` or `revoked`.
+    pub state: &'static str,
+    pub created_unix: u64,
+    pub created_by: String,
+    pub expires_unix: Option<u64>,
+    pub revoked_unix: Option<u64>,
+    pub rotated_unix: Option<u64>,
+    /// The whole token (`id.secret`): only in the answer that made it; keep it, it is
+    /// not shown again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+}
+
+/// `POST /v1/api-tokens`.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiTokenSpec {
+    /// What it is for (a name: letters, digits, `-`, `_`, `.`).
+    pub name: String,
+    pub role: super::Role,
+    /// The tenant it acts for.
+    pub tenant: String,
+    /// Seconds until it expires; absent: it does not.
+    #[serde(default)]
+    pub ttl_s: Option<u64>,
+}
+
+/// A tenant: its scheduling weight and quotas (from the configuration), and what it
+/// holds.
+#[derive(Debug, Clone, Serialize)]
+pub struct TenantView {
+    pub name: String,
+    pub weight: f64,
+    pub quota_cpu_milli: Option<u64>,
+    pub quota_memory_mib: Option<u64>,
+    pub quota_gpu_milli: Option<u64>,
+    pub api_tokens: usize,
+    pub models: usize,
+    pub deployments: usize,
 }

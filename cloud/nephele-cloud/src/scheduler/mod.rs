@@ -74,6 +74,9 @@ pub use views::*;
 pub enum SchedError {
     #[error("{0}")]
     BadRequest(String),
+    /// A bad value in one field of the job spec, naming it.
+    #[error("{message}")]
+    Invalid { field: String, message: String },
     #[error("{0}")]
     NotFound(String),
     #[error("{0}")]
@@ -444,6 +447,50 @@ impl RegionScheduler {
             })
     }
 
+    /// Refuses a job that asks for more in all than its tenant's whole quota: it could
+    /// never start, even with nothing else of the tenant's running.
+    fn within_whole_quota(
+        &self,
+        tenant: usize,
+        pod: &PodRequest,
+        members: u16,
+    ) -> Result<(), SchedError> {
+        let quota = self.queue.tenants()[tenant].quota;
+        let members = u64::from(members.max(1));
+        let asks = [
+            (
+                "gpus",
+                "GPU milli",
+                quota.gpu_milli,
+                u64::from(pod.num_gpu) * u64::from(pod.gpu_milli) * members,
+            ),
+            (
+                "cpu_milli",
+                "CPU milli",
+                quota.cpu_milli,
+                pod.cpu_milli * members,
+            ),
+            (
+                "memory_mib",
+                "MiB of memory",
+                quota.memory_mib,
+                pod.memory_mib * members,
+            ),
+        ];
+        for (field, unit, limit, asked) in asks {
+            if let Some(limit) = limit.filter(|limit| asked > *limit) {
+                return Err(SchedError::Invalid {
+                    field: field.into(),
+                    message: format!(
+                        "quota exceeded: the job asks for {asked} {unit} in all ({members} member(s)), more than tenant {}'s whole quota of {limit}; it could never start: ask for less, or have an admin raise the quota",
+                        self.tenant_names()[tenant]
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
     fn pod_of(&self, spec: &JobSpec) -> Result<PodRequest, SchedError> {
         let bad = |m: String| Err(SchedError::BadRequest(m));
         if spec.members == 0 || spec.members > MAX_MEMBERS {
@@ -644,6 +691,7 @@ impl RegionScheduler {
         if let Some(why) = self.never_fits(&pod, spec.members, spec.topology) {
             return Err(SchedError::BadRequest(why));
         }
+        self.within_whole_quota(tenant_index, &pod, spec.members)?;
         let key = (tenant_index, spec.name.clone());
         if self.by_name.contains_key(&key) {
             return Err(SchedError::Conflict(format!(

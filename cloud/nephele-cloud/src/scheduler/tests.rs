@@ -218,8 +218,23 @@ fn higher_priority_preempts_after_the_grace_period_and_delete_frees_at_once() {
 fn quotas_and_bad_specs_are_explained() {
     let mut s = scheduler(1);
     join(&mut s, "pool-a", "gpu-4x-l4");
+    // More than the tenant's whole quota could never start: refused, naming the field.
+    match s.submit("beta", spec(serde_json::json!({"name": "j", "gpus": 3})), 0) {
+        Err(SchedError::Invalid { field, message }) => {
+            assert_eq!(field, "gpus");
+            assert!(message.contains("quota exceeded"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Within the quota but over it with what the tenant runs already: it waits.
+    s.submit(
+        "beta",
+        spec(serde_json::json!({"name": "first", "gpus": 2})),
+        0,
+    )
+    .expect("accepted");
     let (view, _) = s
-        .submit("beta", spec(serde_json::json!({"name": "j", "gpus": 3})), 0)
+        .submit("beta", spec(serde_json::json!({"name": "j", "gpus": 1})), 0)
         .expect("accepted");
     let why = view.why_pending.expect("why");
     assert!(why.message.contains("gpu quota"), "{}", why.message);
@@ -633,7 +648,14 @@ proptest::proptest! {
                         "expected_runtime_s": 30,
                     });
                     let tenant = ["alpha", "beta"][tenant];
-                    s.submit(tenant, spec(body), now).expect("valid job");
+                    match s.submit(tenant, spec(body), now) {
+                        Ok(_) => {}
+                        // More than beta's whole quota: refused at submission.
+                        Err(SchedError::Invalid { field, .. }) if tenant == "beta" => {
+                            assert_eq!(field, "gpus");
+                        }
+                        Err(error) => panic!("a valid job was refused: {error}"),
+                    }
                     submitted += 1;
                 }
                 Op::Delete(j) => {

@@ -94,8 +94,13 @@ pub async fn respond(
 ) {
     let body = body.to_string();
     let mut response = format!(
-        "HTTP/1.1 {status} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n",
+        "HTTP/1.1 {status} {}\r\ncontent-type: {}\r\ncontent-length: {}\r\nconnection: close\r\n",
         reason(status),
+        if status >= 400 {
+            crate::api::PROBLEM_JSON
+        } else {
+            "application/json"
+        },
         body.len()
     );
     for (name, value) in headers {

@@ -119,9 +119,20 @@ fn answer(
     token: Option<&str>,
 ) -> Result<serde_json::Value, ApiError> {
     let token = token.ok_or_else(|| ApiError::Unauthorized(MISSING_TOKEN.into()))?;
-    if copy.authenticate(token).is_none() {
-        tracing::warn!("standby: a read with an invalid API token was refused");
-        return Err(ApiError::Unauthorized("invalid API token".into()));
-    }
-    copy.answer(read)
+    let principal = copy
+        .authenticate(token, crate::federation::now_unix())
+        .map_err(|why| {
+            tracing::warn!("standby: a read with an invalid API token was refused");
+            ApiError::Unauthorized(why)
+        })?;
+    // The same table as the leader's: join tokens are for operators.
+    let (method, path) = ("GET", read.path());
+    principal
+        .check(
+            crate::federation::access::required(method, &path),
+            method,
+            &path,
+        )
+        .map_err(ApiError::Forbidden)?;
+    copy.answer(read, principal.scope())
 }

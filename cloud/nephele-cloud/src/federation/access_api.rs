@@ -1,0 +1,135 @@
+//! The federation actor's messages for access: authenticating API tokens, managing
+//! them, the audit log and tenants (the rules are in `fleet_core_access.rs`).
+
+use actix::prelude::*;
+
+use super::fleet_core_access::{AuditEntry, NewSecret};
+use super::views::{ApiTokenSpec, ApiTokenView, TenantView};
+use super::{now_unix, random_alnum, ApiError, FederationActor, Principal};
+use crate::store::AuditRecord;
+
+/// Checks an API bearer token: who it speaks for, or why it is refused.
+#[derive(Message)]
+#[rtype(result = "Result<Principal, String>")]
+pub struct Authenticate(pub String);
+
+impl Handler<Authenticate> for FederationActor {
+    type Result = Result<Principal, String>;
+    fn handle(&mut self, message: Authenticate, _: &mut Self::Context) -> Self::Result {
+        let now = now_unix();
+        self.core
+            .authenticate(&message.0, now)
+            .ok_or_else(|| self.core.why_refused(&message.0, now))
+    }
+}
+
+#[derive(Message)]
+#[rtype(result = "Result<ApiTokenView, ApiError>")]
+pub struct CreateApiToken {
+    pub spec: ApiTokenSpec,
+    pub by: Principal,
+}
+
+impl Handler<CreateApiToken> for FederationActor {
+    type Result = Result<ApiTokenView, ApiError>;
+    fn handle(&mut self, message: CreateApiToken, _: &mut Self::Context) -> Self::Result {
+        let secret = NewSecret {
+            id: random_alnum(8),
+            secret: random_alnum(40),
+        };
+        let output = self
+            .core
+            .create_api_token(now_unix(), message.spec, secret, &message.by);
+        self.run(output)?
+    }
+}
+
+#[derive(Message)]
+#[rtype(result = "Result<Vec<ApiTokenView>, ApiError>")]
+pub struct ListApiTokens;
+
+impl Handler<ListApiTokens> for FederationActor {
+    type Result = Result<Vec<ApiTokenView>, ApiError>;
+    fn handle(&mut self, _: ListApiTokens, _: &mut Self::Context) -> Self::Result {
+        Ok(self.core.api_token_views(now_unix()))
+    }
+}
+
+#[derive(Message)]
+#[rtype(result = "Result<ApiTokenView, ApiError>")]
+pub struct RevokeApiToken {
+    pub id: String,
+    pub by: Principal,
+}
+
+impl Handler<RevokeApiToken> for FederationActor {
+    type Result = Result<ApiTokenView, ApiError>;
+    fn handle(&mut self, message: RevokeApiToken, _: &mut Self::Context) -> Self::Result {
+        let output = self
+            .core
+            .revoke_api_token(now_unix(), &message.id, &message.by);
+        self.run(output)?
+    }
+}
+
+#[derive(Message)]
+#[rtype(result = "Result<ApiTokenView, ApiError>")]
+pub struct RotateApiToken {
+    pub id: String,
+    pub by: Principal,
+}
+
+impl Handler<RotateApiToken> for FederationActor {
+    type Result = Result<ApiTokenView, ApiError>;
+    fn handle(&mut self, message: RotateApiToken, _: &mut Self::Context) -> Self::Result {
+        let output =
+            self.core
+                .rotate_api_token(now_unix(), &message.id, random_alnum(40), &message.by);
+        self.run(output)?
+    }
+}
+
+/// Appends to the audit log (sent after the change was answered).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct RecordAudit(pub AuditEntry);
+
+impl Handler<RecordAudit> for FederationActor {
+    type Result = ();
+    fn handle(&mut self, message: RecordAudit, _: &mut Self::Context) {
+        let output = self.core.record_audit(message.0);
+        if let Err(error) = self.run(output) {
+            tracing::warn!(%error, "cannot write the audit log");
+        }
+    }
+}
+
+#[derive(Message)]
+#[rtype(result = "Result<Vec<AuditRecord>, ApiError>")]
+pub struct ListAudit {
+    pub after_seq: u64,
+    pub limit: usize,
+    pub tenant: Option<String>,
+}
+
+impl Handler<ListAudit> for FederationActor {
+    type Result = Result<Vec<AuditRecord>, ApiError>;
+    fn handle(&mut self, message: ListAudit, _: &mut Self::Context) -> Self::Result {
+        Ok(self
+            .core
+            .audit_views(message.after_seq, message.limit, message.tenant.as_deref()))
+    }
+}
+
+#[derive(Message)]
+#[rtype(result = "Result<Vec<TenantView>, ApiError>")]
+pub struct ListTenants {
+    pub scope: Option<String>,
+}
+
+impl Handler<ListTenants> for FederationActor {
+    type Result = Result<Vec<TenantView>, ApiError>;
+    fn handle(&mut self, message: ListTenants, _: &mut Self::Context) -> Self::Result {
+        Ok(self.core.tenant_views(message.scope.as_deref()))
+    }
+}

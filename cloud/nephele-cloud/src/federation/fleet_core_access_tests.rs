@@ -1,0 +1,243 @@
+//! API tokens and the audit log in the core: tokens are stored as hashes only, a
+//! revoked, expired or rotated-away secret stops working, the last admin cannot lock
+//! everyone out, and the audit log keeps the newest entries in order.
+
+use std::collections::HashMap;
+
+use super::*;
+use crate::config::{CloudConfig, TenantConfig};
+use crate::federation::authority::NoKeys;
+use crate::federation::fleet_store::Snapshot;
+
+fn core() -> FleetCore {
+    let mut config = CloudConfig::default();
+    for name in ["team-a", "team-b"] {
+        config.tenants.push(TenantConfig {
+            name: name.into(),
+            weight: 1.0,
+            quota_cpu_milli: None,
+            quota_memory_mib: None,
+            quota_gpu_milli: (name == "team-b").then_some(2000),
+        });
+    }
+    FleetCore::new(
+        config,
+        Box::new(NoKeys),
+        Snapshot::default(),
+        1,
+        HashMap::new(),
+    )
+}
+
+/// Applies an output's writes as the shell does after a commit.
+fn done<R>(output: Output<R>) -> R {
+    output.reply
+}
+
+fn admin(core: &mut FleetCore) -> (String, Principal) {
+    let token = done(core.bootstrap_admin_token(10, "adm".into(), "s".repeat(40))).unwrap();
+    let principal = core.authenticate(&token, 10).expect("admin");
+    (token, principal)
+}
+
+fn create(
+    core: &mut FleetCore,
+    by: &Principal,
+    id: &str,
+    spec: ApiTokenSpec,
+) -> Result<ApiTokenView, ApiError> {
+    done(core.create_api_token(
+        100,
+        spec,
+        NewSecret {
+            id: id.into(),
+            secret: format!("{id}-secret"),
+        },
+        by,
+    ))
+}
+
+fn spec(role: Role, tenant: &str, ttl_s: Option<u64>) -> ApiTokenSpec {
+    ApiTokenSpec {
+        name: "ci".into(),
+        role,
+        tenant: tenant.into(),
+        ttl_s,
+    }
+}
+
+#[test]
+fn a_token_is_shown_once_and_stored_as_its_hash() {
+    let mut core = core();
+    let (_, by) = admin(&mut core);
+    let view = create(
+        &mut core,
+        &by,
+        "dev1",
+        spec(Role::Developer, "team-a", None),
+    )
+    .unwrap();
+    let token = view.token.clone().expect("shown once");
+    assert_eq!(token, "dev1.dev1-secret");
+    let stored = &core.records.api_tokens["dev1"];
+    assert_ne!(stored.sha256, token);
+    assert!(!serde_json::to_string(stored)
+        .unwrap()
+        .contains("dev1-secret"));
+    assert!(core.api_token_views(100).iter().all(|v| v.token.is_none()));
+    let principal = core.authenticate(&token, 100).expect("works");
+    assert_eq!(
+        (principal.role, principal.tenant.as_str()),
+        (Role::Developer, "team-a")
+    );
+    assert!(core.authenticate("dev1.wrong", 100).is_none());
+}
+
+#[test]
+fn bad_specs_are_refused_naming_the_field() {
+    let mut core = core();
+    let (_, by) = admin(&mut core);
+    let field = |r: Result<ApiTokenView, ApiError>| match r {
+        Err(ApiError::Invalid { field, .. }) => field,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        field(create(
+            &mut core,
+            &by,
+            "x1",
+            spec(Role::Viewer, "nobody", None)
+        )),
+        "tenant"
+    );
+    assert_eq!(
+        field(create(
+            &mut core,
+            &by,
+            "x2",
+            spec(Role::Viewer, "team-a", Some(0))
+        )),
+        "ttl_s"
+    );
+    let mut bad_name = spec(Role::Viewer, "team-a", None);
+    bad_name.name = "has space".into();
+    assert_eq!(field(create(&mut core, &by, "x3", bad_name)), "name");
+    assert!(core.records.api_tokens.len() == 1, "nothing written");
+}
+
+#[test]
+fn revoked_expired_and_rotated_away_secrets_stop_working() {
+    let mut core = core();
+    let (admin_token, by) = admin(&mut core);
+    let short = create(
+        &mut core,
+        &by,
+        "tmp1",
+        spec(Role::Viewer, "team-a", Some(60)),
+    )
+    .unwrap();
+    let short = short.token.unwrap();
+    assert!(core.authenticate(&short, 159).is_some());
+    assert!(core.authenticate(&short, 160).is_none());
+    assert!(core.why_refused(&short, 160).contains("expired"));
+
+    let rotated = done(core.rotate_api_token(200, "tmp1", "fresh".into(), &by)).unwrap();
+    let fresh = rotated.token.unwrap();
+    assert!(
+        core.authenticate(&short, 200).is_none(),
+        "the old secret is gone"
+    );
+    assert!(
+        core.authenticate(&fresh, 259).is_some(),
+        "a fresh life of 60 s"
+    );
+    assert!(core.authenticate(&fresh, 260).is_none());
+
+    let viewer = create(&mut core, &by, "v1", spec(Role::Viewer, "team-b", None)).unwrap();
+    let viewer = viewer.token.unwrap();
+    done(core.revoke_api_token(300, "v1", &by)).unwrap();
+    assert!(core.authenticate(&viewer, 300).is_none());
+    assert!(core.why_refused(&viewer, 300).contains("revoked"));
+    // A wrong secret for a revoked id says nothing about the id.
+    assert_eq!(core.why_refused("v1.guess", 300), "invalid API token");
+    assert!(matches!(
+        done(core.revoke_api_token(301, "v1", &by)),
+        Err(ApiError::Conflict(_))
+    ));
+    // The last admin cannot be revoked; with a second one it can.
+    assert!(matches!(
+        done(core.revoke_api_token(302, "adm", &by)),
+        Err(ApiError::Conflict(ref m)) if m.contains("last active admin")
+    ));
+    create(&mut core, &by, "adm2", spec(Role::Admin, "team-a", None)).unwrap();
+    done(core.revoke_api_token(303, "adm", &by)).unwrap();
+    assert!(core.authenticate(&admin_token, 303).is_none());
+    let states: Vec<(String, &str)> = core
+        .api_token_views(303)
+        .into_iter()
+        .map(|v| (v.id, v.state))
+        .collect();
+    assert!(states.contains(&("v1".into(), "revoked")));
+    assert!(states.contains(&("adm2".into(), "active")));
+}
+
+#[test]
+fn the_audit_log_keeps_the_newest_entries_in_order() {
+    let mut core = core();
+    let (_, by) = admin(&mut core);
+    for i in 0..(AUDIT_KEPT + 5) {
+        let output = core.record_audit(AuditEntry {
+            unix_ms: i as u64,
+            principal: Some(by.clone()),
+            method: "POST".into(),
+            path: format!("/v1/jobs/{i}"),
+            status: 201,
+            peer: "127.0.0.1".into(),
+        });
+        assert!(!output.persist.is_empty());
+    }
+    assert_eq!(core.records.audit.len(), AUDIT_KEPT);
+    let newest = core.audit_views(0, 3, None);
+    let seqs: Vec<u64> = newest.iter().map(|r| r.seq).collect();
+    let last = (AUDIT_KEPT + 5) as u64;
+    assert_eq!(seqs, vec![last - 2, last - 1, last]);
+    assert_eq!(newest[2].token, "adm");
+    assert!(core.audit_views(last, 10, None).is_empty());
+    assert!(core.audit_views(0, 10, Some("team-a")).is_empty());
+}
+
+#[test]
+fn model_and_deployment_names_belong_to_their_tenant() {
+    let mut core = core();
+    core.catalog.put_model({
+        let mut m = crate::federation::fleet::tests::model("m");
+        m.tenant = "team-a".into();
+        m
+    });
+    assert!(core.check_model_owner("m", "team-a").is_ok());
+    assert!(matches!(
+        core.check_model_owner("m", "team-b"),
+        Err(ApiError::Conflict(_))
+    ));
+    assert_eq!(core.model_views_for(Some("team-b")).len(), 0);
+    assert_eq!(core.model_views_for(Some("team-a")).len(), 1);
+    assert!(core.model_view_for("m", Some("team-b")).is_err());
+    // Another tenant cannot deploy it: not found, as if it did not exist.
+    let spec = crate::federation::fleet::tests::spec("d", "m", "", "auto");
+    assert!(matches!(
+        done(core.create_deployment(1, spec.clone(), "team-b")),
+        Err(ApiError::NotFound(_))
+    ));
+    done(core.create_deployment(1, spec, "team-a")).unwrap();
+    assert!(core.owned_deployment("d", Some("team-a")).is_ok());
+    assert!(core.owned_deployment("d", None).is_ok());
+    assert!(matches!(
+        core.owned_deployment("d", Some("team-b")),
+        Err(ApiError::NotFound(_))
+    ));
+    assert_eq!(core.deployment_statuses_for(Some("team-b")).len(), 0);
+    let tenants = core.tenant_views(Some("team-a"));
+    assert_eq!(tenants.len(), 1);
+    assert_eq!((tenants[0].models, tenants[0].deployments), (1, 1));
+    assert_eq!(core.tenant_views(None).len(), 2);
+}

@@ -5,28 +5,21 @@ use serde_json::Value;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct ApiArgs {
-    /// Control plane API base URL.
-    #[arg(
-        long,
-        env = "NEPHELE_API",
-        default_value = "http://127.0.0.1:8080",
-        global = true
-    )]
-    pub api: String,
-    /// API token (the admin token is printed on first start and saved in <data-dir>/admin-token).
-    /// The token is never shown in `--help`, even when it comes from the environment.
-    #[arg(
-        long,
-        env = "NEPHELE_TOKEN",
-        global = true,
-        default_value = "",
-        hide_env_values = true,
-        hide_default_value = true
-    )]
-    pub token: String,
-    /// Print JSON instead of a table.
+    /// Control plane API base URL (default: the current context's, else
+    /// http://127.0.0.1:8080; `nephele login` saves contexts).
+    #[arg(long, env = "NEPHELE_API", global = true)]
+    pub api: Option<String>,
+    /// API token (default: the current context's; the first admin token is printed on
+    /// first start and saved in <data-dir>/admin-token). Never shown in `--help`, even
+    /// when it comes from the environment.
+    #[arg(long, env = "NEPHELE_TOKEN", global = true, hide_env_values = true)]
+    pub token: Option<String>,
+    /// Print JSON instead of a table (as `-o json`).
     #[arg(long, global = true)]
     pub json: bool,
+    /// How to print answers: table (default), json or yaml.
+    #[arg(short = 'o', long = "output", value_enum, global = true)]
+    pub output: Option<crate::output::Output>,
     /// Let the replica you reach answer reads from its own copy of the store (a
     /// standby's copy is at most a second old and has no live state: online, health,
     /// readiness), as Nomad's `-stale`; without it reads go to the leader.
@@ -34,10 +27,50 @@ pub struct ApiArgs {
     pub stale: bool,
 }
 
+/// Where a command's API and token come from when neither flag nor variable names them.
+const DEFAULT_API: &str = "http://127.0.0.1:8080";
+
 impl ApiArgs {
-    /// A client of the API these arguments name.
+    /// The arguments with `-o` applied (`-o json` is `--json`; `-o yaml` prints YAML).
+    pub fn prepared(mut self) -> ApiArgs {
+        self.json |= self.output == Some(crate::output::Output::Json);
+        let yaml = self.output == Some(crate::output::Output::Yaml);
+        self.json |= yaml;
+        crate::output::use_yaml(yaml);
+        self
+    }
+
+    /// A client of the API these arguments name: flags and variables first, then the
+    /// current context (see `context.rs`), then the default.
     pub fn client(&self) -> Api {
-        let mut api = Api::new(&self.api, &self.token);
+        let context = if self.api.is_none() || self.token.is_none() {
+            crate::context::current().unwrap_or_else(|error| {
+                eprintln!("nephele: warning: {error:#}; using flags and defaults");
+                None
+            })
+        } else {
+            None
+        };
+        // A context's token goes only to that context's API.
+        let context = context.filter(|c| {
+            self.api
+                .as_ref()
+                .is_none_or(|api| api.trim_end_matches('/') == c.api)
+        });
+        let base = self
+            .api
+            .clone()
+            .or_else(|| context.as_ref().map(|c| c.api.clone()))
+            .unwrap_or_else(|| DEFAULT_API.into());
+        let token = match (&self.token, &context) {
+            (Some(token), _) => token.clone(),
+            (None, Some(context)) => context.token().unwrap_or_else(|error| {
+                eprintln!("nephele: warning: {error:#}");
+                String::new()
+            }),
+            (None, None) => String::new(),
+        };
+        let mut api = Api::new(&base, &token);
         api.stale = self.stale;
         api
     }
@@ -319,7 +352,9 @@ pub enum DeployCommand {
 }
 
 pub(crate) fn print(json: bool, value: &Value, table: impl FnOnce(&Value)) {
-    if json {
+    if json && crate::output::yaml() {
+        print!("{}", crate::output::to_yaml(value));
+    } else if json {
         println!(
             "{}",
             serde_json::to_string_pretty(value).unwrap_or_default()

@@ -11,7 +11,9 @@ mod bench;
 mod bench_inference;
 mod bench_split;
 mod client;
+mod context;
 mod demo;
+mod output;
 mod rollout;
 mod sim;
 
@@ -106,6 +108,25 @@ enum Command {
         #[command(flatten)]
         args: access::AuditArgs,
     },
+    /// Check an API URL and token and save them as a context (made current).
+    Login {
+        #[command(flatten)]
+        api: client::ApiArgs,
+        #[command(flatten)]
+        args: context::LoginArgs,
+    },
+    /// Contexts: named control planes with their API and token (as kubeconfig's).
+    Context {
+        #[command(flatten)]
+        api: client::ApiArgs,
+        #[command(subcommand)]
+        command: context::ContextCommand,
+    },
+    /// Print a shell completion script: `source <(nephele completion bash)`.
+    Completion {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
     /// Jobs in the regions' schedulers (gangs, priorities, fair share, quotas).
     Job {
         #[command(flatten)]
@@ -138,17 +159,29 @@ fn main() {
         Command::Bench { command } => bench::run(command),
         Command::Cloud(args) => nephele_cloud::run_cli(args),
         Command::Edge { command } => nephele_edge::run_cli(command),
-        Command::Token { api, command } => client::token(api, command),
-        Command::Device { api, command } => client::device(api, command),
-        Command::Model { api, command } => client::model(api, command),
-        Command::Deploy { api, command } => client::deploy(api, command),
-        Command::Rollout { api, command } => rollout::run(api, command),
-        Command::ApiToken { api, command } => access::api_token(api, command),
-        Command::Tenant { api, command } => access::tenant(api, command),
-        Command::Audit { api, args } => access::audit(api, args),
-        Command::Job { api, command } => client::job(api, command),
-        Command::Region { api, command } => client::region(api, command),
-        Command::Grid { api, command } => client::grid(api, command),
+        Command::Token { api, command } => client::token(api.prepared(), command),
+        Command::Device { api, command } => client::device(api.prepared(), command),
+        Command::Model { api, command } => client::model(api.prepared(), command),
+        Command::Deploy { api, command } => client::deploy(api.prepared(), command),
+        Command::Rollout { api, command } => rollout::run(api.prepared(), command),
+        Command::ApiToken { api, command } => access::api_token(api.prepared(), command),
+        Command::Tenant { api, command } => access::tenant(api.prepared(), command),
+        Command::Audit { api, args } => access::audit(api.prepared(), args),
+        Command::Login { api, args } => context::login(api.prepared(), args),
+        Command::Context { api, command } => context::context(api.prepared(), command),
+        Command::Completion { shell } => {
+            use clap::CommandFactory as _;
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "nephele",
+                &mut std::io::stdout(),
+            );
+            Ok(())
+        }
+        Command::Job { api, command } => client::job(api.prepared(), command),
+        Command::Region { api, command } => client::region(api.prepared(), command),
+        Command::Grid { api, command } => client::grid(api.prepared(), command),
     };
     if let Err(error) = result {
         eprintln!("nephele: error: {error:#}");

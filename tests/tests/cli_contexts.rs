@@ -1,0 +1,134 @@
+//! The CLI as kubectl users expect it, run as a binary against a real control plane:
+//! `nephele login` checks a token and saves it as a context (0600), later commands take
+//! their API and token from it, `nephele context list|use|current|delete`, `-o
+//! json|yaml`, and shell completions.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::Path;
+use std::process::Command;
+
+use nephele_e2e::{bin, temp_dir, Cloud};
+use serde_json::Value;
+
+/// Runs `nephele args` with only `config` for its contexts (no API or token in the
+/// environment): success, stdout, stderr.
+fn nephele(config: &Path, args: &[&str]) -> (bool, String, String) {
+    let output = Command::new(bin("nephele"))
+        .args(args)
+        .env_remove("NEPHELE_API")
+        .env_remove("NEPHELE_TOKEN")
+        .env("NEPHELE_CONFIG", config)
+        .output()
+        .unwrap();
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).to_string(),
+        String::from_utf8_lossy(&output.stderr).to_string(),
+    )
+}
+
+#[test]
+fn login_saves_a_context_that_later_commands_use() {
+    let cloud = Cloud::start("contexts").expect("cloud");
+    let dir = temp_dir("cli-contexts");
+    let config = dir.join("nephele.toml");
+    let token_file = cloud.dir.join("data").join("admin-token");
+    assert!(token_file.exists(), "{}", token_file.display());
+
+    // A wrong token is refused at login, and nothing is saved.
+    let wrong = dir.join("wrong-token");
+    std::fs::write(&wrong, "forged.token").unwrap();
+    let (ok, _, err) = nephele(
+        &config,
+        &[
+            "login",
+            "--api",
+            &cloud.api,
+            "--token-file",
+            wrong.to_str().unwrap(),
+            "--name",
+            "lab",
+        ],
+    );
+    assert!(!ok && err.contains("401"), "{err}");
+    assert!(!config.exists());
+
+    let (ok, out, err) = nephele(
+        &config,
+        &[
+            "login",
+            "--api",
+            &cloud.api,
+            "--token-file",
+            token_file.to_str().unwrap(),
+            "--name",
+            "lab",
+        ],
+    );
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("context lab is current"), "{out}");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(&config).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+    // The token stays in its file; the config names the file.
+    let saved = std::fs::read_to_string(&config).unwrap();
+    assert!(!saved.contains(&cloud.token), "{saved}");
+
+    // Commands now reach the control plane with the context's API and token.
+    let (ok, out, err) = nephele(&config, &["region", "list", "--json"]);
+    assert!(ok, "{err}");
+    let regions: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(regions.as_array().unwrap().len(), 2, "{out}");
+    let (ok, out, err) = nephele(&config, &["tenant", "list", "-o", "yaml"]);
+    assert!(ok, "{err}");
+    assert!(out.starts_with("- api_tokens: 1\n"), "{out}");
+    assert!(out.contains("  name: \"default\"\n"), "{out}");
+    let (ok, out, _) = nephele(&config, &["tenant", "list", "-o", "json"]);
+    assert!(ok);
+    let tenants: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(tenants[0]["name"], "default");
+
+    // A second context; `use` switches, `current` says which, `delete` forgets.
+    let (ok, _, err) = nephele(
+        &config,
+        &[
+            "login",
+            "--api",
+            &cloud.api,
+            "--token-file",
+            token_file.to_str().unwrap(),
+            "--name",
+            "other",
+        ],
+    );
+    assert!(ok, "{err}");
+    let (ok, out, _) = nephele(&config, &["context", "list"]);
+    assert!(
+        ok && out.contains("*  other") && out.contains("lab"),
+        "{out}"
+    );
+    let (ok, out, _) = nephele(&config, &["context", "use", "lab"]);
+    assert!(ok, "{out}");
+    let (ok, out, _) = nephele(&config, &["context", "current"]);
+    assert!(ok && out.starts_with("lab ("), "{out}");
+    let (ok, _, err) = nephele(&config, &["context", "use", "nowhere"]);
+    assert!(!ok && err.contains("no context \"nowhere\""), "{err}");
+    let (ok, _, _) = nephele(&config, &["context", "delete", "lab"]);
+    assert!(ok);
+    let (ok, _, err) = nephele(&config, &["context", "current"]);
+    assert!(!ok && err.contains("no current context"), "{err}");
+
+    // Shell completions name the commands.
+    for shell in ["bash", "zsh", "fish"] {
+        let (ok, out, err) = nephele(&config, &["completion", shell]);
+        assert!(ok, "{err}");
+        assert!(
+            out.contains("api-token") && out.contains("rollout"),
+            "{shell}"
+        );
+    }
+}

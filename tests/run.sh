@@ -7,7 +7,9 @@
 #   2. Debian's packages the tests need, when missing: iproute2 (the network-fault tests
 #      put the agent in a network namespace of its own, tests/src/netlab.rs; root and
 #      /dev/net/tun, which CI has) and etcd-server (the etcd store tests start a
-#      three-member cluster on loopback, tests/src/etcd.rs).
+#      three-member cluster on loopback, tests/src/etcd.rs) and prometheus (its
+#      promtool checks and unit-tests deploy/prometheus/alerts.yml, and a real
+#      Prometheus scrapes a control plane and an agent, tests/tests/prometheus.rs).
 #   3. cargo test --release --workspace (unit, property, golden, end-to-end).
 # The optional onnxruntime backend (cargo feature `onnxruntime`) has its own test; it is
 # not run here because building one crate with another feature set recompiles tract:
@@ -22,10 +24,11 @@ fi
 missing=()
 [ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 [ -x /usr/bin/etcd ] || [ -x /usr/local/bin/etcd ] || missing+=(etcd-server)
+[ -x /usr/bin/prometheus ] && [ -x /usr/bin/promtool ] || missing+=(prometheus)
 if [ ${#missing[@]} -gt 0 ]; then
-    echo "installing ${missing[*]} (Debian) for the network-fault and etcd tests" >&2
+    echo "installing ${missing[*]} (Debian) for the network-fault, etcd and Prometheus tests" >&2
     if [ "$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi
-    # Installing etcd-server must not start Debian's own etcd service.
+    # Installing etcd-server or prometheus must not start Debian's own services.
     export DEBIAN_FRONTEND=noninteractive RUNLEVEL=1
     { $sudo apt-get install -y -qq "${missing[@]}" >/dev/null 2>&1 ||
         { $sudo apt-get update -qq && $sudo apt-get install -y -qq "${missing[@]}" >/dev/null; }; } ||

@@ -349,6 +349,25 @@ impl FederationActor {
                 &[],
             )
             .set(self.connections.len() as i64);
+        let devices = &self.core.records.devices;
+        let series: Vec<(Vec<(&str, &str)>, i64)> = devices
+            .values()
+            .map(|d| {
+                (
+                    vec![
+                        ("device", d.name.as_str()),
+                        ("region", d.region.as_str()),
+                        ("role", d.role.as_str()),
+                    ],
+                    i64::from(self.connections.contains_key(&d.name)),
+                )
+            })
+            .collect();
+        self.metrics.set_gauges(
+            "nephele_device_online",
+            "Per enrolled device: 1 while its agent has a live session, else 0.",
+            &series,
+        );
     }
 
     fn count(&self, name: &str, help: &str) {
@@ -362,8 +381,19 @@ impl Actor for FederationActor {
     fn started(&mut self, ctx: &mut Self::Context) {
         let effects = self.core.started();
         self.carry_out(effects);
+        self.update_connected_gauge();
         ctx.run_interval(ROLLOUT_TICK, |actor, _| {
             let output = actor.core.tick_rollouts(now_unix_ms());
+            for (deployment, outcome) in &output.reply {
+                actor
+                    .metrics
+                    .counter(
+                        "nephele_rollouts_finished_total",
+                        "Rollouts that ended, by deployment and outcome (complete, rolled_back).",
+                        &[("deployment", deployment), ("outcome", outcome)],
+                    )
+                    .inc();
+            }
             // A refused write is retried on the next tick (the core was rolled back).
             let _ = actor.run(output);
         });
@@ -400,10 +430,13 @@ impl Handler<Join> for FederationActor {
         let output = self.core.join(now_unix(), message.0);
         let result = self.run(output).map_err(store_refusal).and_then(|r| r);
         match &result {
-            Ok(_) => self.count(
-                "nephele_agents_joined_total",
-                "Agents enrolled with a join token.",
-            ),
+            Ok(_) => {
+                self.count(
+                    "nephele_agents_joined_total",
+                    "Agents enrolled with a join token.",
+                );
+                self.update_connected_gauge();
+            }
             Err(error) => {
                 self.count("nephele_joins_refused_total", "Join attempts refused.");
                 tracing::warn!(%error, "join refused");
@@ -582,7 +615,9 @@ impl Handler<DeleteDevice> for FederationActor {
     type Result = Result<(), ApiError>;
     fn handle(&mut self, message: DeleteDevice, _: &mut Self::Context) -> Self::Result {
         let output = self.core.delete_device(&message.0);
-        self.run(output)?
+        let result = self.run(output)?;
+        self.update_connected_gauge();
+        result
     }
 }
 

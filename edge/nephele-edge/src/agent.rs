@@ -971,6 +971,14 @@ async fn reconcile(agent: &Arc<Agent>, desired: &DesiredState) {
                     .unwrap_or_else(|p| p.into_inner())
                     .remove(&name);
                 count_load(agent, &name);
+                server
+                    .metrics
+                    .gauge(
+                        "nephele_agent_slo_milliseconds",
+                        "Each deployment's latency objective on this agent (what alerts compare its p99 with).",
+                        &[("deployment", &name)],
+                    )
+                    .set(i64::from(assignment.slo_ms));
                 tracing::info!(deployment = %name, model = %manifest.name, variant = %variant.name, "deployment ready");
             }
             Ok(Err(error)) => {

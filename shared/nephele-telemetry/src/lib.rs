@@ -178,6 +178,32 @@ impl Registry {
         }
     }
 
+    /// Replaces every series of the gauge `name` with `series` (labels, value): for
+    /// per-object gauges whose objects come and go (a deleted device's series goes).
+    pub fn set_gauges(&self, name: &str, help: &str, series: &[(Vec<(&str, &str)>, i64)]) {
+        let mut families = self.families.lock().unwrap_or_else(|p| p.into_inner());
+        let family = families.entry(name.to_string()).or_insert_with(|| Family {
+            help: help.to_string(),
+            kind: "gauge",
+            series: BTreeMap::new(),
+        });
+        if family.kind != "gauge" {
+            return;
+        }
+        family.series = series
+            .iter()
+            .map(|(labels, value)| {
+                let key: LabelSet = labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect();
+                let gauge = Gauge::default();
+                gauge.set(*value);
+                (key, Metric::Gauge(Arc::new(gauge)))
+            })
+            .collect();
+    }
+
     /// Renders all metrics in the Prometheus text format.
     pub fn render(&self) -> String {
         let families = self.families.lock().unwrap_or_else(|p| p.into_inner());

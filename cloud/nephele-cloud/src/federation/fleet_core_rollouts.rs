@@ -165,8 +165,9 @@ impl FleetCore {
         self.finish(Ok(status), effects)
     }
 
-    /// Advances every rollout under way by what its devices report now.
-    pub fn tick_rollouts(&mut self, now_unix_ms: u64) -> Output<()> {
+    /// Advances every rollout under way by what its devices report now; replies with
+    /// the rollouts that ended (deployment, `complete` or `rolled_back`).
+    pub fn tick_rollouts(&mut self, now_unix_ms: u64) -> Output<Vec<(String, &'static str)>> {
         self.begin();
         let names: Vec<String> = self
             .catalog
@@ -176,6 +177,7 @@ impl FleetCore {
             .collect();
         let mut effects = Vec::new();
         let mut everyone = false;
+        let mut ended = Vec::new();
         for name in names {
             let Some(mut record) = self.catalog.deployment(&name).cloned() else {
                 continue;
@@ -199,12 +201,14 @@ impl FleetCore {
                 }
                 Some(Change::RolledBack(devices)) => {
                     tracing::warn!(deployment = %name, devices = ?devices, why = %gate, "rollout rolled back");
+                    ended.push((name.clone(), "rolled_back"));
                     self.write(Write::Put(Record::Deployment(record)));
                     effects.extend(self.send_to(&devices));
                     continue;
                 }
                 Some(Change::Completed) => {
                     tracing::info!(deployment = %name, %gate, "rollout complete");
+                    ended.push((name.clone(), "complete"));
                     record = complete(&record);
                     everyone = true;
                 }
@@ -215,7 +219,7 @@ impl FleetCore {
             effects = self.broadcast();
             effects.push(self.sync_regions());
         }
-        self.finish((), effects)
+        self.finish(ended, effects)
     }
 
     /// The edge devices a deployment record selects, by name.

@@ -18,7 +18,7 @@ fn nephele(config: &Path, args: &[&str]) -> (bool, String, String) {
         .args(args)
         .env_remove("NEPHELE_API")
         .env_remove("NEPHELE_TOKEN")
-        .env("NEPHELE_CONFIG", config)
+        .env("NEPHELE_CLI_CONFIG", config)
         .output()
         .unwrap();
     (
@@ -131,4 +131,78 @@ fn login_saves_a_context_that_later_commands_use() {
             "{shell}"
         );
     }
+}
+
+/// `--log-format json` gives one JSON object per log line (for log collectors) and a
+/// format that is not one is refused, saying which are.
+#[test]
+fn log_format_flag_gives_json_lines() {
+    let dir = temp_dir("log-format");
+    let (ok, _, err) = {
+        let output = Command::new(bin("nephele-cloud"))
+            .args(["--log-format", "yaml", "--print-config"])
+            .output()
+            .unwrap();
+        (
+            output.status.success(),
+            String::from_utf8_lossy(&output.stdout).to_string(),
+            String::from_utf8_lossy(&output.stderr).to_string(),
+        )
+    };
+    assert!(!ok && err.contains("use text or json"), "{err}");
+
+    let log = dir.join("cloud.log");
+    let mut child = Command::new(bin("nephele-cloud"))
+        .args([
+            "--log-format",
+            "json",
+            "--api-listen",
+            "127.0.0.1:0",
+            "--quic-listen",
+            "127.0.0.1:0",
+            "--data-dir",
+        ])
+        .arg(dir.join("data"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let begun = std::time::Instant::now();
+    let lines = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<Value> = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .collect();
+        if !lines.is_empty() || begun.elapsed() > std::time::Duration::from_secs(30) {
+            break lines;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        !lines.is_empty(),
+        "{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    for line in &lines {
+        assert!(
+            line["level"].is_string() && line["fields"].is_object(),
+            "{line}"
+        );
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    // Every other line is the first start's admin-token banner, printed for the
+    // operator (not a log record).
+    for line in text.lines() {
+        assert!(
+            serde_json::from_str::<Value>(line).is_ok()
+                || line.starts_with("nephele-cloud: created the admin API token")
+                || line.starts_with("  "),
+            "{line}"
+        );
+    }
+    assert!(!text.contains('\u{1b}'), "no escape codes");
 }

@@ -66,10 +66,14 @@ pub struct CloudArgs {
     /// Print the effective configuration as TOML and exit.
     #[arg(long)]
     pub print_config: bool,
+    /// Log lines as `text` (coloured only on a terminal) or `json` (one object per
+    /// line, for log collectors). Default: `NEPHELE_LOG_FORMAT`, else text.
+    #[arg(long)]
+    pub log_format: Option<nephele_logging::Format>,
 }
 
-pub fn init_tracing() {
-    nephele_logging::init("info,quinn=warn,actix_server=warn");
+pub fn init_tracing(format: Option<nephele_logging::Format>) {
+    nephele_logging::init_with("info,quinn=warn,actix_server=warn", format);
 }
 
 /// Loads the configuration with flag overrides applied.
@@ -103,7 +107,7 @@ pub fn load_config(args: &CloudArgs) -> Result<CloudConfig> {
 
 /// Entry point of the binary: runs until SIGINT/SIGTERM.
 pub fn run_cli(args: CloudArgs) -> Result<()> {
-    init_tracing();
+    init_tracing(args.log_format);
     let config = load_config(&args)?;
     if args.print_config {
         print!("{}", toml::to_string_pretty(&config)?);

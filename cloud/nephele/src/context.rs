@@ -1,5 +1,5 @@
 //! Contexts, as kubeconfig has them: named control planes with their API URL and a
-//! token, kept in `$NEPHELE_CONFIG` or else `~/.config/nephele/config.toml` (mode
+//! token, kept in `$NEPHELE_CLI_CONFIG` or else `~/.config/nephele/config.toml` (mode
 //! 0600, since it may hold tokens). `nephele login` checks a token against the API and
 //! saves it as a context; `nephele context list|use|current|delete` manage them. A
 //! command's API and token come from its flags, then `NEPHELE_API`/`NEPHELE_TOKEN`,
@@ -56,7 +56,8 @@ impl Context {
 
 /// Where the contexts are kept.
 pub fn path() -> Option<PathBuf> {
-    if let Some(path) = std::env::var_os("NEPHELE_CONFIG").filter(|p| !p.is_empty()) {
+    // Not NEPHELE_CONFIG: that is the control plane's configuration file.
+    if let Some(path) = std::env::var_os("NEPHELE_CLI_CONFIG").filter(|p| !p.is_empty()) {
         return Some(PathBuf::from(path));
     }
     let base = std::env::var_os("XDG_CONFIG_HOME")
@@ -145,7 +146,7 @@ pub enum ContextCommand {
 /// `nephele login`: checks the API and token (`--api`, `--token` or the variables, or
 /// `--token-file`) and saves them as a context, made current.
 pub fn login(api: ApiArgs, args: LoginArgs) -> Result<()> {
-    let path = path().context("no HOME or NEPHELE_CONFIG: nowhere to keep contexts")?;
+    let path = path().context("no HOME or NEPHELE_CLI_CONFIG: nowhere to keep contexts")?;
     let Some(base) = api.api.clone() else {
         bail!("nephele login needs --api URL (or NEPHELE_API): the control plane's API, e.g. http://10.0.0.5:8080");
     };
@@ -186,7 +187,7 @@ pub fn login(api: ApiArgs, args: LoginArgs) -> Result<()> {
 }
 
 pub fn context(api: ApiArgs, command: ContextCommand) -> Result<()> {
-    let path = path().context("no HOME or NEPHELE_CONFIG: nowhere to keep contexts")?;
+    let path = path().context("no HOME or NEPHELE_CLI_CONFIG: nowhere to keep contexts")?;
     let mut config = load(&path)?;
     let known =
         |config: &Config, name: &str| -> Result<()> {

@@ -90,6 +90,10 @@ pub struct JoinArgs {
 pub struct RunArgs {
     #[arg(long, default_value = DEFAULT_DATA_DIR)]
     pub data_dir: PathBuf,
+    /// Log lines as `text` (coloured only on a terminal) or `json` (one object per
+    /// line, for log collectors). Default: `NEPHELE_LOG_FORMAT`, else text.
+    #[arg(long)]
+    pub log_format: Option<nephele_logging::Format>,
     /// Must match the role the device enrolled with, when given.
     #[arg(long)]
     pub role: Option<String>,
@@ -122,8 +126,8 @@ pub struct RunArgs {
     pub usage_window_ms: u64,
 }
 
-pub fn init_tracing() {
-    nephele_logging::init("info,quinn=warn");
+pub fn init_tracing(format: Option<nephele_logging::Format>) {
+    nephele_logging::init_with("info,quinn=warn", format);
 }
 
 /// Entry point of the binary.
@@ -133,7 +137,10 @@ pub fn run_cli(command: EdgeCommand) -> Result<()> {
     if let EdgeCommand::Supervise(args) = &command {
         return jobs::supervisor::supervise(args);
     }
-    init_tracing();
+    init_tracing(match &command {
+        EdgeCommand::Run(args) => args.log_format,
+        _ => None,
+    });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -11,7 +11,7 @@ use std::io::IsTerminal as _;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 
-/// The log line format.
+/// The log line format (`--log-format text|json`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
     Text,
@@ -32,6 +32,12 @@ pub fn parse_format(value: &str) -> Result<Format, String> {
 /// Installs the process's logger (once; later calls do nothing). `default_filter` is
 /// used when `RUST_LOG` is unset or not a filter (said on stderr).
 pub fn init(default_filter: &str) {
+    init_with(default_filter, None);
+}
+
+/// As [`init`], with the format a `--log-format` flag gave (it wins over
+/// `NEPHELE_LOG_FORMAT`).
+pub fn init_with(default_filter: &str, format: Option<Format>) {
     let filter = match std::env::var("RUST_LOG") {
         Ok(value) => value.parse().unwrap_or_else(|error| {
             eprintln!(
@@ -41,11 +47,14 @@ pub fn init(default_filter: &str) {
         }),
         Err(_) => default_filter.parse().unwrap_or_default(),
     };
-    let format = parse_format(&std::env::var("NEPHELE_LOG_FORMAT").unwrap_or_default())
-        .unwrap_or_else(|error| {
-            eprintln!("{error}; logging text");
-            Format::Text
-        });
+    let format = format.unwrap_or_else(|| {
+        parse_format(&std::env::var("NEPHELE_LOG_FORMAT").unwrap_or_default()).unwrap_or_else(
+            |error| {
+                eprintln!("{error}; logging text");
+                Format::Text
+            },
+        )
+    });
     let registry =
         tracing_subscriber::registry().with::<tracing_subscriber::filter::Targets>(filter);
     let _ = match format {
@@ -64,6 +73,13 @@ pub fn init(default_filter: &str) {
             )
             .try_init(),
     };
+}
+
+impl std::str::FromStr for Format {
+    type Err = String;
+    fn from_str(value: &str) -> Result<Format, String> {
+        parse_format(value).map_err(|e| e.replace("NEPHELE_LOG_FORMAT=", "--log-format "))
+    }
 }
 
 #[cfg(test)]

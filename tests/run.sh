@@ -10,6 +10,8 @@
 #      three-member cluster on loopback, tests/src/etcd.rs) and prometheus (its
 #      promtool checks and unit-tests deploy/prometheus/alerts.yml, and a real
 #      Prometheus scrapes a control plane and an agent, tests/tests/prometheus.rs).
+#      The venv also holds Schemathesis, which tests/tests/openapi.rs runs against the
+#      API's OpenAPI document.
 #   3. cargo test --release --workspace (unit, property, golden, end-to-end).
 # The optional onnxruntime backend (cargo feature `onnxruntime`) has its own test; it is
 # not run here because building one crate with another feature set recompiles tract:

@@ -14,6 +14,7 @@
 //! policy. API JSON types are their own set, separate from wire and store types.
 
 mod access;
+pub mod openapi;
 mod problem;
 
 use actix::Addr;
@@ -112,9 +113,9 @@ pub async fn authenticate_first(
     next: actix_web::middleware::Next<impl actix_web::body::MessageBody + 'static>,
 ) -> Result<actix_web::dev::ServiceResponse<actix_web::body::BoxBody>, actix_web::Error> {
     use actix_web::HttpMessage;
-    let Some(state) = request
-        .path()
-        .starts_with("/v1/")
+    // The API's description is public (it holds no data), so tools can read it first.
+    let open = request.path() == OPENAPI_PATH;
+    let Some(state) = (request.path().starts_with("/v1/") && !open)
         .then(|| request.app_data::<web::Data<ApiState>>().cloned())
         .flatten()
     else {
@@ -304,7 +305,7 @@ macro_rules! forward {
     }};
 }
 
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TokenRequest {
     pub region: Option<String>,
@@ -754,7 +755,7 @@ async fn submit_job(
 }
 
 /// One hour of a grid push.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GridPointBody {
     /// Any second of the hour (UTC); the hour it falls in is stored.
@@ -763,7 +764,7 @@ pub struct GridPointBody {
     pub price_per_mwh: Option<f64>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GridPushBody {
     pub points: Vec<GridPointBody>,
@@ -1068,7 +1069,7 @@ async fn job_logs(
     }
 }
 
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct InterruptBody {
     /// Seconds until the node goes (a spot interruption notice; AWS gives 120).
@@ -1173,6 +1174,19 @@ async fn dashboard() -> HttpResponse {
         .body(include_str!("dashboard.html"))
 }
 
+/// Where the OpenAPI document is served (without a token).
+pub const OPENAPI_PATH: &str = "/v1/openapi.json";
+
+/// `GET /v1/openapi.json`: the API's OpenAPI 3 document ([`openapi::document`]).
+async fn openapi_json() -> HttpResponse {
+    static DOCUMENT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    HttpResponse::Ok().content_type("application/json").body(
+        DOCUMENT
+            .get_or_init(|| openapi::document().to_string())
+            .clone(),
+    )
+}
+
 async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(serde_json::json!({"status": "ok"}))
 }
@@ -1240,6 +1254,7 @@ pub fn routes(config: &mut web::ServiceConfig) {
         .service(resource("/healthz", "GET").route(web::get().to(healthz)))
         .service(resource("/readyz", "GET").route(web::get().to(readyz)))
         .service(resource("/metrics", "GET").route(web::get().to(metrics)))
+        .service(resource(OPENAPI_PATH, "GET").route(web::get().to(openapi_json)))
         .service(
             resource("/v1/tokens", "GET, POST")
                 .route(web::post().to(create_token))

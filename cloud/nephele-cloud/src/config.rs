@@ -162,7 +162,9 @@ impl Default for LocalProviderConfig {
 }
 
 /// How a pool gets its nodes.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[derive(
+    Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum ProviderKind {
     /// Nodes are enrolled by hand; each fills a free slot when it connects.
@@ -175,7 +177,7 @@ pub enum ProviderKind {
 }
 
 /// The `command` provider's scripts for one pool (see deploy/providers/README.md).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CommandProviderConfig {
     /// Adds a node: run with NEPHELE_REGION, NEPHELE_POOL, NEPHELE_NODE,
@@ -278,7 +280,7 @@ pub struct RegionConfig {
     pub pools: Vec<PoolConfig>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PoolConfig {
     pub name: String,

@@ -195,7 +195,7 @@ fn onnx_format() -> String {
 }
 
 /// One variant as built and measured on push; `rejected` says why it is not shipped.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct VariantRecord {
     pub name: String,
     pub precision: String,
@@ -205,6 +205,7 @@ pub struct VariantRecord {
     pub accuracy_pct: Option<f64>,
     pub min_cosine: Option<f64>,
     pub top1_agreement: Option<f64>,
+    #[schemars(with = "Option<serde_json::Map<String, serde_json::Value>>")]
     pub cut: Option<nephele_runtime::variants::CutInfo>,
     pub rejected: Option<String>,
     /// `shipped` or `rejected` (filled in views).
@@ -295,7 +296,7 @@ impl DeploymentRecord {
 
 /// A deployment's cloud replicas, as `POST /v1/deployments` may set them; every field
 /// absent takes the control plane's `[autoscale]` default.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReplicaSettings {
     /// Priority of its replicas and of its requests in admission control (higher
@@ -357,7 +358,7 @@ pub struct ApiTokenRecord {
 
 /// One entry of the audit log: a change asked of the API (allowed or refused), who
 /// asked, from where, and how it ended.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct AuditRecord {
     /// Increasing; the record's key.
     pub seq: u64,

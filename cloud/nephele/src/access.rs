@@ -10,7 +10,7 @@ use crate::client::{print, s, when, ApiArgs};
 pub enum ApiTokenCommand {
     /// Create an API token (admins); the token is printed this once.
     Create {
-        /// What it is for (letters, digits, `-`, `_`, `.`).
+        /// What it is for (a-z, 0-9 and `-`).
         name: String,
         /// viewer (reads), developer (its tenant's models, deployments, jobs),
         /// operator (and devices, nodes, join tokens) or admin (everything).

@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 /// How a deployment's updates roll out; every field has a default.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RolloutSettings {
     /// Share of the selected devices running the new version after each step, in
@@ -113,7 +113,7 @@ impl RolloutSettings {
 }
 
 /// What a device runs of a deployment: the fields a rollout changes.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct RuntimeSpec {
     /// The model version (`name:version`, the store key of the model).
     pub model: String,
@@ -124,7 +124,7 @@ pub struct RuntimeSpec {
     pub hard_example_threshold: Option<f32>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RolloutState {
     Progressing,
@@ -141,7 +141,7 @@ impl RolloutState {
 }
 
 /// What a version showed on a set of devices.
-#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Figures {
     pub devices: usize,
     pub requests: u64,
@@ -208,7 +208,7 @@ pub struct DeviceFigures {
 }
 
 /// Something that happened in a rollout, for its history.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct RolloutEvent {
     pub at_unix_ms: u64,
     pub message: String,

@@ -12,7 +12,9 @@ use serde::{Deserialize, Serialize};
 use super::{ApiError, FederationActor};
 
 /// What one deployment served on a device, all windows reported so far.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub struct Served {
     pub served_local: u64,
     pub served_offloaded: u64,
@@ -20,7 +22,7 @@ pub struct Served {
 }
 
 /// A device's usage totals (the store's record and the API's view).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct UsageTotals {
     pub device: String,
     /// The highest record counted; records up to it are acknowledged.

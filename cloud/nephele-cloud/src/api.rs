@@ -16,6 +16,7 @@
 mod access;
 pub mod openapi;
 mod problem;
+mod watch;
 
 use actix::Addr;
 use actix_web::{http::StatusCode, web, HttpRequest, HttpResponse, ResponseError};
@@ -47,6 +48,8 @@ pub struct ApiState {
     pub pushes: crate::pending_pushes::PendingPushes,
     /// Per-token request rates.
     pub rate: crate::api_rate::RateLimiter,
+    /// Changes for `GET /v1/watch`.
+    pub watch: crate::watch::Hub,
 }
 
 /// Largest grid push accepted (a year of hours is about 0.9 MB).
@@ -1330,6 +1333,7 @@ pub fn routes(config: &mut web::ServiceConfig) {
         )
         .service(resource("/v1/audit", "GET").route(web::get().to(access::audit)))
         .service(resource("/v1/tenants", "GET").route(web::get().to(access::tenants)))
+        .service(resource("/v1/watch", "GET").route(web::get().to(watch::watch)))
         .default_service(web::to(|| async {
             ApiError::NotFound("no such route; see the README's API section".into())
                 .error_response()

@@ -166,6 +166,8 @@ pub struct FederationActor {
     /// The core's clock: milliseconds since this actor was made.
     started: Instant,
     metrics: nephele_telemetry::Registry,
+    /// Where changes are published for watches.
+    watch: Option<crate::watch::Hub>,
 }
 
 impl FederationActor {
@@ -199,7 +201,35 @@ impl FederationActor {
             arriving: None,
             started: Instant::now(),
             metrics,
+            watch: None,
         })
+    }
+
+    /// Publishes what its commands change to `hub` (`GET /v1/watch`).
+    pub fn with_watch(mut self, hub: crate::watch::Hub) -> Self {
+        self.watch = Some(hub);
+        self
+    }
+
+    /// Publishes the last command's changes.
+    fn publish_changes(&self) {
+        let Some(hub) = &self.watch else { return };
+        for change in self.core.watched_changes() {
+            hub.publish(
+                change.kind,
+                &change.name,
+                change.action,
+                change.tenant.as_deref(),
+                change.region.as_deref(),
+            );
+        }
+    }
+
+    /// A device came or went (its `online` changed).
+    fn publish_device(&self, device: &str) {
+        if let Some(hub) = &self.watch {
+            hub.publish(crate::watch::Kind::Device, device, "put", None, None);
+        }
     }
 
     /// Creates the first admin API token when there is none (a fresh control plane);
@@ -224,6 +254,7 @@ impl FederationActor {
                 tracing::warn!(%error, "the store refused a change; nothing was changed");
                 return Err(error);
             }
+            self.publish_changes();
         }
         self.carry_out(output.effects);
         Ok(output.reply)
@@ -248,7 +279,7 @@ impl FederationActor {
                         // A reconnect replaces the old session; dropping its sender ends
                         // its writer.
                         self.connections.insert(
-                            device,
+                            device.clone(),
                             Connection {
                                 id: session,
                                 tx,
@@ -257,12 +288,14 @@ impl FederationActor {
                         );
                     }
                     self.update_connected_gauge();
+                    self.publish_device(&device);
                 }
                 Effect::EndSession { device, session } => {
                     if self.connections.get(&device).map(|c| c.id) == Some(session) {
                         self.connections.remove(&device);
                     }
                     self.update_connected_gauge();
+                    self.publish_device(&device);
                 }
                 Effect::Region(note) => self.tell_region(note),
             }

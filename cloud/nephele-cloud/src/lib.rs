@@ -24,6 +24,7 @@ pub mod scheduler;
 pub mod standby;
 pub mod store;
 pub mod variants;
+pub mod watch;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -368,6 +369,8 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
                 &data_dir,
             ))
         });
+    // Changes published for watches (`GET /v1/watch`), numbered from this start.
+    let hub = watch::Hub::new(federation::now_unix_ms());
     let mut regions = HashMap::new();
     let mut initial_work = HashMap::new();
     for region in &config.regions {
@@ -418,6 +421,7 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
             server: quic_addr.to_string(),
         };
         let mut actor = region::RegionActor::new(scheduler, settings, providers)
+            .with_watch(hub.clone())
             .with_metrics(metrics.clone())
             .with_store(store.clone())
             .with_policies(policies);
@@ -433,7 +437,8 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
         metrics.clone(),
         initial_work,
     )
-    .context("cannot read the fleet's deployments and models from the store")?;
+    .context("cannot read the fleet's deployments and models from the store")?
+    .with_watch(hub.clone());
     if let Some(token) = federation.bootstrap_admin_token()? {
         let path = data_dir.join("admin-token");
         write_secret(&path, token.as_bytes())?;
@@ -468,6 +473,7 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
         blob_dir,
         pushes,
         rate: api_rate::RateLimiter::new(config.api_rate_per_s, config.api_rate_burst),
+        watch: hub,
     });
     let server = actix_web::HttpServer::new(move || {
         actix_web::App::new()

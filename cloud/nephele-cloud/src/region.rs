@@ -115,6 +115,8 @@ pub struct RegionActor {
     settings: RegionSettings,
     metrics: Option<nephele_telemetry::Registry>,
     store: Option<Store>,
+    /// Where changes to its jobs and nodes are published for watches.
+    watch: Option<crate::watch::Hub>,
     /// What was last written per (table, key): a hash of its bytes.
     written: HashMap<(u8, String), u64>,
     federation: Option<Addr<FederationActor>>,
@@ -156,6 +158,7 @@ impl RegionActor {
             settings,
             metrics: None,
             store: None,
+            watch: None,
             written: HashMap::new(),
             federation: None,
             work_sent: BTreeMap::new(),
@@ -163,6 +166,46 @@ impl RegionActor {
             serving: BTreeMap::new(),
             restored_policies: BTreeMap::new(),
             providers,
+        }
+    }
+
+    /// Publishes changes to its jobs and nodes to `hub` (`GET /v1/watch`).
+    pub fn with_watch(mut self, hub: crate::watch::Hub) -> Self {
+        self.watch = Some(hub);
+        self
+    }
+
+    /// Publishes a job or node record's change (`key` as the books have it).
+    fn publish(&self, kind: u8, key: &str, action: &'static str) {
+        let Some(hub) = &self.watch else { return };
+        let Some(rest) = key.strip_prefix(&format!("{}/", self.name)) else {
+            return;
+        };
+        match kind {
+            0 => {
+                if let Some((tenant, job)) = rest.split_once('/') {
+                    // Serving replicas are the deployments' (their own events), not jobs.
+                    if tenant != crate::scheduler::SERVING_TENANT {
+                        hub.publish(
+                            crate::watch::Kind::Job,
+                            job,
+                            action,
+                            Some(tenant),
+                            Some(&self.name),
+                        );
+                    }
+                }
+            }
+            1 => {
+                hub.publish(
+                    crate::watch::Kind::Node,
+                    rest,
+                    action,
+                    None,
+                    Some(&self.name),
+                );
+            }
+            _ => {}
         }
     }
 
@@ -260,6 +303,13 @@ impl RegionActor {
                 tracing::error!(region = %self.name, %error, "cannot write the region's books");
                 // Forget what we believe is written, so the next commit tries again.
                 self.written.clear();
+                continue;
+            }
+            for (key, _) in &puts[index] {
+                self.publish(index as u8, key, "put");
+            }
+            for key in &deletes[index] {
+                self.publish(index as u8, key, "delete");
             }
         }
     }

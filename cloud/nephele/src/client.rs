@@ -172,6 +172,38 @@ impl Api {
         format!("Bearer {}", self.token)
     }
 
+    /// A streaming GET (no overall timeout): the response, for reading as it comes.
+    pub fn stream(
+        &self,
+        path: &str,
+        last_event_id: Option<&str>,
+    ) -> Result<ureq::http::Response<ureq::Body>> {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .build()
+            .into();
+        let mut request = agent
+            .get(format!("{}{path}", self.base))
+            .header("authorization", self.auth())
+            .header("accept", "text/event-stream");
+        if let Some(id) = last_event_id {
+            request = request.header("last-event-id", id);
+        }
+        let mut response = request
+            .call()
+            .map_err(|error| self.explain(&format!("GET {path}"), error))?;
+        if response.status().as_u16() >= 400 {
+            let text = response.body_mut().read_to_string().unwrap_or_default();
+            let value: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+            bail!(
+                "GET {path} failed ({}): {}",
+                response.status().as_u16(),
+                value["detail"].as_str().unwrap_or(&value.to_string())
+            );
+        }
+        Ok(response)
+    }
+
     pub fn get(&self, path: &str) -> Result<Value> {
         let query = match (self.stale, path.contains('?')) {
             (false, _) => "",

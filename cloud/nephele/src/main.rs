@@ -16,6 +16,7 @@ mod demo;
 mod output;
 mod rollout;
 mod sim;
+mod watch;
 
 use clap::{Parser, Subcommand};
 
@@ -108,6 +109,13 @@ enum Command {
         #[command(flatten)]
         args: access::AuditArgs,
     },
+    /// Follow changes to devices, models, deployments, jobs and nodes as they happen.
+    Watch {
+        #[command(flatten)]
+        api: client::ApiArgs,
+        #[command(flatten)]
+        args: watch::WatchArgs,
+    },
     /// Check an API URL and token and save them as a context (made current).
     Login {
         #[command(flatten)]
@@ -167,6 +175,7 @@ fn main() {
         Command::ApiToken { api, command } => access::api_token(api.prepared(), command),
         Command::Tenant { api, command } => access::tenant(api.prepared(), command),
         Command::Audit { api, args } => access::audit(api.prepared(), args),
+        Command::Watch { api, args } => watch::run(api.prepared(), args),
         Command::Login { api, args } => context::login(api.prepared(), args),
         Command::Context { api, command } => context::context(api.prepared(), command),
         Command::Completion { shell } => {

@@ -30,6 +30,8 @@ enum Answer {
     Empty(u16),
     /// A model push: 200 (the same file), 201 (built, `?wait=true`) or 202 (building).
     Model(Value),
+    /// Server-sent events.
+    Events,
 }
 
 struct Query {
@@ -472,6 +474,34 @@ fn routes(s: &mut Schemas) -> Vec<Route> {
             }
         })))
     });
+    routes.push(Route {
+        query: vec![
+            q(
+                "kinds",
+                string(),
+                "comma-separated: device, model, deployment, job, node (default: all)",
+            ),
+            q(
+                "since",
+                string(),
+                "resume after this event id (or send Last-Event-ID)",
+            ),
+            q(
+                "timeout_s",
+                json!({"type": "integer", "minimum": 1, "maximum": 86400}),
+                "end the stream after this long",
+            ),
+        ],
+        ..route(
+            "get",
+            "/v1/watch",
+            "watch",
+            "Follow changes to devices, models, deployments, jobs and nodes as server-sent events.",
+            "viewer",
+            Body::None,
+            Answer::Events,
+        )
+    });
     let audit = s.list::<AuditRecord>();
     routes.push(Route {
         query: vec![
@@ -556,6 +586,12 @@ fn operation(route: &Route) -> Value {
         }
         Answer::Empty(status) => {
             responses.insert(status.to_string(), json!({"description": "done"}));
+        }
+        Answer::Events => {
+            responses.insert(
+                "200".into(),
+                json!({"description": "server-sent events: `id: <epoch>-<version>`, `event: <kind>` (or `reset`), `data:` {version, kind, name, action, tenant?, region?, unix_ms}", "content": {"text/event-stream": {"schema": {"type": "string"}}}}),
+            );
         }
         Answer::Model(schema) => {
             for (status, about) in [
@@ -648,7 +684,7 @@ mod tests {
                 .values()
                 .map(|p| p.as_object().unwrap().len())
                 .sum::<usize>(),
-            33
+            34
         );
         assert!(components.contains_key("DeploymentSpecInput"));
         assert!(components.contains_key("DeploymentStatus"));

@@ -277,6 +277,65 @@ impl FleetCore {
     }
 
     /// Writes a record: into the mirror now, to the store by the shell.
+    /// What the last command changed of what watches follow (devices, models,
+    /// deployments), as (kind, name, action, tenant, region): read from its journal,
+    /// so a delete still knows the tenant and region of what it deleted.
+    pub fn watched_changes(&self) -> Vec<crate::watch::Change> {
+        use crate::watch::{Change, Kind};
+        let mut changes: Vec<Change> = Vec::new();
+        for undo in &self.journal {
+            let Undo::Record(undo) = undo else { continue };
+            let (table, key) = (undo.table(), undo.key().to_string());
+            let before = match undo {
+                Write::Put(record) => Some(record),
+                Write::Delete(..) => None,
+            };
+            let (kind, name, exists, tenant, region) = match table {
+                Table::Devices => {
+                    let now = self.records.devices.get(&key);
+                    let region = now.map(|d| d.region.clone()).or_else(|| match before {
+                        Some(Record::Device(d)) => Some(d.region.clone()),
+                        _ => None,
+                    });
+                    (Kind::Device, key.clone(), now.is_some(), None, region)
+                }
+                Table::Models => {
+                    let now = self.catalog.model(&key);
+                    let (name, tenant) = match (now, before) {
+                        (Some(m), _) => (m.name.clone(), Some(m.tenant.clone())),
+                        (None, Some(Record::Model(m))) => (m.name.clone(), Some(m.tenant.clone())),
+                        _ => (key.clone(), None),
+                    };
+                    (Kind::Model, name, now.is_some(), tenant, None)
+                }
+                Table::Deployments => {
+                    let now = self.catalog.deployment(&key);
+                    let tenant = match (now, before) {
+                        (Some(d), _) => Some(d.tenant.clone()),
+                        (None, Some(Record::Deployment(d))) => Some(d.tenant.clone()),
+                        _ => None,
+                    };
+                    (Kind::Deployment, key.clone(), now.is_some(), tenant, None)
+                }
+                _ => continue,
+            };
+            let action = if exists { "put" } else { "delete" };
+            if !changes
+                .iter()
+                .any(|c| c.kind == kind && c.name == name && c.action == action)
+            {
+                changes.push(Change {
+                    kind,
+                    name,
+                    action,
+                    tenant,
+                    region,
+                });
+            }
+        }
+        changes
+    }
+
     pub(super) fn write(&mut self, write: Write) {
         let undo = self.apply(&write);
         self.journal.push(Undo::Record(undo));

@@ -241,3 +241,43 @@ fn model_and_deployment_names_belong_to_their_tenant() {
     assert_eq!((tenants[0].models, tenants[0].deployments), (1, 1));
     assert_eq!(core.tenant_views(None).len(), 2);
 }
+
+#[test]
+fn a_command_says_what_it_changed_for_watches_deletes_included() {
+    let mut core = core();
+    core.catalog.put_model({
+        let mut m = crate::federation::fleet::tests::model("m");
+        m.tenant = "team-a".into();
+        m
+    });
+    let spec = crate::federation::fleet::tests::spec("d", "m", "", "auto");
+    done(core.create_deployment(1, spec, "team-a")).unwrap();
+    let created = core.watched_changes();
+    assert_eq!(created.len(), 1, "{created:?}");
+    assert_eq!(
+        (
+            created[0].kind,
+            created[0].name.as_str(),
+            created[0].action,
+            created[0].tenant.as_deref()
+        ),
+        (crate::watch::Kind::Deployment, "d", "put", Some("team-a"))
+    );
+    done(core.delete_deployment("d")).unwrap();
+    let deleted = core.watched_changes();
+    assert_eq!(
+        (deleted[0].action, deleted[0].tenant.as_deref()),
+        ("delete", Some("team-a")),
+        "a delete still names its tenant"
+    );
+    // Changes to records watches do not follow are not listed.
+    done(core.record_audit(AuditEntry {
+        unix_ms: 1,
+        principal: None,
+        method: "POST".into(),
+        path: "/v1/x".into(),
+        status: 200,
+        peer: "127.0.0.1".into(),
+    }));
+    assert!(core.watched_changes().is_empty());
+}

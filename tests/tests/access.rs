@@ -272,6 +272,18 @@ fn every_refusal_is_a_problem_naming_the_field_and_changes_nothing() {
         "no deployment named d-a",
     );
     refused(
+        &call(
+            &cloud,
+            Some(&dev_b),
+            "GET",
+            "/v1/deployments/d-a/replicas",
+            b"",
+        ),
+        404,
+        None,
+        "no deployment named d-a",
+    );
+    refused(
         &call(&cloud, Some(&dev_b), "GET", "/v1/models/digits-a", b""),
         404,
         None,

@@ -1144,7 +1144,18 @@ async fn deployment_replicas(
     state: web::Data<ApiState>,
     name: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    authorize(&request, &state).await?;
+    let principal = authorize(&request, &state).await?;
+    if let Some(tenant) = principal.scope() {
+        // Another tenant's deployment is not found here either.
+        forward!(
+            state,
+            "deployment_replicas",
+            GetDeployment {
+                name: name.to_string(),
+                scope: Some(tenant.to_string()),
+            }
+        )?;
+    }
     let mut views = Vec::new();
     for (_, actor) in regions_to_search(&state, None)? {
         if let Some(view) = actor

@@ -13,6 +13,21 @@
 //! Handlers parse and check input, then forward to the federation actor; they hold no
 //! policy. API JSON types are their own set, separate from wire and store types.
 
+/// Asks the federation actor and counts the route's outcome (also used by the
+/// submodules' routes, so defined before them).
+macro_rules! forward {
+    ($state:expr, $route:literal, $message:expr) => {{
+        let result = $state
+            .federation
+            .send($message)
+            .await
+            .map_err(mailbox)
+            .and_then(|r| r);
+        count(&$state, $route, result.is_ok());
+        result
+    }};
+}
+
 mod access;
 pub mod openapi;
 mod problem;
@@ -290,19 +305,6 @@ macro_rules! ask_region {
             .await
             .map_err(mailbox)
             .and_then(|r| r.map_err(ApiError::from));
-        count(&$state, $route, result.is_ok());
-        result
-    }};
-}
-
-macro_rules! forward {
-    ($state:expr, $route:literal, $message:expr) => {{
-        let result = $state
-            .federation
-            .send($message)
-            .await
-            .map_err(mailbox)
-            .and_then(|r| r);
         count(&$state, $route, result.is_ok());
         result
     }};

@@ -10,19 +10,6 @@ use crate::federation::{
     RotateApiToken,
 };
 
-macro_rules! ask {
-    ($state:expr, $route:literal, $message:expr) => {{
-        let result = $state
-            .federation
-            .send($message)
-            .await
-            .map_err(mailbox)
-            .and_then(|r| r);
-        count(&$state, $route, result.is_ok());
-        result
-    }};
-}
-
 /// `POST /v1/api-tokens` `{"name", "role", "tenant", "ttl_s"?}`: 201 with the token,
 /// shown this once.
 pub async fn create(
@@ -35,7 +22,7 @@ pub async fn create(
         &body,
         "{\"name\", \"role\": viewer|developer|operator|admin, \"tenant\", \"ttl_s\"?}",
     )?;
-    let view = ask!(
+    let view = forward!(
         state,
         "create_api_token",
         CreateApiToken {
@@ -52,7 +39,7 @@ pub async fn list(
     state: web::Data<ApiState>,
 ) -> Result<HttpResponse, ApiError> {
     authorize(&request, &state).await?;
-    Ok(HttpResponse::Ok().json(ask!(state, "list_api_tokens", ListApiTokens)?))
+    Ok(HttpResponse::Ok().json(forward!(state, "list_api_tokens", ListApiTokens)?))
 }
 
 /// `DELETE /v1/api-tokens/{id}`: revokes it at once.
@@ -62,7 +49,7 @@ pub async fn revoke(
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let principal = authorize(&request, &state).await?;
-    let view = ask!(
+    let view = forward!(
         state,
         "revoke_api_token",
         RevokeApiToken {
@@ -81,7 +68,7 @@ pub async fn rotate(
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let principal = authorize(&request, &state).await?;
-    let view = ask!(
+    let view = forward!(
         state,
         "rotate_api_token",
         RotateApiToken {
@@ -122,7 +109,7 @@ pub async fn audit(
     if !(1..=1000).contains(&limit) {
         return Err(ApiError::invalid("limit", "limit must be 1..=1000"));
     }
-    let entries = ask!(
+    let entries = forward!(
         state,
         "list_audit",
         ListAudit {
@@ -140,7 +127,7 @@ pub async fn tenants(
     state: web::Data<ApiState>,
 ) -> Result<HttpResponse, ApiError> {
     let principal = authorize(&request, &state).await?;
-    let views = ask!(
+    let views = forward!(
         state,
         "list_tenants",
         ListTenants {

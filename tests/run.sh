@@ -5,7 +5,8 @@
 #      the tests that compare tract, candle and numpy on a real transformer. If PyPI is
 #      unreachable those tests print a skip line and everything else still runs.
 #      The venv also holds Schemathesis, which tests/tests/openapi.rs runs against the
-#      API's OpenAPI document.
+#      API's OpenAPI document, and grpcio + opentelemetry-proto, on which
+#      tests/programs/otlp_receiver.py (the OTLP receiver of tests/tests/tracing.rs) runs.
 #   2. Debian's packages the tests need, when missing: iproute2 (the network-fault tests
 #      put the agent in a network namespace of its own, tests/src/netlab.rs; root and
 #      /dev/net/tun, which CI has) and etcd-server (the etcd store tests start a

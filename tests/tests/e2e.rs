@@ -606,6 +606,7 @@ fn a_fleet_deploys_serves_offloads_and_survives_bad_frames() {
                     data: vec![0.0; 64],
                 }),
                 stage: nephele_proto::InferStage::Whole,
+                trace: None,
             }),
         ] {
             let (mut send, mut recv) = connection.open_bi().await.unwrap();

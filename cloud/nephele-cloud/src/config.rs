@@ -37,6 +37,22 @@ pub struct CloudConfig {
     pub nodes: NodesConfig,
     /// Where the state lives: the embedded redb file (default) or an etcd cluster.
     pub store: StoreConfig,
+    /// Distributed tracing: where spans are exported (OTLP/gRPC).
+    pub tracing: TracingConfig,
+}
+
+/// Where this control plane's spans go. Unset, OpenTelemetry's environment variables
+/// decide (`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, `OTEL_EXPORTER_OTLP_ENDPOINT`, …; see
+/// `nephele_otel::settings`); with neither, no spans are recorded, but a request's
+/// trace context is still passed on to the pool replica.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TracingConfig {
+    /// The collector's OTLP/gRPC address, e.g. `http://127.0.0.1:4317`.
+    pub otlp_endpoint: Option<String>,
+    /// Share of new traces recorded, 0 to 1 (default 1); a request that comes with a
+    /// trace context follows its caller's decision.
+    pub sample_ratio: Option<f64>,
 }
 
 /// Where the control plane keeps its records. Model blobs stay in `data_dir` either way.
@@ -355,6 +371,7 @@ impl Default for CloudConfig {
             autoscale: AutoscaleConfig::default(),
             nodes: NodesConfig::default(),
             store: StoreConfig::default(),
+            tracing: TracingConfig::default(),
         }
     }
 }

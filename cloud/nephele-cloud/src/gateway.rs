@@ -53,6 +53,8 @@ pub struct Gateway {
     pub joins_in_progress: std::sync::atomic::AtomicUsize,
     /// The same, by remote IP address ([`MAX_JOINS_PER_ADDRESS`]).
     pub joins_by_address: std::sync::Mutex<HashMap<std::net::IpAddr, usize>>,
+    /// Spans of offloaded requests (the region's part of a device's trace).
+    pub tracer: nephele_otel::Tracer,
 }
 
 /// Holds one place among one address's joins in progress; gives it back when dropped.
@@ -569,18 +571,48 @@ impl Gateway {
     async fn offload(
         &self,
         context: &StreamContext,
-        infer: nephele_proto::InferRequest,
+        mut infer: nephele_proto::InferRequest,
     ) -> StreamResponse {
+        use nephele_otel::{SpanKind, TraceContext};
         let started = Instant::now();
         let deployment = infer.deployment.clone();
+        // The region's part of the device's trace: this span under the device's offload
+        // span, the replica's under the one per attempt below.
+        let caller = infer.trace.as_ref().and_then(TraceContext::from_wire);
+        let mut span = self.tracer.server(format!("offload {deployment}"), caller);
+        span.set("nephele.deployment", &deployment);
+        span.set("nephele.device", &context.device);
+        span.set("nephele.region", &context.region);
         let mut tried: Vec<String> = Vec::new();
         loop {
+            let mut pick = self.tracer.child(&span, "pick replica", SpanKind::Internal);
             let lease = match self.pick_pool(context, &deployment, &tried).await {
                 Ok(lease) => lease,
-                Err(refused) => return refused,
+                Err(refused) => {
+                    if let StreamResponse::Error(error) = &refused {
+                        pick.fail(&error.message);
+                        span.fail(&error.message);
+                    }
+                    return refused;
+                }
             };
+            pick.set("nephele.replica", &lease.name);
+            pick.end();
+            let mut attempt =
+                self.tracer
+                    .child(&span, format!("replica {deployment}"), SpanKind::Client);
+            attempt.set("nephele.replica", &lease.name);
+            attempt.set("nephele.attempt", tried.len() + 1);
+            infer.trace = attempt.context().map(|c| c.to_wire());
             let attempt_started = Instant::now();
             let forwarded = forward(&lease.connection, infer.clone()).await;
+            if let Err(error) = &forwarded {
+                attempt.fail(error);
+            }
+            if let Ok(StreamResponse::Error(error)) = &forwarded {
+                attempt.fail(&error.message);
+            }
+            attempt.end();
             // A replica that just left (scaled in, drained) answers that it does not
             // serve the deployment: as retryable as a broken stream.
             let forwarded = match forwarded {
@@ -605,6 +637,11 @@ impl Gateway {
                         }
                         _ => "error",
                     };
+                    span.set("nephele.outcome", outcome);
+                    span.set("nephele.replica", &lease.name);
+                    if let StreamResponse::Error(error) = &response {
+                        span.fail(&error.message);
+                    }
                     self.count_offload(&context.region, outcome);
                     self.metrics
                         .histogram(
@@ -622,6 +659,7 @@ impl Gateway {
                     tried.push(lease.name.clone());
                 }
                 Err(error) => {
+                    span.fail(format!("pool replica {} failed: {error}", lease.name));
                     self.count_offload(&context.region, "error");
                     tracing::warn!(device = %context.device, pool = %lease.name, %deployment, %error, "offload failed");
                     return StreamResponse::Error(ErrorFrame::new(

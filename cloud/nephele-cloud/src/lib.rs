@@ -71,6 +71,13 @@ pub struct CloudArgs {
     /// line, for log collectors). Default: `NEPHELE_LOG_FORMAT`, else text.
     #[arg(long)]
     pub log_format: Option<nephele_logging::Format>,
+    /// Overrides `[tracing] otlp_endpoint`: export spans over OTLP/gRPC to this
+    /// collector (e.g. http://127.0.0.1:4317). Default: OTEL_EXPORTER_OTLP_ENDPOINT.
+    #[arg(long)]
+    pub otlp_endpoint: Option<String>,
+    /// Overrides `[tracing] sample_ratio`: share of new traces recorded (0 to 1).
+    #[arg(long)]
+    pub trace_sample_ratio: Option<f64>,
 }
 
 pub fn init_tracing(format: Option<nephele_logging::Format>) {
@@ -102,6 +109,12 @@ pub fn load_config(args: &CloudArgs) -> Result<CloudConfig> {
     }
     if let Some(dir) = &args.shared_dir {
         config.store.shared_dir = Some(dir.clone());
+    }
+    if let Some(endpoint) = &args.otlp_endpoint {
+        config.tracing.otlp_endpoint = Some(endpoint.clone());
+    }
+    if let Some(ratio) = args.trace_sample_ratio {
+        config.tracing.sample_ratio = Some(ratio);
     }
     Ok(config)
 }
@@ -183,6 +196,39 @@ async fn resume_pushes(
             pushes.forget(&name);
         }
     }
+}
+
+/// The tracer of this control plane: spans exported to the configured collector, or
+/// none recorded (trace context still passed on) when no collector is named.
+fn start_tracer(
+    settings: Option<nephele_otel::Settings>,
+    config: &CloudConfig,
+    metrics: &nephele_telemetry::Registry,
+) -> Result<nephele_otel::Tracer> {
+    let Some(settings) = settings else {
+        return Ok(nephele_otel::Tracer::disabled());
+    };
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default();
+    let regions: Vec<&str> = config.regions.iter().map(|r| r.name.as_str()).collect();
+    let collector = settings.endpoint.authority();
+    let ratio = settings.sample_ratio;
+    let tracer = nephele_otel::Tracer::start(
+        settings,
+        vec![
+            (
+                "service.instance.id".into(),
+                format!("{host}:{}", std::process::id()).into(),
+            ),
+            ("service.version".into(), env!("CARGO_PKG_VERSION").into()),
+            ("nephele.regions".into(), regions.join(",").into()),
+        ],
+        metrics,
+    )
+    .context("cannot start the trace exporter")?;
+    tracing::info!(%collector, sample_ratio = ratio, "exporting spans over OTLP/gRPC");
+    Ok(tracer)
 }
 
 /// Loads the cluster CA, or creates it on first start.
@@ -288,6 +334,14 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
     config
         .validate()
         .map_err(|e| anyhow::anyhow!("invalid config: {e}"))?;
+    // Before anything is opened: a wrong collector address is said at once.
+    let tracing_settings = nephele_otel::Settings::resolve(
+        config.tracing.otlp_endpoint.as_deref(),
+        config.tracing.sample_ratio,
+        "nephele-cloud",
+        &|key| std::env::var(key).ok(),
+    )
+    .map_err(|e| anyhow::anyhow!("tracing: {e}"))?;
     let data_dir = config.data_dir.clone();
     std::fs::create_dir_all(&data_dir)
         .with_context(|| format!("cannot create data dir {}", data_dir.display()))?;
@@ -357,6 +411,7 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
     let quic_addr = endpoint.local_addr()?;
 
     let metrics = nephele_telemetry::Registry::new();
+    let tracer = start_tracer(tracing_settings, &config, &metrics)?;
     let now = federation::now_unix();
     let local_provider = config
         .regions
@@ -460,6 +515,7 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
         metrics: metrics.clone(),
         joins_in_progress: std::sync::atomic::AtomicUsize::new(0),
         joins_by_address: std::sync::Mutex::new(HashMap::new()),
+        tracer,
     });
     actix_rt::spawn(gateway::run(endpoint.clone(), gateway));
 

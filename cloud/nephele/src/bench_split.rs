@@ -333,6 +333,7 @@ async fn remote(
                 data: input.1,
             }),
             stage,
+            trace: None,
         }),
     };
     write_frame(&mut send, &request).await?;

@@ -198,12 +198,16 @@ pub async fn run(args: RunArgs) -> Result<()> {
         .max(1);
     let metrics = nephele_telemetry::Registry::new();
     let is_pool = enrolment.config.role == "pool";
-    let server = Arc::new(Server::new(
-        enrolment.config.name.clone(),
-        is_pool,
-        n_slots,
-        metrics.clone(),
-    ));
+    let tracer = start_tracer(&args, &enrolment, &metrics)?;
+    let server = Arc::new(
+        Server::new(
+            enrolment.config.name.clone(),
+            is_pool,
+            n_slots,
+            metrics.clone(),
+        )
+        .with_tracer(tracer),
+    );
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| {
@@ -286,6 +290,47 @@ pub async fn run(args: RunArgs) -> Result<()> {
         result = session => { result?; }
     }
     Ok(())
+}
+
+/// The agent's tracer: service `nephele-edge` on devices and `nephele-pool` on pool
+/// nodes (so a trace shows which side of the offload a span is on), the device's name,
+/// region and role as its resource.
+fn start_tracer(
+    args: &RunArgs,
+    enrolment: &Enrolment,
+    metrics: &nephele_telemetry::Registry,
+) -> Result<nephele_otel::Tracer> {
+    let service = if enrolment.config.role == "pool" {
+        "nephele-pool"
+    } else {
+        "nephele-edge"
+    };
+    let settings = nephele_otel::Settings::resolve(
+        args.otlp_endpoint.as_deref(),
+        args.trace_sample_ratio,
+        service,
+        &|key| std::env::var(key).ok(),
+    )
+    .map_err(|e| anyhow::anyhow!("tracing: {e}"))?;
+    let Some(settings) = settings else {
+        return Ok(nephele_otel::Tracer::disabled());
+    };
+    let collector = settings.endpoint.authority();
+    let config = &enrolment.config;
+    let tracer = nephele_otel::Tracer::start(
+        settings,
+        vec![
+            ("service.instance.id".into(), config.name.clone().into()),
+            ("service.version".into(), env!("CARGO_PKG_VERSION").into()),
+            ("nephele.device".into(), config.name.clone().into()),
+            ("nephele.region".into(), config.region.clone().into()),
+            ("nephele.role".into(), config.role.clone().into()),
+        ],
+        metrics,
+    )
+    .context("cannot start the trace exporter")?;
+    tracing::info!(%collector, "exporting spans over OTLP/gRPC");
+    Ok(tracer)
 }
 
 #[cfg(unix)]
@@ -436,7 +481,31 @@ pub(crate) async fn serve_cloud_stream(
         Ok(Some(StreamRequest {
             body: RequestBody::Infer(infer),
             ..
-        })) => serve_infer(&agent, infer).await,
+        })) => {
+            // The replica's part of the device's trace, under the region's span.
+            let caller = infer
+                .trace
+                .as_ref()
+                .and_then(nephele_otel::TraceContext::from_wire);
+            let tracer = agent.server.tracer.clone();
+            let mut span = tracer.server(format!("infer {}", infer.deployment), caller);
+            span.set("nephele.deployment", &infer.deployment);
+            span.set("nephele.request_id", infer.request_id);
+            if let InferStage::Tail { variant } = &infer.stage {
+                span.set("nephele.variant", variant);
+            }
+            let context = span.context();
+            let response =
+                nephele_otel::current::scope(context, serve_infer(&agent, infer)).await;
+            match &response {
+                StreamResponse::Inferred(answer) => {
+                    span.set("nephele.compute_us", answer.compute_us)
+                }
+                StreamResponse::Error(error) => span.fail(&error.message),
+                _ => {}
+            }
+            response
+        }
         Ok(Some(StreamRequest {
             body:
                 RequestBody::JobLogs {

@@ -139,7 +139,7 @@ async fn handle(
                 ),
                 None => {
                     let deployment = route.trim_start_matches("/v1/infer/").to_string();
-                    infer(request, agent, &deployment).await
+                    traced_infer(request, agent, deployment).await
                 }
             }
         }
@@ -348,6 +348,36 @@ async fn infer_binary(
             }
         }
     }
+}
+
+/// Serves an inference request as a span of the caller's trace (its `traceparent`
+/// header; a new trace without one, or with one that is not valid), current while it
+/// is served so that an offload carries it on.
+async fn traced_infer(
+    request: Request<Incoming>,
+    agent: Arc<Agent>,
+    deployment: String,
+) -> Response<Full<Bytes>> {
+    let caller = request
+        .headers()
+        .get("traceparent")
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| nephele_otel::TraceContext::parse(value).ok());
+    let tracer = agent.server.tracer.clone();
+    let mut span = tracer.server("POST /v1/infer/{deployment}", caller);
+    span.set("http.request.method", "POST");
+    span.set("http.route", "/v1/infer/{deployment}");
+    span.set("nephele.deployment", &deployment);
+    let context = span.context();
+    let response = nephele_otel::current::scope(context, infer(request, agent, &deployment)).await;
+    span.set(
+        "http.response.status_code",
+        u32::from(response.status().as_u16()),
+    );
+    if response.status().is_server_error() {
+        span.fail(response.status());
+    }
+    response
 }
 
 async fn infer(

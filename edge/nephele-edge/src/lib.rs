@@ -124,6 +124,15 @@ pub struct RunArgs {
     /// device until the control plane has counted it (`crate::usage`).
     #[arg(long, default_value_t = 60_000)]
     pub usage_window_ms: u64,
+    /// Export spans over OTLP/gRPC to this collector (e.g. http://127.0.0.1:4317).
+    /// Default: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else OTEL_EXPORTER_OTLP_ENDPOINT,
+    /// else no spans are recorded (a request's trace context is still passed on).
+    #[arg(long)]
+    pub otlp_endpoint: Option<String>,
+    /// Share of new traces recorded (0 to 1, default 1); a request with a
+    /// `traceparent` header follows its caller's decision.
+    #[arg(long)]
+    pub trace_sample_ratio: Option<f64>,
 }
 
 pub fn init_tracing(format: Option<nephele_logging::Format>) {

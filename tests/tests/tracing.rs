@@ -317,6 +317,46 @@ fn an_offloaded_request_is_one_trace_across_the_agent_the_region_and_the_pool_re
     assert_eq!(local_trace.len(), 1, "{local_trace:#?}");
     assert_eq!(local_trace[0]["service"], "nephele-edge");
 
+    // REST API calls are spans of the control plane, named by their route, refusals
+    // included.
+    let api = |trace_id: &str, token: Option<&str>| {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .build()
+            .into();
+        let mut request = agent
+            .get(&format!("{}/v1/deployments/digits", cloud.api))
+            .header("traceparent", &traceparent(trace_id, true));
+        if let Some(token) = token {
+            request = request.header("authorization", &format!("Bearer {token}"));
+        }
+        request.call().unwrap().status().as_u16()
+    };
+    let (read, refused) = (
+        "5ce0e9a56015fec5aadfa328ae398115",
+        "5ce0e9a56015fec5aadfa328ae398116",
+    );
+    assert_eq!(api(read, Some(&cloud.token)), 200);
+    assert_eq!(api(refused, None), 401);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (read_span, refused_span) = loop {
+        let (a, b) = (receiver.trace(read), receiver.trace(refused));
+        if a.len() == 1 && b.len() == 1 {
+            break (a[0].clone(), b[0].clone());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the API spans never came: {a:?} {b:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(read_span["name"], "GET /v1/deployments/{name}");
+    assert_eq!(read_span["service"], "nephele-cloud");
+    assert_eq!(read_span["parent_span_id"], "00f067aa0ba902b7");
+    assert_eq!(read_span["attributes"]["http.response.status_code"], 200);
+    assert_eq!(read_span["attributes"]["nephele.tenant"], "default");
+    assert_eq!(refused_span["attributes"]["http.response.status_code"], 401);
+
     // The unsampled caller's trace: nothing recorded anywhere (spans of the request
     // sent after it have come by now, so it would have too).
     std::thread::sleep(Duration::from_secs(2));

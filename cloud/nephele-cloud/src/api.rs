@@ -65,6 +65,55 @@ pub struct ApiState {
     pub rate: crate::api_rate::RateLimiter,
     /// Changes for `GET /v1/watch`.
     pub watch: crate::watch::Hub,
+    /// Spans of API requests.
+    pub tracer: nephele_otel::Tracer,
+}
+
+/// Each `/v1` request as a server span (under the caller's `traceparent`, a new trace
+/// without one), named by its route's pattern, refusals included: outside
+/// [`authenticate_first`], whose principal it names once known.
+pub async fn traced(
+    request: actix_web::dev::ServiceRequest,
+    next: actix_web::middleware::Next<impl actix_web::body::MessageBody + 'static>,
+) -> Result<actix_web::dev::ServiceResponse<actix_web::body::BoxBody>, actix_web::Error> {
+    use actix_web::HttpMessage;
+    let tracer = request
+        .app_data::<web::Data<ApiState>>()
+        .map(|state| state.tracer.clone())
+        .filter(|tracer| tracer.is_enabled() && request.path().starts_with("/v1/"));
+    let Some(tracer) = tracer else {
+        return next.call(request).await.map(|r| r.map_into_boxed_body());
+    };
+    let caller = request
+        .headers()
+        .get("traceparent")
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| nephele_otel::TraceContext::parse(value).ok());
+    let route = request
+        .match_pattern()
+        .unwrap_or_else(|| request.path().to_string());
+    let method = request.method().to_string();
+    let mut span = tracer.server(format!("{method} {route}"), caller);
+    span.set("http.request.method", &method);
+    span.set("http.route", &route);
+    let response = nephele_otel::current::scope(span.context(), next.call(request))
+        .await
+        .map(|r| r.map_into_boxed_body());
+    let status = match &response {
+        Ok(response) => {
+            if let Some(principal) = response.request().extensions().get::<Principal>() {
+                span.set("nephele.tenant", &principal.tenant);
+                span.set("nephele.api_token", &principal.token);
+            }
+            response.status()
+        }
+        Err(error) => error.as_response_error().status_code(),
+    };
+    span.set("http.response.status_code", u32::from(status.as_u16()));
+    if status.is_server_error() {
+        span.fail(status);
+    }
+    response
 }
 
 /// Largest grid push accepted (a year of hours is about 0.9 MB).

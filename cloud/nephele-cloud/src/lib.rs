@@ -515,8 +515,9 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
         metrics: metrics.clone(),
         joins_in_progress: std::sync::atomic::AtomicUsize::new(0),
         joins_by_address: std::sync::Mutex::new(HashMap::new()),
-        tracer,
+        tracer: tracer.clone(),
     });
+    let api_tracer = tracer;
     actix_rt::spawn(gateway::run(endpoint.clone(), gateway));
 
     resume_pushes(&pushes, &federation, &blob_dir).await;
@@ -530,11 +531,13 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
         pushes,
         rate: api_rate::RateLimiter::new(config.api_rate_per_s, config.api_rate_burst),
         watch: hub,
+        tracer: api_tracer,
     });
     let server = actix_web::HttpServer::new(move || {
         actix_web::App::new()
             .app_data(state.clone())
             .wrap(actix_web::middleware::from_fn(api::authenticate_first))
+            .wrap(actix_web::middleware::from_fn(api::traced))
             .configure(api::routes)
     })
     .workers(2)

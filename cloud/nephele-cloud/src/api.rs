@@ -30,6 +30,7 @@ macro_rules! forward {
 
 mod access;
 pub mod openapi;
+mod page;
 mod problem;
 mod watch;
 
@@ -394,7 +395,8 @@ async fn list_tokens(
     state: web::Data<ApiState>,
 ) -> Result<HttpResponse, ApiError> {
     authorize(&request, &state).await?;
-    Ok(HttpResponse::Ok().json(forward!(state, "list_tokens", ListJoinTokens)?))
+    let tokens = forward!(state, "list_tokens", ListJoinTokens)?;
+    page::answer(&request, tokens, |t| t.id.clone())
 }
 
 async fn list_devices(
@@ -402,7 +404,8 @@ async fn list_devices(
     state: web::Data<ApiState>,
 ) -> Result<HttpResponse, ApiError> {
     authorize(&request, &state).await?;
-    Ok(HttpResponse::Ok().json(forward!(state, "list_devices", ListDevices)?))
+    let devices = forward!(state, "list_devices", ListDevices)?;
+    page::answer(&request, devices, |d| d.name.clone())
 }
 
 async fn delete_device(
@@ -531,7 +534,7 @@ async fn list_models(
             scope: principal.scope().map(str::to_string),
         }
     )?;
-    Ok(HttpResponse::Ok().json(views))
+    page::answer(&request, views, |m| m.reference.clone())
 }
 
 async fn create_deployment(
@@ -636,7 +639,7 @@ async fn list_deployments(
             scope: principal.scope().map(str::to_string),
         }
     )?;
-    Ok(HttpResponse::Ok().json(statuses))
+    page::answer(&request, statuses, |d| d.name.clone())
 }
 
 async fn get_deployment(
@@ -748,13 +751,20 @@ pub struct JobQuery {
     /// leader always may, so it accepts and ignores it.
     #[serde(default, rename = "stale")]
     pub _stale: Option<String>,
+    /// Pagination of `GET /v1/jobs` ([`page`]).
+    #[serde(default, rename = "limit")]
+    pub _limit: Option<String>,
+    #[serde(default, rename = "after")]
+    pub _after: Option<String>,
 }
 
 fn parse_query(request: &HttpRequest) -> Result<JobQuery, ApiError> {
     web::Query::<JobQuery>::from_query(request.query_string())
         .map(web::Query::into_inner)
         .map_err(|e| {
-            ApiError::BadRequest(format!("bad query ({e}); accepted: region, tenant, stale"))
+            ApiError::BadRequest(format!(
+                "bad query ({e}); accepted: region, tenant, stale (and limit, after on lists)"
+            ))
         })
 }
 
@@ -897,7 +907,9 @@ async fn list_jobs(
         );
     }
     count(&state, "list_jobs", true);
-    Ok(HttpResponse::Ok().json(jobs))
+    page::answer(&request, jobs, |j| {
+        format!("{}/{}/{}", j.region, j.tenant, j.name)
+    })
 }
 
 /// Finds the caller's job `name` in the named region or, without one, in the only
@@ -1048,6 +1060,8 @@ async fn job_logs(
         region: query.region.clone(),
         tenant: query.tenant.clone(),
         _stale: None,
+        _limit: None,
+        _after: None,
     };
     let (actor, tenant, view) = find_job(&state, &principal, &job_query, &name).await?;
     let max_bytes = query

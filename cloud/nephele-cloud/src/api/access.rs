@@ -39,7 +39,8 @@ pub async fn list(
     state: web::Data<ApiState>,
 ) -> Result<HttpResponse, ApiError> {
     authorize(&request, &state).await?;
-    Ok(HttpResponse::Ok().json(forward!(state, "list_api_tokens", ListApiTokens)?))
+    let tokens = forward!(state, "list_api_tokens", ListApiTokens)?;
+    super::page::answer(&request, tokens, |t| t.id.clone())
 }
 
 /// `DELETE /v1/api-tokens/{id}`: revokes it at once.

@@ -527,8 +527,31 @@ fn routes(s: &mut Schemas) -> Vec<Route> {
             Answer::Json(200, audit),
         )
     });
+    // Lists that take `limit` and `after` (`api::page`).
+    for route in routes.iter_mut().filter(|r| PAGED.contains(&r.id)) {
+        route.query.push(q(
+            "limit",
+            json!({"type": "integer", "minimum": 1, "maximum": super::page::MAX_LIMIT}),
+            "items per page; the next page is in the Link header (rel=\"next\")",
+        ));
+        route.query.push(q(
+            "after",
+            string(),
+            "the key after which the page starts (from the previous page's Link header)",
+        ));
+    }
     routes
 }
+
+/// The operations whose lists are paged.
+const PAGED: [&str; 6] = [
+    "listJoinTokens",
+    "listDevices",
+    "listModels",
+    "listDeployments",
+    "listJobs",
+    "listApiTokens",
+];
 
 fn problem_schema() -> Value {
     json!({
@@ -579,10 +602,15 @@ fn operation(route: &Route) -> Value {
     let mut responses = Map::new();
     match &route.answer {
         Answer::Json(status, schema) => {
-            responses.insert(
-                status.to_string(),
-                json!({"description": "done", "content": {"application/json": {"schema": schema}}}),
-            );
+            let mut answer =
+                json!({"description": "done", "content": {"application/json": {"schema": schema}}});
+            if PAGED.contains(&route.id) {
+                answer["headers"] = json!({
+                    "Link": {"description": "the next page: `<URL>; rel=\"next\"` (absent on the last)", "schema": {"type": "string"}},
+                    "X-Total-Count": {"description": "items in the whole list", "schema": {"type": "integer"}}
+                });
+            }
+            responses.insert(status.to_string(), answer);
         }
         Answer::Empty(status) => {
             responses.insert(status.to_string(), json!({"description": "done"}));

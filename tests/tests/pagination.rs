@@ -1,0 +1,101 @@
+//! Lists are paged on request (`?limit=N`, then the `Link: <…>; rel="next"` header's
+//! `after`), on a real control plane: following the links gives every item once, in
+//! key order, with the whole list's size in `X-Total-Count`, also while items come
+//! and go between pages; a bad `limit` is a problem naming the field.
+
+#![allow(clippy::unwrap_used)]
+
+use nephele_e2e::{Cloud, Http};
+use serde_json::{json, Value};
+
+/// Every page of `path` at `limit` per page: the items, and the pages' count.
+fn follow(cloud: &Cloud, path: &str, limit: usize, between: impl Fn(usize)) -> (Vec<Value>, usize) {
+    let http = Http::new(Some(cloud.token.clone()));
+    let mut url = format!("{}{path}?limit={limit}", cloud.api);
+    let (mut items, mut pages) = (Vec::new(), 0);
+    loop {
+        let (status, headers, body) = http.get_full(&url).unwrap();
+        assert_eq!(status, 200, "{body}");
+        let page = body.as_array().unwrap();
+        assert!(page.len() <= limit);
+        items.extend(page.iter().cloned());
+        pages += 1;
+        between(pages);
+        match headers.get("link") {
+            Some(link) => {
+                let target = link
+                    .strip_prefix('<')
+                    .and_then(|l| l.split_once(">; rel=\"next\""))
+                    .map(|(target, _)| target)
+                    .unwrap_or_else(|| panic!("a next link: {link}"));
+                url = format!("{}{target}", cloud.api);
+            }
+            None => return (items, pages),
+        }
+    }
+}
+
+#[test]
+fn lists_are_paged_by_key_with_next_links() {
+    let cloud = Cloud::start("pagination").unwrap();
+    let mut ids: Vec<String> = (0..7)
+        .map(|_| {
+            cloud
+                .post("/v1/tokens", &json!({"region": "eu-west"}))
+                .unwrap()["id"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    ids.sort();
+
+    let http = Http::new(Some(cloud.token.clone()));
+    let (_, headers, whole) = http.get_full(&format!("{}/v1/tokens", cloud.api)).unwrap();
+    assert_eq!(
+        whole.as_array().unwrap().len(),
+        7,
+        "unpaged, the list is whole"
+    );
+    assert!(!headers.contains_key("link"));
+    let (_, headers, _) = http
+        .get_full(&format!("{}/v1/tokens?limit=3", cloud.api))
+        .unwrap();
+    assert_eq!(headers["x-total-count"], "7");
+
+    let (items, pages) = follow(&cloud, "/v1/tokens", 3, |_| {});
+    let seen: Vec<String> = items
+        .iter()
+        .map(|t| t["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(seen, ids, "every token once, in key order");
+    assert_eq!(pages, 3);
+
+    // Deleting what was already read does not shift the pages: nothing is skipped.
+    // (Join tokens are not deletable; jobs are.)
+    for name in ["a", "b", "c", "d", "e"] {
+        let status = cloud
+            .post(
+                "/v1/jobs",
+                &json!({"name": format!("job-{name}"), "region": "eu-west", "cpu_milli": 100, "memory_mib": 64}),
+            )
+            .unwrap();
+        assert!(status["name"].is_string(), "{status}");
+    }
+    let (items, _) = follow(&cloud, "/v1/jobs", 2, |page| {
+        if page == 1 {
+            cloud.delete("/v1/jobs/job-a?region=eu-west").unwrap();
+        }
+    });
+    let names: Vec<&str> = items.iter().map(|j| j["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["job-a", "job-b", "job-c", "job-d", "job-e"]);
+
+    // A bad limit names the field.
+    for bad in ["0", "1001", "many"] {
+        let (status, _, body) = http
+            .get_full(&format!("{}/v1/devices?limit={bad}", cloud.api))
+            .unwrap();
+        assert_eq!(status, 400, "{body}");
+        assert_eq!(body["field"], "limit", "{body}");
+    }
+}

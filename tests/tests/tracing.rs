@@ -68,10 +68,12 @@ impl Receiver {
         }
     }
 
-    /// Every span received so far.
+    /// Every span received so far: the file's whole lines (the receiver may be
+    /// writing the next one as it is read).
     fn spans(&self) -> Vec<Value> {
-        std::fs::read_to_string(&self.spans)
-            .unwrap_or_default()
+        let text = std::fs::read_to_string(&self.spans).unwrap_or_default();
+        let whole = text.rfind('\n').map_or("", |end| &text[..=end]);
+        whole
             .lines()
             .map(|line| serde_json::from_str(line).unwrap())
             .collect()

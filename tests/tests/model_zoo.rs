@@ -242,11 +242,13 @@ fn magika_answers_as_onnxruntime_does_on_real_files() {
     println!(
         "magika: {total} answers (6 files × 3), max |nephele − {reference}| = {worst:.2e}, same class {same}/{total}; \
          int8 ({} of {full_size} bytes, min cosine {:.4} at push): min cosine {min_cos8:.4} to {reference} fp32, same class {same8}/{total}; \
-         median latency on the agent full {:.2} ms, int8 {:.2} ms",
+         median latency on the agent full {:.2} ms, int8 {:.2} ms; int8 {}: {}",
         int8["size"],
         int8["min_cosine"].as_f64().unwrap_or(f64::NAN),
         median(&mut ms),
         median(&mut ms8),
+        int8["precision"],
+        int8["reason"].as_str().unwrap_or("-"),
     );
     assert!(worst <= tolerance, "{worst} > {tolerance}");
     assert_eq!(same, total);
@@ -706,7 +708,7 @@ fn a_transformer_with_ids_mask_and_types_answers_as_onnxruntime_does() {
     }
     println!(
         "minilm (3 int64 inputs, 2 outputs): {} held-out sentences, max |nephele − {}| sentence_embedding {worst_emb:.2e}, last_hidden_state {worst_hidden:.2e}; \
-         int8 ({} of {} bytes, min cosine {:.4} at push on {}): min cosine {min_cos8:.5} to fp32; median latency on the agent full {:.1} ms, int8 {:.1} ms",
+         int8 ({} of {} bytes, min cosine {:.4} at push on {}): min cosine {min_cos8:.5} to fp32; median latency on the agent full {:.1} ms, int8 {:.1} ms; int8 {}: {}",
         all.len(),
         cases["reference_by"].as_str().unwrap_or("?"),
         int8["size"],
@@ -715,6 +717,8 @@ fn a_transformer_with_ids_mask_and_types_answers_as_onnxruntime_does() {
         view["validation"].as_str().unwrap_or("?"),
         median(&mut ms),
         median(&mut ms8),
+        int8["precision"],
+        int8["reason"].as_str().unwrap_or("-"),
     );
     assert!(worst_emb <= tolerance, "{worst_emb} > {tolerance}");
     assert!(worst_hidden <= 10.0 * tolerance, "{worst_hidden}");
@@ -842,7 +846,11 @@ fn a_third_party_transformer_export_answers_as_onnxruntime_does_pushed_with_no_f
     let (mut embeddings, mut embeddings8) = (Vec::new(), Vec::new());
     let mut lengths = Vec::new();
     for case in all {
-        lengths.push(case["inputs"]["input_ids"]["shape"][1].as_u64().unwrap_or(0));
+        lengths.push(
+            case["inputs"]["input_ids"]["shape"][1]
+                .as_u64()
+                .unwrap_or(0),
+        );
         for (deployment, quantized) in [("para", false), ("para8", true)] {
             let (code, reply) = agent
                 .raw_json(
@@ -884,7 +892,12 @@ fn a_third_party_transformer_export_answers_as_onnxruntime_does_pushed_with_no_f
         .as_array()
         .expect("pairs")
         .iter()
-        .map(|p| (p[0].as_u64().unwrap_or(0) as usize, p[1].as_u64().unwrap_or(0) as usize))
+        .map(|p| {
+            (
+                p[0].as_u64().unwrap_or(0) as usize,
+                p[1].as_u64().unwrap_or(0) as usize,
+            )
+        })
         .collect();
     let separation = |e: &[Vec<f64>]| {
         let paired = pairs
@@ -906,7 +919,7 @@ fn a_third_party_transformer_export_answers_as_onnxruntime_does_pushed_with_no_f
     println!(
         "paraphrase-MiniLM-L3-v2 (PyTorch export, 2 int64 inputs, 4 outputs, no flags): {} sentences of {lengths:?} tokens, max |nephele − {}| sentence embedding {worst_emb:.2e}, token embeddings {worst_tokens:.2e}; \
          paraphrase cosine ≥ {paired:.3} vs unrelated ≤ {unrelated:.3} (int8 {paired8:.3} vs {unrelated8:.3}); \
-         int8 ({} of {} bytes, min cosine {:.4} at push on {}): min cosine {min_cos8:.5} to fp32; median latency on the agent full {:.1} ms, int8 {:.1} ms",
+         int8 ({} of {} bytes, min cosine {:.4} at push on {}): min cosine {min_cos8:.5} to fp32; median latency on the agent full {:.1} ms, int8 {:.1} ms; int8 {}: {}",
         all.len(),
         cases["reference_by"].as_str().unwrap_or("?"),
         int8["size"],
@@ -915,6 +928,8 @@ fn a_third_party_transformer_export_answers_as_onnxruntime_does_pushed_with_no_f
         view["validation"].as_str().unwrap_or("?"),
         median(&mut ms),
         median(&mut ms8),
+        int8["precision"],
+        int8["reason"].as_str().unwrap_or("-"),
     );
     assert!(worst_emb <= tolerance, "{worst_emb} > {tolerance}");
     assert!(worst_tokens <= 10.0 * tolerance, "{worst_tokens}");

@@ -654,7 +654,13 @@ pub fn run(args: InferenceArgs) -> Result<()> {
         int8_rows.push(Int8Row {
             model: model.name.to_string(),
             backend: "tract",
-            int8_compute: None,
+            // Whether the variant computes in int8 or only stores int8, as measured at
+            // build (nephele_runtime::int8_compute).
+            int8_compute: int8
+                .quantization
+                .as_ref()
+                .and_then(|q| q.compute.as_ref())
+                .map(|c| c.reason.clone()),
             fp32_bytes: full.size(),
             int8_bytes: int8.size(),
             size_ratio: full.size() as f64 / int8.size().max(1) as f64,

@@ -126,14 +126,26 @@ pub fn build_graph_variants(
     match built {
         Err(error) => int8.rejected = Some(format!("could not be built: {error}")),
         Ok(tried) => {
-            int8.files = vec![tried.bytes];
+            let mut report = tried.report;
             int8.agreement = Some(tried.measured);
             int8.rejected = if reference.iter().all(|r| r.is_empty()) {
                 Some("the model has no float output to compare".into())
             } else {
-                crate::variants::int8_refusal(&tried.report, &tried.measured, 0.0, tried.tries)
+                crate::variants::int8_refusal(&report, &tried.measured, 0.0, tried.tries)
             };
-            int8.quantization = Some(tried.report);
+            int8.files = vec![tried.bytes];
+            if int8.rejected.is_none() {
+                let rows: Vec<HashMap<String, NamedTensor>> =
+                    used.iter().map(|r| (*r).clone()).collect();
+                let (compute, tried_compute) = try_compute(name, &int8.files[0], &rows, &reference);
+                if let Some((compute, measured)) = compute {
+                    int8.files = vec![compute];
+                    int8.precision = "int8-compute".into();
+                    int8.agreement = Some(measured);
+                }
+                report.compute = Some(tried_compute);
+            }
+            int8.quantization = Some(report);
         }
     }
     Ok(VariantSet {
@@ -141,6 +153,41 @@ pub fn build_graph_variants(
         full_input_bytes: 0,
         variants: vec![full_variant, int8],
     })
+}
+
+/// The int8 compute form of a typed model's int8-storage file, timed and measured as
+/// the agent runs it ([`crate::int8_compute::choose`]).
+fn try_compute(
+    name: &str,
+    storage: &[u8],
+    rows: &[HashMap<String, NamedTensor>],
+    reference: &[Vec<f32>],
+) -> (
+    Option<(Vec<u8>, crate::variants::Agreement)>,
+    crate::int8_compute::ComputeReport,
+) {
+    let mut measured = None;
+    let (file, report) = crate::int8_compute::choose(
+        name,
+        storage,
+        None,
+        rows,
+        |bytes, runs| {
+            let model = GraphModel::load(&format!("{name}/int8"), bytes)?;
+            crate::int8_compute::median_ms(runs, || model.run(&rows[0]).map(|_| ()))
+        },
+        |bytes| {
+            let model = GraphModel::load(&format!("{name}/int8"), bytes)?;
+            let outputs = rows
+                .iter()
+                .map(|row| model.run(row).map(|a| flat_outputs(&model, &a)))
+                .collect::<Result<Vec<_>, _>>()?;
+            let agreed = agreement(reference, &outputs);
+            measured = Some(agreed);
+            Ok((agreed.min_cosine >= MIN_INT8_COSINE, agreed.min_cosine))
+        },
+    );
+    (file.zip(measured), report)
 }
 
 #[cfg(test)]

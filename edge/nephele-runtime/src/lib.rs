@@ -27,6 +27,7 @@ pub mod fold_if;
 pub mod graph_model;
 pub mod graph_variants;
 pub mod input_spec;
+pub mod int8_compute;
 pub mod mixed_precision;
 pub mod onnx_edit;
 #[cfg(feature = "onnxruntime")]

@@ -100,8 +100,18 @@ pub fn quantize_until_it_agrees<M>(
     Ok(winner)
 }
 
-/// One line on what mixed precision kept, for the variant's reason.
+/// What mixed precision kept and whether int8 compute was chosen, for the variant's
+/// note (`None`: nothing to say).
 pub fn summary(report: &QuantizationReport) -> Option<String> {
+    let lines: Vec<String> = kept_summary(report)
+        .into_iter()
+        .chain(report.compute.as_ref().map(|c| c.reason.clone()))
+        .collect();
+    (!lines.is_empty()).then(|| lines.join("; "))
+}
+
+/// One line on what mixed precision kept.
+fn kept_summary(report: &QuantizationReport) -> Option<String> {
     if report.kept_for_accuracy.is_empty() {
         return None;
     }

@@ -16,9 +16,9 @@
 //!   as its only input. A tensor is a valid cut only when nothing in the tail needs
 //!   anything from the head side except the cut itself ([`OnnxGraph::candidate_cuts`]).
 //!
-//! Not here: int8 *compute* (QLinear ops) — tract's int8 kernels measured slower than
-//! f32 on this hardware and gave wrong outputs on a statically quantized file, so only
-//! the weight storage is quantized; and graphs with external data files.
+//! int8 *compute* (activations quantized too, calibrated on the validation rows) is
+//! [`crate::int8_compute`], tried on top of this storage form and shipped only where it
+//! measures faster. Not here: graphs with external data files.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
@@ -64,6 +64,10 @@ pub struct QuantizationReport {
     /// precision), with their relative error as int8.
     #[serde(default)]
     pub kept_for_accuracy: Vec<(String, f32)>,
+    /// Whether the variant also computes in int8, as measured
+    /// ([`crate::int8_compute::choose`]); `None` when it was not tried.
+    #[serde(default)]
+    pub compute: Option<crate::int8_compute::ComputeReport>,
 }
 
 impl OnnxGraph {
@@ -104,11 +108,11 @@ impl OnnxGraph {
         &self.name
     }
 
-    fn graph(&self) -> &GraphProto {
+    pub(crate) fn graph(&self) -> &GraphProto {
         &self.graph
     }
 
-    fn with_graph(&self, graph: GraphProto) -> ModelProto {
+    pub(crate) fn with_graph(&self, graph: GraphProto) -> ModelProto {
         ModelProto {
             graph: Some(graph),
             ..self.model.clone()
@@ -128,7 +132,7 @@ impl OnnxGraph {
     }
 
     /// Names of the graph's real inputs (not initializers listed as inputs).
-    fn real_inputs(&self) -> Vec<&ValueInfoProto> {
+    pub(crate) fn real_inputs(&self) -> Vec<&ValueInfoProto> {
         let graph = self.graph();
         let initializers: HashSet<&str> =
             graph.initializer.iter().map(|t| t.name.as_str()).collect();
@@ -307,6 +311,7 @@ impl OnnxGraph {
             max_abs_weight_error: 0.0,
             relative_errors: Vec::new(),
             kept_for_accuracy: Vec::new(),
+            compute: None,
         };
         let mut initializers = Vec::with_capacity(graph.initializer.len());
         let mut dequantize_nodes = Vec::new();
@@ -840,7 +845,7 @@ fn channel_axes(graph: &GraphProto) -> HashMap<&str, Option<usize>> {
 
 /// The f32 values of a float initializer, from `raw_data` (little endian) or
 /// `float_data`.
-fn float_values(tensor: &TensorProto) -> Result<Vec<f32>, String> {
+pub(crate) fn float_values(tensor: &TensorProto) -> Result<Vec<f32>, String> {
     let expected: i64 = tensor.dims.iter().product();
     let values: Vec<f32> = if !tensor.raw_data.is_empty() {
         if !tensor.raw_data.len().is_multiple_of(4) {

@@ -13,6 +13,9 @@
 
 use tract_onnx::prelude::*;
 
+use std::collections::HashMap;
+
+use crate::graph_model::NamedTensor;
 use crate::onnx_edit::{OnnxGraph, QuantizationReport};
 use crate::{Model, RuntimeError};
 
@@ -497,14 +500,128 @@ fn int8_variant(
         Err(error) => variant.rejected = Some(format!("could not be built: {error}")),
         Ok(tried) => {
             let (measured, quantized_accuracy, drop) = tried.measured;
+            let mut report = tried.report;
             variant.accuracy = quantized_accuracy;
             variant.files = vec![tried.bytes];
             variant.agreement = Some(measured);
-            variant.rejected = int8_refusal(&tried.report, &measured, drop, tried.tries);
-            variant.quantization = Some(tried.report);
+            variant.rejected = int8_refusal(&report, &measured, drop, tried.tries);
+            if variant.rejected.is_none() {
+                let (compute, tried_compute) = try_compute(
+                    name,
+                    graph,
+                    &variant.files[0],
+                    validation,
+                    reference,
+                    full_accuracy,
+                    row_shape,
+                );
+                if let Some((compute, measured, accuracy)) = compute {
+                    variant.files = vec![compute];
+                    variant.precision = "int8-compute".into();
+                    variant.agreement = Some(measured);
+                    variant.accuracy = accuracy;
+                }
+                report.compute = Some(tried_compute);
+            }
+            variant.quantization = Some(report);
         }
     }
     variant
+}
+
+/// A compute-form int8 file chosen to ship, with its agreement and accuracy.
+type ComputeForm = (Vec<u8>, Agreement, Option<f64>);
+
+/// The int8 compute form of a one-input model's int8-storage file, timed and measured
+/// as the agent runs it ([`crate::int8_compute::choose`]), under the same rule as the
+/// storage form (cosine and accuracy drop).
+fn try_compute(
+    name: &str,
+    graph: &OnnxGraph,
+    storage: &[u8],
+    validation: &ValidationSet,
+    reference: &[Vec<f32>],
+    full_accuracy: Option<f64>,
+    row_shape: Option<&[usize]>,
+) -> (Option<ComputeForm>, crate::int8_compute::ComputeReport) {
+    // Calibration runs the rows as typed requests of the model's one input.
+    let input = graph
+        .real_inputs()
+        .first()
+        .map(|i| i.name.clone())
+        .unwrap_or_default();
+    let shape = Model::load_variant(&format!("{name}/int8"), storage, row_shape).map(|m| {
+        m.input().shape[1..]
+            .iter()
+            .map(|d| *d as usize)
+            .collect::<Vec<_>>()
+    });
+    let rows: Vec<HashMap<String, NamedTensor>> = match &shape {
+        Ok(row) => validation
+            .rows
+            .iter()
+            .map(|values| {
+                let mut dims = vec![1];
+                dims.extend(row.iter().copied());
+                HashMap::from([(
+                    input.clone(),
+                    NamedTensor {
+                        dtype: "f32".into(),
+                        shape: dims,
+                        data: values.iter().map(|v| *v as f64).collect(),
+                    },
+                )])
+            })
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    // Calibration runs a copy with the input's shape given (a one-input file may leave
+    // its dimensions unknown and take them from `row_shape`); the shipped file keeps the
+    // storage form's input as it is.
+    let calibration_form = shape.as_ref().ok().and_then(|row| {
+        let dims: Vec<String> = std::iter::once(1)
+            .chain(row.iter().copied())
+            .map(|d| d.to_string())
+            .collect();
+        let spec = format!("{input}={}:f32", dims.join(",")).parse().ok()?;
+        crate::input_spec::prepare(name, storage, &[spec]).ok()
+    });
+    let mut measured = None;
+    let (file, report) = crate::int8_compute::choose(
+        name,
+        storage,
+        calibration_form.as_deref(),
+        &rows,
+        |bytes, runs| {
+            let model = Model::load_variant(&format!("{name}/int8"), bytes, row_shape)?;
+            let row_shape: Vec<usize> = model.input().shape[1..]
+                .iter()
+                .map(|d| *d as usize)
+                .collect();
+            let row = &validation.rows[0];
+            crate::int8_compute::median_ms(runs, || model.infer(&row_shape, row).map(|_| ()))
+        },
+        |bytes| {
+            let model = Model::load_variant(&format!("{name}/int8"), bytes, row_shape)?;
+            let outputs = run_all(&model, &validation.rows)?;
+            let agreed = agreement(reference, &outputs);
+            let quantized_accuracy = accuracy(&outputs, validation.labels.as_ref());
+            let drop = match (full_accuracy, quantized_accuracy) {
+                (Some(full), Some(int8)) => full - int8,
+                _ => 0.0,
+            };
+            measured = Some((agreed, quantized_accuracy));
+            Ok((
+                agreed.min_cosine >= MIN_INT8_COSINE && drop <= MAX_INT8_ACCURACY_DROP_POINTS,
+                agreed.min_cosine,
+            ))
+        },
+    );
+    (
+        file.zip(measured)
+            .map(|(bytes, (agreed, accuracy))| (bytes, agreed, accuracy)),
+        report,
+    )
 }
 
 /// Why an int8 variant is not shipped, or `None` when it is.

@@ -95,6 +95,29 @@ fn int8_variant_is_four_times_smaller_and_keeps_accuracy() {
         int8.accuracy,
         agreement.min_cosine
     );
+    // int8 compute was tried on top (activations calibrated on the rows, both forms
+    // timed as the agent runs them) and the faster one that keeps the rule ships.
+    let compute = int8
+        .quantization
+        .as_ref()
+        .and_then(|q| q.compute.as_ref())
+        .expect("int8 compute tried");
+    eprintln!("digits-mlp int8 compute: {}", compute.reason);
+    assert_eq!(compute.sites, 3, "{compute:?}");
+    assert_eq!(compute.calibration_rows, heldout().rows.len());
+    assert!(
+        compute.storage_ms.is_some() && compute.compute_ms.is_some(),
+        "{compute:?}"
+    );
+    assert_eq!(
+        compute.chosen,
+        int8.precision == "int8-compute",
+        "{compute:?}"
+    );
+    if compute.chosen {
+        // What follows checks the storage form.
+        return;
+    }
     // What the agent loads: the weights folded back to f32, same outputs as the
     // Cast × scale graph that travels.
     let in_graph = Model::load_onnx("in-graph", &int8.files[0]).expect("int8 loads as is");

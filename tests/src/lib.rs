@@ -15,6 +15,115 @@ pub mod model_versions;
 pub mod netlab;
 
 pub const MODEL_ONNX: &[u8] = include_bytes!("../../shared/models/digits-mlp/model.onnx");
+
+/// The cluster CAs of the control planes this test process started (PEM): every
+/// [`Http`] client trusts them, as an operator's CLI trusts its cluster's CA. The API is
+/// HTTPS, its certificate issued by that CA.
+static TRUSTED_CAS: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::new());
+
+/// Trusts the CA in `pem_file` from now on (clients made after this call).
+pub fn trust_ca(pem_file: &Path) -> Result<()> {
+    let pem = std::fs::read(pem_file).with_context(|| format!("read {}", pem_file.display()))?;
+    let mut cas = TRUSTED_CAS.lock().unwrap_or_else(|e| e.into_inner());
+    if !cas.contains(&pem) {
+        cas.push(pem);
+    }
+    Ok(())
+}
+
+fn trusted_certificates() -> Vec<Vec<u8>> {
+    TRUSTED_CAS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .flat_map(|pem| {
+            ureq::tls::parse_pem(pem)
+                .filter_map(|item| match item {
+                    Ok(ureq::tls::PemItem::Certificate(cert)) => Some(cert.der().to_vec()),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// The TLS settings of the tests' clients: the trusted cluster CAs (for a test's own
+/// `ureq` agent: `.tls_config(tls_config())`).
+pub fn tls_config() -> ureq::tls::TlsConfig {
+    let ders = trusted_certificates();
+    let certs: Vec<ureq::tls::Certificate<'static>> = ders
+        .iter()
+        .map(|der| ureq::tls::Certificate::from_der(der).to_owned())
+        .collect();
+    ureq::tls::TlsConfig::builder()
+        .root_certs(ureq::tls::RootCerts::new_with_certs(&certs))
+        .build()
+}
+
+/// A byte stream to an API (TLS for `https://`, else plain TCP) for tests that write
+/// raw HTTP, with `timeout` on reads.
+pub fn raw_connection(api: &str, timeout: Duration) -> Result<RawConnection> {
+    let (tls, addr) = match api.strip_prefix("https://") {
+        Some(addr) => (true, addr),
+        None => (false, api.trim_start_matches("http://")),
+    };
+    let tcp = std::net::TcpStream::connect(addr).with_context(|| format!("connect to {addr}"))?;
+    tcp.set_read_timeout(Some(timeout))?;
+    let socket = tcp.try_clone()?;
+    if !tls {
+        return Ok(RawConnection {
+            stream: Box::new(tcp),
+            socket,
+        });
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    for der in trusted_certificates() {
+        roots.add(rustls_pki_types::CertificateDer::from(der))?;
+    }
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let name = rustls_pki_types::ServerName::try_from("127.0.0.1".to_string())?;
+    let connection = rustls::ClientConnection::new(std::sync::Arc::new(config), name)?;
+    Ok(RawConnection {
+        stream: Box::new(rustls::StreamOwned::new(connection, tcp)),
+        socket,
+    })
+}
+
+/// What [`raw_connection`] gives: a request is written to it and its answer read.
+pub struct RawConnection {
+    stream: Box<dyn ReadWrite>,
+    /// The same socket, for its timeouts.
+    socket: std::net::TcpStream,
+}
+
+impl RawConnection {
+    pub fn set_read_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
+        self.socket.set_read_timeout(timeout)
+    }
+}
+
+impl std::io::Read for RawConnection {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.stream.read(buf)
+    }
+}
+
+impl std::io::Write for RawConnection {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.stream.write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.stream.flush()
+    }
+}
+
+trait ReadWrite: std::io::Read + std::io::Write + Send {}
+impl<T: std::io::Read + std::io::Write + Send> ReadWrite for T {}
 pub const HELDOUT_JSON: &str = include_str!("../../shared/models/digits-mlp/heldout.json");
 
 /// Directory holding the workspace's binaries for the profile these tests run in.
@@ -227,7 +336,7 @@ impl Cloud {
             .port();
         let mut cloud = Cloud {
             dir,
-            api: format!("http://127.0.0.1:{api_port}"),
+            api: format!("https://127.0.0.1:{api_port}"),
             quic: format!("127.0.0.1:{quic_port}"),
             token: String::new(),
             child: Command::new("true").spawn()?,
@@ -246,9 +355,36 @@ impl Cloud {
     fn spawn_replica(&mut self) -> Result<()> {
         self.starts += 1;
         let _ = std::fs::remove_file(self.dir.join("cloud.ready"));
-        let args = self.args(self.api.trim_start_matches("http://"), &self.quic);
+        let args = self.args(&self.addr(), &self.quic);
         self.child = spawn_logged(&[], "nephele-cloud", &args, &self.log_path())?;
+        // A standby serves HTTPS with the cluster CA before it leads: trust it as soon
+        // as the replica has written it.
+        let ca = self.ca_path();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !ca.exists() && Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                bail!(
+                    "replica exited ({status}):\n{}",
+                    std::fs::read_to_string(self.log_path()).unwrap_or_default()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        trust_ca(&ca)?;
         Ok(())
+    }
+
+    /// The API's address (`host:port`, no scheme).
+    pub fn addr(&self) -> String {
+        self.api
+            .trim_start_matches("https://")
+            .trim_start_matches("http://")
+            .to_string()
+    }
+
+    /// The cluster CA's certificate (PEM), which the API's certificate is issued by.
+    pub fn ca_path(&self) -> PathBuf {
+        self.dir.join("data/ca.pem")
     }
 
     /// Starts this replica again (after [`Cloud::kill9`]) without waiting for it.
@@ -334,7 +470,8 @@ impl Cloud {
         let args = self.args(api, quic);
         self.child = spawn_logged(&[], "nephele-cloud", &args, &log)?;
         let value = wait_ready(&ready, &mut self.child, &log)?;
-        self.api = format!("http://{}", value["api"].as_str().context("api")?);
+        self.api = value["api_url"].as_str().context("api_url")?.to_string();
+        trust_ca(Path::new(value["ca"].as_str().context("ca")?))?;
         self.quic = value["quic"].as_str().context("quic")?.to_string();
         self.token = std::fs::read_to_string(self.dir.join("data/admin-token"))?
             .trim()
@@ -369,7 +506,7 @@ impl Cloud {
 
     pub fn restart(&mut self) -> Result<()> {
         self.stop();
-        let api = self.api.trim_start_matches("http://").to_string();
+        let api = self.addr();
         let quic = self.quic.clone();
         self.launch(&api, &quic)
     }
@@ -842,6 +979,7 @@ impl Http {
             agent: ureq::Agent::config_builder()
                 .http_status_as_error(false)
                 .timeout_global(Some(Duration::from_secs(30)))
+                .tls_config(tls_config())
                 .build()
                 .into(),
             token,

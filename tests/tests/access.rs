@@ -25,6 +25,7 @@ fn call(cloud: &Cloud, token: Option<&str>, method: &str, path: &str, body: &[u8
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_global(Some(Duration::from_secs(60)))
+        .tls_config(nephele_e2e::tls_config())
         .build()
         .into();
     let url = format!("{}{path}", cloud.api);
@@ -114,11 +115,7 @@ fn create_token(cloud: &Cloud, name: &str, role: &str, tenant: &str) -> (String,
 
 /// A request that declares `length` bytes of body and sends a few: the answer.
 fn declared(cloud: &Cloud, token: &str, request_line: &str, length: u64) -> String {
-    let addr = cloud.api.trim_start_matches("http://");
-    let mut stream = std::net::TcpStream::connect(addr).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
+    let mut stream = nephele_e2e::raw_connection(&cloud.api, Duration::from_secs(10)).unwrap();
     let head = format!(
         "{request_line} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nContent-Length: {length}\r\nConnection: close\r\n\r\n"
     );
@@ -487,6 +484,7 @@ fn every_refusal_is_a_problem_naming_the_field_and_changes_nothing() {
         let output = std::process::Command::new(bin("nephele"))
             .args(args)
             .env("NEPHELE_API", &cloud.api)
+            .env("NEPHELE_CA", cloud.ca_path())
             .env("NEPHELE_TOKEN", &admin)
             .output()
             .unwrap();

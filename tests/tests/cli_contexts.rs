@@ -18,6 +18,7 @@ fn nephele(config: &Path, args: &[&str]) -> (bool, String, String) {
         .args(args)
         .env_remove("NEPHELE_API")
         .env_remove("NEPHELE_TOKEN")
+        .env_remove("NEPHELE_CA")
         .env("NEPHELE_CLI_CONFIG", config)
         .output()
         .unwrap();
@@ -36,6 +37,40 @@ fn login_saves_a_context_that_later_commands_use() {
     let token_file = cloud.dir.join("data").join("admin-token");
     assert!(token_file.exists(), "{}", token_file.display());
 
+    // The API is HTTPS with a certificate from the cluster CA: without the CA the
+    // login is refused at the TLS check, saying what to give, and nothing is saved.
+    let ca = cloud.ca_path();
+    let ca = ca.to_str().unwrap();
+    let (ok, _, err) = nephele(
+        &config,
+        &[
+            "login",
+            "--api",
+            &cloud.api,
+            "--token-file",
+            token_file.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        !ok && err.contains("did not pass the TLS check") && err.contains("--ca"),
+        "{err}"
+    );
+    assert!(!config.exists());
+    // So is a CA file that holds no certificate.
+    let (ok, _, err) = nephele(
+        &config,
+        &[
+            "login",
+            "--api",
+            &cloud.api,
+            "--ca",
+            token_file.to_str().unwrap(),
+            "--token-file",
+            token_file.to_str().unwrap(),
+        ],
+    );
+    assert!(!ok && err.contains("holds no PEM certificate"), "{err}");
+    assert!(!config.exists());
     // A wrong token is refused at login, and nothing is saved.
     let wrong = dir.join("wrong-token");
     std::fs::write(&wrong, "forged.token").unwrap();
@@ -45,6 +80,8 @@ fn login_saves_a_context_that_later_commands_use() {
             "login",
             "--api",
             &cloud.api,
+            "--ca",
+            ca,
             "--token-file",
             wrong.to_str().unwrap(),
             "--name",
@@ -60,6 +97,8 @@ fn login_saves_a_context_that_later_commands_use() {
             "login",
             "--api",
             &cloud.api,
+            "--ca",
+            ca,
             "--token-file",
             token_file.to_str().unwrap(),
             "--name",
@@ -74,9 +113,11 @@ fn login_saves_a_context_that_later_commands_use() {
         let mode = std::fs::metadata(&config).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
     }
-    // The token stays in its file; the config names the file.
+    // The token stays in its file; the config names the file, and keeps the CA (so
+    // later commands check the API's certificate against it with no flag).
     let saved = std::fs::read_to_string(&config).unwrap();
     assert!(!saved.contains(&cloud.token), "{saved}");
+    assert!(saved.contains("BEGIN CERTIFICATE"), "{saved}");
 
     // Commands now reach the control plane with the context's API and token.
     let (ok, out, err) = nephele(&config, &["region", "list", "--json"]);
@@ -99,6 +140,8 @@ fn login_saves_a_context_that_later_commands_use() {
             "login",
             "--api",
             &cloud.api,
+            "--ca",
+            ca,
             "--token-file",
             token_file.to_str().unwrap(),
             "--name",

@@ -146,6 +146,7 @@ fn the_readmes_cli_flows_print_what_the_readme_shows() {
                 .current_dir(repo)
                 .env("PATH", &path)
                 .env("NEPHELE_API", &cloud.api)
+                .env("NEPHELE_CA", cloud.ca_path())
                 .env("NEPHELE_TOKEN", &cloud.token)
                 .env("NEPHELE_CLI_CONFIG", cloud.dir.join("cli-config.toml"))
                 .env_remove("NEPHELE_CONTEXT")

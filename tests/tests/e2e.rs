@@ -1046,6 +1046,7 @@ fn jobs_are_scheduled_onto_pool_agents() {
         let output = std::process::Command::new(nephele_e2e::bin("nephele"))
             .args(args)
             .args(["--api", &cloud.api, "--token", &cloud.token])
+            .env("NEPHELE_CA", cloud.ca_path())
             .output()
             .unwrap();
         let text = String::from_utf8_lossy(&output.stdout).to_string()
@@ -1321,6 +1322,7 @@ fn carbon_aware_jobs_go_to_the_greener_region_and_wait_for_the_greener_hour() {
             .arg(&file)
             .args(["--as-of", "2023-06-30T23:00", "--days", "30"])
             .args(["--api", &cloud.api, "--token", &cloud.token])
+            .env("NEPHELE_CA", cloud.ca_path())
             .output()
             .unwrap();
         let stdout = String::from_utf8_lossy(&output.stdout);
@@ -1391,6 +1393,7 @@ fn carbon_aware_jobs_go_to_the_greener_region_and_wait_for_the_greener_hour() {
     let output = std::process::Command::new(nephele_e2e::bin("nephele"))
         .args(["job", "get", "nightly", "--region", "brown"])
         .args(["--api", &cloud.api, "--token", &cloud.token])
+        .env("NEPHELE_CA", cloud.ca_path())
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -1467,9 +1470,7 @@ fn carbon_aware_jobs_go_to_the_greener_region_and_wait_for_the_greener_hour() {
 /// answer's head and as much of its body as arrived.
 fn raw_http(api: &str, head: &str, body: &[u8], wait: Duration) -> String {
     use std::io::{Read, Write};
-    let addr = api.trim_start_matches("http://");
-    let mut stream = std::net::TcpStream::connect(addr).expect("connect to the API");
-    stream.set_read_timeout(Some(wait)).expect("timeout");
+    let mut stream = nephele_e2e::raw_connection(api, wait).expect("connect to the API");
     stream.write_all(head.as_bytes()).expect("head");
     // The body may be refused (and the connection closed) before it is all sent.
     let _ = stream.write_all(body);

@@ -137,6 +137,7 @@ fn the_standby_takes_over_and_a_deposed_leader_cannot_write() {
     // The CLI says where such an answer came from.
     let output = Command::new(nephele_e2e::bin("nephele"))
         .args(["device", "list", "--api", &b.api, "--token", &b.token])
+        .env("NEPHELE_CA", b.ca_path())
         .output()
         .unwrap();
     let (stdout, stderr) = (

@@ -297,6 +297,7 @@ fn usage_served_through_a_partition_and_a_restart_is_counted_exactly_once() {
     let output = std::process::Command::new(nephele_e2e::bin("nephele"))
         .args(["device", "usage", "edge-1"])
         .args(["--api", &cloud.api, "--token", &cloud.token])
+        .env("NEPHELE_CA", cloud.ca_path())
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&output.stdout);

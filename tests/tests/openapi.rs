@@ -12,7 +12,6 @@
 use std::process::Command;
 
 use nephele_e2e::{require, temp_dir, venv_python, Cloud, Edge, MODEL_ONNX, TWO_REGIONS};
-use serde_json::Value;
 
 #[test]
 fn every_operation_keeps_its_documented_contract() {
@@ -51,10 +50,10 @@ fn every_operation_keeps_its_documented_contract() {
     }
 
     // The document is public and whole.
-    let mut response = ureq::get(&format!("{}/v1/openapi.json", cloud.api))
-        .call()
+    let (status, _, document) = nephele_e2e::Http::new(None)
+        .get_full(&format!("{}/v1/openapi.json", cloud.api))
         .unwrap();
-    let document: Value = response.body_mut().read_json().unwrap();
+    assert_eq!(status, 200);
     assert_eq!(document["openapi"], "3.0.3");
     let operations: usize = document["paths"]
         .as_object()
@@ -68,6 +67,9 @@ fn every_operation_keeps_its_documented_contract() {
     let output = Command::new(&schemathesis)
         .args(["run", &format!("{}/v1/openapi.json", cloud.api)])
         .args(["--header", &format!("Authorization: Bearer {}", cloud.token)])
+        // Over HTTPS, checking the API's certificate against the cluster CA.
+        .arg("--tls-verify")
+        .arg(cloud.ca_path())
         .args([
             "--checks",
             "not_a_server_error,response_schema_conformance,content_type_conformance,status_code_conformance",

@@ -49,7 +49,9 @@ impl Drop for Prometheus {
 }
 
 impl Prometheus {
-    fn start(dir: &Path, targets: &[(&str, &str)]) -> Prometheus {
+    /// Scrapes each `(job, host:port, CA)`: over HTTPS checked against the CA file
+    /// when one is given, else plain HTTP.
+    fn start(dir: &Path, targets: &[(&str, &str, Option<&Path>)]) -> Prometheus {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -59,9 +61,16 @@ impl Prometheus {
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}\nscrape_configs:\n",
             rules_dir().join("alerts.yml").display()
         );
-        for (job, target) in targets {
+        for (job, target, ca) in targets {
+            config.push_str(&format!("  - job_name: {job}\n"));
+            if let Some(ca) = ca {
+                config.push_str(&format!(
+                    "    scheme: https\n    tls_config:\n      ca_file: {}\n",
+                    ca.display()
+                ));
+            }
             config.push_str(&format!(
-                "  - job_name: {job}\n    static_configs:\n      - targets: [\"{target}\"]\n"
+                "    static_configs:\n      - targets: [\"{target}\"]\n"
             ));
         }
         std::fs::write(dir.join("prometheus.yml"), config).unwrap();
@@ -157,13 +166,16 @@ fn shipped_alerts_pass_promtool_and_a_real_prometheus_evaluates_them() {
     }
 
     let dir = temp_dir("prometheus");
-    let cloud_target = cloud.api.trim_start_matches("http://").to_string();
+    // The control plane's /metrics over HTTPS with the cluster CA; the agent's local
+    // endpoint is plain HTTP on the device.
+    let cloud_target = cloud.addr();
     let edge_target = edge.endpoint.trim_start_matches("http://").to_string();
+    let ca = cloud.ca_path();
     let prometheus = Prometheus::start(
         &dir,
         &[
-            ("nephele-control-plane", &cloud_target),
-            ("nephele-agents", &edge_target),
+            ("nephele-control-plane", &cloud_target, Some(&ca)),
+            ("nephele-agents", &edge_target, None),
         ],
     );
     let targets = prometheus.until("/api/v1/targets", 90, "both targets scraped", |d| {

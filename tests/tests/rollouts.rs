@@ -199,6 +199,7 @@ fn a_slow_version_rolls_back_from_the_canary_and_a_good_one_reaches_every_device
     let output = std::process::Command::new(nephele_e2e::bin("nephele"))
         .args(["rollout", "status", "digits"])
         .args(["--api", &cloud.api, "--token", &cloud.token])
+        .env("NEPHELE_CA", cloud.ca_path())
         .output()
         .expect("nephele rollout status");
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -217,6 +218,7 @@ fn a_slow_version_rolls_back_from_the_canary_and_a_good_one_reaches_every_device
         .args(["deploy", "update", "digits", "--model"])
         .arg(good["reference"].as_str().expect("reference"))
         .args(["--api", &cloud.api, "--token", &cloud.token])
+        .env("NEPHELE_CA", cloud.ca_path())
         .output()
         .expect("nephele deploy update");
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -253,6 +255,7 @@ fn a_slow_version_rolls_back_from_the_canary_and_a_good_one_reaches_every_device
     let output = std::process::Command::new(nephele_e2e::bin("nephele"))
         .args(["rollout", "status", "digits", "--watch"])
         .args(["--api", &cloud.api, "--token", &cloud.token])
+        .env("NEPHELE_CA", cloud.ca_path())
         .output()
         .expect("nephele rollout status --watch");
     let stdout = String::from_utf8_lossy(&output.stdout);

@@ -340,6 +340,7 @@ fn an_offloaded_request_is_one_trace_across_the_agent_the_region_and_the_pool_re
     let api = |trace_id: &str, token: Option<&str>| {
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
+            .tls_config(nephele_e2e::tls_config())
             .build()
             .into();
         let mut request = agent

@@ -31,6 +31,7 @@ fn open(
 ) -> mpsc::Receiver<Sse> {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
+        .tls_config(nephele_e2e::tls_config())
         .build()
         .into();
     let mut request = agent
@@ -238,6 +239,7 @@ fn a_watch_streams_what_changes_for_its_tenant_and_resumes() {
             "--json",
         ])
         .env("NEPHELE_API", &cloud.api)
+        .env("NEPHELE_CA", cloud.ca_path())
         .env("NEPHELE_TOKEN", &admin)
         .output()
         .unwrap();

@@ -11,11 +11,15 @@ use serde::{Deserialize, Serialize};
 pub struct CloudConfig {
     /// Where the CA, keys, the redb state and model blobs live. Created on first start.
     pub data_dir: PathBuf,
-    /// REST API and `/metrics`.
+    /// REST API and `/metrics` (HTTPS unless `[api] plain_http`).
     pub api_listen: SocketAddr,
+    /// How the REST API is served: HTTPS with a certificate from the cluster CA (the
+    /// default), the operator's certificate, or plain HTTP on loopback.
+    pub api: ApiConfig,
     /// QUIC gateway for agents (UDP).
     pub quic_listen: SocketAddr,
-    /// Extra DNS names / IPs to put in the gateway certificate besides `nephele-cloud`.
+    /// Extra DNS names / IPs to put in the gateway's and the API's certificates besides
+    /// `nephele-cloud`: every name clients reach this control plane by.
     pub server_names: Vec<String>,
     /// How long a join token lives unless the request says otherwise.
     pub join_token_ttl_s: u64,
@@ -39,6 +43,23 @@ pub struct CloudConfig {
     pub store: StoreConfig,
     /// Distributed tracing: where spans are exported (OTLP/gRPC).
     pub tracing: TracingConfig,
+}
+
+/// How the REST API is served. By default HTTPS, with a certificate the cluster CA
+/// issues for `server_names` (and the API's own address when it is a specific one):
+/// clients trust the CA (`<data_dir>/ca.pem`), as agents do.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ApiConfig {
+    /// The operator's certificate chain (PEM, the server's first) and private key
+    /// (PEM), e.g. from the organisation's CA, instead of one from the cluster CA.
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    /// Serve plain HTTP instead of HTTPS (behind a proxy that terminates TLS, or on a
+    /// laptop). Tokens then cross the wire in clear, so only on a loopback address
+    /// unless `plain_http_any_address` says otherwise.
+    pub plain_http: bool,
+    pub plain_http_any_address: bool,
 }
 
 /// Where this control plane's spans go. Unset, OpenTelemetry's environment variables
@@ -344,6 +365,7 @@ impl Default for CloudConfig {
         CloudConfig {
             data_dir: PathBuf::from("nephele-data"),
             api_listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            api: ApiConfig::default(),
             quic_listen: SocketAddr::from(([127, 0, 0, 1], 7443)),
             server_names: vec!["localhost".into(), "127.0.0.1".into()],
             join_token_ttl_s: 3600,
@@ -391,6 +413,25 @@ impl CloudConfig {
                 "api_rate_per_s must be a positive number and api_rate_burst at least 1 (got {} and {})",
                 self.api_rate_per_s, self.api_rate_burst
             ));
+        }
+        if self.api.plain_http {
+            if !self.api_listen.ip().is_loopback() && !self.api.plain_http_any_address {
+                return Err(format!(
+                    "plain HTTP is served only on a loopback address, and api_listen is {}: bind 127.0.0.1, serve HTTPS (the default: leave out --plain-http / [api] plain_http), or allow it with --plain-http-any-address ([api] plain_http_any_address = true) behind a network you trust",
+                    self.api_listen
+                ));
+            }
+            if self.api.tls_cert.is_some() || self.api.tls_key.is_some() {
+                return Err(
+                    "[api] tls_cert / tls_key are for HTTPS, and plain_http is set: choose one"
+                        .into(),
+                );
+            }
+        }
+        if self.api.tls_cert.is_some() != self.api.tls_key.is_some() {
+            return Err(
+                "[api] tls_cert and tls_key go together: give both (PEM files), or neither for a certificate from the cluster CA".into(),
+            );
         }
         for endpoint in &self.store.etcd_endpoints {
             if !endpoint.starts_with("http://") && !endpoint.starts_with("https://") {
@@ -573,6 +614,28 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_api_is_https_unless_plain_http_is_asked_for_and_then_on_loopback() {
+        let config = CloudConfig::default();
+        assert!(!config.api.plain_http && config.api.tls_cert.is_none());
+        for good in [
+            "[api]\nplain_http = true\n[[region]]\nname=\"a\"",
+            "api_listen = \"0.0.0.0:8080\"\n[api]\nplain_http = true\nplain_http_any_address = true\n[[region]]\nname=\"a\"",
+            "api_listen = \"0.0.0.0:8080\"\n[api]\ntls_cert = \"c.pem\"\ntls_key = \"k.pem\"\n[[region]]\nname=\"a\"",
+        ] {
+            CloudConfig::from_toml(good).unwrap_or_else(|e| panic!("{good}: {e}"));
+        }
+        let refused = CloudConfig::from_toml(
+            "api_listen = \"0.0.0.0:8080\"\n[api]\nplain_http = true\n[[region]]\nname=\"a\"",
+        )
+        .unwrap_err();
+        assert!(
+            refused.contains("only on a loopback address")
+                && refused.contains("--plain-http-any-address"),
+            "{refused}"
+        );
+    }
+
+    #[test]
     fn defaults_are_valid_and_files_override_them() {
         CloudConfig::default().validate().expect("defaults valid");
         let config = CloudConfig::from_toml(
@@ -607,6 +670,10 @@ name = "us-east"
             "[[region]]\nname=\"auto\"",
             "[scheduler.region_weights]\ncarbon = -1\n[[region]]\nname=\"a\"",
             "[scheduler.region_weights]\ncarbon = 0\nprice = 0\ncapacity = 0\n[[region]]\nname=\"a\"",
+            // Plain HTTP off loopback, or with a certificate; half a certificate.
+            "api_listen = \"0.0.0.0:8080\"\n[api]\nplain_http = true\n[[region]]\nname=\"a\"",
+            "[api]\nplain_http = true\ntls_cert = \"c.pem\"\ntls_key = \"k.pem\"\n[[region]]\nname=\"a\"",
+            "[api]\ntls_cert = \"c.pem\"\n[[region]]\nname=\"a\"",
         ] {
             assert!(CloudConfig::from_toml(bad).is_err(), "{bad}");
         }

@@ -52,6 +52,21 @@ pub struct CloudArgs {
     /// Overrides `quic_listen` (port 0 picks a free port).
     #[arg(long)]
     pub quic_listen: Option<SocketAddr>,
+    /// Serve the REST API as plain HTTP instead of HTTPS ([api] plain_http), e.g.
+    /// behind a proxy that terminates TLS; only on a loopback address unless
+    /// --plain-http-any-address.
+    #[arg(long)]
+    pub plain_http: bool,
+    /// Allow plain HTTP on a non-loopback api_listen ([api] plain_http_any_address).
+    #[arg(long)]
+    pub plain_http_any_address: bool,
+    /// The API's certificate chain, PEM, server first ([api] tls_cert; with
+    /// --api-key). Default: a certificate from the cluster CA for server_names.
+    #[arg(long)]
+    pub api_cert: Option<PathBuf>,
+    /// The private key of --api-cert, PEM ([api] tls_key).
+    #[arg(long)]
+    pub api_key: Option<PathBuf>,
     /// When ready, write {"api", "quic", "ca_fingerprint"} as JSON to this file (for
     /// supervisors and tests that bind port 0).
     #[arg(long)]
@@ -103,6 +118,14 @@ pub fn load_config(args: &CloudArgs) -> Result<CloudConfig> {
     }
     if let Some(addr) = args.quic_listen {
         config.quic_listen = addr;
+    }
+    config.api.plain_http |= args.plain_http;
+    config.api.plain_http_any_address |= args.plain_http_any_address;
+    if let Some(cert) = &args.api_cert {
+        config.api.tls_cert = Some(cert.clone());
+    }
+    if let Some(key) = &args.api_key {
+        config.api.tls_key = Some(key.clone());
     }
     if !args.etcd.is_empty() {
         config.store.etcd_endpoints = args.etcd.clone();
@@ -329,6 +352,36 @@ fn load_or_create_signing_pkcs8(data_dir: &Path) -> Result<Vec<u8>> {
     Ok(pkcs8)
 }
 
+/// The names the API's certificate from the cluster CA is issued for: the configured
+/// server names and the API's own address when it is a specific one.
+fn api_names(config: &CloudConfig) -> Vec<String> {
+    let mut names = config.server_names.clone();
+    let ip = config.api_listen.ip();
+    if !ip.is_unspecified() && !names.contains(&ip.to_string()) {
+        names.push(ip.to_string());
+    }
+    names
+}
+
+/// The API's TLS identity: the operator's files, or a certificate from the cluster CA;
+/// `None` with `[api] plain_http`.
+fn api_identity(
+    config: &CloudConfig,
+    ca: &nephele_net::ClusterCa,
+) -> Result<Option<nephele_net::https::ApiIdentity>> {
+    if config.api.plain_http {
+        return Ok(None);
+    }
+    let identity = match (&config.api.tls_cert, &config.api.tls_key) {
+        (Some(cert), Some(key)) => nephele_net::https::ApiIdentity::from_pem_files(cert, key)
+            .map_err(|e| {
+                anyhow::anyhow!("[api] tls_cert / tls_key (--api-cert / --api-key): {e}")
+            })?,
+        _ => nephele_net::https::ApiIdentity::issued(ca, &api_names(config))?,
+    };
+    Ok(Some(identity))
+}
+
 /// Runs the control plane inside an actix system until the API server stops.
 pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<()> {
     config
@@ -375,6 +428,20 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
         tracing::info!(endpoints = %endpoints.join(","), prefix = %config.store.etcd_prefix, "state in etcd");
         store
     };
+    // The CA first: a standby serves HTTPS (and checks the leader's) before it leads.
+    let (ca, signing_key) = if store.etcd_client().is_some() {
+        shared_secrets(&store, &data_dir)?
+    } else {
+        (
+            load_or_create_ca(&data_dir)?,
+            load_or_create_signing_key(&data_dir)?,
+        )
+    };
+    let identity = api_identity(&config, &ca)?;
+    let api_tls = identity
+        .as_ref()
+        .map(nephele_net::https::api_server_config)
+        .transpose()?;
     if let Some(etcd) = store.etcd_client() {
         let me = leader::LeaderInfo {
             host: std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -386,19 +453,22 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
         };
         // Until it leads, its API port forwards to the leader's.
         let reads = standby::reads::Reads::new(store.clone(), config.clone());
+        let tls = match (&api_tls, &identity) {
+            (Some(server), Some(identity)) => Some(standby::Tls {
+                server: Arc::new(server.clone()),
+                leader: Arc::new(nephele_net::https::api_peer_client_config(
+                    ca.cert_der(),
+                    identity,
+                )?),
+            }),
+            _ => None,
+        };
         let forwarder =
-            standby::Forwarder::start(config.api_listen, etcd.clone(), me.clone(), reads).await?;
+            standby::Forwarder::start(config.api_listen, etcd.clone(), me.clone(), reads, tls)
+                .await?;
         leader::lead(etcd, me, &data_dir).await?;
         forwarder.stop().await;
     }
-    let (ca, signing_key) = if store.etcd_client().is_some() {
-        shared_secrets(&store, &data_dir)?
-    } else {
-        (
-            load_or_create_ca(&data_dir)?,
-            load_or_create_signing_key(&data_dir)?,
-        )
-    };
     let ca_fingerprint = hex::encode(ca.fingerprint());
     let blob_dir = store.blob_dir().to_path_buf();
     let pushes = pending_pushes::PendingPushes::open(&shared_dir)
@@ -540,9 +610,18 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
             .wrap(actix_web::middleware::from_fn(api::traced))
             .configure(api::routes)
     })
-    .workers(2)
-    .bind(config.api_listen)
+    .workers(2);
+    let server = match api_tls {
+        Some(tls) => server.bind_rustls_0_23(config.api_listen, tls),
+        None => server.bind(config.api_listen),
+    }
     .with_context(|| format!("cannot bind the API on {}", config.api_listen))?;
+    let scheme = if config.api.plain_http {
+        "http"
+    } else {
+        "https"
+    };
+    let ca_path = data_dir.join("ca.pem");
     let api_addr = server
         .addrs()
         .first()
@@ -553,6 +632,8 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
     if let Some(path) = ready_file {
         let ready = serde_json::json!({
             "api": api_addr.to_string(),
+            "api_url": format!("{scheme}://{api_addr}"),
+            "ca": ca_path,
             "quic": quic_addr.to_string(),
             "ca_fingerprint": ca_fingerprint,
             "data_dir": data_dir,
@@ -562,8 +643,12 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
         std::fs::rename(&tmp, &path)?;
     }
     println!(
-        "nephele-cloud ready: API http://{api_addr}  QUIC {quic_addr}  CA sha256 {ca_fingerprint}"
+        "nephele-cloud ready: API {scheme}://{api_addr}  QUIC {quic_addr}  CA sha256 {ca_fingerprint} ({})",
+        ca_path.display()
     );
+    if config.api.plain_http {
+        tracing::warn!(listen = %api_addr, "the API is served as plain HTTP ([api] plain_http): tokens cross the wire in clear");
+    }
     running.await.context("API server failed")?;
     endpoint.close(0u32.into(), b"control plane shutting down");
     endpoint.wait_idle().await;

@@ -12,6 +12,11 @@
 //! a leader's death and the next one's election) or the leader cannot be reached, a
 //! write gets `503` with `Retry-After` and nothing is changed.
 //!
+//! With HTTPS (the default) the standby terminates TLS with the same kind of
+//! certificate the leader has and reaches the leader over TLS in turn, checking its
+//! certificate ([`nephele_net::https::api_peer_client_config`]); with `plain_http` both
+//! hops are plain TCP.
+//!
 //! Forwarding is by connection (TCP), decided by its first request's head: the leader
 //! sees the standby as the peer, and later requests on a kept-alive connection go where
 //! the first went. Answers from the copy close their connection. Connections are
@@ -27,7 +32,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use tokio::io::AsyncWriteExt as _;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 
 use self::http::{read_head, respond, HeadError, HEAD_TIMEOUT};
@@ -41,6 +46,19 @@ const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Connections forwarded at once; past it a client waits to be accepted.
 pub const MAX_FORWARDED: usize = 256;
+
+/// TLS on both hops: this replica's API server configuration, and how it checks the
+/// leader's certificate.
+#[derive(Clone)]
+pub struct Tls {
+    pub server: Arc<rustls::ServerConfig>,
+    pub leader: Arc<rustls::ClientConfig>,
+}
+
+/// A connection, plain or TLS, client's or leader's.
+trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
+type Connection = Box<dyn Stream>;
 
 /// A standby's forwarder, running until [`Forwarder::stop`].
 pub struct Forwarder {
@@ -56,6 +74,7 @@ impl Forwarder {
         etcd: Arc<Etcd>,
         me: LeaderInfo,
         reads: Reads,
+        tls: Option<Tls>,
     ) -> anyhow::Result<Forwarder> {
         let listener = TcpListener::bind(listen)
             .await
@@ -64,6 +83,7 @@ impl Forwarder {
         let slots = Arc::new(tokio::sync::Semaphore::new(MAX_FORWARDED));
         let me = Arc::new(me);
         let reads = Arc::new(reads);
+        let tls = tls.map(Arc::new);
         let task = tokio::spawn(async move {
             let mut connections = tokio::task::JoinSet::new();
             loop {
@@ -77,9 +97,25 @@ impl Forwarder {
                         continue;
                     }
                 };
-                let (etcd, me, reads) = (etcd.clone(), me.clone(), reads.clone());
+                let (etcd, me, reads, tls) = (etcd.clone(), me.clone(), reads.clone(), tls.clone());
                 connections.spawn(async move {
-                    serve(client, &etcd, &me, &reads).await;
+                    let _ = client.set_nodelay(true);
+                    let client: Connection = match &tls {
+                        None => Box::new(client),
+                        Some(tls) => {
+                            let acceptor = tokio_rustls::TlsAcceptor::from(tls.server.clone());
+                            match tokio::time::timeout(HEAD_TIMEOUT, acceptor.accept(client)).await
+                            {
+                                Ok(Ok(stream)) => Box::new(stream),
+                                Ok(Err(error)) => {
+                                    tracing::debug!(%error, "standby: a TLS handshake failed");
+                                    return;
+                                }
+                                Err(_) => return,
+                            }
+                        }
+                    };
+                    serve(client, &etcd, &me, &reads, tls.as_deref()).await;
                     drop(permit);
                 });
                 while connections.try_join_next().is_some() {}
@@ -97,7 +133,13 @@ impl Forwarder {
 }
 
 /// Serves one connection: forwarded to the leader, or answered from the copy.
-async fn serve(mut client: TcpStream, etcd: &Arc<Etcd>, me: &LeaderInfo, reads: &Reads) {
+async fn serve(
+    mut client: Connection,
+    etcd: &Arc<Etcd>,
+    me: &LeaderInfo,
+    reads: &Reads,
+    tls: Option<&Tls>,
+) {
     let head = match tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut client)).await {
         Ok(Ok(head)) => head,
         Ok(Err(HeadError::Closed)) | Err(_) => return,
@@ -122,7 +164,7 @@ async fn serve(mut client: TcpStream, etcd: &Arc<Etcd>, me: &LeaderInfo, reads: 
             .await;
     }
     let (known, why) = match leader {
-        Ok(Some(leader)) => match connect(leader).await {
+        Ok(Some(leader)) => match connect(leader, tls).await {
             Ok(upstream) => return relay(client, upstream, &head.bytes).await,
             Err(why) => (true, why),
         },
@@ -146,11 +188,25 @@ async fn serve(mut client: TcpStream, etcd: &Arc<Etcd>, me: &LeaderInfo, reads: 
     }
 }
 
-async fn connect(leader: SocketAddr) -> Result<TcpStream, String> {
+async fn connect(leader: SocketAddr, tls: Option<&Tls>) -> Result<Connection, String> {
     let why = |e: &dyn std::fmt::Display| format!("cannot reach the leader's API at {leader}: {e}");
-    match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(leader)).await {
-        Ok(Ok(upstream)) => Ok(upstream),
-        Ok(Err(error)) => Err(why(&error)),
+    let reached = async {
+        let upstream = TcpStream::connect(leader).await.map_err(|e| why(&e))?;
+        let _ = upstream.set_nodelay(true);
+        match tls {
+            None => Ok::<Connection, String>(Box::new(upstream)),
+            Some(tls) => {
+                let connector = tokio_rustls::TlsConnector::from(tls.leader.clone());
+                let stream = connector
+                    .connect(nephele_net::https::api_peer_server_name(), upstream)
+                    .await
+                    .map_err(|e| why(&format!("TLS: {e}")))?;
+                Ok(Box::new(stream) as Connection)
+            }
+        }
+    };
+    match tokio::time::timeout(CONNECT_TIMEOUT, reached).await {
+        Ok(result) => result,
         Err(_) => Err(why(&format!(
             "no answer within {} s",
             CONNECT_TIMEOUT.as_secs()
@@ -159,9 +215,7 @@ async fn connect(leader: SocketAddr) -> Result<TcpStream, String> {
 }
 
 /// Sends what was read of the request on, then relays both ways until either closes.
-async fn relay(mut client: TcpStream, mut upstream: TcpStream, read: &[u8]) {
-    let _ = upstream.set_nodelay(true);
-    let _ = client.set_nodelay(true);
+async fn relay(mut client: Connection, mut upstream: Connection, read: &[u8]) {
     if let Err(error) = upstream.write_all(read).await {
         tracing::debug!(%error, "standby: the leader closed a forwarded connection");
         return;
@@ -215,14 +269,14 @@ fn api_address(info: &LeaderInfo) -> anyhow::Result<SocketAddr> {
 
 /// A `503` in the API's own error shape, telling the client to retry (writes are not
 /// made; reads of the fleet's records are answered from the copy meanwhile).
-async fn unavailable(client: &mut TcpStream, why: &str) {
+async fn unavailable(client: &mut Connection, why: &str) {
     let body =
         serde_json::json!({"error": "unavailable", "message": format!("{why}; retry in a second")});
     respond(client, 503, &[("retry-after", "1".into())], &body).await;
 }
 
 /// A request this standby cannot even read.
-async fn refuse(client: &mut TcpStream, status: u16, why: &str) {
+async fn refuse(client: &mut Connection, status: u16, why: &str) {
     respond(
         client,
         status,

@@ -6,9 +6,13 @@ use serde_json::Value;
 #[derive(Debug, Clone, clap::Args)]
 pub struct ApiArgs {
     /// Control plane API base URL (default: the current context's, else
-    /// http://127.0.0.1:8080; `nephele login` saves contexts).
+    /// https://127.0.0.1:8080; `nephele login` saves contexts).
     #[arg(long, env = "NEPHELE_API", global = true)]
     pub api: Option<String>,
+    /// The cluster CA to trust for the API's certificate, a PEM file (the control
+    /// plane's <data-dir>/ca.pem; default: the current context's, else the public CAs).
+    #[arg(long, env = "NEPHELE_CA", global = true)]
+    pub ca: Option<std::path::PathBuf>,
     /// API token (default: the current context's; the first admin token is printed on
     /// first start and saved in <data-dir>/admin-token). Never shown in `--help`, even
     /// when it comes from the environment.
@@ -28,7 +32,7 @@ pub struct ApiArgs {
 }
 
 /// Where a command's API and token come from when neither flag nor variable names them.
-const DEFAULT_API: &str = "http://127.0.0.1:8080";
+const DEFAULT_API: &str = "https://127.0.0.1:8080";
 
 impl ApiArgs {
     /// The arguments with `-o` applied (`-o json` is `--json`; `-o yaml` prints YAML).
@@ -70,9 +74,68 @@ impl ApiArgs {
             }),
             (None, None) => String::new(),
         };
-        let mut api = Api::new(&base, &token);
+        let ca = match (&self.ca, &context) {
+            (Some(path), _) => match read_ca(path) {
+                Ok(pem) => Some(pem),
+                Err(error) => {
+                    eprintln!("nephele: warning: {error:#}; trusting the public CAs only");
+                    None
+                }
+            },
+            (None, Some(context)) => context.ca.clone().map(String::into_bytes),
+            (None, None) => None,
+        };
+        let mut api = Api::with_ca(&base, &token, ca.as_deref());
         api.stale = self.stale;
         api
+    }
+}
+
+/// The PEM text of a CA file, checked to hold a certificate.
+pub fn read_ca(path: &std::path::Path) -> Result<Vec<u8>> {
+    let pem = std::fs::read(path).with_context(|| {
+        format!(
+            "cannot read the CA file {} (--ca or NEPHELE_CA)",
+            path.display()
+        )
+    })?;
+    if tls_config(Some(&pem)).is_none() {
+        bail!(
+            "{} holds no PEM certificate (give the control plane's <data-dir>/ca.pem)",
+            path.display()
+        );
+    }
+    Ok(pem)
+}
+
+/// The TLS settings of the CLI's connections: only the given CA's certificates when
+/// there are any (as a kubeconfig's certificate authority), else the public CAs.
+fn tls_config(ca_pem: Option<&[u8]>) -> Option<ureq::tls::TlsConfig> {
+    let pem = ca_pem?;
+    let certs: Vec<ureq::tls::Certificate<'static>> = ureq::tls::parse_pem(pem)
+        .filter_map(|item| match item {
+            Ok(ureq::tls::PemItem::Certificate(cert)) => Some(cert),
+            _ => None,
+        })
+        .collect();
+    if certs.is_empty() {
+        return None;
+    }
+    Some(
+        ureq::tls::TlsConfig::builder()
+            .root_certs(ureq::tls::RootCerts::new_with_certs(&certs))
+            .build(),
+    )
+}
+
+/// An agent builder with the CLI's TLS settings.
+fn agent_builder(
+    ca_pem: Option<&[u8]>,
+) -> ureq::config::ConfigBuilder<ureq::typestate::AgentScope> {
+    let builder = ureq::Agent::config_builder().http_status_as_error(false);
+    match tls_config(ca_pem) {
+        Some(tls) => builder.tls_config(tls),
+        None => builder,
     }
 }
 
@@ -80,14 +143,22 @@ pub struct Api {
     base: String,
     token: String,
     agent: ureq::Agent,
+    /// The CA trusted for the API's certificate (PEM), if one was given.
+    ca: Option<Vec<u8>>,
     /// Reads may be answered from a replica's copy (`?stale`).
     pub stale: bool,
 }
 
 impl Api {
+    /// A client trusting the public CAs (an API with a certificate from a public CA, or
+    /// plain HTTP).
     pub fn new(base: &str, token: &str) -> Api {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
+        Api::with_ca(base, token, None)
+    }
+
+    /// A client trusting `ca_pem` (the cluster CA) for the API's certificate.
+    pub fn with_ca(base: &str, token: &str, ca_pem: Option<&[u8]>) -> Api {
+        let agent: ureq::Agent = agent_builder(ca_pem)
             .timeout_global(Some(std::time::Duration::from_secs(60)))
             .build()
             .into();
@@ -99,8 +170,14 @@ impl Api {
             base: base.to_string(),
             token: token.to_string(),
             agent,
+            ca: ca_pem.map(<[u8]>::to_vec),
             stale: false,
         }
+    }
+
+    /// The CA this client trusts (PEM), if one was given.
+    pub fn ca(&self) -> Option<&[u8]> {
+        self.ca.as_deref()
     }
 
     fn finish(
@@ -152,9 +229,37 @@ impl Api {
     /// A failed request said as what it was: a URL that is not one, or a server that
     /// could not be reached (only then is the network to blame).
     fn explain(&self, what: &str, error: ureq::Error) -> anyhow::Error {
+        let said = error.to_string();
+        // rustls' verdicts come through as IO errors.
+        let tls = matches!(error, ureq::Error::Rustls(_) | ureq::Error::Tls(_))
+            || said.contains("peer certificate")
+            || said.contains("certificate")
+            || said.contains("handshake");
+        if said.contains("InvalidContentType") && self.base.starts_with("https://") {
+            return anyhow::anyhow!(
+                "the API at {} did not answer TLS ({what}: {error}); if it is served as plain HTTP (nephele-cloud --plain-http), use http://",
+                self.base
+            );
+        }
+        if tls && self.base.starts_with("https://") {
+            return anyhow::anyhow!(
+                "the API at {} did not pass the TLS check ({what}: {error}); trust the control plane's cluster CA with --ca FILE (NEPHELE_CA; it is <data-dir>/ca.pem there), or save it in a context with nephele login --ca FILE",
+                self.base
+            );
+        }
+        if matches!(error, ureq::Error::Protocol(_)) && self.base.starts_with("http://") {
+            return anyhow::anyhow!(
+                "the API at {} did not answer plain HTTP ({what}: {error}); nephele-cloud serves HTTPS unless started with --plain-http: use https://… and --ca FILE",
+                self.base
+            );
+        }
         match error {
             ureq::Error::BadUri(_) | ureq::Error::Http(_) => anyhow::anyhow!(
-                "--api {:?} is not a URL the CLI can use ({error}); give the API's base URL, such as http://127.0.0.1:8080",
+                "--api {:?} is not a URL the CLI can use ({error}); give the API's base URL, such as https://127.0.0.1:8080",
+                self.base
+            ),
+            ureq::Error::Rustls(_) | ureq::Error::Tls(_) => anyhow::anyhow!(
+                "the API at {} did not pass the TLS check ({what}: {error}); an API served as plain HTTP (--plain-http) is reached with http://",
                 self.base
             ),
             ureq::Error::Io(_)
@@ -178,10 +283,7 @@ impl Api {
         path: &str,
         last_event_id: Option<&str>,
     ) -> Result<ureq::http::Response<ureq::Body>> {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .build()
-            .into();
+        let agent: ureq::Agent = agent_builder(self.ca()).build().into();
         let mut request = agent
             .get(format!("{}{path}", self.base))
             .header("authorization", self.auth())
@@ -240,8 +342,7 @@ impl Api {
     /// [`crate::upload`]), with no overall timeout: a large model over a slow link
     /// takes what it takes (each read and write still times out).
     pub fn put_file(&self, path: &str, upload: crate::upload::Upload) -> Result<Value> {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
+        let agent: ureq::Agent = agent_builder(self.ca())
             .timeout_connect(Some(std::time::Duration::from_secs(10)))
             .timeout_recv_response(Some(std::time::Duration::from_secs(300)))
             .build()

@@ -1,9 +1,11 @@
-//! Contexts, as kubeconfig has them: named control planes with their API URL and a
-//! token, kept in `$NEPHELE_CLI_CONFIG` or else `~/.config/nephele/config.toml` (mode
+//! Contexts, as kubeconfig has them: named control planes with their API URL, the CA
+//! their API's certificate is checked against, and a token, kept in `$NEPHELE_CLI_CONFIG` or else `~/.config/nephele/config.toml` (mode
 //! 0600, since it may hold tokens). `nephele login` checks a token against the API and
 //! saves it as a context; `nephele context list|use|current|delete` manage them. A
 //! command's API and token come from its flags, then `NEPHELE_API`/`NEPHELE_TOKEN`,
-//! then the current context, then `http://127.0.0.1:8080` without a token.
+//! then the current context, then `https://127.0.0.1:8080` without a token. The CA
+//! comes from `--ca`/`NEPHELE_CA`, then the context (kept in it as PEM, as a
+//! kubeconfig's `certificate-authority-data`), else the public CAs.
 
 use std::path::{Path, PathBuf};
 
@@ -32,6 +34,10 @@ pub struct Context {
     pub token: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_file: Option<PathBuf>,
+    /// The CA the API's certificate is checked against (PEM), saved by `nephele login
+    /// --ca FILE`; none: the public CAs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca: Option<String>,
 }
 
 impl Context {
@@ -72,7 +78,7 @@ pub fn load(path: &Path) -> Result<Config> {
     match std::fs::read_to_string(path) {
         Ok(text) => toml::from_str(&text).with_context(|| {
             format!(
-                "{} is not a nephele config ({{current, [[context]] name, api, token | token_file}}); fix or remove it",
+                "{} is not a nephele config ({{current, [[context]] name, api, token | token_file, ca}}); fix or remove it",
                 path.display()
             )
         }),
@@ -148,7 +154,7 @@ pub enum ContextCommand {
 pub fn login(api: ApiArgs, args: LoginArgs) -> Result<()> {
     let path = path().context("no HOME or NEPHELE_CLI_CONFIG: nowhere to keep contexts")?;
     let Some(base) = api.api.clone() else {
-        bail!("nephele login needs --api URL (or NEPHELE_API): the control plane's API, e.g. http://10.0.0.5:8080");
+        bail!("nephele login needs --api URL (or NEPHELE_API): the control plane's API, e.g. https://10.0.0.5:8080 (and --ca FILE, its cluster CA)");
     };
     let token = match (&args.token_file, &api.token) {
         (Some(file), _) => std::fs::read_to_string(file)
@@ -158,8 +164,10 @@ pub fn login(api: ApiArgs, args: LoginArgs) -> Result<()> {
         (None, Some(token)) if !token.is_empty() => token.clone(),
         _ => bail!("nephele login needs a token: --token-file FILE, or --token / NEPHELE_TOKEN"),
     };
-    // One call that every role may make says whether the token works here.
-    let client = crate::client::Api::new(&base, &token);
+    let ca = api.ca.as_deref().map(crate::client::read_ca).transpose()?;
+    // One call that every role may make says whether the token works here (and the
+    // CA, whether the API is the one it says it is).
+    let client = crate::client::Api::with_ca(&base, &token, ca.as_deref());
     let tenants = client
         .get("/v1/tenants")
         .context("the API did not accept this token")?;
@@ -171,6 +179,7 @@ pub fn login(api: ApiArgs, args: LoginArgs) -> Result<()> {
         api: base.trim_end_matches('/').to_string(),
         token: args.token_file.is_none().then_some(token),
         token_file: args.token_file.clone(),
+        ca: ca.map(|pem| String::from_utf8_lossy(&pem).into_owned()),
     });
     config.current = Some(args.name.clone());
     save(&path, &config)?;
@@ -266,15 +275,19 @@ mod tests {
             contexts: vec![
                 Context {
                     name: "prod".into(),
-                    api: "http://10.0.0.5:8080".into(),
+                    api: "https://10.0.0.5:8080".into(),
                     token: None,
                     token_file: Some(token_file),
+                    ca: Some(
+                        "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n".into(),
+                    ),
                 },
                 Context {
                     name: "lab".into(),
                     api: "http://127.0.0.1:8080".into(),
                     token: Some("x.y".into()),
                     token_file: None,
+                    ca: None,
                 },
             ],
         };

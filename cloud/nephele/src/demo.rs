@@ -52,17 +52,24 @@ fn closing_lines(
     endpoints: &[String],
 ) -> Vec<String> {
     let token = root.join("cloud-data/admin-token");
+    let ca = root.join("cloud-data/ca.pem");
     let mut lines = Vec::new();
     if keep_running {
         lines.push(format!(
-            "dashboard: http://{api_addr}/   API: http://{api_addr}   metrics: http://{api_addr}/metrics"
+            "dashboard: https://{api_addr}/   API: https://{api_addr}   metrics: https://{api_addr}/metrics"
         ));
         lines.push(format!(
-            "     try: nephele device list --api http://{api_addr} --token $(cat {})",
+            "     (HTTPS with the demo's own cluster CA, {}: import it in a browser, or pass it as below)",
+            ca.display()
+        ));
+        lines.push(format!(
+            "     try: nephele device list --api https://{api_addr} --ca {} --token $(cat {})",
+            ca.display(),
             token.display()
         ));
         lines.push(format!(
-            "      or: curl -H \"Authorization: Bearer $(cat {})\" http://{api_addr}/v1/devices",
+            "      or: curl --cacert {} -H \"Authorization: Bearer $(cat {})\" https://{api_addr}/v1/devices",
+            ca.display(),
             token.display()
         ));
         lines.push(format!("agent endpoints: {}", endpoints.join(", ")));
@@ -433,7 +440,9 @@ pub fn run(args: DemoArgs) -> Result<()> {
     let admin_token = std::fs::read_to_string(root.join("cloud-data/admin-token"))?
         .trim()
         .to_string();
-    let api = Api::new(&format!("http://{api_addr}"), &admin_token);
+    let ca_pem = std::fs::read(root.join("cloud-data/ca.pem"))
+        .context("the control plane wrote no ca.pem in its data dir")?;
+    let api = Api::with_ca(&format!("https://{api_addr}"), &admin_token, Some(&ca_pem));
 
     progress(
         args.json,
@@ -696,7 +705,8 @@ pub fn run(args: DemoArgs) -> Result<()> {
                 "refused_job": refused,
                 "sweep_logs": sweep_logs,
                 "replicas": replicas,
-                "api": format!("http://{api_addr}"),
+                "api": format!("https://{api_addr}"),
+                "ca": root.join("cloud-data/ca.pem"),
                 "elapsed_s": started.elapsed().as_secs_f64(),
             }))?
         );
@@ -868,7 +878,10 @@ mod tests {
         let root = std::path::Path::new("/tmp/nephele-demo-x");
         let endpoints = ["http://127.0.0.1:9001".to_string()];
         let gone = closing_lines("127.0.0.1:8080", root, false, false, &endpoints).join("\n");
-        assert!(!gone.contains("http://"), "{gone}");
+        assert!(
+            !gone.contains("http://") && !gone.contains("https://"),
+            "{gone}"
+        );
         assert!(
             !gone.contains("/tmp/nephele-demo-x"),
             "a removed folder: {gone}"
@@ -881,12 +894,18 @@ mod tests {
         );
         let up = closing_lines("127.0.0.1:8080", root, true, false, &endpoints).join("\n");
         assert!(
-            up.contains("nephele device list --api http://127.0.0.1:8080 --token"),
+            up.contains(
+                "nephele device list --api https://127.0.0.1:8080 --ca /tmp/nephele-demo-x/cloud-data/ca.pem --token"
+            ),
             "{up}"
         );
         assert!(
             !up.contains("8080/v1 "),
             "the CLI's --api takes the base URL: {up}"
+        );
+        assert!(
+            up.contains("curl --cacert /tmp/nephele-demo-x/cloud-data/ca.pem"),
+            "{up}"
         );
         assert!(up.contains("http://127.0.0.1:9001"), "{up}");
     }

@@ -1,11 +1,12 @@
 //! Networking both sides share: the cluster CA and certificates (rcgen), join tokens,
-//! rustls configurations for mutual TLS, quinn endpoints, and framed message IO on
-//! QUIC streams.
+//! rustls configurations for mutual TLS and for the API's HTTPS, quinn endpoints, and
+//! framed message IO on QUIC streams.
 //!
 //! Policy (who may join, which deployments an agent gets) is not here; this crate only
 //! moves bytes securely and reports who is on the other end.
 
 pub mod framing;
+pub mod https;
 pub mod link;
 pub mod pki;
 pub mod tls;

@@ -7,8 +7,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::net::TcpStream;
-
 use super::http::respond;
 use crate::api::{error_body, MISSING_TOKEN};
 use crate::config::CloudConfig;
@@ -78,7 +76,7 @@ impl Reads {
     /// connection.
     pub async fn answer(
         &self,
-        client: &mut TcpStream,
+        client: &mut (impl tokio::io::AsyncWrite + Unpin),
         read: &CopyRead,
         token: Option<&str>,
         leader: Leader,

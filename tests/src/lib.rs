@@ -306,6 +306,11 @@ impl Cloud {
         Cloud::start_full(label, config, quic, &[])
     }
 
+    /// [`Cloud::start_with`] with these extra flags (`--plain-http`, `--api-cert …`).
+    pub fn start_with_args(label: &str, config: &str, args: &[String]) -> Result<Cloud> {
+        Cloud::start_full(label, config, "127.0.0.1:0", args)
+    }
+
     /// [`Cloud::start_with`], its state in the etcd cluster at `endpoints`.
     pub fn start_on_etcd(label: &str, config: &str, endpoints: &[String]) -> Result<Cloud> {
         Cloud::start_full(

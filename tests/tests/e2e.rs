@@ -1403,6 +1403,103 @@ fn carbon_aware_jobs_go_to_the_greener_region_and_wait_for_the_greener_hour() {
         "{stdout}"
     );
 
+    // A carbon-intensity provider's forecast (Electricity Maps' forecast format, as its
+    // API returns it) knows of a windy hour three hours from now: it is used for the
+    // hours it covers, beside the measurements, and the held job now waits for it.
+    let windy = now_hour + 3;
+    // ISO 8601 of a unix hour (Howard Hinnant's civil-from-days), as the provider writes it.
+    let iso = |hour: u64| {
+        let days = (hour / 24) as i64 + 719_468;
+        let era = days.div_euclid(146_097);
+        let doe = days - era * 146_097;
+        let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+        let mp = (5 * doy + 2) / 153;
+        let day = doy - (153 * mp + 2) / 5 + 1;
+        let month = if mp < 10 { mp + 3 } else { mp - 9 };
+        let year = yoe + era * 400 + i64::from(month <= 2);
+        format!("{year:04}-{month:02}-{day:02}T{:02}:00:00.000Z", hour % 24)
+    };
+    let points: Vec<serde_json::Value> = (now_hour..now_hour + 24)
+        .map(|hour| {
+            serde_json::json!({"datetime": iso(hour),
+                "carbonIntensity": if hour == windy { 12.0 } else { 480.0 }})
+        })
+        .collect();
+    let file = cloud.dir.join("brown-forecast.json");
+    std::fs::write(
+        &file,
+        serde_json::json!({"zone": "XX", "forecast": points}).to_string(),
+    )
+    .unwrap();
+    let output = std::process::Command::new(nephele_e2e::bin("nephele"))
+        .args(["grid", "push", "brown", "--forecast"])
+        .arg(&file)
+        .args(["--api", &cloud.api, "--token", &cloud.token])
+        .env("NEPHELE_CA", cloud.ca_path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout.contains("provider forecast of 24 hours stored"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("provider forecast: electricitymaps XX"),
+        "{stdout}"
+    );
+    let grid = cloud.get("/v1/regions/brown/grid").unwrap();
+    assert_eq!(
+        grid["measured_hours"], 720,
+        "the measurements are as they were"
+    );
+    assert_eq!(grid["forecast"]["hours"], 24, "{grid:#}");
+    assert_eq!(grid["forecast"]["fresh"], true);
+    let hour_of = |unix_hour: u64| {
+        grid["outlook"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|h| h["unix"].as_u64() == Some(unix_hour * 3600))
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(hour_of(windy)["source"], "provider", "{grid:#}");
+    assert_eq!(hour_of(windy)["carbon_g_per_kwh"], 12.0);
+    let nightly = cloud.get("/v1/jobs/nightly?region=brown").unwrap();
+    assert_eq!(nightly["state"], "deferred", "{nightly:#}");
+    assert_eq!(
+        nightly["deferral"]["best_start_unix"].as_u64(),
+        Some(windy * 3600),
+        "the held job waits for the provider's windy hour now: {nightly:#}"
+    );
+    // An older forecast than the one held is refused, and the held one stays.
+    let (status, reply) = http
+        .raw_json(
+            "PUT",
+            &url("/v1/regions/brown/grid"),
+            &serde_json::json!({"forecast": {"issued_unix": now_hour * 3600 - 7200,
+                "source": "late", "points": [{"unix": now_hour * 3600, "carbon_g_per_kwh": 1.0}]}}),
+        )
+        .unwrap();
+    assert_eq!(status, 400, "{reply}");
+    assert!(
+        reply["message"]
+            .as_str()
+            .unwrap()
+            .contains("before the one this region holds"),
+        "{reply}"
+    );
+    assert_eq!(
+        cloud.get("/v1/regions/brown/grid").unwrap()["forecast"]["source"],
+        "electricitymaps XX"
+    );
+
     // Bad input is a 400 that says why, and changes nothing.
     for (body, expect) in [
         (

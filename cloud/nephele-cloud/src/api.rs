@@ -831,11 +831,35 @@ pub struct GridPointBody {
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GridPushBody {
+    /// Measured hours.
+    #[serde(default)]
     pub points: Vec<GridPointBody>,
+    /// A carbon-intensity provider's forecast, kept beside the measurements (never
+    /// mixed with them) and replacing the forecast held when it is newer.
+    #[serde(default)]
+    pub forecast: Option<GridForecastBody>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GridForecastBody {
+    /// When the provider made it (unix seconds; its `updatedAt`).
+    pub issued_unix: u64,
+    /// Who made it (e.g. `electricitymaps`), for operators.
+    pub source: String,
+    pub points: Vec<GridForecastPointBody>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GridForecastPointBody {
+    /// Any second of the hour (UTC).
+    pub unix: u64,
+    pub carbon_g_per_kwh: f64,
 }
 
 /// `PUT /v1/regions/{name}/grid` (admins: a carbon feed's token): hourly measured
-/// carbon intensity and prices; all points are stored or none.
+/// carbon intensity and prices, and a provider's forecast; all of it is stored or none.
 async fn push_grid(
     request: HttpRequest,
     state: web::Data<ApiState>,
@@ -852,9 +876,33 @@ async fn push_grid(
     }
     let parsed: GridPushBody = serde_json::from_slice(&body).map_err(|e| {
         ApiError::BadRequest(format!(
-            "invalid grid push ({e}); expected {{\"points\": [{{\"unix\", \"carbon_g_per_kwh\"?, \"price_per_mwh\"?}}, ...]}}"
+            "invalid grid push ({e}); expected {{\"points\": [{{\"unix\", \"carbon_g_per_kwh\"?, \"price_per_mwh\"?}}, ...], \"forecast\"?: {{\"issued_unix\", \"source\", \"points\": [{{\"unix\", \"carbon_g_per_kwh\"}}, ...]}}}}"
         ))
     })?;
+    if parsed
+        .forecast
+        .as_ref()
+        .is_some_and(|f| f.source.trim().is_empty() || f.source.len() > 64)
+    {
+        return Err(ApiError::BadRequest(
+            "forecast.source must name the provider in 1 to 64 characters".into(),
+        ));
+    }
+    let forecast = parsed
+        .forecast
+        .as_ref()
+        .map(|f| crate::scheduler::ForecastPush {
+            issued: f.issued_unix,
+            source: f.source.trim().to_string(),
+            points: f
+                .points
+                .iter()
+                .map(|p| nephele_placement::grid::ForecastPoint {
+                    hour: p.unix / nephele_placement::grid::HOUR_S,
+                    carbon: p.carbon_g_per_kwh,
+                })
+                .collect(),
+        });
     let points = parsed
         .points
         .iter()
@@ -865,7 +913,7 @@ async fn push_grid(
         })
         .collect();
     let actor = region_actor(&state, &name)?;
-    let result = ask_region!(state, "push_grid", actor, PushGrid { points });
+    let result = ask_region!(state, "push_grid", actor, PushGrid { points, forecast });
     Ok(HttpResponse::Ok().json(result?))
 }
 

@@ -1298,13 +1298,16 @@ impl Handler<OfferJob> for RegionActor {
 #[rtype(result = "Result<GridPushView, SchedError>")]
 pub struct PushGrid {
     pub points: Vec<GridPoint>,
+    pub forecast: Option<crate::scheduler::ForecastPush>,
 }
 
 impl Handler<PushGrid> for RegionActor {
     type Result = Result<GridPushView, SchedError>;
     fn handle(&mut self, message: PushGrid, _: &mut Self::Context) -> Self::Result {
-        let (view, events) = self.scheduler.push_grid(&message.points, unix_now())?;
-        tracing::info!(region = %self.name, kept = view.kept, too_old = view.too_old, signal = view.grid.signal, "grid measurements stored");
+        let (view, events) =
+            self.scheduler
+                .push_grid(&message.points, message.forecast.as_ref(), unix_now())?;
+        tracing::info!(region = %self.name, kept = view.kept, too_old = view.too_old, forecast_hours = ?view.forecast_hours, signal = view.grid.signal, "grid signal stored");
         self.settle(events);
         self.grid_gauge(&view.grid);
         Ok(view)

@@ -13,6 +13,13 @@
 //! Prices may be pushed up to [`PRICE_AHEAD_HOURS`] ahead, as a day-ahead market
 //! publishes them.
 //!
+//! A **provider's forecast** (a carbon-intensity service's, which may know tomorrow's
+//! wind and solar) is kept beside the measurements, never mixed with them
+//! ([`GridSeries::ingest_forecast`]): one forecast at a time, replaced whole when a newer
+//! one arrives (an older one is refused), and used for the hours it covers in place of
+//! the project's own forecast while it is at most [`FORECAST_FRESH_HOURS`] old; a
+//! measurement of an hour always wins over any forecast of it.
+//!
 //! Pure and deterministic: time is an argument, no IO, no clock. Bad input is a
 //! [`GridError`] naming the point, and a refused batch changes nothing.
 
@@ -38,6 +45,11 @@ pub const MAX_POINTS: usize = 24 * 400;
 pub const MAX_CARBON_G_PER_KWH: f64 = 5000.0;
 /// Beyond any market's price cap, in either direction.
 pub const MAX_ABS_PRICE: f64 = 100_000.0;
+/// How far ahead of its issue a provider's forecast may reach (a week).
+pub const FORECAST_AHEAD_HOURS: u64 = 24 * 7;
+/// A provider's forecast is used while it is at most this old (since it was issued);
+/// after that the outlook falls back to the project's own forecast.
+pub const FORECAST_FRESH_HOURS: u64 = 12;
 
 /// `YYYY-MM-DD HH:00 UTC` of a unix hour (Howard Hinnant's civil-from-days).
 pub fn utc_hour(hour: u64) -> String {
@@ -93,6 +105,25 @@ pub enum GridError {
         hour: u64,
         now_hour: u64,
     },
+    /// A provider's forecast said to be issued after now.
+    ForecastFromTheFuture {
+        issued: u64,
+        now: u64,
+    },
+    /// A forecast issued before the one held: the newer one stays.
+    ForecastOlderThanHeld {
+        issued: u64,
+        held: u64,
+    },
+    /// A forecast point for an hour before the forecast was issued.
+    ForecastBeforeIssue {
+        hour: u64,
+        issued: u64,
+    },
+    ForecastTooFarAhead {
+        hour: u64,
+        issued: u64,
+    },
 }
 
 impl fmt::Display for GridError {
@@ -128,6 +159,26 @@ impl fmt::Display for GridError {
                 "price at {} is more than {PRICE_AHEAD_HOURS} h after now ({})",
                 utc_hour(*hour),
                 utc_hour(*now_hour)
+            ),
+            Self::ForecastFromTheFuture { issued, now } => write!(
+                f,
+                "the forecast says it was issued at unix {issued}, after now ({now}); give the time the provider made it (its `updatedAt`)"
+            ),
+            Self::ForecastOlderThanHeld { issued, held } => write!(
+                f,
+                "the forecast was issued at unix {issued}, before the one this region holds (issued at unix {held}); the newer one stays"
+            ),
+            Self::ForecastBeforeIssue { hour, issued } => write!(
+                f,
+                "the forecast has a point for {}, before it was issued ({}); a forecast is for the hours after it was made",
+                utc_hour(*hour),
+                utc_hour(*issued / HOUR_S)
+            ),
+            Self::ForecastTooFarAhead { hour, issued } => write!(
+                f,
+                "the forecast point for {} is more than {FORECAST_AHEAD_HOURS} h after it was issued ({})",
+                utc_hour(*hour),
+                utc_hour(*issued / HOUR_S)
             ),
         }
     }
@@ -178,6 +229,9 @@ pub struct Outlook {
     pub carbon: Vec<f64>,
     /// Whether `carbon[i]` is a measurement.
     pub measured: Vec<bool>,
+    /// Whether `carbon[i]` is the provider's forecast (else, when not measured, the
+    /// project's own).
+    pub provider: Vec<bool>,
     /// Price per hour: as pushed (measured or day-ahead), else the same hour of the most
     /// recent day that has one, else the newest price; NaN when no price was ever pushed.
     pub price: Vec<f64>,
@@ -250,6 +304,60 @@ pub struct WindowEstimate {
     pub price: f64,
 }
 
+/// A carbon-intensity provider's forecast as a region holds it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProviderForecast {
+    /// When the provider made it (unix seconds).
+    pub issued: u64,
+    /// Who made it, for operators (`electricitymaps`, say).
+    pub source: String,
+    /// Unix hour of `carbon[0]`.
+    pub first_hour: u64,
+    /// Forecast carbon per hour, gCO₂eq/kWh; NaN where the forecast has no point.
+    pub carbon: Vec<f64>,
+}
+
+impl ProviderForecast {
+    /// Its value for `hour`, if it has one.
+    pub fn at(&self, hour: u64) -> Option<f64> {
+        let index = usize::try_from(hour.checked_sub(self.first_hour)?).ok()?;
+        self.carbon.get(index).copied().filter(|v| v.is_finite())
+    }
+
+    /// Whether it is recent enough to be used at `now` (unix seconds).
+    pub fn fresh(&self, now: u64) -> bool {
+        now.saturating_sub(self.issued) <= FORECAST_FRESH_HOURS * HOUR_S
+    }
+
+    /// Unix hours with a point (first, last).
+    pub fn span(&self) -> Option<(u64, u64)> {
+        let first = self.carbon.iter().position(|v| v.is_finite())?;
+        let last = self.carbon.iter().rposition(|v| v.is_finite())?;
+        Some((
+            self.first_hour + first as u64,
+            self.first_hour + last as u64,
+        ))
+    }
+}
+
+/// One point of a provider's forecast push.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ForecastPoint {
+    /// Unix hour.
+    pub hour: u64,
+    /// gCO₂eq/kWh.
+    pub carbon: f64,
+}
+
+/// What a forecast push did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ForecastIngested {
+    /// Hours the forecast holds.
+    pub hours: usize,
+    /// When the forecast it replaced was issued, if there was one.
+    pub replaced: Option<u64>,
+}
+
 /// One region's hourly series. Missing hours are NaN; the forecaster skips them.
 #[derive(Debug, Clone)]
 pub struct GridSeries {
@@ -258,6 +366,8 @@ pub struct GridSeries {
     carbon: Vec<f64>,
     price: Vec<f64>,
     forecaster: RidgeForecaster,
+    /// The newest provider forecast pushed, if any.
+    provider: Option<ProviderForecast>,
     /// Bumped by every push that kept something; keys the cache.
     generation: u64,
     cache: Option<(u64, u64, Result<Outlook, NoOutlook>)>,
@@ -283,9 +393,85 @@ impl GridSeries {
             carbon: Vec::new(),
             price: Vec::new(),
             forecaster,
+            provider: None,
             generation: 0,
             cache: None,
         }
+    }
+
+    /// The provider forecast held, if any (fresh or not).
+    pub fn provider_forecast(&self) -> Option<&ProviderForecast> {
+        self.provider.as_ref()
+    }
+
+    /// Stores a provider's forecast issued at `issued` (unix seconds) by `source`,
+    /// replacing the one held (all of it, or nothing when a point is bad or it is older
+    /// than the one held). Measurements are not touched.
+    pub fn ingest_forecast(
+        &mut self,
+        points: &[ForecastPoint],
+        issued: u64,
+        source: &str,
+        now: u64,
+    ) -> Result<ForecastIngested, GridError> {
+        if points.is_empty() {
+            return Err(GridError::Empty);
+        }
+        if points.len() > MAX_POINTS {
+            return Err(GridError::TooMany {
+                points: points.len(),
+            });
+        }
+        if issued / HOUR_S > now / HOUR_S {
+            return Err(GridError::ForecastFromTheFuture { issued, now });
+        }
+        if let Some(held) = &self.provider {
+            if issued < held.issued {
+                return Err(GridError::ForecastOlderThanHeld {
+                    issued,
+                    held: held.issued,
+                });
+            }
+        }
+        let issued_hour = issued / HOUR_S;
+        for p in points {
+            if !(0.0..=MAX_CARBON_G_PER_KWH).contains(&p.carbon) {
+                return Err(GridError::CarbonOutOfRange {
+                    hour: p.hour,
+                    value: p.carbon,
+                });
+            }
+            if p.hour < issued_hour {
+                return Err(GridError::ForecastBeforeIssue {
+                    hour: p.hour,
+                    issued,
+                });
+            }
+            if p.hour > issued_hour + FORECAST_AHEAD_HOURS {
+                return Err(GridError::ForecastTooFarAhead {
+                    hour: p.hour,
+                    issued,
+                });
+            }
+        }
+        let first_hour = points.iter().map(|p| p.hour).min().unwrap_or(issued_hour);
+        let last_hour = points.iter().map(|p| p.hour).max().unwrap_or(first_hour);
+        let mut carbon = vec![f64::NAN; (last_hour - first_hour + 1) as usize];
+        for p in points {
+            carbon[(p.hour - first_hour) as usize] = p.carbon;
+        }
+        let replaced = self.provider.as_ref().map(|f| f.issued);
+        self.provider = Some(ProviderForecast {
+            issued,
+            source: source.to_string(),
+            first_hour,
+            carbon,
+        });
+        self.generation += 1;
+        Ok(ForecastIngested {
+            hours: points.len(),
+            replaced,
+        })
     }
 
     /// Hours with a carbon measurement.
@@ -461,10 +647,22 @@ impl GridSeries {
             .latest(&self.carbon[..=last], lag + HORIZON_HOURS);
         let mut carbon = Vec::with_capacity(HORIZON_HOURS);
         let mut measured = Vec::with_capacity(HORIZON_HOURS);
+        let mut provider = Vec::with_capacity(HORIZON_HOURS);
+        // A fresh provider forecast stands in for the project's own where it has a point.
+        let from_provider = self
+            .provider
+            .as_ref()
+            .filter(|f| f.fresh(now_hour * HOUR_S + HOUR_S - 1));
         for i in 0..HORIZON_HOURS {
+            let hour = now_hour + i as u64;
             if lag == 0 && i == 0 {
                 carbon.push(self.carbon[last]);
                 measured.push(true);
+                provider.push(false);
+            } else if let Some(value) = from_provider.and_then(|f| f.at(hour)) {
+                carbon.push(value);
+                measured.push(false);
+                provider.push(true);
             } else {
                 // forecast[k] is hour latest_measured + 1 + k.
                 let value = forecast.get(lag + i - 1).copied().unwrap_or(f64::NAN);
@@ -476,6 +674,7 @@ impl GridSeries {
                     self.carbon[last]
                 });
                 measured.push(false);
+                provider.push(false);
             }
         }
         let price = (0..HORIZON_HOURS as u64)
@@ -486,6 +685,7 @@ impl GridSeries {
             latest_measured,
             carbon,
             measured,
+            provider,
             price,
         })
     }
@@ -828,8 +1028,159 @@ mod tests {
         );
     }
 
+    fn flat_forecast(now: u64, hours: std::ops::Range<u64>, value: f64) -> Vec<ForecastPoint> {
+        hours
+            .map(|i| ForecastPoint {
+                hour: now / HOUR_S + i,
+                carbon: value,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_provider_forecast_stands_in_for_the_model_and_never_for_a_measurement() {
+        let (mut grid, now) = fed(30);
+        let own = grid.outlook(now).expect("outlook");
+        assert!(own.provider.iter().all(|p| !p));
+        // The provider knows of a windy hour five hours from now; it also forecasts the
+        // current hour, which is measured.
+        let mut points = flat_forecast(now, 0..48, 400.0);
+        points[5].carbon = 15.0;
+        let ingested = grid
+            .ingest_forecast(&points, now - 600, "electricitymaps", now)
+            .expect("valid");
+        assert_eq!(
+            ingested,
+            ForecastIngested {
+                hours: 48,
+                replaced: None
+            }
+        );
+        let outlook = grid.outlook(now).expect("outlook");
+        assert!(outlook.measured[0] && !outlook.provider[0]);
+        assert_eq!(outlook.carbon[0], own.carbon[0], "the measurement wins");
+        assert!(outlook.provider[1..48].iter().all(|p| *p));
+        assert_eq!(outlook.carbon[5], 15.0);
+        assert_eq!(outlook.carbon[6], 400.0);
+        // Past the forecast's reach, the project's own forecast again.
+        assert!(!outlook.provider[48]);
+        assert_eq!(outlook.carbon[48], own.carbon[48]);
+        // The measurements are as they were.
+        assert_eq!(grid.measured_hours(), 30 * 24);
+        // A deferrable 1-hour job that may wait 20 hours waits for the windy hour.
+        let deferral = Deferral::new(HOUR_S, now + 21 * HOUR_S).expect("deferral");
+        match grid.decide(now, &deferral) {
+            DeferDecision::Wait {
+                best_hour,
+                best_carbon,
+                ..
+            } => {
+                assert_eq!(best_hour, now / HOUR_S + 5);
+                assert_eq!(best_carbon, 15.0);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn forecasts_are_replaced_by_newer_ones_refused_when_older_or_bad_and_unused_when_stale() {
+        let (mut grid, now) = fed(30);
+        let points = flat_forecast(now, 1..24, 100.0);
+        grid.ingest_forecast(&points, now - 3600, "a", now)
+            .expect("first");
+        let held = grid.provider_forecast().cloned();
+        // Older than the one held, from the future, before its own issue, too far
+        // ahead, out of range: refused, and the held forecast stays.
+        let refusals = [
+            (flat_forecast(now, 1..24, 90.0), now - 7200),
+            (flat_forecast(now, 1..24, 90.0), now + 2 * HOUR_S),
+            (
+                vec![ForecastPoint {
+                    hour: now / HOUR_S - 2,
+                    carbon: 90.0,
+                }],
+                now,
+            ),
+            (
+                flat_forecast(now, 1..(FORECAST_AHEAD_HOURS + 3), 90.0),
+                now - 3600,
+            ),
+            (flat_forecast(now, 1..24, -5.0), now - 3600),
+            (Vec::new(), now),
+        ];
+        for (points, issued) in &refusals {
+            let error = grid
+                .ingest_forecast(points, *issued, "b", now)
+                .expect_err("refused");
+            assert!(!error.to_string().is_empty());
+            assert_eq!(grid.provider_forecast().cloned(), held, "{error}");
+        }
+        assert!(matches!(
+            grid.ingest_forecast(&points, now - 7200, "b", now),
+            Err(GridError::ForecastOlderThanHeld { .. })
+        ));
+        // A newer one replaces it whole.
+        let newer = grid
+            .ingest_forecast(&flat_forecast(now, 2..5, 50.0), now, "c", now)
+            .expect("newer");
+        assert_eq!(newer.replaced, Some(now - 3600));
+        let outlook = grid.outlook(now).expect("outlook");
+        assert!(
+            !outlook.provider[1],
+            "the hours the old one had are gone with it"
+        );
+        assert!(outlook.provider[2] && outlook.carbon[2] == 50.0);
+        // Thirteen hours on (with measurements kept up), it is stale: not used.
+        let later = now + 13 * HOUR_S;
+        let catch_up: Vec<GridPoint> = (1..=13)
+            .map(|i| GridPoint {
+                hour: now / HOUR_S + i,
+                carbon: Some(cycle(now / HOUR_S + i)),
+                price: None,
+            })
+            .collect();
+        grid.ingest(&catch_up, later).expect("measurements");
+        let provider = grid.provider_forecast().expect("still held");
+        assert!(!provider.fresh(later));
+        let outlook = grid.outlook(later).expect("outlook");
+        assert!(outlook.provider.iter().all(|p| !p));
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Whatever forecast is pushed, a measured hour shows its measurement, a
+        /// provider hour the provider's value, and the measurements stay as pushed.
+        #[test]
+        fn forecasts_never_mix_with_measurements(
+            offsets in proptest::collection::vec((0u64..80, 0.0f64..900.0), 1..60),
+            age_h in 0u64..20,
+        ) {
+            let (mut grid, now) = fed(10);
+            let before = grid.points();
+            let issued = now.saturating_sub(age_h * HOUR_S);
+            let points: Vec<ForecastPoint> = offsets
+                .iter()
+                .map(|(o, v)| ForecastPoint { hour: issued / HOUR_S + o, carbon: *v })
+                .filter(|p| p.hour <= issued / HOUR_S + FORECAST_AHEAD_HOURS)
+                .collect();
+            prop_assume!(!points.is_empty());
+            grid.ingest_forecast(&points, issued, "p", now).expect("valid");
+            prop_assert_eq!(grid.points(), before);
+            let outlook = grid.outlook(now).expect("outlook");
+            let forecast = grid.provider_forecast().expect("held").clone();
+            for i in 0..outlook.carbon.len() {
+                let hour = outlook.from_hour + i as u64;
+                prop_assert!(!(outlook.measured[i] && outlook.provider[i]));
+                if outlook.measured[i] {
+                    prop_assert_eq!(Some(outlook.carbon[i]), grid.carbon_at(hour));
+                }
+                if outlook.provider[i] {
+                    prop_assert!(forecast.fresh(now));
+                    prop_assert_eq!(Some(outlook.carbon[i]), forecast.at(hour));
+                }
+            }
+        }
 
         /// The live decision, fed one measurement an hour, starts a job in the same hour
         /// as the simulator's online policy over the same series and forecaster, and so

@@ -1334,7 +1334,8 @@ pub enum GridCommand {
         hours: usize,
     },
     /// Push hourly measurements from files in the `../shared/data` format (Electricity
-    /// Maps carbon intensity, GreenDCC prices), as a carbon feed would.
+    /// Maps carbon intensity, GreenDCC prices), as a carbon feed would, and a
+    /// carbon-intensity provider's forecast (`--forecast`).
     Push {
         region: String,
         /// A carbon-intensity file (`Carbon Intensity gCO₂eq/kWh (direct)` column).
@@ -1343,6 +1344,19 @@ pub enum GridCommand {
         /// A price file (`Price (USD/MWh)` column).
         #[arg(long)]
         prices: Option<std::path::PathBuf>,
+        /// A provider's carbon forecast: Electricity Maps' forecast JSON, the Carbon
+        /// Intensity API's (GB) JSON, or a CSV as Electricity Maps exports it. Kept
+        /// beside the measurements and used, while fresh, instead of the region's own
+        /// forecast for the hours it covers.
+        #[arg(long)]
+        forecast: Option<std::path::PathBuf>,
+        /// When the forecast was made (UTC, `2023-08-31T09:50Z`); default: the file's
+        /// `updatedAt`, else now.
+        #[arg(long)]
+        issued: Option<String>,
+        /// Who made the forecast (default: from the file).
+        #[arg(long)]
+        source: Option<String>,
         /// Replay a past series as if live: this hour of the files (UTC,
         /// `2023-07-01T12:00`) becomes the current hour, and nothing after it is sent.
         #[arg(long)]
@@ -1364,12 +1378,41 @@ pub fn grid(args: ApiArgs, command: GridCommand) -> Result<()> {
             region,
             carbon,
             prices,
+            forecast,
+            issued,
+            source,
             as_of,
             days,
         } => {
-            if carbon.is_none() && prices.is_none() {
-                bail!("nothing to push: give --carbon FILE and/or --prices FILE");
+            if carbon.is_none() && prices.is_none() && forecast.is_none() {
+                bail!("nothing to push: give --carbon FILE, --prices FILE and/or --forecast FILE");
             }
+            if (issued.is_some() || source.is_some()) && forecast.is_none() {
+                bail!("--issued and --source describe a --forecast FILE; give one");
+            }
+            let forecast = match &forecast {
+                None => None,
+                Some(path) => {
+                    let text = std::fs::read_to_string(path)
+                        .with_context(|| format!("cannot read {}", path.display()))?;
+                    let read = crate::grid_forecast::parse(&path.display().to_string(), &text)?;
+                    let issued_unix = match &issued {
+                        Some(text) => crate::grid_forecast::parse_utc_seconds(text)
+                            .with_context(|| {
+                                format!("--issued {text:?}: expected a UTC time such as 2023-08-31T09:50Z")
+                            })?,
+                        None => read.issued_unix.unwrap_or_else(unix_now),
+                    };
+                    Some(serde_json::json!({
+                        "issued_unix": issued_unix,
+                        "source": source.clone().unwrap_or(read.source),
+                        "points": read.hours.iter().map(|(hour, carbon)| serde_json::json!({
+                            "unix": hour * 3600,
+                            "carbon_g_per_kwh": carbon,
+                        })).collect::<Vec<_>>(),
+                    }))
+                }
+            };
             let now_hour = (unix_now() / 3600) as i64;
             let anchor = match &as_of {
                 Some(text) => nephele_sim::trace::parse_utc_hour(text).with_context(|| {
@@ -1422,19 +1465,34 @@ pub fn grid(args: ApiArgs, command: GridCommand) -> Result<()> {
                 })
                 .collect();
             let sent = points.len();
-            let value = api.put_json(
-                &format!("/v1/regions/{region}/grid"),
-                &serde_json::json!({ "points": points }),
-            )?;
+            let mut body = serde_json::json!({ "points": points });
+            if let Some(forecast) = forecast {
+                body["forecast"] = forecast;
+            }
+            let value = api.put_json(&format!("/v1/regions/{region}/grid"), &body)?;
             print(args.json, &value, |v| {
-                println!(
-                    "region {region}: sent {sent} hours ({} … {} UTC of the files{}), kept {}, {} older than the 90 days a region keeps",
-                    nephele_sim::trace::format_utc_hour(first),
-                    nephele_sim::trace::format_utc_hour(anchor),
-                    if shift != 0 { ", replayed as the hours up to now" } else { "" },
-                    s(v, "kept"),
-                    s(v, "too_old")
-                );
+                if sent > 0 {
+                    println!(
+                        "region {region}: sent {sent} hours ({} … {} UTC of the files{}), kept {}, {} older than the 90 days a region keeps",
+                        nephele_sim::trace::format_utc_hour(first),
+                        nephele_sim::trace::format_utc_hour(anchor),
+                        if shift != 0 { ", replayed as the hours up to now" } else { "" },
+                        s(v, "kept"),
+                        s(v, "too_old")
+                    );
+                }
+                if let Some(hours) = v["forecast_hours"].as_u64() {
+                    println!(
+                        "region {region}: provider forecast of {hours} hours stored{}",
+                        match v["replaced_forecast_issued_unix"].as_u64() {
+                            Some(_) => format!(
+                                ", replacing the one issued {}",
+                                utc(&v["replaced_forecast_issued_unix"])
+                            ),
+                            None => String::new(),
+                        }
+                    );
+                }
                 print_grid(&v["grid"], 12);
             });
         }
@@ -1455,6 +1513,22 @@ fn print_grid(v: &Value, hours: usize) {
     if let Some(note) = v["note"].as_str() {
         println!("  {note}");
     }
+    if v["forecast"].is_object() {
+        let f = &v["forecast"];
+        println!(
+            "  provider forecast: {} issued {}, {} hours ({} … {}), {}",
+            s(f, "source"),
+            utc(&f["issued_unix"]),
+            s(f, "hours"),
+            utc(&f["first_unix"]),
+            utc(&f["last_unix"]),
+            if f["fresh"] == true {
+                "used for the hours it covers"
+            } else {
+                "stale (over 12 h old): not used"
+            }
+        );
+    }
     let outlook: Vec<&Value> = v["outlook"].as_array().into_iter().flatten().collect();
     if outlook.is_empty() {
         return;
@@ -1468,10 +1542,10 @@ fn print_grid(v: &Value, hours: usize) {
             "  {:<20} {:>12.1} {:<9} {:>10}",
             utc(&hour["unix"]),
             hour["carbon_g_per_kwh"].as_f64().unwrap_or(f64::NAN),
-            if hour["measured"].as_bool() == Some(true) {
-                "measured"
-            } else {
-                "forecast"
+            match hour["source"].as_str() {
+                Some("measured") => "measured",
+                Some("provider") => "provider",
+                _ => "forecast",
             },
             hour["price_per_mwh"]
                 .as_f64()

@@ -13,6 +13,7 @@ mod bench_split;
 mod client;
 mod context;
 mod demo;
+mod grid_forecast;
 mod output;
 mod rollout;
 mod sim;

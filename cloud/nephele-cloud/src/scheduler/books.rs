@@ -113,7 +113,13 @@ pub struct RegionRecord {
     /// The next submission's number.
     #[serde(default)]
     pub next_uid: u64,
+    /// The provider forecast held.
+    #[serde(default)]
+    pub grid_forecast: Option<StoredForecast>,
 }
+
+/// A provider forecast in the books: issued (unix s), source, (unix hour, carbon) points.
+pub type StoredForecast = (u64, String, Vec<(u64, f64)>);
 
 impl RegionScheduler {
     fn stored(&self, bindings: &[Binding]) -> Vec<StoredBinding> {
@@ -261,6 +267,7 @@ impl RegionScheduler {
                 .collect(),
             autoscalers: BTreeMap::new(),
             next_uid: self.next_uid,
+            grid_forecast: self.stored_forecast(),
         }
     }
 
@@ -313,6 +320,18 @@ impl RegionScheduler {
             if !points.is_empty() {
                 if let Err(error) = self.grid.ingest(&points, now) {
                     problems.push(format!("the stored grid signal was refused: {error}"));
+                }
+            }
+            if let Some((issued, source, points)) = &region.grid_forecast {
+                let points: Vec<nephele_placement::grid::ForecastPoint> = points
+                    .iter()
+                    .map(|(hour, carbon)| nephele_placement::grid::ForecastPoint {
+                        hour: *hour,
+                        carbon: *carbon,
+                    })
+                    .collect();
+                if let Err(error) = self.grid.ingest_forecast(&points, *issued, source, now) {
+                    problems.push(format!("the stored provider forecast was refused: {error}"));
                 }
             }
             for (deployment, set) in &region.replica_sets {

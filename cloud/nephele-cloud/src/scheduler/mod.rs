@@ -888,21 +888,53 @@ impl RegionScheduler {
         events
     }
 
-    /// Stores grid measurements (all or none) and re-decides the held jobs.
+    /// The forecast kept in the region's books (see [`RegionRecord::grid_forecast`]).
+    pub fn stored_forecast(&self) -> Option<books::StoredForecast> {
+        self.grid.provider_forecast().map(|f| {
+            let points = f
+                .carbon
+                .iter()
+                .enumerate()
+                .filter(|(_, v)| v.is_finite())
+                .map(|(i, v)| (f.first_hour + i as u64, *v))
+                .collect();
+            (f.issued, f.source.clone(), points)
+        })
+    }
+
+    /// Stores grid measurements and a provider's forecast (all of both, or none) and
+    /// re-decides the held jobs.
     pub fn push_grid(
         &mut self,
         points: &[GridPoint],
+        forecast: Option<&ForecastPush>,
         now: u64,
     ) -> Result<(GridPushView, Vec<SchedEvent>), SchedError> {
-        let ingested = self
-            .grid
-            .ingest(points, now)
-            .map_err(|e: GridError| SchedError::BadRequest(e.to_string()))?;
+        if points.is_empty() && forecast.is_none() {
+            return Err(SchedError::BadRequest(
+                "no points: give measured \"points\", a provider's \"forecast\", or both".into(),
+            ));
+        }
+        let bad = |e: GridError| SchedError::BadRequest(e.to_string());
+        // On a copy first, so that a bad forecast leaves the measurements out too.
+        let mut grid = self.grid.clone();
+        let ingested = if points.is_empty() {
+            Default::default()
+        } else {
+            grid.ingest(points, now).map_err(bad)?
+        };
+        let forecast_ingested = forecast
+            .map(|f| grid.ingest_forecast(&f.points, f.issued, &f.source, now))
+            .transpose()
+            .map_err(bad)?;
+        self.grid = grid;
         let events = self.tick(now);
         Ok((
             GridPushView {
                 kept: ingested.kept,
                 too_old: ingested.too_old,
+                forecast_hours: forecast_ingested.map(|f| f.hours),
+                replaced_forecast_issued_unix: forecast_ingested.and_then(|f| f.replaced),
                 grid: self.grid_view(now),
             },
             events,
@@ -925,6 +957,13 @@ impl RegionScheduler {
                         unix: (outlook.from_hour + i as u64) * HOUR_S,
                         carbon_g_per_kwh: outlook.carbon[i],
                         measured: outlook.measured[i],
+                        source: if outlook.measured[i] {
+                            "measured"
+                        } else if outlook.provider[i] {
+                            "provider"
+                        } else {
+                            "model"
+                        },
                         price_per_mwh: Some(outlook.price[i]).filter(|p| p.is_finite()),
                     })
                     .collect(),
@@ -945,11 +984,23 @@ impl RegionScheduler {
                 Vec::new(),
             ),
         };
+        let forecast = self.grid.provider_forecast().map(|f| {
+            let span = f.span().unwrap_or((f.first_hour, f.first_hour));
+            ProviderForecastView {
+                source: f.source.clone(),
+                issued_unix: f.issued,
+                hours: f.carbon.iter().filter(|v| v.is_finite()).count(),
+                first_unix: span.0 * HOUR_S,
+                last_unix: span.1 * HOUR_S,
+                fresh: f.fresh(now),
+            }
+        });
         GridView {
             region: self.region.clone(),
             carbon_zone: self.carbon_zone.clone(),
             signal,
             note,
+            forecast,
             measured_hours: self.grid.measured_hours(),
             latest_measured_unix: self.grid.latest_measured().map(|h| h * HOUR_S),
             outlook,

@@ -353,7 +353,7 @@ fn feed(s: &mut RegionScheduler, now: u64, level: f64) {
             price: Some(40.0),
         })
         .collect();
-    s.push_grid(&points, now).expect("valid push");
+    s.push_grid(&points, None, now).expect("valid push");
 }
 
 /// 2023-11-14 16:00 UTC: the next trough is 11 hours away.
@@ -412,6 +412,7 @@ fn a_deferrable_job_waits_for_the_greener_hour_and_never_past_its_latest_start()
                 carbon: Some(cycle(hour, 0.0)),
                 price: None,
             }],
+            None,
             now,
         )
         .expect("valid push");
@@ -480,7 +481,7 @@ fn deadlines_are_checked_and_no_signal_means_no_wait() {
         price: None,
     };
     assert!(matches!(
-        s.push_grid(&[future], NOW),
+        s.push_grid(&[future], None, NOW),
         Err(SchedError::BadRequest(m)) if m.contains("has not begun")
     ));
     assert_eq!(s.grid_view(NOW).measured_hours, 0);
@@ -666,7 +667,7 @@ proptest::proptest! {
                 Op::Tick(dt) => { now += dt; s.tick(now); }
                 Op::Grid(value) => {
                     let point = GridPoint { hour: now / HOUR_S, carbon: Some(f64::from(value)), price: None };
-                    s.push_grid(&[point], now).expect("valid measurement");
+                    s.push_grid(&[point], None, now).expect("valid measurement");
                 }
                 Op::Deferrable(hours) => {
                     let body = serde_json::json!({
@@ -714,4 +715,71 @@ proptest::proptest! {
             proptest::prop_assert_eq!(alpha.len() + s.list(Some("beta")).len(), jobs.len());
         }
     }
+}
+
+#[test]
+fn a_provider_forecast_is_pushed_whole_shown_as_such_and_kept_in_the_books() {
+    use nephele_placement::grid::ForecastPoint;
+    let mut s = scheduler(1);
+    feed(&mut s, NOW, 0.0);
+    let hours = s.grid_view(NOW).measured_hours;
+    let forecast = |issued: u64, windy: u64, value: f64| super::ForecastPush {
+        issued,
+        source: "electricitymaps".into(),
+        points: (0..24)
+            .map(|i| ForecastPoint {
+                hour: NOW / HOUR_S + i,
+                carbon: if i == windy { value } else { 400.0 },
+            })
+            .collect(),
+    };
+    // A bad forecast with good measurements: neither is kept.
+    let measurement = GridPoint {
+        hour: NOW / HOUR_S,
+        carbon: Some(1.0),
+        price: None,
+    };
+    let refused = s
+        .push_grid(&[measurement], Some(&forecast(NOW, 2, -3.0)), NOW)
+        .expect_err("refused");
+    assert!(refused.to_string().contains("outside"), "{refused}");
+    assert_eq!(s.grid_view(NOW).measured_hours, hours);
+    assert!(s.grid_view(NOW).forecast.is_none());
+    assert!(s.push_grid(&[], None, NOW).is_err());
+    // A good one: the outlook says which hours are the provider's.
+    let (pushed, _) = s
+        .push_grid(&[], Some(&forecast(NOW - 600, 2, 12.0)), NOW)
+        .expect("stored");
+    assert_eq!(pushed.forecast_hours, Some(24));
+    let view = s.grid_view(NOW);
+    let held = view.forecast.clone().expect("held");
+    assert_eq!(
+        (held.source.as_str(), held.hours, held.fresh),
+        ("electricitymaps", 24, true)
+    );
+    assert_eq!(view.outlook[0].source, "measured");
+    assert_eq!(view.outlook[2].source, "provider");
+    assert_eq!(view.outlook[2].carbon_g_per_kwh, 12.0);
+    assert_eq!(view.outlook[30].source, "model");
+    // An older one is refused, naming the one held.
+    let older = s
+        .push_grid(&[], Some(&forecast(NOW - 7200, 3, 5.0)), NOW)
+        .expect_err("older");
+    assert!(
+        older
+            .to_string()
+            .contains("before the one this region holds"),
+        "{older}"
+    );
+    // The books keep it, and a restart restores it.
+    let record = s.region_record();
+    let record: super::RegionRecord =
+        serde_json::from_str(&serde_json::to_string(&record).expect("json")).expect("back");
+    assert!(record.grid_forecast.is_some());
+    let mut fresh = scheduler(1);
+    let problems = fresh.restore(Vec::new(), Vec::new(), Some(record), NOW);
+    assert!(problems.is_empty(), "{problems:?}");
+    let restored = fresh.grid_view(NOW);
+    assert_eq!(restored.forecast, view.forecast);
+    assert_eq!(restored.outlook[2].carbon_g_per_kwh, 12.0);
 }

@@ -185,9 +185,34 @@ pub struct AttemptView {
 pub struct GridHourView {
     pub unix: u64,
     pub carbon_g_per_kwh: f64,
-    /// A measurement (else the forecast).
+    /// A measurement (else a forecast).
     pub measured: bool,
+    /// `measured`, `provider` (a carbon-intensity provider's forecast, pushed with
+    /// `nephele grid push --forecast`) or `model` (the project's own forecast).
+    pub source: &'static str,
     pub price_per_mwh: Option<f64>,
+}
+
+/// A provider's forecast as pushed (`PUT /v1/regions/{name}/grid`, `forecast`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ForecastPush {
+    /// When the provider made it, unix seconds.
+    pub issued: u64,
+    pub source: String,
+    pub points: Vec<nephele_placement::grid::ForecastPoint>,
+}
+
+/// The provider forecast a region holds.
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
+pub struct ProviderForecastView {
+    pub source: String,
+    pub issued_unix: u64,
+    /// Hours it has a value for.
+    pub hours: usize,
+    pub first_unix: u64,
+    pub last_unix: u64,
+    /// Used now (issued at most 12 hours ago); else the project's own forecast is.
+    pub fresh: bool,
 }
 
 /// `GET /v1/regions/{name}/grid`: what the region's carbon decisions see.
@@ -198,6 +223,8 @@ pub struct GridView {
     /// `fresh`, `stale` (newest measurement too old: jobs do not wait) or `none`.
     pub signal: &'static str,
     pub note: Option<String>,
+    /// The provider forecast held, if one was pushed.
+    pub forecast: Option<ProviderForecastView>,
     pub measured_hours: usize,
     pub latest_measured_unix: Option<u64>,
     /// From the current hour on (72 h), measured where pushed, forecast otherwise.
@@ -211,6 +238,10 @@ pub struct GridPushView {
     pub kept: usize,
     /// Points older than the 90 days a region keeps, not stored.
     pub too_old: usize,
+    /// Hours of the provider forecast pushed, if one was.
+    pub forecast_hours: Option<usize>,
+    /// When the forecast it replaced was issued.
+    pub replaced_forecast_issued_unix: Option<u64>,
     pub grid: GridView,
 }
 

@@ -12,7 +12,9 @@
 #      /dev/net/tun, which CI has) and etcd-server (the etcd store tests start a
 #      three-member cluster on loopback, tests/src/etcd.rs) and prometheus (its
 #      promtool checks and unit-tests deploy/prometheus/alerts.yml, and a real
-#      Prometheus scrapes a control plane and an agent, tests/tests/prometheus.rs).
+#      Prometheus scrapes a control plane and an agent, tests/tests/prometheus.rs) and
+#      chromium with chromium-driver (the dashboard is loaded in headless Chromium over
+#      WebDriver, tests/src/browser.rs and tests/tests/dashboard.rs).
 #   3. cargo test --release --workspace (unit, property, golden, end-to-end).
 # The optional onnxruntime backend (cargo feature `onnxruntime`) has its own test; it is
 # not run here because building one crate with another feature set recompiles tract:
@@ -28,8 +30,10 @@ missing=()
 [ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 [ -x /usr/bin/etcd ] || [ -x /usr/local/bin/etcd ] || missing+=(etcd-server)
 [ -x /usr/bin/prometheus ] && [ -x /usr/bin/promtool ] || missing+=(prometheus)
+[ -x /usr/bin/chromium ] || missing+=(chromium)
+[ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
 if [ ${#missing[@]} -gt 0 ]; then
-    echo "installing ${missing[*]} (Debian) for the network-fault, etcd and Prometheus tests" >&2
+    echo "installing ${missing[*]} (Debian) for the network-fault, etcd, Prometheus and dashboard tests" >&2
     if [ "$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi
     # Installing etcd-server or prometheus must not start Debian's own services.
     export DEBIAN_FRONTEND=noninteractive RUNLEVEL=1

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _, Result};
 use serde_json::Value;
 
+pub mod browser;
 pub mod etcd;
 pub mod model_versions;
 pub mod netlab;

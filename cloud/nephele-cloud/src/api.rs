@@ -32,6 +32,7 @@ mod access;
 pub mod openapi;
 mod page;
 mod problem;
+mod reports;
 mod watch;
 
 use actix::Addr;
@@ -1457,6 +1458,8 @@ pub fn routes(config: &mut web::ServiceConfig) {
         )
         .service(resource("/v1/audit", "GET").route(web::get().to(access::audit)))
         .service(resource("/v1/tenants", "GET").route(web::get().to(access::tenants)))
+        .service(resource("/v1/reports/cost", "GET").route(web::get().to(reports::cost)))
+        .service(resource("/v1/reports/carbon", "GET").route(web::get().to(reports::carbon)))
         .service(resource("/v1/watch", "GET").route(web::get().to(watch::watch)))
         .default_service(web::to(|| async {
             ApiError::NotFound("no such route; see the README's API section".into())

@@ -20,6 +20,7 @@ pub mod pending_pushes;
 pub mod provider;
 pub mod region;
 pub mod replica_sizing;
+pub mod reports;
 pub mod scheduler;
 pub mod standby;
 pub mod store;
@@ -529,6 +530,12 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
         for problem in scheduler.restore(jobs, nodes, state, now) {
             tracing::warn!(region = %region.name, %problem, "restoring the region's books");
         }
+        let ledger: Vec<scheduler::ledger::HourRecord> = store
+            .list_prefix(store::Table::RegionLedger, &prefix)?
+            .into_iter()
+            .map(|(_, record)| record)
+            .collect();
+        scheduler.restore_ledger(ledger);
         if restored_jobs > 0 {
             tracing::info!(region = %region.name, jobs = restored_jobs, "restored the region's books");
         }

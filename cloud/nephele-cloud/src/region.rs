@@ -128,7 +128,14 @@ pub struct RegionActor {
     /// appears.
     restored_policies: BTreeMap<String, serde_json::Value>,
     providers: Providers,
+    /// When the ledger's hours were last written (unix s).
+    ledger_written: u64,
 }
+
+/// The ledger's hours are written at least this often while nothing else changes (at
+/// every change of the books too); a crash loses none of it, since the restarted
+/// region charges what it restored as running from the last written mark.
+const LEDGER_WRITE_S: u64 = 30;
 
 fn unix_now() -> u64 {
     std::time::SystemTime::now()
@@ -166,6 +173,7 @@ impl RegionActor {
             serving: BTreeMap::new(),
             restored_policies: BTreeMap::new(),
             providers,
+            ledger_written: 0,
         }
     }
 
@@ -444,8 +452,42 @@ impl RegionActor {
 
     /// Reports events and commits the change.
     fn settle(&mut self, events: Vec<SchedEvent>) {
+        let changed = !events.is_empty();
         self.report(events);
         self.commit();
+        self.persist_ledger(changed);
+    }
+
+    /// Writes the ledger's changed hours (`<region>/<hour>`), when `now` is asked or
+    /// [`LEDGER_WRITE_S`] has passed since the last write.
+    fn persist_ledger(&mut self, now: bool) {
+        let Some(store) = self.store.clone() else {
+            return;
+        };
+        let time = unix_now();
+        if !now && time < self.ledger_written + LEDGER_WRITE_S {
+            return;
+        }
+        self.ledger_written = time;
+        let records = self.scheduler.take_ledger_records();
+        if records.is_empty() {
+            return;
+        }
+        let mut puts = Vec::new();
+        let mut deletes = Vec::new();
+        for (hour, record) in &records {
+            let key = format!("{}/{hour:012}", self.name);
+            match record.as_ref().map(serde_json::to_vec) {
+                Some(Ok(bytes)) => puts.push((key, bytes)),
+                Some(Err(_)) => {}
+                None => deletes.push(key),
+            }
+        }
+        if let Err(error) = store.apply(Table::RegionLedger, &puts, &deletes) {
+            tracing::error!(region = %self.name, %error, "cannot write the region's ledger; tried again later");
+            self.scheduler
+                .ledger_unwritten(records.into_iter().map(|(hour, _)| hour));
+        }
     }
 
     /// The current hour's carbon as the region's decisions see it (0 without a signal).
@@ -1323,5 +1365,21 @@ impl Handler<GetGrid> for RegionActor {
     type Result = MessageResult<GetGrid>;
     fn handle(&mut self, _: GetGrid, _: &mut Self::Context) -> Self::Result {
         MessageResult(self.scheduler.grid_view(unix_now()))
+    }
+}
+
+/// The ledger's hours in `[from, to)` (unix seconds) and their measured carbon, for
+/// `GET /v1/reports/…`.
+#[derive(Message)]
+#[rtype(result = "crate::reports::RegionLedger")]
+pub struct GetLedger {
+    pub from: u64,
+    pub to: u64,
+}
+
+impl Handler<GetLedger> for RegionActor {
+    type Result = MessageResult<GetLedger>;
+    fn handle(&mut self, message: GetLedger, _: &mut Self::Context) -> Self::Result {
+        MessageResult(self.scheduler.ledger_between(message.from, message.to))
     }
 }

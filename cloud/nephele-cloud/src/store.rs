@@ -35,6 +35,11 @@ pub enum Table {
     Usage,
     /// `<seq>` → one entry of the API's audit log.
     Audit,
+    /// `<region>/<hour>` → one hour of a region's ledger (`scheduler::ledger`).
+    RegionLedger,
+    /// `<hour>/<deployment>` → what devices served of a deployment in one hour
+    /// (`federation::usage`).
+    UsageHours,
 }
 
 impl Table {
@@ -52,13 +57,15 @@ impl Table {
             Table::RegionState => "region_state",
             Table::Usage => "usage",
             Table::Audit => "audit",
+            Table::RegionLedger => "region_ledger",
+            Table::UsageHours => "usage_hours",
         }
     }
 
     fn definition(self) -> TableDefinition<'static, &'static str, &'static [u8]> {
         TableDefinition::new(self.name())
     }
-    const ALL: [Table; 11] = [
+    const ALL: [Table; 13] = [
         Table::JoinTokens,
         Table::Devices,
         Table::Models,
@@ -70,6 +77,8 @@ impl Table {
         Table::RegionState,
         Table::Usage,
         Table::Audit,
+        Table::RegionLedger,
+        Table::UsageHours,
     ];
 }
 

@@ -15,6 +15,7 @@ mod context;
 mod demo;
 mod grid_forecast;
 mod output;
+mod report;
 mod rollout;
 mod sim;
 mod upload;
@@ -111,6 +112,13 @@ enum Command {
         #[command(flatten)]
         args: access::AuditArgs,
     },
+    /// Chargeback and showback: cost and carbon per job, deployment or tenant over a range.
+    Report {
+        #[command(flatten)]
+        api: client::ApiArgs,
+        #[command(subcommand)]
+        command: report::ReportCommand,
+    },
     /// Follow changes to devices, models, deployments, jobs and nodes as they happen.
     Watch {
         #[command(flatten)]
@@ -177,6 +185,7 @@ fn main() {
         Command::ApiToken { api, command } => access::api_token(api.prepared(), command),
         Command::Tenant { api, command } => access::tenant(api.prepared(), command),
         Command::Audit { api, args } => access::audit(api.prepared(), args),
+        Command::Report { api, command } => report::run(api.prepared(), command),
         Command::Watch { api, args } => watch::run(api.prepared(), args),
         Command::Login { api, args } => context::login(api.prepared(), args),
         Command::Context { api, command } => context::context(api.prepared(), command),

@@ -502,6 +502,53 @@ fn routes(s: &mut Schemas) -> Vec<Route> {
             Answer::Events,
         )
     });
+    let report_query = || {
+        vec![
+            q(
+                "from",
+                json!({"type": "integer", "minimum": 0}),
+                "unix seconds, rounded down to the hour (default: 24 hours before `to`)",
+            ),
+            q(
+                "to",
+                json!({"type": "integer", "minimum": 0}),
+                "unix seconds, rounded up to the hour (default: now)",
+            ),
+            q(
+                "group",
+                json!({"type": "string", "enum": ["workload", "tenant"]}),
+                "a row per job and deployment (default), or per tenant",
+            ),
+            q("tenant", string(), "only this tenant's rows (admins only)"),
+            q("region", string(), "only this region's pools"),
+        ]
+    };
+    let cost = s.out::<crate::reports::CostReport>();
+    routes.push(Route {
+        query: report_query(),
+        ..route(
+            "get",
+            "/v1/reports/cost",
+            "reportCost",
+            "Chargeback: GPU- and CPU-seconds, cost, and requests served on devices, per job, deployment or tenant over a range.",
+            "viewer",
+            Body::None,
+            Answer::Json(200, cost),
+        )
+    });
+    let carbon = s.out::<crate::reports::CarbonReport>();
+    routes.push(Route {
+        query: report_query(),
+        ..route(
+            "get",
+            "/v1/reports/carbon",
+            "reportCarbon",
+            "Showback: energy and the carbon it emitted at each hour's measured intensity, per job, deployment or tenant over a range.",
+            "viewer",
+            Body::None,
+            Answer::Json(200, carbon),
+        )
+    });
     let audit = s.list::<AuditRecord>();
     routes.push(Route {
         query: vec![

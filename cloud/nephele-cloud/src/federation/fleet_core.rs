@@ -30,7 +30,7 @@ use super::authority::Authority;
 use super::builds::Build;
 use super::fleet::{self, Catalog};
 use super::fleet_store::{Record, Snapshot, Write};
-use super::usage::UsageTotals;
+use super::usage::{UsageHour, UsageTotals, USAGE_RETENTION_HOURS};
 use super::{constant_time_eq, sha256_hex};
 use crate::config::CloudConfig;
 use crate::scheduler::{PoolWork, ReplicaSpec};
@@ -133,6 +133,8 @@ pub(super) struct Records {
     pub usage: BTreeMap<String, UsageTotals>,
     /// The newest audit entries, by key (at most `fleet_core_access::AUDIT_KEPT`).
     pub audit: BTreeMap<String, AuditRecord>,
+    /// What devices served per deployment and hour, by [`UsageHour::key`].
+    pub usage_hours: BTreeMap<String, UsageHour>,
 }
 
 pub struct FleetCore {
@@ -187,6 +189,7 @@ impl FleetCore {
             api_tokens,
             usage,
             audit,
+            usage_hours,
         } = snapshot;
         let records = Records {
             join_tokens: join_tokens.into_iter().map(|r| (r.id.clone(), r)).collect(),
@@ -194,6 +197,7 @@ impl FleetCore {
             api_tokens: api_tokens.into_iter().map(|r| (r.id.clone(), r)).collect(),
             usage: usage.into_iter().map(|r| (r.device.clone(), r)).collect(),
             audit: audit.into_iter().map(|r| (r.key(), r)).collect(),
+            usage_hours: usage_hours.into_iter().map(|r| (r.key(), r)).collect(),
         };
         let caps = records
             .devices
@@ -415,6 +419,13 @@ impl FleetCore {
                 _ => None,
             })
             .map(Record::Audit),
+            Table::UsageHours => {
+                replace(&mut self.records.usage_hours, &key, record, |r| match r {
+                    Record::UsageHour(r) => Some(r),
+                    _ => None,
+                })
+                .map(Record::UsageHour)
+            }
             Table::Models => {
                 let before = self.catalog.model(&key).cloned();
                 match record {
@@ -435,7 +446,11 @@ impl FleetCore {
                 }
                 before.map(Record::Deployment)
             }
-            Table::Meta | Table::RegionJobs | Table::RegionNodes | Table::RegionState => None,
+            Table::Meta
+            | Table::RegionJobs
+            | Table::RegionNodes
+            | Table::RegionState
+            | Table::RegionLedger => None,
         };
         match before {
             Some(record) => Write::Put(record),
@@ -973,6 +988,8 @@ impl FleetCore {
                 device: name.to_string(),
                 ..UsageTotals::default()
             });
+        let fresh = totals.new_records(report);
+        self.count_usage_hours(&fresh);
         let changed = totals.apply(report);
         let up_to = totals.last_seq;
         if changed {
@@ -980,6 +997,83 @@ impl FleetCore {
         }
         let ack = self.ack(name, session_id, up_to);
         self.finish((), vec![ack])
+    }
+
+    /// Adds records not counted yet to their deployments' hours (in the same command
+    /// as the device's totals, so each is counted once in both), and forgets hours past
+    /// the retention.
+    fn count_usage_hours(&mut self, fresh: &[&nephele_proto::UsageRecord]) {
+        let mut hours: BTreeMap<String, UsageHour> = BTreeMap::new();
+        for record in fresh {
+            let hour = UsageHour::hour_of(record);
+            let key = UsageHour::key_of(hour, &record.deployment);
+            let entry = hours.entry(key.clone()).or_insert_with(|| {
+                self.records
+                    .usage_hours
+                    .get(&key)
+                    .cloned()
+                    .unwrap_or_else(|| UsageHour {
+                        hour,
+                        deployment: record.deployment.clone(),
+                        tenant: self
+                            .catalog
+                            .deployment(&record.deployment)
+                            .map(|d| d.tenant.clone())
+                            .unwrap_or_default(),
+                        ..UsageHour::default()
+                    })
+            });
+            entry.served.add(&super::usage::Served {
+                served_local: record.served_local,
+                served_offloaded: record.served_offloaded,
+                failed: record.failed,
+            });
+            entry.records += 1;
+        }
+        let newest = hours.values().map(|h| h.hour).max();
+        for (_, hour) in hours {
+            self.write(Write::Put(Record::UsageHour(hour)));
+        }
+        if let Some(newest) = newest {
+            let cutoff = UsageHour::key_of(newest.saturating_sub(USAGE_RETENTION_HOURS * 3600), "");
+            let old: Vec<String> = self
+                .records
+                .usage_hours
+                .range(..cutoff)
+                .map(|(k, _)| k.clone())
+                .collect();
+            for key in old {
+                self.write(Write::Delete(Table::UsageHours, key));
+            }
+        }
+    }
+
+    /// What devices served per deployment in the hours of `[from, to)` (unix
+    /// seconds), and the tenant of every deployment that exists now, for reports.
+    pub fn edge_usage_between(
+        &self,
+        from: u64,
+        to: u64,
+    ) -> (Vec<crate::reports::EdgeHour>, BTreeMap<String, String>) {
+        let hours = self
+            .records
+            .usage_hours
+            .range(UsageHour::key_of(from, "")..UsageHour::key_of(to, ""))
+            .map(|(_, h)| crate::reports::EdgeHour {
+                hour: h.hour,
+                deployment: h.deployment.clone(),
+                tenant: h.tenant.clone(),
+                served_local: h.served.served_local,
+                served_offloaded: h.served.served_offloaded,
+                failed: h.served.failed,
+            })
+            .collect();
+        let owners = self
+            .catalog
+            .deployments()
+            .map(|d| (d.name.clone(), d.tenant.clone()))
+            .collect();
+        (hours, owners)
     }
 
     fn ack(&self, name: &str, session_id: u64, up_to: u64) -> Effect {

@@ -57,6 +57,8 @@ struct Shell {
     acked: HashMap<String, u64>,
     /// Per device, the usage records it has made (seq 1..=n).
     made: HashMap<String, u64>,
+    /// Usage records made by every device, deleted ones included.
+    made_ever: u64,
     tokens: Vec<(String, String)>,
     certs: HashMap<String, [u8; 32]>,
     now_unix: u64,
@@ -93,6 +95,7 @@ impl Shell {
             agents: BTreeMap::new(),
             acked: HashMap::new(),
             made: HashMap::new(),
+            made_ever: 0,
             tokens: Vec::new(),
             certs: HashMap::new(),
             now_unix: 1_000,
@@ -242,6 +245,7 @@ impl Shell {
         };
         let made = self.made.entry(name.to_string()).or_default();
         *made += new;
+        self.made_ever += new;
         let from = self.acked.get(name).copied().unwrap_or(0) + 1;
         let records = (from..=*made)
             .map(|seq| UsageRecord {
@@ -367,6 +371,11 @@ impl Shell {
             "usage"
         );
         assert_eq!(
+            json(&self.core.records.usage_hours),
+            json(&fresh.records.usage_hours),
+            "usage per deployment and hour"
+        );
+        assert_eq!(
             self.core.caps, fresh.caps,
             "capabilities worked out from profiles"
         );
@@ -399,8 +408,23 @@ impl Shell {
         }
     }
 
-    /// Each usage record acknowledged was counted exactly once.
+    /// Each usage record acknowledged was counted exactly once, in the device's totals
+    /// and in its deployment's hours alike.
     fn check_usage(&self) {
+        let per_hour: u64 = self
+            .core
+            .records
+            .usage_hours
+            .values()
+            .map(|h| h.served.served_local)
+            .sum();
+        // A deleted device's totals go with it; its hours stay (they are the books).
+        let per_device: u64 = self.core.records.usage.values().map(|t| t.last_seq).sum();
+        let made = self.made_ever;
+        assert!(
+            per_device <= per_hour && per_hour <= made,
+            "served per hour {per_hour}, per device {per_device}, made {made}"
+        );
         for (name, totals) in &self.core.records.usage {
             let served: u64 = totals.deployments.values().map(|s| s.served_local).sum();
             assert_eq!(totals.records, totals.last_seq, "{name}");

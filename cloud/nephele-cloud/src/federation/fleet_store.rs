@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use super::usage::UsageTotals;
+use super::usage::{UsageHour, UsageTotals};
 use crate::store::{
     ApiTokenRecord, AuditRecord, DeploymentRecord, DeviceRecord, JoinTokenRecord, ModelRecord,
     Store, StoreError, Table,
@@ -22,6 +22,7 @@ pub enum Record {
     ApiToken(ApiTokenRecord),
     Usage(UsageTotals),
     Audit(AuditRecord),
+    UsageHour(UsageHour),
 }
 
 impl Record {
@@ -34,6 +35,7 @@ impl Record {
             Record::ApiToken(_) => Table::ApiTokens,
             Record::Usage(_) => Table::Usage,
             Record::Audit(_) => Table::Audit,
+            Record::UsageHour(_) => Table::UsageHours,
         }
     }
 
@@ -46,6 +48,7 @@ impl Record {
             Record::ApiToken(r) => r.id.as_str().into(),
             Record::Usage(r) => r.device.as_str().into(),
             Record::Audit(r) => r.key().into(),
+            Record::UsageHour(r) => r.key().into(),
         }
     }
 
@@ -59,6 +62,7 @@ impl Record {
             Record::ApiToken(r) => serde_json::to_vec(r),
             Record::Usage(r) => serde_json::to_vec(r),
             Record::Audit(r) => serde_json::to_vec(r),
+            Record::UsageHour(r) => serde_json::to_vec(r),
         };
         bytes.map_err(|e| StoreError::Db(e.to_string()))
     }
@@ -98,6 +102,7 @@ pub struct Snapshot {
     pub api_tokens: Vec<ApiTokenRecord>,
     pub usage: Vec<UsageTotals>,
     pub audit: Vec<AuditRecord>,
+    pub usage_hours: Vec<UsageHour>,
 }
 
 /// Where the fleet's records are kept. `commit` is all or nothing and durable when it
@@ -127,6 +132,7 @@ impl FleetStore for Store {
             Table::ApiTokens,
             Table::Usage,
             Table::Audit,
+            Table::UsageHours,
         ];
         let mut lists = self.list_together(&tables)?.into_iter();
         let mut next = || -> Vec<(String, Vec<u8>)> { lists.next().unwrap_or_default() };
@@ -138,6 +144,7 @@ impl FleetStore for Store {
             api_tokens: records(next())?,
             usage: records(next())?,
             audit: records(next())?,
+            usage_hours: records(next())?,
         })
     }
 
@@ -191,6 +198,7 @@ impl FleetStore for MemoryStore {
                 Record::ApiToken(r) => snapshot.api_tokens.push(r),
                 Record::Usage(r) => snapshot.usage.push(r),
                 Record::Audit(r) => snapshot.audit.push(r),
+                Record::UsageHour(r) => snapshot.usage_hours.push(r),
             }
         }
         Ok(snapshot)

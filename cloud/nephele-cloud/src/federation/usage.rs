@@ -2,6 +2,10 @@
 //! kept on the device until counted) are added to the device's totals once per sequence
 //! number and acknowledged, so a record resent after a partition or a restart is not
 //! counted twice. Read with `GET /v1/devices/{name}/usage`.
+//!
+//! Each counted record is also added to its deployment's hour ([`UsageHour`], the hour
+//! its window started in), with the deployment's tenant, for the chargeback reports
+//! (`GET /v1/reports/…`); hours are kept for [`USAGE_RETENTION_HOURS`].
 
 use std::collections::BTreeMap;
 
@@ -21,6 +25,14 @@ pub struct Served {
     pub failed: u64,
 }
 
+impl Served {
+    pub fn add(&mut self, other: &Served) {
+        self.served_local = self.served_local.saturating_add(other.served_local);
+        self.served_offloaded = self.served_offloaded.saturating_add(other.served_offloaded);
+        self.failed = self.failed.saturating_add(other.failed);
+    }
+}
+
 /// A device's usage totals (the store's record and the API's view).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct UsageTotals {
@@ -37,7 +49,54 @@ pub struct UsageTotals {
     pub deployments: BTreeMap<String, Served>,
 }
 
+/// Hours of served requests kept per deployment (90 days, as the ledger keeps).
+pub const USAGE_RETENTION_HOURS: u64 = 90 * 24;
+
+/// What the devices served of one deployment in one hour (store key
+/// [`UsageHour::key`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct UsageHour {
+    /// Unix seconds of the hour's start.
+    pub hour: u64,
+    pub deployment: String,
+    /// The deployment's tenant when the first record of the hour was counted (`""`:
+    /// the deployment was gone by then).
+    pub tenant: String,
+    pub served: Served,
+    /// Usage records counted into it.
+    pub records: u64,
+}
+
+impl UsageHour {
+    pub fn key_of(hour: u64, deployment: &str) -> String {
+        format!("{hour:012}/{deployment}")
+    }
+
+    pub fn key(&self) -> String {
+        Self::key_of(self.hour, &self.deployment)
+    }
+
+    /// The unix hour a record is counted in: the one its window started in.
+    pub fn hour_of(record: &nephele_proto::UsageRecord) -> u64 {
+        let start_s = record.start_unix_ms / 1000;
+        start_s - start_s % 3600
+    }
+}
+
 impl UsageTotals {
+    /// The records of `report` this would count (not counted yet), in order.
+    pub fn new_records<'a>(&self, report: &'a UsageReport) -> Vec<&'a nephele_proto::UsageRecord> {
+        let mut last = self.last_seq;
+        let mut out = Vec::new();
+        for record in &report.records {
+            if record.seq > last {
+                last = record.seq;
+                out.push(record);
+            }
+        }
+        out
+    }
+
     /// Adds the records not counted yet; whether anything changed.
     pub fn apply(&mut self, report: &UsageReport) -> bool {
         let mut changed = report.dropped != self.dropped;
@@ -97,6 +156,22 @@ impl Handler<GetUsage> for FederationActor {
     type Result = Result<UsageTotals, ApiError>;
     fn handle(&mut self, message: GetUsage, _: &mut Self::Context) -> Self::Result {
         self.core.usage_of(&message.0)
+    }
+}
+
+/// What devices served per deployment in the hours of `[from, to)`, and who owns each
+/// deployment now (`GET /v1/reports/…`).
+#[derive(Message)]
+#[rtype(result = "(Vec<crate::reports::EdgeHour>, BTreeMap<String, String>)")]
+pub struct GetEdgeUsage {
+    pub from: u64,
+    pub to: u64,
+}
+
+impl Handler<GetEdgeUsage> for FederationActor {
+    type Result = MessageResult<GetEdgeUsage>;
+    fn handle(&mut self, message: GetEdgeUsage, _: &mut Self::Context) -> Self::Result {
+        MessageResult(self.core.edge_usage_between(message.from, message.to))
     }
 }
 

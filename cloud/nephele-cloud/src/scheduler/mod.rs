@@ -55,6 +55,8 @@ pub const AUTO_REGION: &str = "auto";
 pub const SERVING_TENANT: &str = "serving";
 
 mod books;
+mod charges;
+pub mod ledger;
 mod nodes;
 mod replicas;
 mod run;
@@ -300,6 +302,8 @@ pub struct RegionScheduler {
     later: Vec<SchedEvent>,
     /// The next submission's `uid` (kept in the books).
     next_uid: u64,
+    /// What the pool nodes were used for, hour by hour (chargeback).
+    ledger: ledger::Ledger,
 }
 
 impl RegionScheduler {
@@ -406,6 +410,7 @@ impl RegionScheduler {
             settings: Settings::from(config),
             later: Vec::new(),
             next_uid: 1,
+            ledger: ledger::Ledger::default(),
         })
     }
 
@@ -1115,7 +1120,17 @@ impl RegionScheduler {
     /// One scheduling pass at `now` (unix seconds): held jobs whose hour has come join
     /// the queue, then the queue runs.
     pub fn tick(&mut self, now: u64) -> Vec<SchedEvent> {
+        let charged = self.accrue(now);
         let mut events = std::mem::take(&mut self.later);
+        if charged.skipped_s > 0 {
+            events.push(SchedEvent::Node {
+                node: self.region.clone(),
+                what: format!(
+                    "the ledger charged {} s and left out {} s of a longer gap (clock jump or a long outage)",
+                    charged.seconds, charged.skipped_s
+                ),
+            });
+        }
         events.extend(self.release_deferred(now));
         events.extend(self.release_holds(now));
         events.extend(self.nodes_tick(now));

@@ -115,6 +115,8 @@ pub(super) struct Slot {
     pub(super) profile: String,
     pub(super) gpu_model: Option<String>,
     pub(super) price_per_hour: f64,
+    /// The node's rated power (its profile's `power_budget_w`), for the ledger.
+    pub(super) power_w: f64,
     pub(super) capacity_type: String,
     pub(super) provider: ProviderKind,
     /// The device name a provider launches this slot's node as.
@@ -154,6 +156,9 @@ impl Slot {
             profile: pool.node_profile.clone(),
             gpu_model,
             price_per_hour: pool.price_per_hour,
+            power_w: nephele_domain::builtin_profiles::builtin(&pool.node_profile)
+                .and_then(Result::ok)
+                .map_or(0.0, |p| p.device.power_budget_w),
             capacity_type: pool.capacity_type.clone(),
             provider: pool.provider,
             device: (pool.provider != ProviderKind::None)

@@ -1,0 +1,255 @@
+//! The dashboard in a real browser (issue 16): Debian's Chromium, headless, driven over
+//! WebDriver, loads the page the control plane serves over HTTPS (its certificate
+//! trusted by its public key), with a populated fleet: an edge device serving a
+//! deployment under a rollout, a pool node the `local` provider runs, a running and a
+//! pending job, a measured grid signal. Every main view must render with that data
+//! (fleet, deployments and rollouts, GPU pools, jobs and why pending, cost and carbon
+//! per tenant), and a screenshot of each is kept in `target/screenshots/`.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use nephele_e2e::browser::{self, Browser};
+use nephele_e2e::{require, Cloud, Edge};
+use serde_json::json;
+
+const CONFIG: &str = r#"
+heartbeat_interval_ms = 300
+[scheduler]
+tick_ms = 200
+grace_s = 1
+[nodes]
+join_timeout_s = 60
+[nodes.local]
+boot_delay_s = 0.3
+workers = 1
+[[region]]
+name = "eu-west"
+carbon_zone = "DE"
+[[region.pool]]
+name = "l4"
+node_profile = "gpu-4x-l4"
+provider = "local"
+min_nodes = 1
+max_nodes = 1
+price_per_hour = 3.6
+"#;
+
+fn screenshots() -> PathBuf {
+    let dir = PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../target/screenshots"
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The text of every row of a table, cells joined by `|`.
+fn rows(browser: &Browser, table: &str) -> Vec<String> {
+    let value = browser
+        .eval(&format!(
+            "return [...document.querySelectorAll('#{table} tbody tr')].map(tr => [...tr.cells].map(td => td.textContent).join('|'));"
+        ))
+        .unwrap();
+    value
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn every_main_view_of_the_dashboard_renders_with_data_in_chromium() {
+    if !require(
+        "Debian's chromium and chromium-driver (tests/run.sh installs them)",
+        browser::available(),
+    ) {
+        return;
+    }
+    let cloud = Cloud::start_with("dashboard", CONFIG).unwrap();
+    cloud
+        .wait_long("/v1/regions/eu-west/nodes", "the pool node up", 60, |v| {
+            v.as_array()
+                .unwrap()
+                .iter()
+                .all(|n| n["phase"] == "up" && !n["agent"].is_null())
+        })
+        .unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let (status, answer) = cloud
+        .client()
+        .raw_json(
+            "PUT",
+            &format!("{}/v1/regions/eu-west/grid", cloud.api),
+            &json!({"points": [
+                {"unix": now - 3600, "carbon_g_per_kwh": 310.0},
+                {"unix": now, "carbon_g_per_kwh": 290.0}
+            ]}),
+        )
+        .unwrap();
+    assert_eq!(status, 200, "{answer}");
+    cloud
+        .post(
+            "/v1/jobs",
+            &json!({"name": "train", "gpus": 2, "cpu_milli": 2000, "memory_mib": 4096}),
+        )
+        .unwrap();
+    // Three GPUs do not fit beside it on the one four-GPU node: pending, with the reason.
+    cloud
+        .post("/v1/jobs", &json!({"name": "waits", "gpus": 3}))
+        .unwrap();
+    let (status, body) = cloud
+        .put_model("digits-mlp", nephele_e2e::MODEL_ONNX)
+        .unwrap();
+    assert_eq!(status, 201, "{body}");
+    cloud
+        .post(
+            "/v1/deployments",
+            &json!({"name": "digits", "model": "digits-mlp", "selector": "tier=edge",
+                    "offload": false}),
+        )
+        .unwrap();
+    let edge = Edge::start(
+        &cloud,
+        "edge-1",
+        "eu-west",
+        &["--profile", "rpi5-8gb", "--label", "tier=edge"],
+        &["--usage-window-ms", "300"],
+    )
+    .unwrap();
+    cloud
+        .wait_for("/v1/deployments/digits", "digits ready", |v| {
+            v["ready_devices"] == 1
+        })
+        .unwrap();
+    for i in 0..10 {
+        let row: Vec<f32> = (0..64).map(|j| ((i + j) % 16) as f32).collect();
+        let (status, _) = edge.infer("digits", &row).unwrap();
+        assert_eq!(status, 200);
+    }
+    // A change of SLO is rolled out in steps: the deployment shows its rollout.
+    let (status, answer) = cloud
+        .client()
+        .raw_json(
+            "PUT",
+            &format!("{}/v1/deployments/digits", cloud.api),
+            &json!({"name": "digits", "model": "digits-mlp", "selector": "tier=edge",
+                    "offload": false, "slo_ms": 250}),
+        )
+        .unwrap();
+    assert_eq!(status, 200, "{answer}");
+    std::thread::sleep(Duration::from_secs(2));
+
+    let addr = cloud.api.trim_start_matches("https://").to_string();
+    let pin = browser::spki_pin(&addr).unwrap();
+    let browser = Browser::start(&cloud.dir, &[pin], 1400, 1000).unwrap();
+    browser
+        .goto(&format!("{}/#token={}", cloud.api, cloud.token))
+        .unwrap();
+    browser
+        .wait_for(
+            "the dashboard's first refresh with every view filled",
+            "return document.body.dataset.refreshed && document.querySelectorAll('#tenants-cost tbody tr td.num').length > 0 && document.getElementById('live').textContent === 'live';",
+            Duration::from_secs(60),
+        )
+        .unwrap();
+
+    let error = browser
+        .eval("return document.getElementById('error').textContent;")
+        .unwrap();
+    assert_eq!(error, "", "the page says it cannot load");
+
+    // Fleet: both agents, healthy, what the device runs.
+    let devices = rows(&browser, "devices");
+    eprintln!("devices: {devices:#?}");
+    let device = devices.iter().find(|r| r.starts_with("edge-1|")).unwrap();
+    assert!(device.contains("|healthy|"), "{device}");
+    assert!(device.contains("digits (full)"), "{device}");
+    assert!(devices.iter().any(|r| r.contains("|pool|")), "{devices:?}");
+    let regions = browser
+        .eval("return document.getElementById('fleet-regions').textContent;")
+        .unwrap();
+    assert!(
+        regions.as_str().unwrap().contains("eu-west: 2 devices"),
+        "{regions}"
+    );
+
+    // Deployments and rollouts: the deployment, its requests and its rollout.
+    let deployments = rows(&browser, "deployments");
+    eprintln!("deployments: {deployments:#?}");
+    let digits = deployments
+        .iter()
+        .find(|r| r.starts_with("digits|"))
+        .unwrap();
+    assert!(digits.contains("|1 / 1|"), "{digits}");
+    assert!(digits.contains("|10|"), "the 10 requests served: {digits}");
+    assert!(digits.contains("#1 "), "the rollout: {digits}");
+
+    // GPU pools: the node up, two of its four GPUs taken by the running job.
+    let nodes = rows(&browser, "nodes");
+    eprintln!("nodes: {nodes:#?}");
+    let node = nodes.iter().find(|r| r.contains("|l4-0|")).unwrap();
+    assert!(node.contains("|up|"), "{node}");
+    assert!(node.contains("2.00 of 4"), "{node}");
+    assert!(node.contains("train"), "{node}");
+
+    // Jobs: running, and pending with why.
+    let jobs = rows(&browser, "jobs");
+    eprintln!("jobs: {jobs:#?}");
+    let train = jobs.iter().find(|r| r.contains("|train|")).unwrap();
+    assert!(train.contains("|running|"), "{train}");
+    let waits = jobs.iter().find(|r| r.contains("|waits|")).unwrap();
+    assert!(waits.contains("|pending|"), "{waits}");
+    assert!(
+        waits.split('|').next_back().unwrap().len() > 10,
+        "why pending: {waits}"
+    );
+
+    // Cost and carbon per tenant: the running job's GPU-hours, cost and carbon.
+    let costs = rows(&browser, "tenants-cost");
+    eprintln!("cost and carbon: {costs:#?}");
+    let default = costs.iter().find(|r| r.starts_with("default|")).unwrap();
+    let cells: Vec<&str> = default.split('|').collect();
+    let gpu_hours: f64 = cells[1].parse().unwrap();
+    let kg: f64 = cells[7].parse().unwrap();
+    assert!(gpu_hours > 0.0, "{default}");
+    assert!(kg > 0.0, "{default}");
+    assert_eq!(cells[4], "10", "edge requests: {default}");
+
+    // A screenshot of each view (the page scrolled to it).
+    let dir = screenshots();
+    for (view, anchor) in [
+        ("fleet", "fleet"),
+        ("rollouts", "rollouts"),
+        ("pools", "pools"),
+        ("jobs", "jobs-section"),
+        ("costs", "costs"),
+    ] {
+        browser
+            .eval(&format!(
+                "document.getElementById('{anchor}').scrollIntoView(); return true;"
+            ))
+            .unwrap();
+        let path = dir.join(format!("dashboard-{view}.png"));
+        let png = browser.screenshot(&path).unwrap();
+        let (width, height) = browser::png_size(&png).unwrap();
+        assert!(width >= 1000 && height >= 700, "{view}: {width}×{height}");
+        assert!(
+            png.len() > 20_000,
+            "{view}: a {} byte screenshot is blank",
+            png.len()
+        );
+        eprintln!(
+            "screenshot {}: {width}×{height}, {} bytes",
+            path.display(),
+            png.len()
+        );
+    }
+    drop(edge);
+}

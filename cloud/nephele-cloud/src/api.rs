@@ -33,6 +33,7 @@ pub mod openapi;
 mod page;
 mod problem;
 mod reports;
+mod tenants;
 mod watch;
 
 use actix::Addr;
@@ -1457,7 +1458,13 @@ pub fn routes(config: &mut web::ServiceConfig) {
             resource("/v1/api-tokens/{id}/rotate", "POST").route(web::post().to(access::rotate)),
         )
         .service(resource("/v1/audit", "GET").route(web::get().to(access::audit)))
-        .service(resource("/v1/tenants", "GET").route(web::get().to(access::tenants)))
+        .service(resource("/v1/tenants", "GET").route(web::get().to(tenants::list)))
+        .service(
+            resource("/v1/tenants/{name}", "GET, PUT, DELETE")
+                .route(web::get().to(tenants::get))
+                .route(web::put().to(tenants::put))
+                .route(web::delete().to(tenants::delete)),
+        )
         .service(resource("/v1/reports/cost", "GET").route(web::get().to(reports::cost)))
         .service(resource("/v1/reports/carbon", "GET").route(web::get().to(reports::carbon)))
         .service(resource("/v1/watch", "GET").route(web::get().to(watch::watch)))

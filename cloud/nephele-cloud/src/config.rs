@@ -234,8 +234,11 @@ fn default_script_timeout() -> u64 {
     300
 }
 
-/// A tenant of the job scheduler: its dominant-resource-fairness weight and quota.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+/// A tenant: its dominant-resource-fairness weight and quotas. A `[[tenant]]` of the
+/// config creates the tenant at start when the store has none of that name; after
+/// that the tenant is an API object (`PUT /v1/tenants/{name}`), and its stored values
+/// are the ones that count.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TenantConfig {
     pub name: String,
@@ -249,6 +252,52 @@ pub struct TenantConfig {
     pub quota_memory_mib: Option<u64>,
     #[serde(default)]
     pub quota_gpu_milli: Option<u64>,
+    /// Most jobs it may have in each region at once, waiting or running (finished ones
+    /// do not count); absent means unlimited.
+    #[serde(default)]
+    pub quota_jobs: Option<u32>,
+    /// Most cloud replicas its deployments may ask for in all (the sum of their
+    /// `replicas.max`, per region); absent means unlimited.
+    #[serde(default)]
+    pub quota_replicas: Option<u32>,
+}
+
+impl TenantConfig {
+    /// A tenant named `name` with weight 1 and no quotas.
+    pub fn named(name: &str) -> TenantConfig {
+        TenantConfig {
+            name: name.to_string(),
+            weight: 1.0,
+            quota_cpu_milli: None,
+            quota_memory_mib: None,
+            quota_gpu_milli: None,
+            quota_jobs: None,
+            quota_replicas: None,
+        }
+    }
+
+    /// What is wrong with it, naming the field: `(field, message)`.
+    pub fn problem(&self) -> Option<(&'static str, String)> {
+        if let Err(message) = nephele_domain::validate_name("tenant", &self.name) {
+            return Some(("name", message));
+        }
+        if self.name == crate::scheduler::SERVING_TENANT {
+            return Some((
+                "name",
+                format!(
+                    "tenant {:?} is reserved for serving replicas; choose another name",
+                    self.name
+                ),
+            ));
+        }
+        if !self.weight.is_finite() || self.weight <= 0.0 || self.weight > 1e6 {
+            return Some((
+                "weight",
+                format!("tenant {}: weight must be > 0 (and at most 1e6)", self.name),
+            ));
+        }
+        None
+    }
 }
 
 fn one() -> f64 {
@@ -536,18 +585,11 @@ impl CloudConfig {
         }
         let mut tenants = std::collections::BTreeSet::new();
         for tenant in &self.tenants {
-            nephele_domain::validate_name("tenant", &tenant.name)?;
-            if tenant.name == crate::scheduler::SERVING_TENANT {
-                return Err(format!(
-                    "tenant {:?} is reserved for serving replicas; choose another name",
-                    tenant.name
-                ));
+            if let Some((_, message)) = tenant.problem() {
+                return Err(message);
             }
             if !tenants.insert(&tenant.name) {
                 return Err(format!("tenant {:?} is declared twice", tenant.name));
-            }
-            if !tenant.weight.is_finite() || tenant.weight <= 0.0 {
-                return Err(format!("tenant {}: weight must be > 0", tenant.name));
             }
         }
         if nephele_placement::Policy::parse(&self.scheduler.policy).is_none() {

@@ -19,6 +19,7 @@ pub mod fleet_core;
 mod fleet_core_access;
 mod fleet_core_api;
 mod fleet_core_rollouts;
+mod fleet_core_tenants;
 pub mod fleet_store;
 pub mod rollout;
 pub mod usage;
@@ -42,6 +43,7 @@ pub use builds::{Begin, ModelState, NewBuild};
 pub use fleet_core_access::{AuditEntry, NewSecret};
 pub use fleet_core_api::{NewJoinToken, PutModel};
 pub use fleet_core_rollouts::RolloutAction;
+pub use fleet_core_tenants::seeded as seeded_tenants;
 pub use views::*;
 
 use self::fleet_core::{Effect, FleetCore, Output, RegionNote};
@@ -369,6 +371,14 @@ impl FederationActor {
             RegionNote::Sync(specs) => {
                 for actor in self.regions.values() {
                     actor.do_send(SyncDeployments(specs.clone()));
+                }
+            }
+            RegionNote::Tenant { tenant, removed } => {
+                for actor in self.regions.values() {
+                    actor.do_send(crate::region::SetTenant {
+                        tenant: tenant.clone(),
+                        removed,
+                    });
                 }
             }
         }

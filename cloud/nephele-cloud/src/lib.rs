@@ -255,6 +255,28 @@ fn start_tracer(
     Ok(tracer)
 }
 
+/// The tenants: those the config declares are created when the store has none of that
+/// name (so a `[[tenant]]` added to the config appears at the next start); after that
+/// they are API objects, and the stored values count.
+fn seed_tenants(
+    store: &store::Store,
+    config: &config::CloudConfig,
+    now: u64,
+) -> anyhow::Result<Vec<config::TenantConfig>> {
+    let stored: std::collections::BTreeMap<String, store::TenantRecord> = store
+        .list_prefix::<store::TenantRecord>(store::Table::Tenants, "")?
+        .into_iter()
+        .map(|(_, record)| (record.tenant.name.clone(), record))
+        .collect();
+    let mut all = stored.clone();
+    for record in federation::seeded_tenants(config, &stored, now) {
+        store.put(store::Table::Tenants, &record.tenant.name, &record)?;
+        tracing::info!(tenant = %record.tenant.name, "tenant created from the config");
+        all.insert(record.tenant.name.clone(), record);
+    }
+    Ok(all.into_values().map(|r| r.tenant).collect())
+}
+
 /// Loads the cluster CA, or creates it on first start.
 fn load_or_create_ca(data_dir: &Path) -> Result<nephele_net::ClusterCa> {
     let cert_path = data_dir.join("ca.pem");
@@ -497,17 +519,17 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
         });
     // Changes published for watches (`GET /v1/watch`), numbered from this start.
     let hub = watch::Hub::new(federation::now_unix_ms());
+    let tenants = seed_tenants(&store, &config, now)?;
     let mut regions = HashMap::new();
     let mut initial_work = HashMap::new();
     for region in &config.regions {
-        let mut scheduler =
-            scheduler::RegionScheduler::new(region, &config.tenants, &config.scheduler)
-                .map_err(|e| anyhow::anyhow!("region {}: {e}", region.name))?
-                .with_nodes(
-                    config.nodes.clone(),
-                    (u64::from(config.heartbeat_interval_ms) * 10 / 1000).max(30),
-                )
-                .with_default_checkpoint_root(&data_dir.join("checkpoints").display().to_string());
+        let mut scheduler = scheduler::RegionScheduler::new(region, &tenants, &config.scheduler)
+            .map_err(|e| anyhow::anyhow!("region {}: {e}", region.name))?
+            .with_nodes(
+                config.nodes.clone(),
+                (u64::from(config.heartbeat_interval_ms) * 10 / 1000).max(30),
+            )
+            .with_default_checkpoint_root(&data_dir.join("checkpoints").display().to_string());
         // The region's books from the last run.
         let prefix = format!("{}/", region.name);
         let jobs: Vec<scheduler::JobRecord> = store

@@ -1383,3 +1383,36 @@ impl Handler<GetLedger> for RegionActor {
         MessageResult(self.scheduler.ledger_between(message.from, message.to))
     }
 }
+
+/// A tenant created, changed or deleted (from the federation).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SetTenant {
+    pub tenant: crate::config::TenantConfig,
+    pub removed: bool,
+}
+
+impl Handler<SetTenant> for RegionActor {
+    type Result = ();
+    fn handle(&mut self, message: SetTenant, _: &mut Self::Context) {
+        if message.removed {
+            self.scheduler.remove_tenant(&message.tenant.name);
+        } else {
+            self.scheduler.set_tenant(&message.tenant);
+        }
+        tracing::info!(region = %self.name, tenant = %message.tenant.name, removed = message.removed, "tenant updated");
+    }
+}
+
+/// How many jobs of a tenant have not ended here (`DELETE /v1/tenants/{name}` asks
+/// every region first).
+#[derive(Message)]
+#[rtype(result = "usize")]
+pub struct TenantJobs(pub String);
+
+impl Handler<TenantJobs> for RegionActor {
+    type Result = usize;
+    fn handle(&mut self, message: TenantJobs, _: &mut Self::Context) -> usize {
+        self.scheduler.active_jobs(&message.0)
+    }
+}

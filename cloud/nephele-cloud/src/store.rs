@@ -40,6 +40,8 @@ pub enum Table {
     /// `<hour>/<deployment>` → what devices served of a deployment in one hour
     /// (`federation::usage`).
     UsageHours,
+    /// `<name>` → a tenant with its weight and quotas ([`TenantRecord`]).
+    Tenants,
 }
 
 impl Table {
@@ -59,13 +61,14 @@ impl Table {
             Table::Audit => "audit",
             Table::RegionLedger => "region_ledger",
             Table::UsageHours => "usage_hours",
+            Table::Tenants => "tenants",
         }
     }
 
     fn definition(self) -> TableDefinition<'static, &'static str, &'static [u8]> {
         TableDefinition::new(self.name())
     }
-    const ALL: [Table; 13] = [
+    const ALL: [Table; 14] = [
         Table::JoinTokens,
         Table::Devices,
         Table::Models,
@@ -79,6 +82,7 @@ impl Table {
         Table::Audit,
         Table::RegionLedger,
         Table::UsageHours,
+        Table::Tenants,
     ];
 }
 
@@ -101,6 +105,16 @@ pub enum StoreError {
 
 fn db_error(error: impl std::fmt::Display) -> StoreError {
     StoreError::Db(error.to_string())
+}
+
+/// A tenant as the store keeps it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TenantRecord {
+    pub tenant: crate::config::TenantConfig,
+    pub created_unix: u64,
+    pub updated_unix: u64,
+    /// Who made the last change (`config` when the config's `[[tenant]]` created it).
+    pub updated_by: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

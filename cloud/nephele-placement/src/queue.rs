@@ -376,6 +376,26 @@ impl Queue {
         &self.tenants
     }
 
+    /// Adds a tenant (tenants are created while the queue runs); its id.
+    pub fn add_tenant(&mut self, tenant: Tenant) -> TenantId {
+        self.tenants.push(tenant);
+        self.usage.push(Resources::default());
+        self.reservation_dirty = true;
+        self.tenants.len() - 1
+    }
+
+    /// Changes a tenant's weight and quota. What it holds stays where it is, even over
+    /// a lowered quota (nothing is evicted for it); it only starts less until under it.
+    pub fn set_tenant(&mut self, tenant: TenantId, weight: f64, quota: Quota) -> bool {
+        let Some(entry) = self.tenants.get_mut(tenant) else {
+            return false;
+        };
+        entry.weight = weight;
+        entry.quota = quota;
+        self.reservation_dirty = true;
+        true
+    }
+
     /// Adds a pending job.
     pub fn submit(&mut self, job: Job) -> Result<(), QueueError> {
         if self.jobs.contains_key(&job.id) {

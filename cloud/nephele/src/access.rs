@@ -1,5 +1,5 @@
-//! `nephele api-token …`, `nephele tenant list` and `nephele audit`: who may use the
-//! API, as what, for which tenant, and what they changed.
+//! `nephele api-token …` and `nephele audit`: who may use the API, as what, for which
+//! tenant, and what they changed (tenants themselves: `tenant.rs`).
 
 use anyhow::Result;
 use serde_json::Value;
@@ -28,12 +28,6 @@ pub enum ApiTokenCommand {
     Revoke { id: String },
     /// Give a token a new secret (printed this once); the old one stops working.
     Rotate { id: String },
-}
-
-#[derive(Debug, Clone, clap::Subcommand)]
-pub enum TenantCommand {
-    /// Tenants, their quotas and what they hold (yours; admins see all).
-    List,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -112,47 +106,6 @@ pub fn api_token(args: ApiArgs, command: ApiTokenCommand) -> Result<()> {
         ApiTokenCommand::Rotate { id } => {
             let value = api.post(&format!("/v1/api-tokens/{id}/rotate"), &Value::Null)?;
             print(args.json, &value, print_created);
-        }
-    }
-    Ok(())
-}
-
-pub fn tenant(args: ApiArgs, command: TenantCommand) -> Result<()> {
-    let api = args.client();
-    match command {
-        TenantCommand::List => {
-            let value = api.get("/v1/tenants")?;
-            print(args.json, &value, |v| {
-                println!(
-                    "{:<14} {:>6} {:>10} {:>12} {:>12} {:>7} {:>7} {:>12}",
-                    "TENANT",
-                    "WEIGHT",
-                    "GPU-MILLI",
-                    "CPU-MILLI",
-                    "MEMORY-MIB",
-                    "TOKENS",
-                    "MODELS",
-                    "DEPLOYMENTS"
-                );
-                let quota = |t: &Value, key: &str| match t.get(key).and_then(Value::as_u64) {
-                    Some(q) => q.to_string(),
-                    None => "-".into(),
-                };
-                for t in v.as_array().into_iter().flatten() {
-                    println!(
-                        "{:<14} {:>6} {:>10} {:>12} {:>12} {:>7} {:>7} {:>12}",
-                        s(t, "name"),
-                        s(t, "weight"),
-                        quota(t, "quota_gpu_milli"),
-                        quota(t, "quota_cpu_milli"),
-                        quota(t, "quota_memory_mib"),
-                        s(t, "api_tokens"),
-                        s(t, "models"),
-                        s(t, "deployments")
-                    );
-                }
-                println!("(quotas per region; - is unlimited)");
-            });
         }
     }
     Ok(())

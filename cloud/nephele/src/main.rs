@@ -18,6 +18,7 @@ mod output;
 mod report;
 mod rollout;
 mod sim;
+mod tenant;
 mod upload;
 mod watch;
 
@@ -97,12 +98,12 @@ enum Command {
         #[command(subcommand)]
         command: access::ApiTokenCommand,
     },
-    /// Tenants and their quotas.
+    /// Tenants and their weights and quotas: list, get, create, set, delete.
     Tenant {
         #[command(flatten)]
         api: client::ApiArgs,
         #[command(subcommand)]
-        command: access::TenantCommand,
+        command: tenant::TenantCommand,
     },
     /// The audit log: every change made through the API, who made it and from where
     /// (admins).
@@ -183,7 +184,7 @@ fn main() {
         Command::Deploy { api, command } => client::deploy(api.prepared(), command),
         Command::Rollout { api, command } => rollout::run(api.prepared(), command),
         Command::ApiToken { api, command } => access::api_token(api.prepared(), command),
-        Command::Tenant { api, command } => access::tenant(api.prepared(), command),
+        Command::Tenant { api, command } => tenant::run(api.prepared(), command),
         Command::Audit { api, args } => access::audit(api.prepared(), args),
         Command::Report { api, command } => report::run(api.prepared(), command),
         Command::Watch { api, args } => watch::run(api.prepared(), args),

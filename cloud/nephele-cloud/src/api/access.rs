@@ -6,7 +6,7 @@ use serde::Deserialize;
 
 use super::{authorize, count, mailbox, parse_json, ApiState};
 use crate::federation::{
-    ApiError, ApiTokenSpec, CreateApiToken, ListApiTokens, ListAudit, ListTenants, RevokeApiToken,
+    ApiError, ApiTokenSpec, CreateApiToken, ListApiTokens, ListAudit, RevokeApiToken,
     RotateApiToken,
 };
 
@@ -120,20 +120,4 @@ pub async fn audit(
         }
     )?;
     Ok(HttpResponse::Ok().json(entries))
-}
-
-/// `GET /v1/tenants`: the caller's tenant (admins: every tenant), with quotas.
-pub async fn tenants(
-    request: HttpRequest,
-    state: web::Data<ApiState>,
-) -> Result<HttpResponse, ApiError> {
-    let principal = authorize(&request, &state).await?;
-    let views = forward!(
-        state,
-        "list_tenants",
-        ListTenants {
-            scope: principal.scope().map(str::to_string),
-        }
-    )?;
-    Ok(HttpResponse::Ok().json(views))
 }

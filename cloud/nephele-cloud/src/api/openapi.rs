@@ -32,6 +32,8 @@ enum Answer {
     Model(Value),
     /// Server-sent events.
     Events,
+    /// A PUT that creates (201) or replaces (200), answering the object either way.
+    Put(Value),
 }
 
 struct Query {
@@ -390,6 +392,33 @@ fn routes(s: &mut Schemas) -> Vec<Route> {
             Body::None,
             Answer::Json(200, s.list::<TenantView>()),
         ),
+        route(
+            "get",
+            "/v1/tenants/{name}",
+            "getTenant",
+            "One tenant with its quotas and holdings.",
+            "viewer",
+            Body::None,
+            Answer::Json(200, s.out::<TenantView>()),
+        ),
+        route(
+            "put",
+            "/v1/tenants/{name}",
+            "putTenant",
+            "Create a tenant (201) or replace its weight and quotas (200); its regions take them at once.",
+            "admin",
+            Body::Json(s.input::<super::tenants::TenantBody>()),
+            Answer::Put(s.out::<TenantView>()),
+        ),
+        route(
+            "delete",
+            "/v1/tenants/{name}",
+            "deleteTenant",
+            "Delete a tenant that holds nothing (no jobs, API tokens, models or deployments).",
+            "admin",
+            Body::None,
+            Answer::Json(200, s.out::<TenantView>()),
+        ),
     ];
     let model = s.out::<ModelView>();
     routes.push(Route {
@@ -668,6 +697,14 @@ fn operation(route: &Route) -> Value {
                 json!({"description": "server-sent events: `id: <epoch>-<version>`, `event: <kind>` (or `reset`), `data:` {version, kind, name, action, tenant?, region?, unix_ms}", "content": {"text/event-stream": {"schema": {"type": "string"}}}}),
             );
         }
+        Answer::Put(schema) => {
+            for (status, about) in [("200", "replaced"), ("201", "created")] {
+                responses.insert(
+                    status.into(),
+                    json!({"description": about, "content": {"application/json": {"schema": schema}}}),
+                );
+            }
+        }
         Answer::Model(schema) => {
             for (status, about) in [
                 ("200", "the same file is stored already"),
@@ -759,7 +796,7 @@ mod tests {
                 .values()
                 .map(|p| p.as_object().unwrap().len())
                 .sum::<usize>(),
-            34
+            39
         );
         assert!(components.contains_key("DeploymentSpecInput"));
         assert!(components.contains_key("DeploymentStatus"));

@@ -109,6 +109,7 @@ pub fn required(method: &str, path: &str) -> Access {
     let read = matches!(method, "GET" | "HEAD");
     match segments.as_slice() {
         ["api-tokens", ..] | ["audit", ..] => Access::Admin,
+        ["tenants", ..] if !read => Access::Admin,
         ["regions", _, "grid"] if !read => Access::Admin,
         // Join tokens enrol devices into the fleet; listing them shows what is open.
         ["tokens", ..] => Access::Fleet,

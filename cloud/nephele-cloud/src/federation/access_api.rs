@@ -133,3 +133,53 @@ impl Handler<ListTenants> for FederationActor {
         Ok(self.core.tenant_views(message.scope.as_deref()))
     }
 }
+
+/// `GET /v1/tenants/{name}`.
+#[derive(Message)]
+#[rtype(result = "Result<TenantView, ApiError>")]
+pub struct GetTenant {
+    pub name: String,
+    pub scope: Option<String>,
+}
+
+impl Handler<GetTenant> for FederationActor {
+    type Result = Result<TenantView, ApiError>;
+    fn handle(&mut self, message: GetTenant, _: &mut Self::Context) -> Self::Result {
+        self.core.tenant(&message.name, message.scope.as_deref())
+    }
+}
+
+/// `PUT /v1/tenants/{name}` (admins): whether it was created, and the tenant.
+#[derive(Message)]
+#[rtype(result = "Result<(bool, TenantView), ApiError>")]
+pub struct PutTenant {
+    pub name: String,
+    pub spec: crate::config::TenantConfig,
+    pub by: Principal,
+}
+
+impl Handler<PutTenant> for FederationActor {
+    type Result = Result<(bool, TenantView), ApiError>;
+    fn handle(&mut self, message: PutTenant, _: &mut Self::Context) -> Self::Result {
+        let output = self
+            .core
+            .put_tenant(now_unix(), &message.name, message.spec, &message.by);
+        self.run(output)?
+    }
+}
+
+/// `DELETE /v1/tenants/{name}` (admins), once no region holds a job of it.
+#[derive(Message)]
+#[rtype(result = "Result<TenantView, ApiError>")]
+pub struct DeleteTenant {
+    pub name: String,
+    pub by: Principal,
+}
+
+impl Handler<DeleteTenant> for FederationActor {
+    type Result = Result<TenantView, ApiError>;
+    fn handle(&mut self, message: DeleteTenant, _: &mut Self::Context) -> Self::Result {
+        let output = self.core.delete_tenant(&message.name, &message.by);
+        self.run(output)?
+    }
+}

@@ -34,7 +34,9 @@ use super::usage::{UsageHour, UsageTotals, USAGE_RETENTION_HOURS};
 use super::{constant_time_eq, sha256_hex};
 use crate::config::CloudConfig;
 use crate::scheduler::{PoolWork, ReplicaSpec};
-use crate::store::{ApiTokenRecord, AuditRecord, DeviceRecord, JoinTokenRecord, Table};
+use crate::store::{
+    ApiTokenRecord, AuditRecord, DeviceRecord, JoinTokenRecord, Table, TenantRecord,
+};
 use crate::variants::{device_caps, Caps};
 
 /// What a command asks of the shell.
@@ -96,6 +98,11 @@ pub enum RegionNote {
     PoolLeft { name: String, session_id: u64 },
     /// The deployments that may offload, with their latency targets (every region).
     Sync(Vec<(ReplicaSpec, u32)>),
+    /// A tenant created, changed or deleted (every region).
+    Tenant {
+        tenant: crate::config::TenantConfig,
+        removed: bool,
+    },
 }
 
 /// A connected agent's session as the core sees it.
@@ -135,6 +142,8 @@ pub(super) struct Records {
     pub audit: BTreeMap<String, AuditRecord>,
     /// What devices served per deployment and hour, by [`UsageHour::key`].
     pub usage_hours: BTreeMap<String, UsageHour>,
+    /// Tenants by name.
+    pub tenants: BTreeMap<String, TenantRecord>,
 }
 
 pub struct FleetCore {
@@ -190,6 +199,7 @@ impl FleetCore {
             usage,
             audit,
             usage_hours,
+            tenants,
         } = snapshot;
         let records = Records {
             join_tokens: join_tokens.into_iter().map(|r| (r.id.clone(), r)).collect(),
@@ -198,7 +208,17 @@ impl FleetCore {
             usage: usage.into_iter().map(|r| (r.device.clone(), r)).collect(),
             audit: audit.into_iter().map(|r| (r.key(), r)).collect(),
             usage_hours: usage_hours.into_iter().map(|r| (r.key(), r)).collect(),
+            tenants: tenants
+                .into_iter()
+                .map(|r| (r.tenant.name.clone(), r))
+                .collect(),
         };
+        // The shell writes the config's tenants before it loads the snapshot; a core
+        // made from anything else (a test's) gets them in memory alike.
+        let mut records = records;
+        for record in super::seeded_tenants(&config, &records.tenants, 0) {
+            records.tenants.insert(record.tenant.name.clone(), record);
+        }
         let caps = records
             .devices
             .values()
@@ -426,6 +446,11 @@ impl FleetCore {
                 })
                 .map(Record::UsageHour)
             }
+            Table::Tenants => replace(&mut self.records.tenants, &key, record, |r| match r {
+                Record::Tenant(r) => Some(r),
+                _ => None,
+            })
+            .map(Record::Tenant),
             Table::Models => {
                 let before = self.catalog.model(&key).cloned();
                 match record {

@@ -6,7 +6,7 @@
 use super::access::{visible, Principal, Role};
 use super::fleet_core::{FleetCore, Output};
 use super::fleet_store::{Record, Write};
-use super::views::{ApiTokenSpec, ApiTokenView, DeploymentStatus, ModelView, TenantView};
+use super::views::{ApiTokenSpec, ApiTokenView, DeploymentStatus, ModelView};
 use super::{constant_time_eq, sha256_hex, ApiError};
 use crate::store::{ApiTokenRecord, AuditRecord, Table};
 
@@ -123,29 +123,6 @@ impl FleetCore {
             ),
             _ => "invalid API token".into(),
         }
-    }
-
-    /// The tenants tokens may act for: the configured ones, or `default` alone (as
-    /// the region schedulers have them).
-    pub fn tenant_names(&self) -> Vec<String> {
-        if self.config.tenants.is_empty() {
-            return vec![crate::store::default_tenant()];
-        }
-        self.config.tenants.iter().map(|t| t.name.clone()).collect()
-    }
-
-    fn check_tenant(&self, tenant: &str) -> Result<(), ApiError> {
-        let names = self.tenant_names();
-        if names.iter().any(|n| n == tenant) {
-            return Ok(());
-        }
-        Err(ApiError::invalid(
-            "tenant",
-            format!(
-                "no tenant {tenant:?}; tenants: {} (add one as a [[tenant]] in the control plane's config)",
-                names.join(", ")
-            ),
-        ))
     }
 
     /// Creates an API token: its hash is written, the token returned once.
@@ -333,36 +310,6 @@ impl FleetCore {
     // ------------------------------------------------------------------------------
     // Tenants and what they own
     // ------------------------------------------------------------------------------
-
-    /// The tenants `scope` sees (every one for admins), with their quotas and holdings.
-    pub fn tenant_views(&self, scope: Option<&str>) -> Vec<TenantView> {
-        self.tenant_names()
-            .into_iter()
-            .filter(|name| visible(scope, name))
-            .map(|name| {
-                let config = self.config.tenants.iter().find(|t| t.name == name);
-                TenantView {
-                    weight: config.map_or(1.0, |t| t.weight),
-                    quota_cpu_milli: config.and_then(|t| t.quota_cpu_milli),
-                    quota_memory_mib: config.and_then(|t| t.quota_memory_mib),
-                    quota_gpu_milli: config.and_then(|t| t.quota_gpu_milli),
-                    api_tokens: self
-                        .records
-                        .api_tokens
-                        .values()
-                        .filter(|r| r.tenant == name && r.revoked_unix.is_none())
-                        .count(),
-                    models: self.catalog.models().filter(|m| m.tenant == name).count(),
-                    deployments: self
-                        .catalog
-                        .deployments()
-                        .filter(|d| d.tenant == name)
-                        .count(),
-                    name,
-                }
-            })
-            .collect()
-    }
 
     /// Model names belong to the tenant that first pushed them: another tenant's push
     /// under the name is refused (names are unique across the fleet).

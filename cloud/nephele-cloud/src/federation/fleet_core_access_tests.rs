@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use super::*;
 use crate::config::{CloudConfig, TenantConfig};
 use crate::federation::authority::NoKeys;
+use crate::federation::fleet_core::{Effect, RegionNote};
 use crate::federation::fleet_store::Snapshot;
 
 fn core() -> FleetCore {
@@ -18,6 +19,8 @@ fn core() -> FleetCore {
             quota_cpu_milli: None,
             quota_memory_mib: None,
             quota_gpu_milli: (name == "team-b").then_some(2000),
+            quota_jobs: None,
+            quota_replicas: None,
         });
     }
     FleetCore::new(
@@ -280,4 +283,108 @@ fn a_command_says_what_it_changed_for_watches_deletes_included() {
         peer: "127.0.0.1".into(),
     }));
     assert!(core.watched_changes().is_empty());
+}
+
+#[test]
+fn tenants_are_created_changed_and_deleted_through_the_api_and_regions_are_told() {
+    let mut core = core();
+    let (_, by) = admin(&mut core);
+    let mut spec = TenantConfig::named("team-c");
+    spec.quota_gpu_milli = Some(4000);
+    let output = core.put_tenant(5, "team-c", spec.clone(), &by);
+    let told = output
+        .effects
+        .iter()
+        .any(|e| matches!(e, Effect::Region(RegionNote::Tenant { tenant, removed: false }) if tenant.name == "team-c"));
+    assert!(told, "the regions are told");
+    assert_eq!(output.persist.len(), 1);
+    let (created, view) = output.reply.unwrap();
+    assert!(created);
+    assert_eq!(view.quota_gpu_milli, Some(4000));
+    assert!(!view.declared_in_config);
+    // The same again changes nothing; another quota is a change.
+    let again = core.put_tenant(6, "team-c", spec.clone(), &by);
+    assert!(again.persist.is_empty() && again.effects.is_empty());
+    assert!(!again.reply.unwrap().0);
+    spec.quota_jobs = Some(3);
+    let (created, view) = done(core.put_tenant(7, "team-c", spec.clone(), &by)).unwrap();
+    assert!(!created);
+    assert_eq!(
+        (view.quota_jobs, view.created_unix, view.updated_unix),
+        (Some(3), 5, 7)
+    );
+    // Tokens may now be made for it; it may not be deleted while one is active.
+    create(
+        &mut core,
+        &by,
+        "cdev",
+        ApiTokenSpec {
+            name: "c".into(),
+            role: Role::Developer,
+            tenant: "team-c".into(),
+            ttl_s: None,
+        },
+    )
+    .unwrap();
+    assert!(matches!(
+        done(core.delete_tenant("team-c", &by)),
+        Err(ApiError::Conflict(m)) if m.contains("1 API token")
+    ));
+    done(core.revoke_api_token(8, "cdev", &by)).unwrap();
+    let deleted = core.delete_tenant("team-c", &by);
+    assert!(deleted
+        .effects
+        .iter()
+        .any(|e| matches!(e, Effect::Region(RegionNote::Tenant { removed: true, .. }))));
+    deleted.reply.unwrap();
+    assert!(core.tenant("team-c", None).is_err());
+    // A tenant the config declares comes back at each start: refused.
+    assert!(matches!(
+        done(core.delete_tenant("team-a", &by)),
+        Err(ApiError::Conflict(m)) if m.contains("config")
+    ));
+    // Bad values name the field; the path and the body agree on the name.
+    let mut bad = TenantConfig::named("team-d");
+    bad.weight = 0.0;
+    assert!(matches!(
+        done(core.put_tenant(9, "team-d", bad, &by)),
+        Err(ApiError::Invalid { field, .. }) if field == "weight"
+    ));
+    assert!(matches!(
+        done(core.put_tenant(9, "serving", TenantConfig::named("serving"), &by)),
+        Err(ApiError::Invalid { field, .. }) if field == "name"
+    ));
+}
+
+#[test]
+fn a_tenants_deployments_may_not_ask_for_more_replicas_than_its_quota() {
+    let mut core = core();
+    let (_, by) = admin(&mut core);
+    core.catalog.put_model({
+        let mut m = crate::federation::fleet::tests::model("m");
+        m.tenant = "team-a".into();
+        m
+    });
+    let mut spec = TenantConfig::named("team-a");
+    spec.quota_replicas = Some(3);
+    done(core.put_tenant(5, "team-a", spec, &by)).unwrap();
+    let mut first = crate::federation::fleet::tests::spec("d1", "m", "", "auto");
+    first.replicas.max = Some(2);
+    done(core.create_deployment(1, first, "team-a")).unwrap();
+    let mut second = crate::federation::fleet::tests::spec("d2", "m", "", "auto");
+    second.replicas.max = Some(2);
+    assert!(matches!(
+        done(core.create_deployment(1, second.clone(), "team-a")),
+        Err(ApiError::Invalid { field, message }) if field == "replicas.max" && message.contains("quota of 3")
+    ));
+    // One that does not offload asks for none.
+    second.offload = false;
+    done(core.create_deployment(1, second, "team-a")).unwrap();
+    // A quota under what is asked already is refused, saying how much is asked.
+    let mut lower = TenantConfig::named("team-a");
+    lower.quota_replicas = Some(1);
+    assert!(matches!(
+        done(core.put_tenant(6, "team-a", lower, &by)),
+        Err(ApiError::Invalid { field, message }) if field == "quota_replicas" && message.contains("2 replicas")
+    ));
 }

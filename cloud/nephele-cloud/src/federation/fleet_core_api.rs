@@ -421,7 +421,11 @@ impl FleetCore {
         tenant: &str,
     ) -> Output<Result<DeploymentStatus, ApiError>> {
         self.begin();
-        let record = match self.catalog.validate(spec, now_unix, tenant) {
+        let record = match self
+            .catalog
+            .validate(spec, now_unix, tenant)
+            .and_then(|record| self.check_replica_quota(&record).map(|()| record))
+        {
             Ok(record) => record,
             Err(error) => return self.finish(Err(error), Vec::new()),
         };

@@ -91,6 +91,7 @@ impl FleetCore {
         let mut record = self
             .catalog
             .check(spec, current.created_unix, &current.tenant)?;
+        self.check_replica_quota(&record)?;
         if keep_settings {
             record.rollout_settings = current.rollout_settings.clone();
         }

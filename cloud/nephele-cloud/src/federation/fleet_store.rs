@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use super::usage::{UsageHour, UsageTotals};
 use crate::store::{
     ApiTokenRecord, AuditRecord, DeploymentRecord, DeviceRecord, JoinTokenRecord, ModelRecord,
-    Store, StoreError, Table,
+    Store, StoreError, Table, TenantRecord,
 };
 
 /// One durable record of the fleet.
@@ -23,6 +23,7 @@ pub enum Record {
     Usage(UsageTotals),
     Audit(AuditRecord),
     UsageHour(UsageHour),
+    Tenant(TenantRecord),
 }
 
 impl Record {
@@ -36,6 +37,7 @@ impl Record {
             Record::Usage(_) => Table::Usage,
             Record::Audit(_) => Table::Audit,
             Record::UsageHour(_) => Table::UsageHours,
+            Record::Tenant(_) => Table::Tenants,
         }
     }
 
@@ -49,6 +51,7 @@ impl Record {
             Record::Usage(r) => r.device.as_str().into(),
             Record::Audit(r) => r.key().into(),
             Record::UsageHour(r) => r.key().into(),
+            Record::Tenant(r) => r.tenant.name.as_str().into(),
         }
     }
 
@@ -63,6 +66,7 @@ impl Record {
             Record::Usage(r) => serde_json::to_vec(r),
             Record::Audit(r) => serde_json::to_vec(r),
             Record::UsageHour(r) => serde_json::to_vec(r),
+            Record::Tenant(r) => serde_json::to_vec(r),
         };
         bytes.map_err(|e| StoreError::Db(e.to_string()))
     }
@@ -103,6 +107,7 @@ pub struct Snapshot {
     pub usage: Vec<UsageTotals>,
     pub audit: Vec<AuditRecord>,
     pub usage_hours: Vec<UsageHour>,
+    pub tenants: Vec<TenantRecord>,
 }
 
 /// Where the fleet's records are kept. `commit` is all or nothing and durable when it
@@ -133,6 +138,7 @@ impl FleetStore for Store {
             Table::Usage,
             Table::Audit,
             Table::UsageHours,
+            Table::Tenants,
         ];
         let mut lists = self.list_together(&tables)?.into_iter();
         let mut next = || -> Vec<(String, Vec<u8>)> { lists.next().unwrap_or_default() };
@@ -145,6 +151,7 @@ impl FleetStore for Store {
             usage: records(next())?,
             audit: records(next())?,
             usage_hours: records(next())?,
+            tenants: records(next())?,
         })
     }
 
@@ -199,6 +206,7 @@ impl FleetStore for MemoryStore {
                 Record::Usage(r) => snapshot.usage.push(r),
                 Record::Audit(r) => snapshot.audit.push(r),
                 Record::UsageHour(r) => snapshot.usage_hours.push(r),
+                Record::Tenant(r) => snapshot.tenants.push(r),
             }
         }
         Ok(snapshot)

@@ -345,7 +345,16 @@ pub struct TenantView {
     pub quota_cpu_milli: Option<u64>,
     pub quota_memory_mib: Option<u64>,
     pub quota_gpu_milli: Option<u64>,
+    pub quota_jobs: Option<u32>,
+    pub quota_replicas: Option<u32>,
     pub api_tokens: usize,
     pub models: usize,
     pub deployments: usize,
+    /// Cloud replicas its deployments ask for (the sum of their `replicas.max`).
+    pub replicas_asked: u32,
+    /// A `[[tenant]]` of the config declares it (it cannot be deleted through the API).
+    pub declared_in_config: bool,
+    pub created_unix: u64,
+    pub updated_unix: u64,
+    pub updated_by: String,
 }

@@ -61,6 +61,7 @@ mod nodes;
 mod replicas;
 mod run;
 mod spec;
+mod tenants;
 mod views;
 
 pub use books::{JobRecord, NodeRecord, RegionRecord, StoredBinding};
@@ -304,6 +305,11 @@ pub struct RegionScheduler {
     next_uid: u64,
     /// What the pool nodes were used for, hour by hour (chargeback).
     ledger: ledger::Ledger,
+    /// Tenants deleted while this scheduler ran: their jobs run on, new ones are
+    /// refused (a queue keeps its tenants' indices).
+    removed_tenants: std::collections::BTreeSet<usize>,
+    /// Per tenant (by index), the most jobs it may have here at once.
+    quota_jobs: Vec<Option<u32>>,
 }
 
 impl RegionScheduler {
@@ -351,6 +357,7 @@ impl RegionScheduler {
         for node in 0..slots.len() {
             cluster.node_lost(node);
         }
+        let mut quota_jobs: Vec<Option<u32>> = tenants.iter().map(|t| t.quota_jobs).collect();
         let mut tenant_list: Vec<Tenant> = if tenants.is_empty() {
             vec![Tenant {
                 name: "default".into(),
@@ -377,6 +384,7 @@ impl RegionScheduler {
             ));
         }
         let serving_tenant = tenant_list.len();
+        quota_jobs.resize(serving_tenant + 1, None);
         tenant_list.push(Tenant {
             name: SERVING_TENANT.into(),
             weight: 1.0,
@@ -411,6 +419,8 @@ impl RegionScheduler {
             later: Vec::new(),
             next_uid: 1,
             ledger: ledger::Ledger::default(),
+            removed_tenants: std::collections::BTreeSet::new(),
+            quota_jobs,
         })
     }
 
@@ -434,19 +444,31 @@ impl RegionScheduler {
         &self.region
     }
 
-    /// The configured tenants (the internal serving tenant is not one of them).
-    pub fn tenant_names(&self) -> &[String] {
-        &self.tenants[..self.serving_tenant]
+    /// The tenants jobs may be submitted for (not the internal serving tenant, nor
+    /// deleted ones).
+    pub fn tenant_names(&self) -> Vec<&str> {
+        (0..self.tenants.len())
+            .filter(|&i| self.is_user_tenant(i) && !self.removed_tenants.contains(&i))
+            .map(|i| self.tenants[i].as_str())
+            .collect()
     }
 
-    /// A configured tenant's index (the serving tenant is not one users may name).
+    fn is_user_tenant(&self, index: usize) -> bool {
+        index != self.serving_tenant && index < self.tenants.len()
+    }
+
+    /// A tenant's index, a deleted one's included (its jobs still run until they end).
+    fn tenant_position(&self, tenant: &str) -> Option<usize> {
+        (0..self.tenants.len()).find(|&i| self.is_user_tenant(i) && self.tenants[i] == tenant)
+    }
+
+    /// The index of a tenant jobs may be submitted for.
     fn tenant_index(&self, tenant: &str) -> Result<usize, SchedError> {
-        self.tenant_names()
-            .iter()
-            .position(|t| t == tenant)
+        self.tenant_position(tenant)
+            .filter(|i| !self.removed_tenants.contains(i))
             .ok_or_else(|| {
                 SchedError::BadRequest(format!(
-                    "unknown tenant {tenant:?}; configured tenants: {}",
+                    "unknown tenant {tenant:?}; tenants: {}",
                     self.tenant_names().join(", ")
                 ))
             })
@@ -488,7 +510,7 @@ impl RegionScheduler {
                     field: field.into(),
                     message: format!(
                         "quota exceeded: the job asks for {asked} {unit} in all ({members} member(s)), more than tenant {}'s whole quota of {limit}; it could never start: ask for less, or have an admin raise the quota",
-                        self.tenant_names()[tenant]
+                        self.tenants[tenant]
                     ),
                 });
             }
@@ -697,6 +719,7 @@ impl RegionScheduler {
             return Err(SchedError::BadRequest(why));
         }
         self.within_whole_quota(tenant_index, &pod, spec.members)?;
+        self.within_job_quota(tenant_index)?;
         let key = (tenant_index, spec.name.clone());
         if self.by_name.contains_key(&key) {
             return Err(SchedError::Conflict(format!(
@@ -1074,7 +1097,12 @@ impl RegionScheduler {
     }
 
     fn lookup(&self, tenant: &str, name: &str) -> Result<JobId, SchedError> {
-        let index = self.tenant_index(tenant)?;
+        let index = self.tenant_position(tenant).ok_or_else(|| {
+            SchedError::NotFound(format!(
+                "no job {name:?} for tenant {tenant} in region {}",
+                self.region
+            ))
+        })?;
         self.by_name
             .get(&(index, name.to_string()))
             .copied()
@@ -1374,7 +1402,7 @@ impl RegionScheduler {
     /// Jobs of `tenant`, or of every tenant for `None`, oldest first (serving
     /// replicas are shown with their deployments, not here).
     pub fn list(&self, tenant: Option<&str>) -> Vec<JobView> {
-        let only = tenant.map(|t| self.tenant_names().iter().position(|n| n == t));
+        let only = tenant.map(|t| self.tenant_position(t));
         self.jobs
             .iter()
             .filter(|(_, m)| m.kind == JobKind::Batch)

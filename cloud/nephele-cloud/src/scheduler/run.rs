@@ -287,7 +287,7 @@ impl RegionScheduler {
             else {
                 continue;
             };
-            let Some(tenant_index) = self.tenant_names().iter().position(|t| t == tenant) else {
+            let Some(tenant_index) = self.tenant_position(tenant) else {
                 continue;
             };
             let Some(&id) = self.by_name.get(&(tenant_index, name.to_string())) else {

@@ -35,6 +35,8 @@ fn tenants() -> Vec<TenantConfig> {
             quota_cpu_milli: None,
             quota_memory_mib: None,
             quota_gpu_milli: (name == "beta").then_some(2000),
+            quota_jobs: None,
+            quota_replicas: None,
         })
         .collect()
 }
@@ -782,4 +784,67 @@ fn a_provider_forecast_is_pushed_whole_shown_as_such_and_kept_in_the_books() {
     let restored = fresh.grid_view(NOW);
     assert_eq!(restored.forecast, view.forecast);
     assert_eq!(restored.outlook[2].carbon_g_per_kwh, 12.0);
+}
+
+#[test]
+fn tenants_made_and_changed_at_run_time_take_effect_at_once() {
+    let mut s = scheduler(1);
+    join(&mut s, "pool-a", "gpu-4x-l4");
+    // A tenant the region has not heard of is refused, then made.
+    assert!(s
+        .submit(
+            "gamma",
+            spec(serde_json::json!({"name": "a", "gpus": 1})),
+            0
+        )
+        .is_err());
+    let mut gamma = TenantConfig::named("gamma");
+    gamma.quota_gpu_milli = Some(1000);
+    gamma.quota_jobs = Some(2);
+    s.set_tenant(&gamma);
+    assert_eq!(s.tenant_names(), vec!["alpha", "beta", "gamma"]);
+    let (view, _) = s
+        .submit(
+            "gamma",
+            spec(serde_json::json!({"name": "a", "gpus": 1})),
+            0,
+        )
+        .expect("accepted");
+    assert_eq!(view.state, "running");
+    // Within its job quota, but over its GPU quota beside the first: waits.
+    let (view, _) = s
+        .submit(
+            "gamma",
+            spec(serde_json::json!({"name": "b", "gpus": 1})),
+            1,
+        )
+        .expect("accepted");
+    assert_eq!(view.state, "pending");
+    // A third job is over its job quota: refused, saying so.
+    let refused = s
+        .submit(
+            "gamma",
+            spec(serde_json::json!({"name": "c", "gpus": 1})),
+            2,
+        )
+        .expect_err("over quota_jobs");
+    assert!(refused.to_string().contains("quota_jobs is 2"), "{refused}");
+    // A raised quota lets the waiting job start at the next tick.
+    gamma.quota_gpu_milli = Some(2000);
+    s.set_tenant(&gamma);
+    s.tick(3);
+    assert_eq!(s.get("gamma", "b").expect("exists").state, "running");
+    assert_eq!(s.active_jobs("gamma"), 2);
+    // Deleted: its jobs run on and are still found; new ones are refused.
+    s.remove_tenant("gamma");
+    assert_eq!(s.tenant_names(), vec!["alpha", "beta"]);
+    assert_eq!(s.get("gamma", "a").expect("still there").state, "running");
+    assert!(s
+        .submit(
+            "gamma",
+            spec(serde_json::json!({"name": "d", "gpus": 1})),
+            4
+        )
+        .is_err());
+    assert!(s.accounting_holds());
 }

@@ -270,6 +270,7 @@ impl FleetCore {
                     figures.failed = row.failed;
                     figures.offloaded = row.served_offloaded;
                     figures.p99_ms = row.p99_us as f64 / 1000.0;
+                    figures.load_failed = matches!(row.phase, DeploymentPhase::Failed(_));
                     figures.failure = match &row.phase {
                         DeploymentPhase::Failed(why) => Some(why.clone()),
                         _ if figures.on_old => Some("still runs the old version".into()),

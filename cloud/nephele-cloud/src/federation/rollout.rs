@@ -200,6 +200,10 @@ pub struct DeviceFigures {
     pub on_old: bool,
     /// Why it is not ready, when the agent said (a failed load).
     pub failure: Option<String>,
+    /// The agent could not load what it was sent (`failure` says why): the rollout is
+    /// rolled back at once, not at the progress deadline, since the bytes were checked
+    /// against their signed digest before the load.
+    pub load_failed: bool,
     /// Since the agent loaded what it runs now.
     pub requests: u64,
     pub failed: u64,
@@ -396,6 +400,28 @@ impl Rollout {
             .filter(|d| !figures.get(*d).is_some_and(|f| f.online && f.on_new))
             .collect();
         let elapsed_ms = now_unix_ms.saturating_sub(self.step_started_unix_ms);
+        let failed: Vec<String> = pending
+            .iter()
+            .filter_map(|d| {
+                let f = figures.get(*d).filter(|f| f.load_failed)?;
+                Some(format!(
+                    "{d} ({})",
+                    f.failure.as_deref().unwrap_or("failed to load")
+                ))
+            })
+            .collect();
+        if !failed.is_empty() {
+            let why = format!(
+                "{} of {} device(s) could not load the new version: {}",
+                failed.len(),
+                in_step.len(),
+                failed.join(", ")
+            );
+            return self
+                .roll_back(now_unix_ms, why)
+                .ok()
+                .map(Change::RolledBack);
+        }
         if !pending.is_empty() {
             if elapsed_ms > self.settings.progress_deadline_s * 1000 {
                 let detail: Vec<String> = pending

@@ -63,6 +63,7 @@ fn figures(
                     on_new: new,
                     on_old: !new,
                     failure: None,
+                    load_failed: false,
                     requests,
                     failed: 0,
                     offloaded: 0,
@@ -147,13 +148,35 @@ fn devices_that_never_run_the_new_version_roll_it_back_at_the_deadline() {
     r.tick(0, &selected, &figures(&r, &selected, 1.0, 0));
     let mut f = figures(&r, &selected, 1.0, 0);
     let canary = f.get_mut("dev-00").expect("canary");
+    // Still on the old version (a slow download): waited for, up to the deadline.
     canary.on_new = false;
-    canary.failure = Some("model failed to load".into());
+    canary.failure = Some("still runs the old version".into());
     assert_eq!(r.tick(30_000, &selected, &f), Some(Change::Noted));
     let change = r.tick(61_000, &selected, &f);
     assert_eq!(change, Some(Change::RolledBack(vec!["dev-00".into()])));
     assert!(
-        r.gate.contains("dev-00 (model failed to load)"),
+        r.gate.contains("dev-00 (still runs the old version)"),
+        "{}",
+        r.gate
+    );
+}
+
+#[test]
+fn a_version_a_device_cannot_load_is_rolled_back_at_once() {
+    let selected = devices(4);
+    let mut r = rollout();
+    r.tick(0, &selected, &figures(&r, &selected, 1.0, 0));
+    let mut f = figures(&r, &selected, 1.0, 0);
+    let canary = f.get_mut("dev-00").expect("canary");
+    canary.on_new = false;
+    canary.load_failed = true;
+    canary.failure = Some("model failed to load: unsupported operator".into());
+    let change = r.tick(2_000, &selected, &f);
+    assert_eq!(change, Some(Change::RolledBack(vec!["dev-00".into()])));
+    assert!(
+        r.gate.contains(
+            "could not load the new version: dev-00 (model failed to load: unsupported operator)"
+        ),
         "{}",
         r.gate
     );

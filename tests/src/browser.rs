@@ -261,6 +261,33 @@ impl Drop for Browser {
     }
 }
 
+impl Browser {
+    /// A PNG of the element `css` selects (scrolled into view first), written to
+    /// `path`; its bytes.
+    pub fn element_screenshot(&self, css: &str, path: &Path) -> Result<Vec<u8>> {
+        let found = self.call(
+            "POST",
+            &format!("/session/{}/element", self.session),
+            Some(&json!({"using": "css selector", "value": css})),
+        )?;
+        // The W3C element reference key.
+        let id = found["element-6066-11e4-a52e-4f735466cecf"]
+            .as_str()
+            .with_context(|| format!("no element {css}: {found}"))?
+            .to_string();
+        let encoded = self.call(
+            "GET",
+            &format!("/session/{}/element/{id}/screenshot", self.session),
+            None,
+        )?;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(encoded.as_str().context("no screenshot")?)
+            .context("screenshot is not base64")?;
+        std::fs::write(path, &bytes)?;
+        Ok(bytes)
+    }
+}
+
 /// The width and height of a PNG (from its IHDR chunk).
 pub fn png_size(bytes: &[u8]) -> Option<(u32, u32)> {
     if bytes.len() < 24 || &bytes[..8] != b"\x89PNG\r\n\x1a\n" || &bytes[12..16] != b"IHDR" {

@@ -531,6 +531,42 @@ impl Cloud {
             .request("DELETE", &format!("{}{path}", self.api), None)
     }
 
+    /// Runs the `nephele` CLI against this control plane with `token`: whether it
+    /// succeeded, and what it printed (stdout, then stderr).
+    pub fn cli_as(&self, token: &str, args: &[&str]) -> (bool, String) {
+        let output = Command::new(bin("nephele"))
+            .args(args)
+            .args(["--api", &self.api, "--token", token])
+            .env("NEPHELE_CA", self.ca_path())
+            .output()
+            .expect("run nephele");
+        (
+            output.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            ),
+        )
+    }
+
+    /// Waits until every node slot of `region` is up with its agent (pools whose
+    /// provider starts them at once: `min_nodes` = `max_nodes`).
+    pub fn wait_pool_nodes_up(&self, region: &str) -> Result<Value> {
+        self.wait_long(
+            &format!("/v1/regions/{region}/nodes"),
+            "every pool node up",
+            60,
+            |v| {
+                v.as_array().is_some_and(|nodes| {
+                    nodes
+                        .iter()
+                        .all(|n| n["phase"] == "up" && !n["agent"].is_null())
+                })
+            },
+        )
+    }
+
     /// Waits up to `seconds` (instead of 60).
     pub fn wait_long(
         &self,

@@ -92,14 +92,7 @@ fn close(actual: f64, expected: f64, tolerance: f64, what: &str) {
 #[test]
 fn tenants_are_charged_what_they_held_through_a_kill_9_and_see_only_their_own() {
     let mut cloud = Cloud::start_with("chargeback", CONFIG).unwrap();
-    cloud
-        .wait_long("/v1/regions/eu-west/nodes", "the pool node up", 60, |v| {
-            v.as_array()
-                .unwrap()
-                .iter()
-                .all(|n| n["phase"] == "up" && !n["agent"].is_null())
-        })
-        .unwrap();
+    cloud.wait_pool_nodes_up("eu-west").unwrap();
     let team_a = api_token(&cloud, "a-dev", "team-a");
     let team_b = api_token(&cloud, "b-dev", "team-b");
     let began = unix_now();
@@ -345,18 +338,11 @@ fn tenants_are_charged_what_they_held_through_a_kill_9_and_see_only_their_own() 
     assert_eq!(bad["field"], "from", "{bad}");
 
     // The CLI prints the same report as a table.
-    let output = std::process::Command::new(nephele_e2e::bin("nephele"))
-        .args(["report", "cost", "--since", "2h", "--by", "tenant"])
-        .args(["--api", &cloud.api, "--token", &cloud.token])
-        .env("NEPHELE_CA", cloud.ca_path())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&output.stderr)
+    let (ok, stdout) = cloud.cli_as(
+        &cloud.token,
+        &["report", "cost", "--since", "2h", "--by", "tenant"],
     );
+    assert!(ok, "{stdout}");
     eprintln!("{stdout}");
     assert!(
         stdout.contains("team-a") && stdout.contains("team-b"),

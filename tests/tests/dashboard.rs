@@ -4,7 +4,8 @@
 //! deployment under a rollout, a pool node the `local` provider runs, a running and a
 //! pending job, a measured grid signal. Every main view must render with that data
 //! (fleet, deployments and rollouts, GPU pools, jobs and why pending, cost and carbon
-//! per tenant), and a screenshot of each is kept in `target/screenshots/`.
+//! per tenant), and a screenshot of the page and of each view is kept in
+//! `target/screenshots/`.
 
 #![allow(clippy::unwrap_used)]
 
@@ -70,14 +71,7 @@ fn every_main_view_of_the_dashboard_renders_with_data_in_chromium() {
         return;
     }
     let cloud = Cloud::start_with("dashboard", CONFIG).unwrap();
-    cloud
-        .wait_long("/v1/regions/eu-west/nodes", "the pool node up", 60, |v| {
-            v.as_array()
-                .unwrap()
-                .iter()
-                .all(|n| n["phase"] == "up" && !n["agent"].is_null())
-        })
-        .unwrap();
+    cloud.wait_pool_nodes_up("eu-west").unwrap();
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -148,7 +142,7 @@ fn every_main_view_of_the_dashboard_renders_with_data_in_chromium() {
 
     let addr = cloud.api.trim_start_matches("https://").to_string();
     let pin = browser::spki_pin(&addr).unwrap();
-    let browser = Browser::start(&cloud.dir, &[pin], 1400, 1000).unwrap();
+    let browser = Browser::start(&cloud.dir, &[pin], 1400, 2000).unwrap();
     browser
         .goto(&format!("{}/#token={}", cloud.api, cloud.token))
         .unwrap();
@@ -222,29 +216,25 @@ fn every_main_view_of_the_dashboard_renders_with_data_in_chromium() {
     assert!(kg > 0.0, "{default}");
     assert_eq!(cells[4], "10", "edge requests: {default}");
 
-    // A screenshot of each view (the page scrolled to it).
+    // The page as a person first sees it, and each view's own picture.
     let dir = screenshots();
-    for (view, anchor) in [
-        ("fleet", "fleet"),
-        ("rollouts", "rollouts"),
-        ("pools", "pools"),
-        ("jobs", "jobs-section"),
-        ("costs", "costs"),
+    let page = browser.screenshot(&dir.join("dashboard.png")).unwrap();
+    let (width, height) = browser::png_size(&page).unwrap();
+    assert!(width >= 1000 && height >= 700, "{width}×{height}");
+    let mut seen = std::collections::BTreeSet::new();
+    for (view, css) in [
+        ("fleet", "#devices"),
+        ("deployments", "#deployments"),
+        ("pools", "#nodes"),
+        ("jobs", "#jobs"),
+        ("costs", "#tenants-cost"),
     ] {
-        browser
-            .eval(&format!(
-                "document.getElementById('{anchor}').scrollIntoView(); return true;"
-            ))
-            .unwrap();
         let path = dir.join(format!("dashboard-{view}.png"));
-        let png = browser.screenshot(&path).unwrap();
+        let png = browser.element_screenshot(css, &path).unwrap();
         let (width, height) = browser::png_size(&png).unwrap();
-        assert!(width >= 1000 && height >= 700, "{view}: {width}×{height}");
-        assert!(
-            png.len() > 20_000,
-            "{view}: a {} byte screenshot is blank",
-            png.len()
-        );
+        // A header and at least one row of data, as wide as the page's tables.
+        assert!(width >= 600 && height >= 50, "{view}: {width}×{height}");
+        assert!(seen.insert(png.clone()), "{view} looks like another view");
         eprintln!(
             "screenshot {}: {width}×{height}, {} bytes",
             path.display(),

@@ -20,6 +20,10 @@ name = "eu-west"
 
 const DEVICES: [&str; 3] = ["cam-1", "cam-2", "cam-3"];
 
+/// The tests here run one at a time: the slow version's gate compares p99 latencies,
+/// which another test's agents on the same two cores would move.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
 /// Pushes a version of `digits` and waits until it is built (the slow version's
 /// variants take tens of seconds to measure on a loaded 2-core machine, longer than
 /// a request may wait).
@@ -98,6 +102,7 @@ fn everyone_runs(cloud: &Cloud, model: &Value) -> Value {
 
 #[test]
 fn a_slow_version_rolls_back_from_the_canary_and_a_good_one_reaches_every_device() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let mut cloud = Cloud::start_with("rollouts", CONFIG).expect("cloud");
     let edges: Vec<Edge> = DEVICES
         .iter()
@@ -296,4 +301,105 @@ fn a_slow_version_rolls_back_from_the_canary_and_a_good_one_reaches_every_device
         served > 300,
         "too little traffic to mean anything: {served}"
     );
+}
+
+/// Pushes a version of `digits` with the held-out digits (and their labels) as its
+/// validation rows, waiting until it is built.
+fn push_validated(cloud: &Cloud, bytes: &[u8]) -> Value {
+    use base64::Engine as _;
+    let set = heldout();
+    let body = json!({
+        "onnx_base64": base64::engine::general_purpose::STANDARD.encode(bytes),
+        "validation": {"rows": set.features, "labels": set.labels},
+    });
+    let (status, model) = cloud
+        .client()
+        .raw_json(
+            "PUT",
+            &format!("{}/v1/models/digits?wait=true", cloud.api),
+            &body,
+        )
+        .expect("upload");
+    assert!((200..=201).contains(&status), "{status} {model:#}");
+    model
+}
+
+fn full_accuracy(model: &Value) -> f64 {
+    model["variants"]
+        .as_array()
+        .and_then(|v| v.iter().find(|v| v["name"] == "full"))
+        .and_then(|v| v["accuracy_pct"].as_f64())
+        .unwrap_or_else(|| panic!("no accuracy: {model:#}"))
+}
+
+#[test]
+fn a_less_accurate_version_is_rolled_back_before_any_device_loads_it() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let cloud = Cloud::start_with("rollout-accuracy", CONFIG).expect("cloud");
+    let edge = Edge::start(&cloud, "cam-1", "eu-west", &[], &[]).expect("agent");
+    cloud.wait_online("cam-1").expect("online");
+    let v1 = push_validated(&cloud, MODEL_ONNX);
+    let mut deployment = spec(&v1);
+    deployment["rollout"]["min_requests"] = json!(0);
+    deployment["rollout"]["min_step_s"] = json!(0);
+    cloud.post("/v1/deployments", &deployment).expect("deploy");
+    cloud
+        .wait_for("/v1/deployments/digits", "digits ready", |v| {
+            v["ready_devices"] == 1
+        })
+        .expect("ready");
+
+    // Retrained badly: loads and runs as fast, answers 0 far too often.
+    let worse = push_validated(&cloud, &nephele_e2e::model_versions::biased_digits(8.0));
+    let (old, new) = (full_accuracy(&v1), full_accuracy(&worse));
+    eprintln!("accuracy on the 360 held-out digits: {old:.2}% → {new:.2}%");
+    assert!(new < old - 0.5, "{old} → {new}");
+    deployment["model"] = worse["reference"].clone();
+    let (status, answer) = cloud
+        .client()
+        .raw_json(
+            "PUT",
+            &format!("{}/v1/deployments/digits", cloud.api),
+            &deployment,
+        )
+        .expect("update");
+    assert_eq!(status, 200, "{answer:#}");
+    let rollout = &answer["rollout"];
+    assert_eq!(rollout["state"], "rolled_back", "{rollout:#}");
+    assert_eq!(rollout["moved_devices"], json!([]), "{rollout:#}");
+    let gate = rollout["gate"].as_str().unwrap_or_default();
+    assert!(
+        gate.starts_with("accuracy gate failed before the first step")
+            && gate.contains("on the same 360 labelled rows"),
+        "{gate}"
+    );
+    eprintln!("{gate}");
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        loads(&edge),
+        1.0,
+        "the device never loaded the worse version"
+    );
+    let status = cloud.get("/v1/deployments/digits").expect("status");
+    assert_eq!(status["model"], v1["reference"], "{status:#}");
+
+    // The same computation in other bytes passes the gate and rolls out.
+    let same = push_validated(&cloud, &retagged_digits("accuracy test"));
+    deployment["model"] = same["reference"].clone();
+    let (status, answer) = cloud
+        .client()
+        .raw_json(
+            "PUT",
+            &format!("{}/v1/deployments/digits", cloud.api),
+            &deployment,
+        )
+        .expect("update");
+    assert_eq!(status, 200, "{answer:#}");
+    let events = answer["rollout"]["events"].to_string();
+    assert!(events.contains("accuracy gate passed"), "{events}");
+    cloud
+        .wait_for("/v1/deployments/digits/rollout", "the rollout done", |r| {
+            r["state"] == "complete"
+        })
+        .expect("complete");
 }

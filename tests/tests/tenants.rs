@@ -11,20 +11,7 @@ use nephele_e2e::{Cloud, Http};
 use serde_json::{json, Value};
 
 fn nephele(cloud: &Cloud, token: &str, args: &[&str]) -> (bool, String) {
-    let output = std::process::Command::new(nephele_e2e::bin("nephele"))
-        .args(args)
-        .args(["--api", &cloud.api, "--token", token])
-        .env("NEPHELE_CA", cloud.ca_path())
-        .output()
-        .unwrap();
-    (
-        output.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        ),
-    )
+    cloud.cli_as(token, args)
 }
 
 fn call(

@@ -123,6 +123,28 @@ impl ValidationUpload {
     }
 }
 
+/// The SHA-256 of labelled validation rows (rows and labels, with their lengths), so
+/// two versions measured on the same rows can be compared (a rollout's accuracy gate);
+/// `None` without labels.
+pub fn labelled_rows_sha256(set: &nephele_runtime::variants::ValidationSet) -> Option<String> {
+    let labels = set.labels.as_ref()?;
+    let mut hash = ring::digest::Context::new(&ring::digest::SHA256);
+    hash.update(&(set.rows.len() as u64).to_le_bytes());
+    for row in &set.rows {
+        hash.update(&(row.len() as u64).to_le_bytes());
+        for value in row {
+            hash.update(&value.to_le_bytes());
+        }
+    }
+    hash.update(&(labels.len() as u64).to_le_bytes());
+    for label in labels {
+        hash.update(&(*label as u64).to_le_bytes());
+    }
+    Some(hex::encode(hash.finish().as_ref()))
+}
+
+impl ValidationUpload {}
+
 /// Parses the query and body of a push (no model is loaded here).
 pub fn parse_push(
     query: &[(String, String)],
@@ -430,6 +452,7 @@ fn build(
 ) -> Result<PutModel, String> {
     let started = std::time::Instant::now();
     let text = |e: nephele_runtime::RuntimeError| e.to_string();
+    let rows_sha256;
     let (bytes, model, variants, description, format) = match source {
         Source::Onnx(bytes) => {
             let model = match nephele_runtime::Model::load_onnx(name, &bytes) {
@@ -472,6 +495,7 @@ fn build(
                     format!("{SYNTHETIC_ROWS} synthetic rows, uniform in [0, 1) (no labels: agreement only)"),
                 ),
             };
+            rows_sha256 = labelled_rows_sha256(&set);
             let variants = nephele_runtime::variants::build_variants_observed(
                 name, &bytes, &set, None, true, progress,
             )
@@ -503,6 +527,7 @@ fn build(
                     )
                 }
             };
+            rows_sha256 = labelled_rows_sha256(&set);
             let variants = nephele_runtime::variants::build_bert_variants(
                 name,
                 &safetensors,
@@ -541,6 +566,7 @@ fn build(
         outputs: vec![model.output().clone()],
         variants,
         validation: description,
+        validation_sha256: rows_sha256,
         format: format.to_string(),
         input_specs,
         recurrent_state: Vec::new(),
@@ -661,6 +687,8 @@ fn build_graph(
         bytes,
         variants,
         validation: description,
+        // Typed rows carry no labels.
+        validation_sha256: None,
         format: nephele_runtime::graph_model::FORMAT_ONNX_GRAPH.to_string(),
         input_specs,
         recurrent_state: state,

@@ -179,6 +179,10 @@ pub struct ModelRecord {
     /// Recurrent state of a stateful model (`--state INPUT=OUTPUT`).
     #[serde(default)]
     pub recurrent_state: Vec<nephele_proto::StateBinding>,
+    /// The SHA-256 of the labelled validation rows its accuracy was measured on
+    /// (`None`: no labels), so a rollout compares two versions only on the same rows.
+    #[serde(default)]
+    pub validation_sha256: Option<String>,
     /// The tenant that pushed it: only its tokens (and admins) see and deploy it.
     #[serde(default = "default_tenant")]
     pub tenant: String,

@@ -128,6 +128,22 @@ fn regions(v: &Value) -> String {
     }
 }
 
+/// Prints each row of a report, then its total (or that nothing was used), with the
+/// text of the tenant column (`all` on the total; `?` for a deployment deleted before
+/// its usage was counted).
+fn each_row(v: &Value, row: impl Fn(&str, &Value)) {
+    let rows = v["rows"].as_array().cloned().unwrap_or_default();
+    for r in &rows {
+        let tenant = s(r, "tenant");
+        row(if tenant.is_empty() { "?" } else { &tenant }, r);
+    }
+    if rows.is_empty() {
+        println!("(nothing used in this range)");
+    } else {
+        row("all", &v["total"]);
+    }
+}
+
 fn print_cost(v: &Value) {
     range_line(v);
     println!(
@@ -142,14 +158,10 @@ fn print_cost(v: &Value) {
         "OFFLOADED",
         "FAILED"
     );
-    let row = |r: &Value| {
+    each_row(v, |tenant, r| {
         println!(
             "{:<12} {:<11} {:<22} {:>10} {:>10} {:>10.2} {:>11} {:>11} {:>7}  {}",
-            if s(r, "tenant").is_empty() {
-                "?".into()
-            } else {
-                s(r, "tenant")
-            },
+            tenant,
             s(r, "kind"),
             s(r, "name"),
             hours(number(r, "gpu_seconds")),
@@ -160,16 +172,7 @@ fn print_cost(v: &Value) {
             s(r, "edge_requests_failed"),
             regions(r)
         );
-    };
-    let rows = v["rows"].as_array().cloned().unwrap_or_default();
-    for r in &rows {
-        row(r);
-    }
-    if rows.is_empty() {
-        println!("(nothing used in this range)");
-    } else {
-        row(&v["total"]);
-    }
+    });
     println!("(cost in the pools' price unit: node share × price_per_hour)");
 }
 
@@ -179,14 +182,10 @@ fn print_carbon(v: &Value) {
         "{:<12} {:<11} {:<22} {:>10} {:>12} {:>10} {:>14}  REGIONS",
         "TENANT", "KIND", "NAME", "KWH", "KG-CO2EQ", "G/KWH", "KWH-NO-SIGNAL"
     );
-    let row = |r: &Value| {
+    each_row(v, |tenant, r| {
         println!(
             "{:<12} {:<11} {:<22} {:>10.3} {:>12.3} {:>10} {:>14.3}  {}",
-            if s(r, "tenant").is_empty() {
-                "?".into()
-            } else {
-                s(r, "tenant")
-            },
+            tenant,
             s(r, "kind"),
             s(r, "name"),
             number(r, "energy_kwh"),
@@ -197,16 +196,7 @@ fn print_carbon(v: &Value) {
             number(r, "energy_without_signal_kwh"),
             regions(r)
         );
-    };
-    let rows = v["rows"].as_array().cloned().unwrap_or_default();
-    for r in &rows {
-        row(r);
-    }
-    if rows.is_empty() {
-        println!("(nothing used in this range)");
-    } else {
-        row(&v["total"]);
-    }
+    });
     println!("(energy at the nodes' rated power; carbon only for hours with a measured intensity)");
 }
 

@@ -46,6 +46,10 @@ pub struct UpdateArgs {
     /// ...and by this many ms.
     #[arg(long)]
     pub min_p99_increase_ms: Option<f64>,
+    /// Most accuracy points a new model version may lose against the old on the same
+    /// labelled validation rows (judged before the first step; default 0.5).
+    #[arg(long)]
+    pub max_accuracy_drop: Option<f64>,
 }
 
 #[derive(Debug, Clone, clap::Subcommand)]
@@ -88,6 +92,10 @@ pub fn update(args: &ApiArgs, update: UpdateArgs) -> Result<()> {
         (
             "min_p99_increase_ms",
             update.min_p99_increase_ms.map(Value::from),
+        ),
+        (
+            "max_accuracy_drop_points",
+            update.max_accuracy_drop.map(Value::from),
         ),
     ];
     let mut rollout_given = !rollout.is_empty();

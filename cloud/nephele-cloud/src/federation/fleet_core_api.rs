@@ -29,6 +29,8 @@ pub struct PutModel {
     pub variants: nephele_runtime::variants::VariantSet,
     /// What the variants were measured on, e.g. `360 labelled rows`.
     pub validation: String,
+    /// The SHA-256 of the labelled rows, when they were labelled.
+    pub validation_sha256: Option<String>,
     /// The manifest format: `nephele_runtime::FORMAT_ONNX` or `FORMAT_CANDLE_BERT`.
     pub format: String,
     /// The `--input` specs applied to the file (already in `bytes`).
@@ -391,6 +393,7 @@ impl FleetCore {
                 })
                 .collect(),
             validation: message.validation,
+            validation_sha256: message.validation_sha256,
             format: message.format,
             input_specs: message.input_specs,
             recurrent_state: message.recurrent_state,

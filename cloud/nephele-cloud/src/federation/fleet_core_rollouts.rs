@@ -114,8 +114,22 @@ impl FleetCore {
         );
         let number = current.rollout.as_ref().map_or(1, |r| r.number + 1);
         let settings = record.rollout_settings.clone().unwrap_or_default();
+        let max_drop = settings.max_accuracy_drop_points;
         let mut rollout = Rollout::new(number, from, to, settings, baseline, now_unix_ms);
         tracing::info!(deployment = %name, rollout = number, from = %rollout.from.model, to = %rollout.to.model, devices = selected.len(), "rollout started");
+        if rollout.from.model != rollout.to.model {
+            let verdict = super::rollout::accuracy_verdict(
+                self.measured_accuracy(&rollout.from.model).as_ref(),
+                self.measured_accuracy(&rollout.to.model).as_ref(),
+                max_drop,
+            );
+            if let Some(Change::RolledBack(_)) = rollout.judge_accuracy(now_unix_ms, verdict) {
+                tracing::info!(deployment = %name, rollout = number, gate = %rollout.gate, "rollout rolled back before the first step");
+                base.rollout = Some(Box::new(rollout));
+                self.write(Write::Put(Record::Deployment(base.clone())));
+                return Ok(base);
+            }
+        }
         let change = rollout.tick(now_unix_ms, &selected, &figures);
         base.rollout = Some(Box::new(rollout));
         if change == Some(Change::Completed) {
@@ -124,6 +138,21 @@ impl FleetCore {
         }
         self.write(Write::Put(Record::Deployment(base.clone())));
         Ok(base)
+    }
+
+    /// A model version's accuracy as measured at its push, when it had labelled rows.
+    fn measured_accuracy(&self, key: &str) -> Option<super::rollout::MeasuredAccuracy> {
+        let model = self.catalog.model(key)?;
+        let accuracy_pct = model
+            .variants
+            .iter()
+            .find(|v| v.name == "full")?
+            .accuracy_pct?;
+        Some(super::rollout::MeasuredAccuracy {
+            accuracy_pct,
+            rows_sha256: model.validation_sha256.clone()?,
+            rows: model.validation.clone(),
+        })
     }
 
     /// Pauses, resumes or rolls back a deployment's rollout under way.

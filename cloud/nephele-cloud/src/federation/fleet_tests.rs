@@ -86,6 +86,7 @@ pub(in crate::federation) fn model(name: &str) -> ModelRecord {
             variant_record("int8", Some("cosine 0.9 below 0.99")),
         ],
         validation: "none".into(),
+        validation_sha256: None,
         format: "onnx".into(),
         input_specs: vec![],
         recurrent_state: vec![],

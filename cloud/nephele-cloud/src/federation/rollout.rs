@@ -11,7 +11,9 @@
 //! running the old version, or, when none is left with traffic, with what the old
 //! version showed when the rollout began. A failing gate, or devices that do not run
 //! the new version within `progress_deadline_s`, rolls back: exactly the moved devices
-//! get the old version again. Devices keep serving the version they run until the
+//! get the old version again. Accuracy is judged once, before the first device moves
+//! ([`accuracy_verdict`]): devices have no labels, but two model versions pushed with
+//! the same labelled validation rows were both measured on them. Devices keep serving the version they run until the
 //! other is loaded (the agent swaps only once the new one is ready).
 //!
 //! Time is an argument (unix ms, so a rollout resumes where it was after a control
@@ -44,6 +46,10 @@ pub struct RolloutSettings {
     pub max_error_rate_increase: f64,
     /// Largest rise of the share of requests offloaded to the cloud.
     pub max_offload_share_increase: f64,
+    /// Largest drop of accuracy, in points, the new model version may show against the
+    /// old on the same labelled validation rows (judged before the first step: devices
+    /// have no labels).
+    pub max_accuracy_drop_points: f64,
 }
 
 impl Default for RolloutSettings {
@@ -57,6 +63,7 @@ impl Default for RolloutSettings {
             min_p99_increase_ms: 2.0,
             max_error_rate_increase: 0.01,
             max_offload_share_increase: 0.2,
+            max_accuracy_drop_points: 0.5,
         }
     }
 }
@@ -96,6 +103,7 @@ impl RolloutSettings {
                 "max_offload_share_increase",
                 self.max_offload_share_increase,
             ),
+            ("max_accuracy_drop_points", self.max_accuracy_drop_points),
         ];
         for (name, value) in finite {
             if !value.is_finite() || value < 0.0 {
@@ -109,6 +117,54 @@ impl RolloutSettings {
             ));
         }
         Ok(())
+    }
+}
+
+/// A model version's accuracy as measured at its push: percent, on the labelled
+/// validation rows with this SHA-256.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MeasuredAccuracy {
+    pub accuracy_pct: f64,
+    pub rows_sha256: String,
+    pub rows: String,
+}
+
+/// What the accuracy gate says of a new model version.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AccuracyVerdict {
+    Passed(String),
+    Failed(String),
+    /// Not comparable (no labels, or other rows); the rollout goes on, saying so.
+    NotJudged(String),
+}
+
+/// Judges `new` against `old` (each `None` when its push had no labels).
+pub fn accuracy_verdict(
+    old: Option<&MeasuredAccuracy>,
+    new: Option<&MeasuredAccuracy>,
+    max_drop_points: f64,
+) -> AccuracyVerdict {
+    match (old, new) {
+        (Some(old), Some(new)) if old.rows_sha256 == new.rows_sha256 => {
+            let drop = old.accuracy_pct - new.accuracy_pct;
+            let figures = format!(
+                "accuracy {:.2}% on the new version against {:.2}% on the old, on the same {}",
+                new.accuracy_pct, old.accuracy_pct, new.rows
+            );
+            if drop > max_drop_points {
+                AccuracyVerdict::Failed(format!(
+                    "{figures} (limit −{max_drop_points} points)"
+                ))
+            } else {
+                AccuracyVerdict::Passed(figures)
+            }
+        }
+        (Some(_), Some(_)) => AccuracyVerdict::NotJudged(
+            "accuracy not judged: the two versions were pushed with different validation rows (push both with the same --validation file to gate on it)".into(),
+        ),
+        _ => AccuracyVerdict::NotJudged(
+            "accuracy not judged: a version was pushed without labelled validation rows".into(),
+        ),
     }
 }
 
@@ -340,6 +396,28 @@ impl Rollout {
     }
 
     /// Sends the moved devices back to the old version; returns them.
+    /// Records the accuracy gate's verdict, before any device moves; a failed one
+    /// rolls back at once (nothing has moved).
+    pub fn judge_accuracy(&mut self, now_unix_ms: u64, verdict: AccuracyVerdict) -> Option<Change> {
+        match verdict {
+            AccuracyVerdict::Passed(figures) => {
+                self.event(now_unix_ms, format!("accuracy gate passed: {figures}"));
+                None
+            }
+            AccuracyVerdict::NotJudged(why) => {
+                self.event(now_unix_ms, why);
+                None
+            }
+            AccuracyVerdict::Failed(figures) => self
+                .roll_back(
+                    now_unix_ms,
+                    format!("accuracy gate failed before the first step: {figures}"),
+                )
+                .ok()
+                .map(Change::RolledBack),
+        }
+    }
+
     pub fn roll_back(&mut self, now_unix_ms: u64, why: String) -> Result<Vec<String>, String> {
         if !self.state.active() {
             return Err(format!(

@@ -304,3 +304,61 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn accuracy_is_judged_only_on_the_same_labelled_rows() {
+    let measured = |pct: f64, rows: &str| MeasuredAccuracy {
+        accuracy_pct: pct,
+        rows_sha256: rows.into(),
+        rows: "360 labelled rows".into(),
+    };
+    let old = measured(97.5, "aa");
+    assert!(matches!(
+        accuracy_verdict(Some(&old), Some(&measured(97.2, "aa")), 0.5),
+        AccuracyVerdict::Passed(_)
+    ));
+    let AccuracyVerdict::Failed(why) =
+        accuracy_verdict(Some(&old), Some(&measured(91.0, "aa")), 0.5)
+    else {
+        panic!("a drop of 6.5 points passed")
+    };
+    assert_eq!(
+        why,
+        "accuracy 91.00% on the new version against 97.50% on the old, on the same 360 labelled rows (limit −0.5 points)"
+    );
+    assert!(matches!(
+        accuracy_verdict(Some(&old), Some(&measured(91.0, "bb")), 0.5),
+        AccuracyVerdict::NotJudged(m) if m.contains("different validation rows")
+    ));
+    assert!(matches!(
+        accuracy_verdict(None, Some(&old), 0.5),
+        AccuracyVerdict::NotJudged(_)
+    ));
+    // A failed gate rolls back before any device moves; the others are history only.
+    let selected = devices(4);
+    let mut r = rollout();
+    let change = r.judge_accuracy(
+        0,
+        accuracy_verdict(Some(&old), Some(&measured(91.0, "aa")), 0.5),
+    );
+    assert_eq!(change, Some(Change::RolledBack(vec![])));
+    assert_eq!(
+        r.tick(1_000, &selected, &figures(&r, &selected, 1.0, 0)),
+        None
+    );
+    assert!(
+        r.gate
+            .starts_with("accuracy gate failed before the first step"),
+        "{}",
+        r.gate
+    );
+    let mut good = rollout();
+    assert_eq!(
+        good.judge_accuracy(0, accuracy_verdict(Some(&old), Some(&old), 0.5)),
+        None
+    );
+    assert!(good
+        .events
+        .iter()
+        .any(|e| e.message.starts_with("accuracy gate passed")));
+}

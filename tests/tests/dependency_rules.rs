@@ -61,6 +61,7 @@ const RUNTIMES: &[&str] = &[
 fn pure_crates_have_no_runtime_in_their_dependency_tree() {
     for package in [
         "nephele-domain",
+        "nephele-api",
         "nephele-proto",
         "nephele-telemetry",
         "nephele-placement",
@@ -69,6 +70,24 @@ fn pure_crates_have_no_runtime_in_their_dependency_tree() {
     ] {
         assert_free_of(package, RUNTIMES);
     }
+}
+
+/// The API's contract is serde and schemars only: a client links no server, wire,
+/// store or runtime crate for it.
+#[test]
+fn the_api_crate_is_serde_only() {
+    let tree = dependency_tree("nephele-api");
+    for name in &tree {
+        assert!(
+            !name.starts_with("nephele-") || name == "nephele-api",
+            "nephele-api must not depend on {name}"
+        );
+    }
+    assert_free_of("nephele-api", RUNTIMES);
+    assert_free_of(
+        "nephele-api",
+        &["ureq", "redb", "bincode", "rustls", "prost"],
+    );
 }
 
 #[test]

@@ -362,12 +362,7 @@ macro_rules! ask_region {
     }};
 }
 
-#[derive(Debug, Deserialize, Default, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct TokenRequest {
-    pub region: Option<String>,
-    pub ttl_s: Option<u64>,
-}
+pub use nephele_api::TokenRequest;
 
 async fn create_token(
     request: HttpRequest,
@@ -820,45 +815,7 @@ async fn submit_job(
     Ok(HttpResponse::Created().json(result?))
 }
 
-/// One hour of a grid push.
-#[derive(Debug, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct GridPointBody {
-    /// Any second of the hour (UTC); the hour it falls in is stored.
-    pub unix: u64,
-    pub carbon_g_per_kwh: Option<f64>,
-    pub price_per_mwh: Option<f64>,
-}
-
-#[derive(Debug, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct GridPushBody {
-    /// Measured hours.
-    #[serde(default)]
-    pub points: Vec<GridPointBody>,
-    /// A carbon-intensity provider's forecast, kept beside the measurements (never
-    /// mixed with them) and replacing the forecast held when it is newer.
-    #[serde(default)]
-    pub forecast: Option<GridForecastBody>,
-}
-
-#[derive(Debug, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct GridForecastBody {
-    /// When the provider made it (unix seconds; its `updatedAt`).
-    pub issued_unix: u64,
-    /// Who made it (e.g. `electricitymaps`), for operators.
-    pub source: String,
-    pub points: Vec<GridForecastPointBody>,
-}
-
-#[derive(Debug, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct GridForecastPointBody {
-    /// Any second of the hour (UTC).
-    pub unix: u64,
-    pub carbon_g_per_kwh: f64,
-}
+pub use nephele_api::{GridForecastBody, GridForecastPointBody, GridPointBody, GridPushBody};
 
 /// `PUT /v1/regions/{name}/grid` (admins: a carbon feed's token): hourly measured
 /// carbon intensity and prices, and a provider's forecast; all of it is stored or none.
@@ -1166,16 +1123,16 @@ async fn job_logs(
             data,
             size,
             finished,
-        } => Ok(HttpResponse::Ok().json(serde_json::json!({
-            "job": name.as_str(),
-            "attempt": attempt,
-            "member": query.member,
-            "offset": query.offset,
-            "next_offset": query.offset + data.len() as u64,
-            "size": size,
-            "finished": finished,
-            "data": String::from_utf8_lossy(&data),
-        }))),
+        } => Ok(HttpResponse::Ok().json(nephele_api::JobLogsView {
+            job: name.to_string(),
+            attempt,
+            member: query.member,
+            offset: query.offset,
+            next_offset: query.offset + data.len() as u64,
+            size,
+            finished,
+            data: String::from_utf8_lossy(&data).into_owned(),
+        })),
         nephele_proto::StreamResponse::Error(error) => Err(match error.code {
             nephele_proto::ErrorCode::NotFound => ApiError::NotFound(error.message),
             nephele_proto::ErrorCode::BadRequest => ApiError::BadRequest(error.message),
@@ -1187,17 +1144,7 @@ async fn job_logs(
     }
 }
 
-#[derive(Debug, Deserialize, Default, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct InterruptBody {
-    /// Seconds until the node goes (a spot interruption notice; AWS gives 120).
-    #[serde(default = "default_notice_s")]
-    pub notice_s: u64,
-}
-
-fn default_notice_s() -> u64 {
-    120
-}
+pub use nephele_api::InterruptBody;
 
 /// `POST /v1/regions/{name}/nodes/{node}/interrupt` (admin) `{"notice_s"}`: the node's
 /// provider will take it away (a spot interruption): its replicas start elsewhere

@@ -213,6 +213,16 @@ pub enum ProviderKind {
     Command,
 }
 
+impl ProviderKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderKind::None => "none",
+            ProviderKind::Local => "local",
+            ProviderKind::Command => "command",
+        }
+    }
+}
+
 /// The `command` provider's scripts for one pool (see deploy/providers/README.md).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]

@@ -422,8 +422,9 @@ impl RegionActor {
                 ("failed", 0),
             ]
             .into();
-            for job in self.scheduler.list(None) {
-                *by_state.entry(job.state).or_default() += 1;
+            let jobs = self.scheduler.list(None);
+            for job in &jobs {
+                *by_state.entry(job.state.as_str()).or_default() += 1;
             }
             for (state, n) in by_state {
                 metrics
@@ -435,8 +436,9 @@ impl RegionActor {
                     .set(n);
             }
             let mut by_phase: BTreeMap<&str, i64> = BTreeMap::new();
-            for node in self.scheduler.nodes() {
-                *by_phase.entry(node.phase).or_default() += 1;
+            let nodes = self.scheduler.nodes();
+            for node in &nodes {
+                *by_phase.entry(node.phase.as_str()).or_default() += 1;
             }
             for phase in ["absent", "launching", "up", "draining", "releasing"] {
                 metrics

@@ -21,8 +21,6 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
-
 use crate::scheduler::ledger::{AccountKind, Usage};
 
 const HOUR_S: u64 = 3600;
@@ -30,16 +28,7 @@ const HOUR_S: u64 = 3600;
 /// Longest range one report covers (the ledgers keep 90 days).
 pub const MAX_RANGE_S: u64 = 90 * 24 * HOUR_S;
 
-/// How rows are grouped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum GroupBy {
-    /// One row per tenant.
-    Tenant,
-    /// One row per job or deployment (the default).
-    #[default]
-    Workload,
-}
+pub use nephele_api::reports::{CarbonReport, CarbonRow, CostReport, CostRow, GroupBy};
 
 /// One region's ledger entries in the range, and its measured carbon per hour.
 #[derive(Debug, Clone, Default)]
@@ -109,62 +98,6 @@ impl Range {
     pub fn contains(&self, hour: u64) -> bool {
         (self.from..self.to).contains(&hour)
     }
-}
-
-/// One row of a cost report.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, schemars::JsonSchema)]
-pub struct CostRow {
-    pub tenant: String,
-    /// `job`, `deployment`, or `tenant` when grouped by tenant.
-    pub kind: String,
-    pub name: String,
-    /// Regions whose pools it used.
-    pub regions: Vec<String>,
-    pub gpu_seconds: f64,
-    pub cpu_seconds: f64,
-    /// In the pools' price unit (their `price_per_hour`).
-    pub cost: f64,
-    /// Requests devices answered themselves.
-    pub edge_requests_local: u64,
-    /// Requests devices sent to the cloud (answered by the replicas above).
-    pub edge_requests_offloaded: u64,
-    pub edge_requests_failed: u64,
-}
-
-/// A cost report.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, schemars::JsonSchema)]
-pub struct CostReport {
-    /// Unix seconds, whole hours (`to` exclusive).
-    pub from: u64,
-    pub to: u64,
-    pub rows: Vec<CostRow>,
-    pub total: CostRow,
-}
-
-/// One row of a carbon report.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, schemars::JsonSchema)]
-pub struct CarbonRow {
-    pub tenant: String,
-    pub kind: String,
-    pub name: String,
-    pub regions: Vec<String>,
-    /// Energy at the nodes' rated power, kWh.
-    pub energy_kwh: f64,
-    /// gCO₂eq of the energy in hours with a measured intensity.
-    pub carbon_g: f64,
-    /// Energy in hours without a measured intensity (not in `carbon_g`).
-    pub energy_without_signal_kwh: f64,
-    /// `carbon_g` / the energy it covers; `None` when no hour had a measurement.
-    pub intensity_g_per_kwh: Option<f64>,
-}
-
-/// A carbon report.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, schemars::JsonSchema)]
-pub struct CarbonReport {
-    pub from: u64,
-    pub to: u64,
-    pub rows: Vec<CarbonRow>,
-    pub total: CarbonRow,
 }
 
 /// One (tenant, kind, name)'s sums.

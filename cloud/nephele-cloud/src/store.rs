@@ -221,31 +221,8 @@ fn onnx_format() -> String {
     nephele_runtime::FORMAT_ONNX.to_string()
 }
 
-/// One variant as built and measured on push; `rejected` says why it is not shipped.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
-pub struct VariantRecord {
-    pub name: String,
-    pub precision: String,
-    pub size: u64,
-    pub flops: u64,
-    /// Accuracy in percent on labelled validation data.
-    pub accuracy_pct: Option<f64>,
-    pub min_cosine: Option<f64>,
-    pub top1_agreement: Option<f64>,
-    #[schemars(with = "Option<serde_json::Map<String, serde_json::Value>>")]
-    pub cut: Option<nephele_runtime::variants::CutInfo>,
-    pub rejected: Option<String>,
-    /// `shipped` or `rejected` (filled in views).
-    #[serde(default)]
-    pub status: String,
-    /// What mixed precision kept in f32, for an int8 variant that needed it.
-    #[serde(default)]
-    pub note: Option<String>,
-    /// Why it was rejected, for a split why its cut was built, or the note (filled in
-    /// views).
-    #[serde(default)]
-    pub reason: Option<String>,
-}
+/// One variant as built and measured on push (the API's view of it is the record).
+pub type VariantRecord = nephele_api::VariantView;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DeploymentRecord {
@@ -321,38 +298,7 @@ impl DeploymentRecord {
     }
 }
 
-/// A deployment's cloud replicas, as `POST /v1/deployments` may set them; every field
-/// absent takes the control plane's `[autoscale]` default.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ReplicaSettings {
-    /// Priority of its replicas and of its requests in admission control (higher
-    /// keeps serving longer).
-    #[serde(default)]
-    pub priority: Option<u32>,
-    #[serde(default)]
-    pub min: Option<u32>,
-    #[serde(default)]
-    pub max: Option<u32>,
-    /// p99 latency (ms) of offloaded requests through the region that the autoscaler
-    /// keeps; default the deployment's SLO.
-    #[serde(default)]
-    pub target_p99_ms: Option<u32>,
-    /// What one replica takes on its node.
-    #[serde(default)]
-    pub cpu_milli: Option<u64>,
-    #[serde(default)]
-    pub memory_mib: Option<u64>,
-    /// A share of one GPU (1..=1000); default sized from the model.
-    #[serde(default)]
-    pub gpu_milli: Option<u32>,
-    /// A MIG slice instead, e.g. `1g.10gb`.
-    #[serde(default)]
-    pub mig_profile: Option<String>,
-    /// May run on spot nodes (default true: an interruption notice moves it first).
-    #[serde(default)]
-    pub spot_ok: Option<bool>,
-}
+pub use nephele_api::ReplicaSettings;
 
 fn auto() -> String {
     "auto".into()
@@ -383,29 +329,7 @@ pub struct ApiTokenRecord {
     pub rotated_unix: Option<u64>,
 }
 
-/// One entry of the audit log: a change asked of the API (allowed or refused), who
-/// asked, from where, and how it ended.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-pub struct AuditRecord {
-    /// Increasing; the record's key.
-    pub seq: u64,
-    pub unix_ms: u64,
-    /// The token's id, or empty when the request had no valid token.
-    pub token: String,
-    pub role: String,
-    pub tenant: String,
-    pub method: String,
-    pub path: String,
-    pub status: u16,
-    /// The peer's IP address.
-    pub peer: String,
-}
-
-impl AuditRecord {
-    pub fn key(&self) -> String {
-        format!("{:020}", self.seq)
-    }
-}
+pub use nephele_api::AuditRecord;
 
 /// The tenant of records from before tenants owned models and deployments.
 pub fn default_tenant() -> String {

@@ -220,16 +220,34 @@ impl Hub {
             self.epoch,
             event.version,
             event.kind.as_str(),
-            serde_json::to_string(event).unwrap_or_default()
+            serde_json::to_string(&event.to_api()).unwrap_or_default()
         )
+    }
+}
+
+impl Event {
+    /// The event as the API sends it.
+    pub fn to_api(&self) -> nephele_api::WatchEvent {
+        nephele_api::WatchEvent {
+            version: self.version,
+            kind: self.kind.as_str().to_string(),
+            name: self.name.clone(),
+            action: self.action.to_string(),
+            tenant: self.tenant.clone(),
+            region: self.region.clone(),
+            unix_ms: self.unix_ms,
+        }
     }
 }
 
 /// A reset as a server-sent event.
 pub fn reset_sse(why: &str) -> String {
+    let reset = nephele_api::WatchReset {
+        reason: why.to_string(),
+    };
     format!(
         "event: reset\ndata: {}\n\n",
-        serde_json::json!({"reason": why})
+        serde_json::to_string(&reset).unwrap_or_default()
     )
 }
 

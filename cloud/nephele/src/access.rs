@@ -2,9 +2,9 @@
 //! tenant, and what they changed (tenants themselves: `tenant.rs`).
 
 use anyhow::Result;
-use serde_json::Value;
+use nephele_api::{ApiTokenSpec, ApiTokenView, AuditRecord, Role};
 
-use crate::client::{print, s, when, ApiArgs};
+use crate::client::{show, text, when_unix, ApiArgs};
 
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum ApiTokenCommand {
@@ -42,18 +42,18 @@ pub struct AuditArgs {
     pub tenant: Option<String>,
 }
 
-fn print_created(v: &Value) {
+fn print_created(t: &ApiTokenView) {
     println!(
         "API token {} ({}, {} of tenant {}){}:\n  {}",
-        s(v, "id"),
-        s(v, "name"),
-        s(v, "role"),
-        s(v, "tenant"),
-        match v.get("expires_unix").filter(|e| !e.is_null()) {
-            Some(expires) => format!(", expires {}", when(Some(expires))),
+        t.id,
+        t.name,
+        t.role,
+        t.tenant,
+        match t.expires_unix {
+            Some(expires) => format!(", expires {}", when_unix(Some(expires))),
             None => String::new(),
         },
-        s(v, "token")
+        text(t.token.as_deref())
     );
     println!("it is shown only now: keep it (e.g. export NEPHELE_TOKEN=...)");
 }
@@ -67,30 +67,36 @@ pub fn api_token(args: ApiArgs, command: ApiTokenCommand) -> Result<()> {
             tenant,
             ttl,
         } => {
-            let value = api.post(
+            let role = Role::parse(&role).map_err(anyhow::Error::msg)?;
+            let token: ApiTokenView = api.post_as(
                 "/v1/api-tokens",
-                &serde_json::json!({"name": name, "role": role, "tenant": tenant, "ttl_s": ttl}),
+                &ApiTokenSpec {
+                    name,
+                    role,
+                    tenant,
+                    ttl_s: ttl,
+                },
             )?;
-            print(args.json, &value, print_created);
+            show(args.json, &token, print_created);
         }
         ApiTokenCommand::List => {
-            let value = api.get("/v1/api-tokens")?;
-            print(args.json, &value, |v| {
+            let tokens: Vec<ApiTokenView> = api.get_as("/v1/api-tokens")?;
+            show(args.json, &tokens, |tokens| {
                 println!(
                     "{:<10} {:<18} {:<10} {:<12} {:<8} {:<36} EXPIRES",
                     "ID", "NAME", "ROLE", "TENANT", "STATE", "CREATED"
                 );
-                for t in v.as_array().into_iter().flatten() {
+                for t in tokens {
                     println!(
                         "{:<10} {:<18} {:<10} {:<12} {:<8} {:<36} {}",
-                        s(t, "id"),
-                        s(t, "name"),
-                        s(t, "role"),
-                        s(t, "tenant"),
-                        s(t, "state"),
-                        when(t.get("created_unix")),
-                        match t.get("expires_unix").filter(|e| !e.is_null()) {
-                            Some(e) => when(Some(e)),
+                        t.id,
+                        t.name,
+                        t.role.as_str(),
+                        t.tenant,
+                        t.state,
+                        when_unix(Some(t.created_unix)),
+                        match t.expires_unix {
+                            Some(e) => when_unix(Some(e)),
                             None => "never".into(),
                         }
                     );
@@ -98,14 +104,17 @@ pub fn api_token(args: ApiArgs, command: ApiTokenCommand) -> Result<()> {
             });
         }
         ApiTokenCommand::Revoke { id } => {
-            let value = api.delete(&format!("/v1/api-tokens/{id}"))?;
-            print(args.json, &value, |v| {
-                println!("API token {} revoked; it no longer works", s(v, "id"))
+            let token: ApiTokenView = api.delete_as(&format!("/v1/api-tokens/{id}"))?;
+            show(args.json, &token, |t| {
+                println!("API token {} revoked; it no longer works", t.id)
             });
         }
         ApiTokenCommand::Rotate { id } => {
-            let value = api.post(&format!("/v1/api-tokens/{id}/rotate"), &Value::Null)?;
-            print(args.json, &value, print_created);
+            let token: ApiTokenView = api.post_as(
+                &format!("/v1/api-tokens/{id}/rotate"),
+                &serde_json::Value::Null,
+            )?;
+            show(args.json, &token, print_created);
         }
     }
     Ok(())
@@ -117,25 +126,31 @@ pub fn audit(api_args: ApiArgs, args: AuditArgs) -> Result<()> {
     if let Some(tenant) = &args.tenant {
         path.push_str(&format!("&tenant={tenant}"));
     }
-    let value = api.get(&path)?;
-    print(api_args.json, &value, |v| {
+    let entries: Vec<AuditRecord> = api.get_as(&path)?;
+    show(api_args.json, &entries, |entries| {
         println!(
             "{:>6} {:<36} {:<10} {:<10} {:<12} {:<15} {:>6}  REQUEST",
             "SEQ", "WHEN", "TOKEN", "ROLE", "TENANT", "FROM", "STATUS"
         );
-        for e in v.as_array().into_iter().flatten() {
-            let seconds = e.get("unix_ms").and_then(Value::as_u64).map(|ms| ms / 1000);
+        let dash = |t: &str| {
+            if t.is_empty() {
+                "-".to_string()
+            } else {
+                t.to_string()
+            }
+        };
+        for e in entries {
             println!(
                 "{:>6} {:<36} {:<10} {:<10} {:<12} {:<15} {:>6}  {} {}",
-                s(e, "seq"),
-                when(seconds.map(Value::from).as_ref()),
-                s(e, "token"),
-                s(e, "role"),
-                s(e, "tenant"),
-                s(e, "peer"),
-                s(e, "status"),
-                s(e, "method"),
-                s(e, "path")
+                e.seq,
+                when_unix(Some(e.unix_ms / 1000)),
+                dash(&e.token),
+                dash(&e.role),
+                dash(&e.tenant),
+                dash(&e.peer),
+                e.status,
+                e.method,
+                e.path
             );
         }
     });

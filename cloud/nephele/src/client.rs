@@ -1,6 +1,7 @@
 //! A small blocking client of the REST API, and the CLI commands built on it.
 
 use anyhow::{bail, Context as _, Result};
+use nephele_api::*;
 use serde_json::Value;
 
 #[derive(Debug, Clone, clap::Args)]
@@ -210,20 +211,50 @@ impl Api {
             serde_json::from_str(&text).unwrap_or(Value::String(text))
         };
         if status >= 400 {
-            let message = value
-                .get("message")
-                .and_then(|m| m.as_str())
-                .map(str::to_string)
-                .unwrap_or_else(|| value.to_string());
-            let field = value
-                .get("field")
-                .and_then(|f| f.as_str())
-                .filter(|field| !message.contains(field))
+            // Every error of the API is a problem document; anything else (a proxy's
+            // page) is shown as it came.
+            let (message, field) =
+                match serde_json::from_value::<nephele_api::Problem>(value.clone()) {
+                    Ok(problem) => (problem.detail, problem.field),
+                    Err(_) => (value.to_string(), None),
+                };
+            let field = field
+                .filter(|field| !message.contains(field.as_str()))
                 .map(|field| format!(" (field: {field})"))
                 .unwrap_or_default();
             bail!("{what} failed ({status}): {message}{field}");
         }
         Ok(value)
+    }
+
+    /// GETs `path` as the API's type `T` (`nephele_api`).
+    pub fn get_as<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T> {
+        typed(&format!("GET {path}"), self.get(path)?)
+    }
+
+    /// POSTs `body` to `path`, reading the answer as `T`.
+    pub fn post_as<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &impl serde::Serialize,
+    ) -> Result<T> {
+        let body = serde_json::to_value(body).context("encode the request")?;
+        typed(&format!("POST {path}"), self.post(path, &body)?)
+    }
+
+    /// PUTs `body` to `path`, reading the answer as `T`.
+    pub fn put_as<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &impl serde::Serialize,
+    ) -> Result<T> {
+        let body = serde_json::to_value(body).context("encode the request")?;
+        typed(&format!("PUT {path}"), self.put_json(path, &body)?)
+    }
+
+    /// DELETEs `path`, reading the answer as `T`.
+    pub fn delete_as<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T> {
+        typed(&format!("DELETE {path}"), self.delete(path)?)
     }
 
     /// A failed request said as what it was: a URL that is not one, or a server that
@@ -506,6 +537,39 @@ pub(crate) fn print(json: bool, value: &Value, table: impl FnOnce(&Value)) {
     }
 }
 
+/// An answer read as the API's type `T`; one that is not a `T` means this CLI and the
+/// control plane speak different versions of the API.
+pub(crate) fn typed<T: serde::de::DeserializeOwned>(what: &str, value: Value) -> Result<T> {
+    serde_json::from_value(value).with_context(|| {
+        format!("{what}: the answer is not what this version of nephele expects; use a CLI of the control plane's version")
+    })
+}
+
+/// Prints a typed answer: JSON or YAML when asked (exactly the API's document), else
+/// the table.
+pub(crate) fn show<T: serde::Serialize>(json: bool, view: &T, table: impl FnOnce(&T)) {
+    if json {
+        let value = serde_json::to_value(view).unwrap_or(Value::Null);
+        print(json, &value, |_| {});
+    } else {
+        table(view);
+    }
+}
+
+/// `-` for nothing, the text otherwise.
+pub(crate) fn text(value: Option<&str>) -> String {
+    value.map_or_else(|| "-".to_string(), str::to_string)
+}
+
+/// A number (or anything) as the API's JSON writes it (`1.0`, not `1`), `-` for none.
+pub(crate) fn num<T: serde::Serialize>(value: Option<T>) -> String {
+    match value.map(|v| serde_json::to_value(v).unwrap_or(Value::Null)) {
+        None | Some(Value::Null) => "-".into(),
+        Some(Value::String(text)) => text,
+        Some(other) => other.to_string(),
+    }
+}
+
 pub(crate) fn s(value: &Value, key: &str) -> String {
     match value.get(key) {
         Some(Value::String(text)) => text.clone(),
@@ -518,34 +582,31 @@ pub fn token(args: ApiArgs, command: TokenCommand) -> Result<()> {
     let api = args.client();
     match command {
         TokenCommand::Create { region, ttl } => {
-            let value = api.post(
-                "/v1/tokens",
-                &serde_json::json!({"region": region, "ttl_s": ttl}),
-            )?;
-            print(args.json, &value, |v| {
+            let token: JoinTokenView =
+                api.post_as("/v1/tokens", &TokenRequest { region, ttl_s: ttl })?;
+            show(args.json, &token, |t| {
+                let secret = text(t.token.as_deref());
                 println!(
-                    "join token for region {} (single use, expires {}):\n  {}",
-                    s(v, "region"),
-                    when(v.get("expires_unix")),
-                    s(v, "token")
+                    "join token for region {} (single use, expires {}):\n  {secret}",
+                    t.region,
+                    when_unix(Some(t.expires_unix)),
                 );
                 println!(
-                    "enrol a device with:\n  nephele-edge join --server HOST:PORT --token {}",
-                    s(v, "token")
+                    "enrol a device with:\n  nephele-edge join --server HOST:PORT --token {secret}"
                 );
             });
         }
         TokenCommand::List => {
-            let value = api.get("/v1/tokens")?;
-            print(args.json, &value, |v| {
+            let tokens: Vec<JoinTokenView> = api.get_as("/v1/tokens")?;
+            show(args.json, &tokens, |tokens| {
                 println!("{:<10} {:<12} {:<36} USED BY", "ID", "REGION", "EXPIRES");
-                for t in v.as_array().into_iter().flatten() {
+                for t in tokens {
                     println!(
                         "{:<10} {:<12} {:<36} {}",
-                        s(t, "id"),
-                        s(t, "region"),
-                        when(t.get("expires_unix")),
-                        s(t, "used_by")
+                        t.id,
+                        t.region,
+                        when_unix(Some(t.expires_unix)),
+                        text(t.used_by.as_deref())
                     );
                 }
             });
@@ -558,8 +619,8 @@ pub fn device(args: ApiArgs, command: DeviceCommand) -> Result<()> {
     let api = args.client();
     match command {
         DeviceCommand::List => {
-            let value = api.get("/v1/devices")?;
-            print(args.json, &value, |v| {
+            let devices: Vec<DeviceView> = api.get_as("/v1/devices")?;
+            show(args.json, &devices, |devices| {
                 println!(
                     "{:<14} {:<5} {:<10} {:<22} {:<8} {:>6} {:>9} {:>8} {:>10}  ADDRESS",
                     "NAME",
@@ -572,32 +633,29 @@ pub fn device(args: ApiArgs, command: DeviceCommand) -> Result<()> {
                     "RTT MS",
                     "LINK MBIT"
                 );
-                for d in v.as_array().into_iter().flatten() {
+                for d in devices {
                     let rss = d
-                        .get("rss_bytes")
-                        .and_then(|r| r.as_u64())
+                        .rss_bytes
                         .map(|r| format!("{:.1}", r as f64 / 1e6))
                         .unwrap_or("-".into());
-                    let link = |key: &str, scale: f64| {
-                        d.get("link")
-                            .and_then(|l| l.get(key))
-                            .and_then(|v| v.as_u64())
+                    let link = |value: Option<u64>, scale: f64| {
+                        value
                             .filter(|v| *v > 0)
                             .map(|v| format!("{:.1}", v as f64 / scale))
                             .unwrap_or("-".into())
                     };
                     println!(
                         "{:<14} {:<5} {:<10} {:<22} {:<8} {:>6} {:>9} {:>8} {:>10}  {}",
-                        s(d, "name"),
-                        s(d, "role"),
-                        s(d, "region"),
-                        s(d, "profile"),
-                        s(d, "health"),
-                        s(d, "cpu_cores"),
+                        d.name,
+                        d.role,
+                        d.region,
+                        d.profile,
+                        d.health,
+                        d.cpu_cores,
                         rss,
-                        link("rtt_us", 1e3),
-                        link("bandwidth_bps", 1e6),
-                        d.get("address").and_then(|a| a.as_str()).unwrap_or("-")
+                        link(d.link.map(|l| l.rtt_us), 1e3),
+                        link(d.link.map(|l| l.bandwidth_bps), 1e6),
+                        text(d.address.as_deref())
                     );
                 }
             });
@@ -607,31 +665,24 @@ pub fn device(args: ApiArgs, command: DeviceCommand) -> Result<()> {
             println!("deleted device {name}");
         }
         DeviceCommand::Usage { name } => {
-            let value = api.get(&format!("/v1/devices/{name}/usage"))?;
-            print(args.json, &value, |v| {
-                let number = |v: &Value, key: &str| v[key].as_u64().unwrap_or(0);
+            let usage: UsageTotals = api.get_as(&format!("/v1/devices/{name}/usage"))?;
+            show(args.json, &usage, |usage| {
                 println!(
                     "{:<24} {:>12} {:>12} {:>8}",
                     "DEPLOYMENT", "LOCAL", "OFFLOADED", "FAILED"
                 );
-                let deployments = v["deployments"].as_object().cloned().unwrap_or_default();
-                for (deployment, served) in &deployments {
+                for (deployment, served) in &usage.deployments {
                     println!(
                         "{:<24} {:>12} {:>12} {:>8}",
-                        deployment,
-                        number(served, "served_local"),
-                        number(served, "served_offloaded"),
-                        number(served, "failed")
+                        deployment, served.served_local, served.served_offloaded, served.failed
                     );
                 }
-                if deployments.is_empty() {
+                if usage.deployments.is_empty() {
                     println!("(nothing reported yet: devices report every usage window, a minute by default)");
                 }
                 println!(
                     "{} usage records counted (last {}); {} dropped on the device",
-                    number(v, "records"),
-                    number(v, "last_seq"),
-                    number(v, "dropped")
+                    usage.records, usage.last_seq, usage.dropped
                 );
             });
         }
@@ -705,29 +756,27 @@ fn bert_upload_body(
 }
 
 /// The variant table of a model view.
-fn print_variants(model: &Value) {
+fn print_variants(model: &ModelView) {
     println!(
         "  {:<22} {:<13} {:>9} {:>10} {:>9} {:>10}  STATUS",
         "VARIANT", "PRECISION", "BYTES", "MFLOPS", "ACCURACY", "MIN-COS"
     );
-    for v in model["variants"].as_array().into_iter().flatten() {
-        let number = |key: &str, scale: f64, digits: usize| {
-            v[key]
-                .as_f64()
-                .map_or("-".to_string(), |x| format!("{:.*}", digits, x * scale))
+    for v in &model.variants {
+        let number = |value: Option<f64>, scale: f64, digits: usize| {
+            value.map_or("-".to_string(), |x| format!("{:.*}", digits, x * scale))
         };
-        let status = match v["rejected"].as_str() {
+        let status = match &v.rejected {
             Some(why) => format!("not shipped: {why}"),
             None => "shipped".into(),
         };
         println!(
             "  {:<22} {:<13} {:>9} {:>10} {:>9} {:>10}  {status}",
-            s(v, "name"),
-            s(v, "precision"),
-            s(v, "size"),
-            number("flops", 1e-6, 3),
-            number("accuracy_pct", 1.0, 2),
-            number("min_cosine", 1.0, 5),
+            v.name,
+            v.precision,
+            v.size,
+            number(Some(v.flops as f64), 1e-6, 3),
+            number(v.accuracy_pct, 1.0, 2),
+            number(v.min_cosine, 1.0, 5),
         );
     }
 }
@@ -747,40 +796,33 @@ fn query_value(value: &str) -> String {
 
 /// Polls a model until it is no longer `building`, drawing its build progress on
 /// stderr (a bar on a terminal, a line per step otherwise).
-fn wait_for_model(api: &Api, name: &str, json: bool) -> Result<Value> {
+fn wait_for_model(api: &Api, name: &str, json: bool) -> Result<ModelView> {
     use std::io::{IsTerminal as _, Write as _};
     let terminal = std::io::stderr().is_terminal() && !json;
     let started = std::time::Instant::now();
     let mut last_step = String::new();
     loop {
-        let value = api.get(&format!("/v1/models/{name}"))?;
-        if value["state"] != "building" {
+        let model: ModelView = api.get_as(&format!("/v1/models/{name}"))?;
+        if model.state != ModelState::Building {
             if terminal {
                 eprintln!();
             }
-            if value["state"] == "failed" {
+            if model.state == ModelState::Failed {
                 bail!(
                     "model {name}: the build failed after {:.1} s: {}",
                     started.elapsed().as_secs_f64(),
-                    value["error"].as_str().unwrap_or("no reason given")
+                    model.error.as_deref().unwrap_or("no reason given")
                 );
             }
-            return Ok(value);
+            return Ok(model);
         }
-        let progress = &value["progress"];
-        let (done, total) = (
-            progress["done"].as_u64().unwrap_or(0),
-            progress["total"].as_u64().unwrap_or(0),
-        );
-        let step = progress["step"]
-            .as_str()
-            .unwrap_or("loading the model")
-            .to_string();
+        let (done, total, step) = match &model.progress {
+            Some(p) => (p.done, p.total, p.step.clone()),
+            None => (0, 0, "loading the model".to_string()),
+        };
         if terminal {
             let width = 30usize;
-            let filled = (done as usize * width)
-                .checked_div(total as usize)
-                .unwrap_or(0);
+            let filled = (done * width).checked_div(total).unwrap_or(0);
             eprint!(
                 "\r  building [{}{}] {done}/{total} {:>5.1} s  {:<60.60}",
                 "#".repeat(filled),
@@ -800,35 +842,28 @@ fn wait_for_model(api: &Api, name: &str, json: bool) -> Result<Value> {
     }
 }
 
-fn print_model(v: &Value) {
-    let specs: Vec<&str> = v["input_specs"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|s| s.as_str())
-        .collect();
+fn print_model(v: &ModelView) {
     println!(
         "model {} ({}) {}: sha256 {} ({} bytes){}; variants checked on {}",
-        s(v, "reference"),
-        s(v, "format"),
-        s(v, "state"),
-        s(v, "sha256"),
-        s(v, "size"),
-        if specs.is_empty() {
+        v.reference,
+        v.format,
+        num(Some(v.state)),
+        v.sha256,
+        v.size,
+        if v.input_specs.is_empty() {
             String::new()
         } else {
-            format!("; inputs {}", specs.join(" "))
+            format!("; inputs {}", v.input_specs.join(" "))
         },
-        s(v, "validation")
+        v.validation
     );
-    if let Some(error) = v["error"].as_str() {
+    if let Some(error) = &v.error {
         println!("  failed: {error}");
     }
-    let state: Vec<String> = v["recurrent_state"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|b| format!("{}={}", s(b, "input"), s(b, "output")))
+    let state: Vec<String> = v
+        .recurrent_state
+        .iter()
+        .map(|b| format!("{}={}", b.input, b.output))
         .collect();
     if !state.is_empty() {
         println!("  state kept per session on devices: {}", state.join(" "));
@@ -927,7 +962,7 @@ pub fn model(args: ApiArgs, command: ModelCommand) -> Result<()> {
             } else {
                 format!("/v1/models/{name}?{}", query.join("&"))
             };
-            let value = match (bert_sequence, validation) {
+            let answer = match (bert_sequence, validation) {
                 (Some(sequence), validation) => {
                     let body = bert_upload_body(&file, sequence, validation.as_deref())?;
                     api.put_json(&path, &body)?
@@ -943,22 +978,23 @@ pub fn model(args: ApiArgs, command: ModelCommand) -> Result<()> {
                     api.put_file(&path, upload)?
                 }
             };
-            let value = if value["state"] == "building" && !no_wait {
+            let model: ModelView = typed(&format!("PUT {path}"), answer)?;
+            let model = if model.state == ModelState::Building && !no_wait {
                 if !args.json {
                     eprintln!(
                         "model {name} uploaded ({} bytes); building its variants",
-                        s(&value, "size")
+                        model.size
                     );
                 }
                 wait_for_model(&api, &name, args.json)?
             } else {
-                value
+                model
             };
-            print(args.json, &value, print_model);
+            show(args.json, &model, print_model);
         }
         ModelCommand::Get { name } => {
-            let value = api.get(&format!("/v1/models/{name}"))?;
-            print(args.json, &value, print_model);
+            let model: ModelView = api.get_as(&format!("/v1/models/{name}"))?;
+            show(args.json, &model, print_model);
         }
         ModelCommand::Inspect { file, inputs } => {
             let specs = inputs
@@ -977,19 +1013,16 @@ pub fn model(args: ApiArgs, command: ModelCommand) -> Result<()> {
             print(args.json, &value, print_inspection);
         }
         ModelCommand::List => {
-            let value = api.get("/v1/models")?;
-            print(args.json, &value, |v| {
+            let models: Vec<ModelView> = api.get_as("/v1/models")?;
+            show(args.json, &models, |models| {
                 println!(
                     "{:<34} {:<17} {:>10} SHA256",
                     "MODEL:VERSION", "FORMAT", "BYTES"
                 );
-                for m in v.as_array().into_iter().flatten() {
+                for m in models {
                     println!(
                         "{:<34} {:<17} {:>10} {}",
-                        s(m, "reference"),
-                        s(m, "format"),
-                        s(m, "size"),
-                        s(m, "sha256")
+                        m.reference, m.format, m.size, m.sha256
                     );
                     print_variants(m);
                 }
@@ -999,35 +1032,24 @@ pub fn model(args: ApiArgs, command: ModelCommand) -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn print_deployment(d: &Value) {
+pub(crate) fn print_deployment(d: &DeploymentStatus) {
     println!(
         "deployment {} (model {}, selector {:?}, SLO {} ms): {}/{} devices ready",
-        s(d, "name"),
-        s(d, "model"),
-        s(d, "selector"),
-        s(d, "slo_ms"),
-        s(d, "ready_devices"),
-        s(d, "desired_devices")
+        d.name, d.model, d.selector, d.slo_ms, d.ready_devices, d.desired_devices
     );
-    if let Some(r) = d.get("rollout").filter(|r| !r.is_null()) {
-        let moved = r["moved_devices"].as_array().map_or(0, Vec::len);
+    if let Some(r) = &d.rollout {
         println!(
             "  rollout {} {}: {} of {} devices told to run {}; {}",
-            s(r, "number"),
-            s(r, "state").replace('_', " "),
-            moved,
-            s(r, "selected_devices"),
-            s(&r["to"], "model"),
-            s(r, "gate")
+            r.number,
+            num(Some(r.state)).replace('_', " "),
+            r.moved_devices.len(),
+            r.selected_devices,
+            r.to.model,
+            r.gate
         );
     }
-    for warning in d
-        .get("warnings")
-        .and_then(|w| w.as_array())
-        .into_iter()
-        .flatten()
-    {
-        println!("  warning: {}", warning.as_str().unwrap_or_default());
+    for warning in &d.warnings {
+        println!("  warning: {warning}");
     }
     println!(
         "  {:<14} {:<5} {:<22} {:<12} {:<16} {:<22} {:>8} {:>9} {:>10} {:>8} {:>8}",
@@ -1043,30 +1065,21 @@ pub(crate) fn print_deployment(d: &Value) {
         "P50 MS",
         "P99 MS"
     );
-    for row in d
-        .get("devices")
-        .and_then(|x| x.as_array())
-        .into_iter()
-        .flatten()
-    {
+    for row in &d.devices {
         println!(
             "  {:<14} {:<5} {:<22} {:<12} {:<16} {:<22} {:>8} {:>9} {:>10} {:>8} {:>8}",
-            s(row, "device"),
-            s(row, "role"),
-            s(row, "profile"),
-            s(row, "phase"),
-            s(row, "variant"),
+            row.device,
+            row.role,
+            row.profile,
+            row.phase,
+            row.variant,
             // The version it is told to run; `*` while it still runs another.
-            format!(
-                "{}{}",
-                s(row, "model"),
-                if row["current"] == false { "*" } else { "" }
-            ),
-            s(row, "served_local"),
-            s(row, "served_offloaded"),
-            s(row, "service_ms"),
-            s(row, "p50_ms"),
-            s(row, "p99_ms")
+            format!("{}{}", row.model, if row.current { "" } else { "*" }),
+            row.served_local,
+            row.served_offloaded,
+            num(Some(row.service_ms)),
+            num(Some(row.p50_ms)),
+            num(Some(row.p99_ms))
         );
     }
 }
@@ -1099,34 +1112,32 @@ pub fn deploy(args: ApiArgs, command: DeployCommand) -> Result<()> {
                     replicas.insert(key.into(), Value::from(value));
                 }
             }
-            let value = api.post(
+            let status: DeploymentStatus = api.post_as(
                 "/v1/deployments",
                 &serde_json::json!({"name": name, "model": model, "selector": selector, "slo_ms": slo_ms, "max_queue": max_queue, "offload": !no_offload, "variant": variant, "hard_example_threshold": hard_example_threshold, "replicas": replicas}),
             )?;
-            print(args.json, &value, print_deployment);
+            show(args.json, &status, print_deployment);
         }
         DeployCommand::Update(update) => crate::rollout::update(&args, update)?,
         DeployCommand::Replicas { name } => {
-            let value = api.get(&format!("/v1/deployments/{name}/replicas"))?;
-            print(args.json, &value, |v| {
-                let regions = v.as_array().cloned().unwrap_or_default();
-                if regions.is_empty() {
+            let sets: Vec<ReplicaSetView> =
+                api.get_as(&format!("/v1/deployments/{name}/replicas"))?;
+            show(args.json, &sets, |sets| {
+                if sets.is_empty() {
                     println!("deployment {name} has no cloud replicas (no region has pools, or it does not offload)");
                 }
-                for r in regions {
-                    let decision = r.pointer("/autoscaler/decision");
+                for r in sets {
                     println!(
                         "region {}: {} ready, {} starting, {} pending of {} desired (min {}, max {}, priority {})",
-                        s(&r, "region"),
-                        s(&r, "ready"),
-                        s(&r, "starting"),
-                        s(&r, "pending"),
-                        s(&r, "desired"),
-                        s(&r, "min"),
-                        s(&r, "max"),
-                        s(&r, "priority"),
+                        r.region, r.ready, r.starting, r.pending, r.desired, r.min, r.max, r.priority,
                     );
-                    if let Some(d) = decision.filter(|d| !d.is_null()) {
+                    // The autoscaler's decision is its own document (`nephele_autoscale`).
+                    let decision = r
+                        .autoscaler
+                        .as_ref()
+                        .and_then(|a| a.get("decision"))
+                        .filter(|d| !d.is_null());
+                    if let Some(d) = decision {
                         println!(
                             "  autoscaler: {} mode, {} warm; {}",
                             s(d, "mode"),
@@ -1138,23 +1149,17 @@ pub fn deploy(args: ApiArgs, command: DeployCommand) -> Result<()> {
                         "  {:<16} {:<9} {:<10} {:<18} {:>10}",
                         "REPLICA", "STATE", "NODE", "AGENT", "COLD START"
                     );
-                    for replica in r
-                        .get("replicas")
-                        .and_then(|x| x.as_array())
-                        .into_iter()
-                        .flatten()
-                    {
+                    for replica in &r.replicas {
                         let cold = replica
-                            .get("cold_start_ms")
-                            .and_then(|c| c.as_u64())
+                            .cold_start_ms
                             .map(|ms| format!("{:.1} s", ms as f64 / 1000.0))
                             .unwrap_or_else(|| "-".into());
                         println!(
                             "  {:<16} {:<9} {:<10} {:<18} {:>10}",
-                            s(replica, "name"),
-                            s(replica, "state"),
-                            s(replica, "node"),
-                            s(replica, "agent"),
+                            replica.name,
+                            replica.state,
+                            text(replica.node.as_deref()),
+                            text(replica.agent.as_deref()),
                             cold
                         );
                     }
@@ -1162,17 +1167,14 @@ pub fn deploy(args: ApiArgs, command: DeployCommand) -> Result<()> {
             });
         }
         DeployCommand::List => {
-            let value = api.get("/v1/deployments")?;
-            print(args.json, &value, |v| {
-                v.as_array()
-                    .into_iter()
-                    .flatten()
-                    .for_each(print_deployment)
+            let deployments: Vec<DeploymentStatus> = api.get_as("/v1/deployments")?;
+            show(args.json, &deployments, |deployments| {
+                deployments.iter().for_each(print_deployment)
             });
         }
         DeployCommand::Status { name } => {
-            let value = api.get(&format!("/v1/deployments/{name}"))?;
-            print(args.json, &value, print_deployment);
+            let status: DeploymentStatus = api.get_as(&format!("/v1/deployments/{name}"))?;
+            show(args.json, &status, print_deployment);
         }
         DeployCommand::Delete { name } => {
             api.delete(&format!("/v1/deployments/{name}"))?;
@@ -1371,8 +1373,8 @@ pub fn grid(args: ApiArgs, command: GridCommand) -> Result<()> {
     let api = args.client();
     match command {
         GridCommand::Show { region, hours } => {
-            let value = api.get(&format!("/v1/regions/{region}/grid"))?;
-            print(args.json, &value, |v| print_grid(v, hours));
+            let grid: GridView = api.get_as(&format!("/v1/regions/{region}/grid"))?;
+            show(args.json, &grid, |g| print_grid(g, hours));
         }
         GridCommand::Push {
             region,
@@ -1403,14 +1405,18 @@ pub fn grid(args: ApiArgs, command: GridCommand) -> Result<()> {
                             })?,
                         None => read.issued_unix.unwrap_or_else(unix_now),
                     };
-                    Some(serde_json::json!({
-                        "issued_unix": issued_unix,
-                        "source": source.clone().unwrap_or(read.source),
-                        "points": read.hours.iter().map(|(hour, carbon)| serde_json::json!({
-                            "unix": hour * 3600,
-                            "carbon_g_per_kwh": carbon,
-                        })).collect::<Vec<_>>(),
-                    }))
+                    Some(GridForecastBody {
+                        issued_unix,
+                        source: source.clone().unwrap_or(read.source),
+                        points: read
+                            .hours
+                            .iter()
+                            .map(|(hour, carbon)| GridForecastPointBody {
+                                unix: hour * 3600,
+                                carbon_g_per_kwh: *carbon,
+                            })
+                            .collect(),
+                    })
                 }
             };
             let now_hour = (unix_now() / 3600) as i64;
@@ -1453,115 +1459,104 @@ pub fn grid(args: ApiArgs, command: GridCommand) -> Result<()> {
                     );
                 }
             }
-            let points: Vec<Value> = hours
+            let points: Vec<GridPointBody> = hours
                 .iter()
                 .filter(|(hour, _)| **hour >= 0)
-                .map(|(hour, (carbon, price))| {
-                    serde_json::json!({
-                        "unix": *hour as u64 * 3600,
-                        "carbon_g_per_kwh": carbon,
-                        "price_per_mwh": price,
-                    })
+                .map(|(hour, (carbon, price))| GridPointBody {
+                    unix: *hour as u64 * 3600,
+                    carbon_g_per_kwh: *carbon,
+                    price_per_mwh: *price,
                 })
                 .collect();
             let sent = points.len();
-            let mut body = serde_json::json!({ "points": points });
-            if let Some(forecast) = forecast {
-                body["forecast"] = forecast;
-            }
-            let value = api.put_json(&format!("/v1/regions/{region}/grid"), &body)?;
-            print(args.json, &value, |v| {
+            let body = GridPushBody { points, forecast };
+            let pushed: GridPushView = api.put_as(&format!("/v1/regions/{region}/grid"), &body)?;
+            show(args.json, &pushed, |v| {
                 if sent > 0 {
                     println!(
                         "region {region}: sent {sent} hours ({} … {} UTC of the files{}), kept {}, {} older than the 90 days a region keeps",
                         nephele_sim::trace::format_utc_hour(first),
                         nephele_sim::trace::format_utc_hour(anchor),
                         if shift != 0 { ", replayed as the hours up to now" } else { "" },
-                        s(v, "kept"),
-                        s(v, "too_old")
+                        v.kept,
+                        v.too_old
                     );
                 }
-                if let Some(hours) = v["forecast_hours"].as_u64() {
+                if let Some(hours) = v.forecast_hours {
                     println!(
                         "region {region}: provider forecast of {hours} hours stored{}",
-                        match v["replaced_forecast_issued_unix"].as_u64() {
-                            Some(_) => format!(
-                                ", replacing the one issued {}",
-                                utc(&v["replaced_forecast_issued_unix"])
-                            ),
+                        match v.replaced_forecast_issued_unix {
+                            Some(issued) => format!(", replacing the one issued {}", utc(issued)),
                             None => String::new(),
                         }
                     );
                 }
-                print_grid(&v["grid"], 12);
+                print_grid(&v.grid, 12);
             });
         }
     }
     Ok(())
 }
 
-fn print_grid(v: &Value, hours: usize) {
+fn print_grid(v: &GridView, hours: usize) {
     println!(
         "grid of region {} (zone {}): signal {}, {} hours measured, newest {}, {} deferred job(s)",
-        s(v, "region"),
-        s(v, "carbon_zone"),
-        s(v, "signal"),
-        s(v, "measured_hours"),
-        utc(&v["latest_measured_unix"]),
-        s(v, "deferred_jobs")
+        v.region,
+        text(v.carbon_zone.as_deref()),
+        v.signal,
+        v.measured_hours,
+        v.latest_measured_unix.map_or("-".into(), utc),
+        v.deferred_jobs
     );
-    if let Some(note) = v["note"].as_str() {
+    if let Some(note) = &v.note {
         println!("  {note}");
     }
-    if v["forecast"].is_object() {
-        let f = &v["forecast"];
+    if let Some(f) = &v.forecast {
         println!(
             "  provider forecast: {} issued {}, {} hours ({} … {}), {}",
-            s(f, "source"),
-            utc(&f["issued_unix"]),
-            s(f, "hours"),
-            utc(&f["first_unix"]),
-            utc(&f["last_unix"]),
-            if f["fresh"] == true {
+            f.source,
+            utc(f.issued_unix),
+            f.hours,
+            utc(f.first_unix),
+            utc(f.last_unix),
+            if f.fresh {
                 "used for the hours it covers"
             } else {
                 "stale (over 12 h old): not used"
             }
         );
     }
-    let outlook: Vec<&Value> = v["outlook"].as_array().into_iter().flatten().collect();
-    if outlook.is_empty() {
+    if v.outlook.is_empty() {
         return;
     }
     println!(
         "  {:<20} {:>12} {:<9} {:>10}",
         "HOUR", "gCO2eq/kWh", "", "PRICE/MWh"
     );
-    for hour in outlook.iter().take(hours.clamp(1, 72)) {
+    for hour in v.outlook.iter().take(hours.clamp(1, 72)) {
         println!(
             "  {:<20} {:>12.1} {:<9} {:>10}",
-            utc(&hour["unix"]),
-            hour["carbon_g_per_kwh"].as_f64().unwrap_or(f64::NAN),
-            match hour["source"].as_str() {
-                Some("measured") => "measured",
-                Some("provider") => "provider",
+            utc(hour.unix),
+            hour.carbon_g_per_kwh,
+            match hour.source.as_str() {
+                "measured" => "measured",
+                "provider" => "provider",
                 _ => "forecast",
             },
-            hour["price_per_mwh"]
-                .as_f64()
-                .map_or("-".into(), |p| format!("{p:.1}"))
+            hour.price_per_mwh.map_or("-".into(), |p| format!("{p:.1}"))
         );
     }
-    if let Some((i, best)) = outlook
+    if let Some(best) = v
+        .outlook
         .iter()
-        .enumerate()
-        .filter_map(|(i, h)| h["carbon_g_per_kwh"].as_f64().map(|c| (i, c)))
-        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .filter(|h| h.carbon_g_per_kwh.is_finite())
+        .min_by(|a, b| a.carbon_g_per_kwh.total_cmp(&b.carbon_g_per_kwh))
     {
         println!(
-            "  greenest hour in the next {}: {} at {best:.1} g/kWh",
-            outlook.len(),
-            utc(&outlook[i]["unix"])
+            "  greenest hour in the next {}: {} at {:.1} g/kWh",
+            v.outlook.len(),
+            utc(best.unix),
+            best.carbon_g_per_kwh
         );
     }
 }
@@ -1605,31 +1600,26 @@ fn query(region: &Option<String>, tenant: &Option<String>) -> String {
     }
 }
 
-fn job_nodes(job: &Value) -> String {
+fn job_nodes(job: &JobView) -> String {
     let nodes: Vec<String> = job
-        .get("placement")
-        .and_then(|p| p.as_array())
-        .into_iter()
-        .flatten()
+        .placement
+        .iter()
         .map(|m| {
             let gpus: Vec<String> = m
-                .get("gpus")
-                .and_then(|g| g.as_array())
-                .into_iter()
-                .flatten()
+                .gpus
+                .iter()
                 .map(|g| {
-                    let milli = g.get("milli").and_then(|x| x.as_u64()).unwrap_or(0);
-                    if milli == 1000 {
-                        s(g, "gpu")
+                    if g.milli == 1000 {
+                        g.gpu.to_string()
                     } else {
-                        format!("{}:{milli}m", s(g, "gpu"))
+                        format!("{}:{}m", g.gpu, g.milli)
                     }
                 })
                 .collect();
             if gpus.is_empty() {
-                s(m, "node")
+                m.node.clone()
             } else {
-                format!("{}[{}]", s(m, "node"), gpus.join(","))
+                format!("{}[{}]", m.node, gpus.join(","))
             }
         })
         .collect();
@@ -1641,28 +1631,23 @@ fn job_nodes(job: &Value) -> String {
 }
 
 /// `YYYY-MM-DD HH:00 UTC` of a unix second.
-fn utc(unix: &Value) -> String {
-    unix.as_u64().map_or("-".into(), |u| {
-        format!(
-            "{} UTC",
-            nephele_sim::trace::format_utc_hour((u / 3600) as i64)
-        )
-    })
+fn utc(unix: u64) -> String {
+    format!(
+        "{} UTC",
+        nephele_sim::trace::format_utc_hour((unix / 3600) as i64)
+    )
 }
 
-fn print_carbon_plan(job: &Value) {
-    if let Some(plan) = job.get("deferral").filter(|p| !p.is_null()) {
+fn print_carbon_plan(job: &JobView) {
+    if let Some(plan) = &job.deferral {
         println!(
             "  carbon: {} (deadline {}, starts by {} at the latest)",
-            s(plan, "reason"),
-            utc(&plan["deadline_unix"]),
-            utc(&plan["latest_start_unix"])
+            plan.reason,
+            utc(plan.deadline_unix),
+            utc(plan.latest_start_unix)
         );
-        if let (Some(then), Some(now)) = (
-            plan["carbon_at_submit"].as_f64(),
-            plan["carbon_now"].as_f64(),
-        ) {
-            if s(plan, "state") == "released" {
+        if let (Some(then), Some(now)) = (plan.carbon_at_submit, plan.carbon_now) {
+            if plan.state == "released" {
                 println!(
                     "  carbon: {now:.0} g/kWh at release against {then:.0} had it started on submission ({:+.1}%)",
                     (now - then) / then.max(1e-9) * 100.0
@@ -1670,122 +1655,107 @@ fn print_carbon_plan(job: &Value) {
             }
         }
     }
-    if let Some(choice) = job.get("region_choice").filter(|p| !p.is_null()) {
-        println!(
-            "  region: {} ({})",
-            s(choice, "chosen"),
-            s(choice, "reason")
-        );
-        for c in choice["candidates"].as_array().into_iter().flatten() {
-            let carbon = c["carbon_g_per_kwh"]
-                .as_f64()
+    if let Some(choice) = &job.region_choice {
+        println!("  region: {} ({})", choice.chosen, choice.reason);
+        for c in &choice.candidates {
+            let carbon = c
+                .carbon_g_per_kwh
                 .map_or("-".into(), |v| format!("{v:.0} g/kWh"));
-            let price = c["price_per_mwh"]
-                .as_f64()
+            let price = c
+                .price_per_mwh
                 .map_or("-".into(), |v| format!("{v:.1}/MWh"));
-            let verdict = match (c["score"].as_f64(), c["excluded"].as_str()) {
+            let verdict = match (c.score, &c.excluded) {
                 (Some(score), _) => format!("score {score:.2}"),
                 (None, Some(why)) => format!("excluded: {why}"),
                 _ => "-".into(),
             };
             println!(
                 "    {:<12} {:>10} {:>10} free {:>6} {}  {verdict}",
-                s(c, "region"),
+                c.region,
                 carbon,
                 price,
-                s(c, "free"),
-                s(choice, "unit")
+                num(Some(c.free)),
+                choice.unit
             );
         }
     }
 }
 
-fn print_job(job: &Value) {
+fn print_job(job: &JobView) {
     println!(
         "job {}/{} in region {}: {} (priority {}, {} member(s))",
-        s(job, "tenant"),
-        s(job, "name"),
-        s(job, "region"),
-        s(job, "state"),
-        s(job, "priority"),
-        job.pointer("/spec/members")
-            .map(|m| m.to_string())
-            .unwrap_or("1".into())
+        job.tenant, job.name, job.region, job.state, job.priority, job.spec.members
     );
     print_carbon_plan(job);
-    match s(job, "state").as_str() {
+    match job.state.as_str() {
         "deferred" => {}
         "pending" => {
-            if let Some(why) = job.get("why_pending") {
-                println!("  not placed: {}", s(why, "message"));
-                if let Some(hint) = why.get("hint").and_then(|h| h.as_str()) {
+            if let Some(why) = &job.why_pending {
+                println!("  not placed: {}", why.message);
+                if let Some(hint) = &why.hint {
                     println!("  hint: {hint}");
                 }
             }
         }
         "backoff" => println!(
             "  attempt {} failed; runs again at {}",
-            s(job, "attempt"),
-            when(job.get("retry_at_unix"))
+            job.attempt,
+            when_unix(job.retry_at_unix)
         ),
-        "succeeded" | "failed" => println!("  {}", s(job, "outcome")),
+        "succeeded" | "failed" => println!("  {}", text(job.outcome.as_deref())),
         state => {
             println!("  nodes: {}", job_nodes(job));
             if state == "terminating" {
                 println!(
                     "  stopping ({}); resources taken at {}",
-                    if s(job, "preempted_by") == "-" {
-                        "drained or failed".to_string()
-                    } else {
-                        format!("preempted by {}", s(job, "preempted_by"))
+                    match &job.preempted_by {
+                        None => "drained or failed".to_string(),
+                        Some(by) => format!("preempted by {by}"),
                     },
-                    when(job.get("grace_deadline_unix"))
+                    when_unix(job.grace_deadline_unix)
                 );
             }
         }
     }
-    let members = job.get("members").and_then(|m| m.as_array());
-    if let Some(members) = members.filter(|m| !m.is_empty()) {
-        println!("  attempt {}:", s(job, "attempt"));
+    if !job.members.is_empty() {
+        println!("  attempt {}:", job.attempt);
         println!(
             "    {:<6} {:<10} {:<16} {:>8} {:>6}",
             "MEMBER", "NODE", "STATE", "PID", "EXIT"
         );
-        for m in members {
-            let exit = match (m.get("exit_code"), m.get("signal")) {
-                (Some(Value::Number(code)), _) => code.to_string(),
-                (_, Some(Value::Number(signal))) => format!("sig {signal}"),
+        for m in &job.members {
+            let exit = match (m.exit_code, m.signal) {
+                (Some(code), _) => code.to_string(),
+                (_, Some(signal)) => format!("sig {signal}"),
                 _ => "-".into(),
             };
             println!(
                 "    {:<6} {:<10} {:<16} {:>8} {:>6}",
-                s(m, "member"),
-                s(m, "node"),
-                s(m, "state"),
-                s(m, "pid"),
+                m.member,
+                m.node,
+                m.state,
+                num(m.pid),
                 exit
             );
         }
     }
-    let attempts = job.get("attempts").and_then(|a| a.as_array());
-    if let Some(attempts) = attempts.filter(|a| a.len() > 1) {
+    if job.attempts.len() > 1 {
         println!("  attempts:");
-        for a in attempts {
+        for a in &job.attempts {
             println!(
                 "    #{:<3} started {}  {}",
-                s(a, "attempt"),
-                when(a.get("started_unix")),
-                a.get("outcome")
-                    .and_then(|o| o.as_str())
-                    .unwrap_or("running")
+                a.attempt,
+                when_unix(Some(a.started_unix)),
+                a.outcome.as_deref().unwrap_or("running")
             );
         }
     }
 }
 
 /// A unix second as a UTC date and time, with how long ago or from now.
-pub(crate) fn when(value: Option<&Value>) -> String {
-    let Some(unix) = value.and_then(|v| v.as_u64()) else {
+/// A time as a date with its age (`2026-12-03 13:07:15 UTC (in 83 min)`), `-` for none.
+pub(crate) fn when_unix(unix: Option<u64>) -> String {
+    let Some(unix) = unix else {
         return "-".into();
     };
     let now = unix_now();
@@ -1844,83 +1814,72 @@ pub fn job(args: ApiArgs, command: JobCommand) -> Result<()> {
             retries,
             command,
         } => {
-            let mut env_map = serde_json::Map::new();
+            let mut spec = JobSpec::named(&name);
             for pair in env {
                 let (key, value) = pair
                     .split_once('=')
                     .with_context(|| format!("--env {pair:?} is not KEY=VALUE"))?;
-                env_map.insert(key.into(), Value::String(value.into()));
+                spec.env.insert(key.into(), value.into());
             }
-            let mut node_selector = serde_json::Map::new();
             for selector in selectors {
                 let (key, value) = selector
                     .split_once('=')
                     .with_context(|| format!("--selector {selector:?} is not key=value"))?;
-                node_selector.insert(key.into(), Value::String(value.into()));
+                spec.node_selector.insert(key.into(), value.into());
             }
-            let priority: Value = priority
-                .parse::<u32>()
-                .map(Value::from)
-                .unwrap_or(Value::String(priority));
-            let mut body = serde_json::json!({
-                "name": name, "region": region, "tenant": tenant, "priority": priority,
-                "members": members, "gpus": gpus, "gpu_milli": gpu_milli,
-                "gpu_models": gpu_models, "mig_profile": mig_profile, "cpu_milli": cpu_milli,
-                "memory_mib": memory_mib, "topology": topology,
-                "expected_runtime_s": runtime, "spot_ok": spot_ok,
-                "node_selector": node_selector,
+            spec.region = region;
+            spec.tenant = tenant;
+            spec.priority = Some(match priority.parse::<u32>() {
+                Ok(value) => PrioritySpec::Value(value),
+                Err(_) => PrioritySpec::Class(priority),
             });
+            spec.members = members;
+            spec.gpus = gpus;
+            spec.gpu_milli = gpu_milli;
+            spec.gpu_models = gpu_models;
+            spec.mig_profile = mig_profile;
+            spec.cpu_milli = cpu_milli;
+            spec.memory_mib = memory_mib;
+            spec.topology =
+                serde_json::from_value(Value::String(topology.clone())).map_err(|_| {
+                    anyhow::anyhow!(
+                        "--topology {topology:?}: give any, same-node or prefer-same-node"
+                    )
+                })?;
+            spec.expected_runtime_s = runtime;
+            spec.spot_ok = spot_ok;
             if no_preempt {
-                body["preemptible"] = Value::Bool(false);
+                spec.preemptible = Some(false);
             }
             if !command.is_empty() {
-                body["command"] = Value::from(command);
-                body["env"] = Value::Object(env_map);
-                if let Some(workdir) = workdir {
-                    body["working_dir"] = Value::String(workdir);
-                }
-            } else if !env_map.is_empty() || workdir.is_some() {
+                spec.command = command;
+                spec.working_dir = workdir;
+            } else if !spec.env.is_empty() || workdir.is_some() {
                 bail!("--env and --workdir need a command after `--`");
             }
-            if let Some(retries) = retries {
-                body["max_retries"] = Value::from(retries);
-            }
+            spec.max_retries = retries;
             if let Some(deadline) = deadline {
-                body["deadline_unix"] = Value::from(parse_deadline(&deadline, unix_now())?);
+                spec.deadline_unix = Some(parse_deadline(&deadline, unix_now())?);
             }
-            let value = api.post("/v1/jobs", &body)?;
-            print(args.json, &value, print_job);
+            let job: JobView = api.post_as("/v1/jobs", &spec)?;
+            show(args.json, &job, print_job);
         }
         JobCommand::List { region, tenant } => {
-            let value = api.get(&format!("/v1/jobs{}", query(&region, &tenant)))?;
-            print(args.json, &value, |v| {
+            let jobs: Vec<JobView> = api.get_as(&format!("/v1/jobs{}", query(&region, &tenant)))?;
+            show(args.json, &jobs, |jobs| {
                 println!(
                     "{:<10} {:<20} {:<10} {:<12} {:>8} {:>7}  NODES / WHY",
                     "TENANT", "NAME", "REGION", "STATE", "PRIORITY", "MEMBERS"
                 );
-                for j in v.as_array().into_iter().flatten() {
-                    let why = |pointer: &str| {
-                        j.pointer(pointer)
-                            .and_then(|m| m.as_str())
-                            .unwrap_or("-")
-                            .to_string()
-                    };
-                    let detail = match s(j, "state").as_str() {
-                        "pending" => why("/why_pending/message"),
-                        "deferred" => why("/deferral/reason"),
+                for j in jobs {
+                    let detail = match j.state.as_str() {
+                        "pending" => text(j.why_pending.as_ref().map(|w| w.message.as_str())),
+                        "deferred" => text(j.deferral.as_ref().map(|d| d.reason.as_str())),
                         _ => job_nodes(j),
                     };
                     println!(
                         "{:<10} {:<20} {:<10} {:<12} {:>8} {:>7}  {}",
-                        s(j, "tenant"),
-                        s(j, "name"),
-                        s(j, "region"),
-                        s(j, "state"),
-                        s(j, "priority"),
-                        j.pointer("/spec/members")
-                            .map(|m| m.to_string())
-                            .unwrap_or("1".into()),
-                        detail
+                        j.tenant, j.name, j.region, j.state, j.priority, j.spec.members, detail
                     );
                 }
             });
@@ -1930,8 +1889,9 @@ pub fn job(args: ApiArgs, command: JobCommand) -> Result<()> {
             region,
             tenant,
         } => {
-            let value = api.get(&format!("/v1/jobs/{name}{}", query(&region, &tenant)))?;
-            print(args.json, &value, print_job);
+            let job: JobView =
+                api.get_as(&format!("/v1/jobs/{name}{}", query(&region, &tenant)))?;
+            show(args.json, &job, print_job);
         }
         JobCommand::Logs {
             name,
@@ -1949,24 +1909,17 @@ pub fn job(args: ApiArgs, command: JobCommand) -> Result<()> {
                 base.push_str(&format!("&attempt={attempt}"));
             }
             loop {
-                let value = api.get(&format!("/v1/jobs/{name}/logs{base}&offset={offset}"))?;
-                let data = value.get("data").and_then(|d| d.as_str()).unwrap_or("");
+                let logs: JobLogsView =
+                    api.get_as(&format!("/v1/jobs/{name}/logs{base}&offset={offset}"))?;
                 if args.json && !follow {
-                    print(true, &value, |_| {});
+                    show(true, &logs, |_| {});
                     return Ok(());
                 }
-                print!("{data}");
+                print!("{}", logs.data);
                 use std::io::Write as _;
                 let _ = std::io::stdout().flush();
-                offset = value
-                    .get("next_offset")
-                    .and_then(|o| o.as_u64())
-                    .unwrap_or(offset);
-                let finished = value
-                    .get("finished")
-                    .and_then(|f| f.as_bool())
-                    .unwrap_or(true);
-                let size = value.get("size").and_then(|o| o.as_u64()).unwrap_or(0);
+                offset = logs.next_offset;
+                let (finished, size) = (logs.finished, logs.size);
                 if offset < size {
                     continue;
                 }
@@ -1981,14 +1934,10 @@ pub fn job(args: ApiArgs, command: JobCommand) -> Result<()> {
             region,
             tenant,
         } => {
-            let value = api.delete(&format!("/v1/jobs/{name}{}", query(&region, &tenant)))?;
-            print(args.json, &value, |v| {
-                println!(
-                    "deleted job {}/{} (was {})",
-                    s(v, "tenant"),
-                    s(v, "name"),
-                    s(v, "state")
-                )
+            let job: JobView =
+                api.delete_as(&format!("/v1/jobs/{name}{}", query(&region, &tenant)))?;
+            show(args.json, &job, |j| {
+                println!("deleted job {}/{} (was {})", j.tenant, j.name, j.state)
             });
         }
     }
@@ -1999,34 +1948,29 @@ pub fn region(args: ApiArgs, command: RegionCommand) -> Result<()> {
     let api = args.client();
     match command {
         RegionCommand::List => {
-            let value = api.get("/v1/regions")?;
-            print(args.json, &value, |v| {
+            let regions: Vec<RegionView> = api.get_as("/v1/regions")?;
+            show(args.json, &regions, |regions| {
                 println!(
                     "{:<12} {:<12} {:>8} {:>7}  POOLS",
                     "NAME", "CARBON ZONE", "DEVICES", "ONLINE"
                 );
-                for r in v.as_array().into_iter().flatten() {
+                for r in regions {
                     let pools: Vec<String> = r
-                        .get("pools")
-                        .and_then(|p| p.as_array())
-                        .into_iter()
-                        .flatten()
+                        .pools
+                        .iter()
                         .map(|p| {
                             format!(
                                 "{} ({} x {}, {})",
-                                s(p, "name"),
-                                s(p, "max_nodes"),
-                                s(p, "node_profile"),
-                                s(p, "capacity_type")
+                                p.name, p.max_nodes, p.node_profile, p.capacity_type
                             )
                         })
                         .collect();
                     println!(
                         "{:<12} {:<12} {:>8} {:>7}  {}",
-                        s(r, "name"),
-                        s(r, "carbon_zone"),
-                        s(r, "devices"),
-                        s(r, "online"),
+                        r.name,
+                        text(r.carbon_zone.as_deref()),
+                        r.devices,
+                        r.online,
                         pools.join(", ")
                     );
                 }
@@ -2037,28 +1981,28 @@ pub fn region(args: ApiArgs, command: RegionCommand) -> Result<()> {
             node,
             notice,
         } => {
-            let value = api.post(
+            let nodes: Vec<NodeView> = api.post_as(
                 &format!("/v1/regions/{region}/nodes/{node}/interrupt"),
-                &serde_json::json!({ "notice_s": notice }),
+                &InterruptBody { notice_s: notice },
             )?;
-            print(args.json, &value, |_| {
+            show(args.json, &nodes, |_| {
                 println!(
                     "node {node} of region {region} drains within {notice} s: its replicas start elsewhere first, its jobs run again elsewhere; see `nephele region nodes {region}`"
                 )
             });
         }
         RegionCommand::Drain { region, node } => {
-            let value = api.post(
+            let nodes: Vec<NodeView> = api.post_as(
                 &format!("/v1/regions/{region}/nodes/{node}/drain"),
                 &serde_json::json!({}),
             )?;
-            print(args.json, &value, |_| {
+            show(args.json, &nodes, |_| {
                 println!("node {node} of region {region} is draining; see `nephele region nodes {region}`")
             });
         }
         RegionCommand::Nodes { name } => {
-            let value = api.get(&format!("/v1/regions/{name}/nodes"))?;
-            print(args.json, &value, |v| {
+            let nodes: Vec<NodeView> = api.get_as(&format!("/v1/regions/{name}/nodes"))?;
+            show(args.json, &nodes, |nodes| {
                 println!(
                     "{:<10} {:<10} {:<10} {:<9} {:<18} {:>9} {:>10} {:<18} JOBS",
                     "NODE",
@@ -2070,39 +2014,26 @@ pub fn region(args: ApiArgs, command: RegionCommand) -> Result<()> {
                     "MEM FREE",
                     "GPU FREE (milli)"
                 );
-                for n in v.as_array().into_iter().flatten() {
-                    let gpus: Vec<String> = n
-                        .get("gpu_free_milli")
-                        .and_then(|g| g.as_array())
-                        .into_iter()
-                        .flatten()
-                        .map(|g| g.to_string())
-                        .collect();
-                    let jobs: Vec<String> = n
-                        .get("jobs")
-                        .and_then(|j| j.as_array())
-                        .into_iter()
-                        .flatten()
-                        .filter_map(|j| j.as_str().map(str::to_string))
-                        .collect();
+                for n in nodes {
+                    let gpus: Vec<String> = n.gpu_free_milli.iter().map(u32::to_string).collect();
                     println!(
                         "{:<10} {:<10} {:<10} {:<9} {:<18} {:>9} {:>10} {:<18} {}",
-                        s(n, "name"),
-                        s(n, "pool"),
-                        s(n, "phase"),
-                        s(n, "provider"),
-                        s(n, "agent"),
-                        s(n, "cpu_free_milli"),
-                        s(n, "memory_free_mib"),
+                        n.name,
+                        n.pool,
+                        n.phase,
+                        n.provider,
+                        text(n.agent.as_deref()),
+                        n.cpu_free_milli,
+                        n.memory_free_mib,
                         if gpus.is_empty() {
                             "-".into()
                         } else {
                             gpus.join(",")
                         },
-                        if jobs.is_empty() {
+                        if n.jobs.is_empty() {
                             "-".into()
                         } else {
-                            jobs.join(" ")
+                            n.jobs.join(" ")
                         }
                     );
                 }

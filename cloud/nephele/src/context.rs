@@ -168,10 +168,12 @@ pub fn login(api: ApiArgs, args: LoginArgs) -> Result<()> {
     // One call that every role may make says whether the token works here (and the
     // CA, whether the API is the one it says it is).
     let client = crate::client::Api::with_ca(&base, &token, ca.as_deref());
-    let tenants = client
-        .get("/v1/tenants")
+    let tenants: Vec<nephele_api::TenantView> = client
+        .get_as("/v1/tenants")
         .context("the API did not accept this token")?;
-    let tenant = tenants[0]["name"].as_str().unwrap_or("-").to_string();
+    let tenant = tenants
+        .first()
+        .map_or_else(|| "-".to_string(), |t| t.name.clone());
     let mut config = load(&path)?;
     config.contexts.retain(|c| c.name != args.name);
     config.contexts.push(Context {

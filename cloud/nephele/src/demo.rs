@@ -21,6 +21,11 @@ use anyhow::{bail, Context as _, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use nephele_api::{
+    DeploymentStatus, DeviceView, JobLogsView, JobView, JoinTokenView, ModelView, PrioritySpec,
+    ReplicaSetView, TokenRequest,
+};
+
 use crate::client::Api;
 
 const MODEL_ONNX: &[u8] = include_bytes!("../../../shared/models/digits-mlp/model.onnx");
@@ -171,12 +176,10 @@ carbon_zone = "US-MIDA-PJM"
 /// Deletes every job and waits (up to 10 s) until no agent reports a running member.
 fn stop_jobs(api: &Api, endpoints: &[String]) {
     let names: Vec<String> = api
-        .get("/v1/jobs")
-        .ok()
-        .and_then(|v| v.as_array().cloned())
+        .get_as::<Vec<JobView>>("/v1/jobs")
         .unwrap_or_default()
-        .iter()
-        .filter_map(|job| job["name"].as_str().map(str::to_string))
+        .into_iter()
+        .map(|job| job.name)
         .collect();
     for name in &names {
         let _ = api.delete(&format!("/v1/jobs/{name}"));
@@ -449,14 +452,14 @@ pub fn run(args: DemoArgs) -> Result<()> {
         "enrolling 3 edge agents and 1 pool agent with single-use join tokens",
     );
     for device in FLEET {
-        let token = api.post(
+        let token: JoinTokenView = api.post_as(
             "/v1/tokens",
-            &serde_json::json!({"region": device.region, "ttl_s": 600}),
+            &TokenRequest {
+                region: Some(device.region.to_string()),
+                ttl_s: Some(600),
+            },
         )?;
-        let token = token["token"]
-            .as_str()
-            .context("no token in response")?
-            .to_string();
+        let token = token.token.context("no token in response")?;
         let data_dir = root.join(device.name);
         let mut join = vec![
             "edge".to_string(),
@@ -541,9 +544,9 @@ pub fn run(args: DemoArgs) -> Result<()> {
             MODEL_ONNX.len()
         ),
     );
-    let model = {
+    let model: ModelView = {
         use base64::Engine as _;
-        api.put_json(
+        api.put_as(
             "/v1/models/digits-mlp?wait=true",
             &serde_json::json!({
                 "onnx_base64": base64::engine::general_purpose::STANDARD.encode(MODEL_ONNX),
@@ -551,42 +554,42 @@ pub fn run(args: DemoArgs) -> Result<()> {
             }),
         )?
     };
-    for variant in model["variants"].as_array().into_iter().flatten() {
+    for variant in &model.variants {
         progress(
             args.json,
             &format!(
                 "  variant {:<18} {:>6} bytes, accuracy {}%{}",
-                variant["name"].as_str().unwrap_or("?"),
-                variant["size"],
-                variant["accuracy_pct"]
-                    .as_f64()
+                variant.name,
+                variant.size,
+                variant
+                    .accuracy_pct
                     .map_or("-".into(), |a| format!("{a:.2}")),
-                variant["rejected"]
-                    .as_str()
+                variant
+                    .rejected
+                    .as_ref()
                     .map_or(String::new(), |why| format!(" (not shipped: {why})")),
             ),
         );
     }
-    api.post(
+    let _: DeploymentStatus = api.post_as(
         "/v1/deployments",
         &serde_json::json!({"name": "digits", "model": "digits-mlp", "selector": "tier=edge", "slo_ms": 20, "max_queue": 4, "offload": true}),
     )?;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let status = api.get("/v1/deployments/digits")?;
-        let pool_ready = status["devices"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|d| d["role"] == "pool" && d["ready"] == true);
-        if status["ready_devices"] == status["desired_devices"]
-            && status["desired_devices"].as_u64() == Some(3)
+        let status: DeploymentStatus = api.get_as("/v1/deployments/digits")?;
+        let pool_ready = status.devices.iter().any(|d| d.role == "pool" && d.ready);
+        if status.ready_devices == status.desired_devices
+            && status.desired_devices == 3
             && pool_ready
         {
             break;
         }
         if Instant::now() > deadline {
-            bail!("deployment did not become ready within 60 s: {status}");
+            bail!(
+                "deployment did not become ready within 60 s: {}",
+                serde_json::to_string(&status).unwrap_or_default()
+            );
         }
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -646,17 +649,17 @@ pub fn run(args: DemoArgs) -> Result<()> {
     }
     // Let one more heartbeat carry the final counters to the control plane.
     std::thread::sleep(Duration::from_millis(700));
-    let status = api.get("/v1/deployments/digits")?;
-    let devices = api.get("/v1/devices")?;
+    let status: DeploymentStatus = api.get_as("/v1/deployments/digits")?;
+    let devices: Vec<DeviceView> = api.get_as("/v1/devices")?;
 
     // The region scheduler: the pool agent fills one node slot of eu-west's spot pool,
     // beside the cloud replica of `digits` the region placed there.
-    let replicas = api.get("/v1/deployments/digits/replicas")?;
+    let replicas: Vec<ReplicaSetView> = api.get_as("/v1/deployments/digits/replicas")?;
     progress(
         args.json,
         "submitting three jobs to eu-west's scheduler (a fine-tune, a gang that runs, one too big)",
     );
-    let mut jobs = Vec::new();
+    let mut jobs: Vec<JobView> = Vec::new();
     for body in [
         serde_json::json!({"name": "finetune", "region": "eu-west", "gpus": 2,
             "priority": "production", "spot_ok": true, "cpu_milli": 16000,
@@ -667,10 +670,10 @@ pub fn run(args: DemoArgs) -> Result<()> {
             "spot_ok": true, "cpu_milli": 4000, "memory_mib": 16384, "expected_runtime_s": 60,
             "command": ["sh", "-c", "echo \"rank $RANK of $WORLD_SIZE on $NEPHELE_NODE, rendezvous $MASTER_ADDR:$MASTER_PORT, GPU $CUDA_VISIBLE_DEVICES\""]}),
     ] {
-        jobs.push(api.post("/v1/jobs", &body)?);
+        jobs.push(api.post_as("/v1/jobs", &body)?);
     }
     // A job no pool of the region could ever run is refused at once, with the reason.
-    let refused = match api.post(
+    let refused = match api.post_as::<JobView>(
         "/v1/jobs",
         &serde_json::json!({"name": "pretrain", "region": "eu-west", "members": 2, "gpus": 8,
             "spot_ok": true}),
@@ -680,20 +683,20 @@ pub fn run(args: DemoArgs) -> Result<()> {
     };
     // The gang's members run as processes on the pool node and print what they see.
     let deadline = Instant::now() + Duration::from_secs(20);
-    let mut sweep = api.get("/v1/jobs/sweep")?;
-    while sweep["state"] != "succeeded" && sweep["state"] != "failed" && Instant::now() < deadline {
+    let mut sweep: JobView = api.get_as("/v1/jobs/sweep")?;
+    while sweep.state != "succeeded" && sweep.state != "failed" && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(200));
-        sweep = api.get("/v1/jobs/sweep")?;
+        sweep = api.get_as("/v1/jobs/sweep")?;
     }
     let mut sweep_logs = Vec::new();
     for member in 0..2 {
         let log = api
-            .get(&format!("/v1/jobs/sweep/logs?member={member}"))
-            .map(|v| v["data"].as_str().unwrap_or("").trim().to_string())
+            .get_as::<JobLogsView>(&format!("/v1/jobs/sweep/logs?member={member}"))
+            .map(|v| v.data.trim().to_string())
             .unwrap_or_else(|e| format!("(no log: {e:#})"));
         sweep_logs.push(log);
     }
-    jobs[0] = api.get("/v1/jobs/finetune")?;
+    jobs[0] = api.get_as("/v1/jobs/finetune")?;
     jobs[1] = sweep;
 
     if args.json {
@@ -747,91 +750,72 @@ pub fn run(args: DemoArgs) -> Result<()> {
         println!("edge agent memory (RSS): {}", memory.join("; "));
         println!();
         println!("control plane view (from agent heartbeats):");
-        for row in status["devices"].as_array().into_iter().flatten() {
+        for row in &status.devices {
             println!(
                 "  {:<10} {:<5} {:<22} phase={:<6} local={:<5} offloaded={:<5} p50={}ms p99={}ms",
-                row["device"].as_str().unwrap_or(""),
-                row["role"].as_str().unwrap_or(""),
-                row["profile"].as_str().unwrap_or(""),
-                row["phase"].as_str().unwrap_or(""),
-                row["served_local"],
-                row["served_offloaded"],
-                row["p50_ms"],
-                row["p99_ms"]
+                row.device,
+                row.role,
+                row.profile,
+                row.phase,
+                row.served_local,
+                row.served_offloaded,
+                crate::client::num(Some(row.p50_ms)),
+                crate::client::num(Some(row.p99_ms))
             );
         }
-        let online = devices
-            .as_array()
-            .map(|a| a.iter().filter(|d| d["online"] == true).count())
-            .unwrap_or(0);
+        let online = devices.iter().filter(|d| d.online).count();
         println!("{online} agents online");
-        for region in replicas.as_array().into_iter().flatten() {
-            let placed: Vec<String> = region["replicas"]
-                .as_array()
-                .into_iter()
-                .flatten()
+        for region in &replicas {
+            let placed: Vec<String> = region
+                .replicas
+                .iter()
                 .map(|r| {
                     format!(
                         "{} {} on {}",
-                        r["name"].as_str().unwrap_or(""),
-                        r["state"].as_str().unwrap_or(""),
-                        r["agent"].as_str().unwrap_or("-")
+                        r.name,
+                        r.state,
+                        r.agent.as_deref().unwrap_or("-")
                     )
                 })
                 .collect();
             println!(
                 "cloud replicas of digits in {} (`nephele deploy replicas digits`): {}",
-                region["region"].as_str().unwrap_or(""),
+                region.region,
                 placed.join(", ")
             );
         }
         println!();
         println!("jobs in region eu-west (`nephele job list`):");
         for job in &jobs {
-            let detail = if job["state"] == "pending" {
-                job["why_pending"]["message"]
-                    .as_str()
-                    .unwrap_or("")
-                    .to_string()
-            } else if job["outcome"].is_string() {
+            let detail = if job.state == "pending" {
+                job.why_pending
+                    .as_ref()
+                    .map_or(String::new(), |w| w.message.clone())
+            } else if job.outcome.is_some() {
                 format!(
                     "attempt {}, members on {}",
-                    job["attempt"],
-                    job["attempts"][0]["nodes"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .filter_map(|n| n.as_str())
-                        .collect::<Vec<_>>()
-                        .join(",")
+                    job.attempt,
+                    job.attempts
+                        .first()
+                        .map_or(String::new(), |a| a.nodes.join(","))
                 )
             } else {
-                job["placement"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
+                job.placement
+                    .iter()
                     .map(|m| {
-                        let gpus: Vec<String> = m["gpus"]
-                            .as_array()
-                            .into_iter()
-                            .flatten()
-                            .map(|g| g["gpu"].to_string())
-                            .collect();
-                        format!(
-                            "{}[gpu {}]",
-                            m["node"].as_str().unwrap_or(""),
-                            gpus.join(",")
-                        )
+                        let gpus: Vec<String> = m.gpus.iter().map(|g| g.gpu.to_string()).collect();
+                        format!("{}[gpu {}]", m.node, gpus.join(","))
                     })
                     .collect::<Vec<_>>()
                     .join(" ")
             };
+            let priority = match &job.spec.priority {
+                Some(PrioritySpec::Class(class)) => class.clone(),
+                _ => "batch".to_string(),
+            };
             println!(
                 "  {:<10} {:<11} {:<10} {}",
-                job["name"].as_str().unwrap_or(""),
-                job["spec"]["priority"].as_str().unwrap_or("batch"),
-                job["state"].as_str().unwrap_or(""),
-                detail
+                job.name, priority, job.state, detail
             );
         }
         println!("  pretrain   refused: {refused}");

@@ -3,9 +3,9 @@
 //! and showback" says what each figure is).
 
 use anyhow::{bail, Context as _, Result};
-use serde_json::Value;
+use nephele_api::{CarbonReport, CarbonRow, CostReport, CostRow};
 
-use crate::client::{print, s, when, ApiArgs};
+use crate::client::{show, when_unix, ApiArgs};
 
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum ReportCommand {
@@ -98,29 +98,19 @@ fn path(kind: &str, args: &ReportArgs) -> Result<String> {
     Ok(path)
 }
 
-fn number(v: &Value, key: &str) -> f64 {
-    v.get(key).and_then(Value::as_f64).unwrap_or(0.0)
-}
-
 fn hours(seconds: f64) -> String {
     format!("{:.2}", seconds / 3600.0)
 }
 
-fn range_line(v: &Value) {
+fn range_line(from: u64, to: u64) {
     println!(
         "from {} to {}",
-        when(v.get("from")).split(" (").next().unwrap_or(""),
-        when(v.get("to")).split(" (").next().unwrap_or("")
+        when_unix(Some(from)).split(" (").next().unwrap_or(""),
+        when_unix(Some(to)).split(" (").next().unwrap_or("")
     );
 }
 
-fn regions(v: &Value) -> String {
-    let list: Vec<&str> = v["regions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .collect();
+fn regions(list: &[String]) -> String {
     if list.is_empty() {
         "-".into()
     } else {
@@ -128,24 +118,30 @@ fn regions(v: &Value) -> String {
     }
 }
 
-/// Prints each row of a report, then its total (or that nothing was used), with the
-/// text of the tenant column (`all` on the total; `?` for a deployment deleted before
-/// its usage was counted).
-fn each_row(v: &Value, row: impl Fn(&str, &Value)) {
-    let rows = v["rows"].as_array().cloned().unwrap_or_default();
-    for r in &rows {
-        let tenant = s(r, "tenant");
-        row(if tenant.is_empty() { "?" } else { &tenant }, r);
+/// The tenant column's text: `?` for a deployment deleted before its usage was
+/// counted.
+fn tenant(name: &str) -> &str {
+    if name.is_empty() {
+        "?"
+    } else {
+        name
+    }
+}
+
+/// Prints each row, then the total (`all`), or that nothing was used.
+fn each_row<R>(rows: &[R], total: &R, row: impl Fn(&str, &R), tenant_of: impl Fn(&R) -> &str) {
+    for r in rows {
+        row(tenant(tenant_of(r)), r);
     }
     if rows.is_empty() {
         println!("(nothing used in this range)");
     } else {
-        row("all", &v["total"]);
+        row("all", total);
     }
 }
 
-fn print_cost(v: &Value) {
-    range_line(v);
+fn print_cost(v: &CostReport) {
+    range_line(v.from, v.to);
     println!(
         "{:<12} {:<11} {:<22} {:>10} {:>10} {:>10} {:>11} {:>11} {:>7}  REGIONS",
         "TENANT",
@@ -158,58 +154,68 @@ fn print_cost(v: &Value) {
         "OFFLOADED",
         "FAILED"
     );
-    each_row(v, |tenant, r| {
-        println!(
-            "{:<12} {:<11} {:<22} {:>10} {:>10} {:>10.2} {:>11} {:>11} {:>7}  {}",
-            tenant,
-            s(r, "kind"),
-            s(r, "name"),
-            hours(number(r, "gpu_seconds")),
-            hours(number(r, "cpu_seconds")),
-            number(r, "cost"),
-            s(r, "edge_requests_local"),
-            s(r, "edge_requests_offloaded"),
-            s(r, "edge_requests_failed"),
-            regions(r)
-        );
-    });
+    each_row(
+        &v.rows,
+        &v.total,
+        |tenant, r: &CostRow| {
+            println!(
+                "{:<12} {:<11} {:<22} {:>10} {:>10} {:>10.2} {:>11} {:>11} {:>7}  {}",
+                tenant,
+                r.kind,
+                r.name,
+                hours(r.gpu_seconds),
+                hours(r.cpu_seconds),
+                r.cost,
+                r.edge_requests_local,
+                r.edge_requests_offloaded,
+                r.edge_requests_failed,
+                regions(&r.regions)
+            );
+        },
+        |r| r.tenant.as_str(),
+    );
     println!("(cost in the pools' price unit: node share × price_per_hour)");
 }
 
-fn print_carbon(v: &Value) {
-    range_line(v);
+fn print_carbon(v: &CarbonReport) {
+    range_line(v.from, v.to);
     println!(
         "{:<12} {:<11} {:<22} {:>10} {:>12} {:>10} {:>14}  REGIONS",
         "TENANT", "KIND", "NAME", "KWH", "KG-CO2EQ", "G/KWH", "KWH-NO-SIGNAL"
     );
-    each_row(v, |tenant, r| {
-        println!(
-            "{:<12} {:<11} {:<22} {:>10.3} {:>12.3} {:>10} {:>14.3}  {}",
-            tenant,
-            s(r, "kind"),
-            s(r, "name"),
-            number(r, "energy_kwh"),
-            number(r, "carbon_g") / 1000.0,
-            r.get("intensity_g_per_kwh")
-                .and_then(Value::as_f64)
-                .map_or("-".to_string(), |g| format!("{g:.0}")),
-            number(r, "energy_without_signal_kwh"),
-            regions(r)
-        );
-    });
+    each_row(
+        &v.rows,
+        &v.total,
+        |tenant, r: &CarbonRow| {
+            println!(
+                "{:<12} {:<11} {:<22} {:>10.3} {:>12.3} {:>10} {:>14.3}  {}",
+                tenant,
+                r.kind,
+                r.name,
+                r.energy_kwh,
+                r.carbon_g / 1000.0,
+                r.intensity_g_per_kwh
+                    .map_or("-".to_string(), |g| format!("{g:.0}")),
+                r.energy_without_signal_kwh,
+                regions(&r.regions)
+            );
+        },
+        |r| r.tenant.as_str(),
+    );
     println!("(energy at the nodes' rated power; carbon only for hours with a measured intensity)");
 }
 
 pub fn run(args: ApiArgs, command: ReportCommand) -> Result<()> {
     let api = args.client();
-    let (kind, flags) = match &command {
-        ReportCommand::Cost(flags) => ("cost", flags),
-        ReportCommand::Carbon(flags) => ("carbon", flags),
-    };
-    let value = api.get(&path(kind, flags)?)?;
-    match command {
-        ReportCommand::Cost(_) => print(args.json, &value, print_cost),
-        ReportCommand::Carbon(_) => print(args.json, &value, print_carbon),
+    match &command {
+        ReportCommand::Cost(flags) => {
+            let report: CostReport = api.get_as(&path("cost", flags)?)?;
+            show(args.json, &report, print_cost);
+        }
+        ReportCommand::Carbon(flags) => {
+            let report: CarbonReport = api.get_as(&path("carbon", flags)?)?;
+            show(args.json, &report, print_carbon);
+        }
     }
     Ok(())
 }

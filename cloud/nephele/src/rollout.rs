@@ -3,9 +3,9 @@
 //! that rollout.
 
 use anyhow::{bail, Result};
-use serde_json::Value;
+use nephele_api::{DeploymentSpec, DeploymentStatus, RolloutState, RolloutView};
 
-use crate::client::{print, print_deployment, s, when, ApiArgs};
+use crate::client::{num, print_deployment, show, when_unix, ApiArgs};
 
 /// What `nephele deploy update` may change; everything not given stays as it is.
 #[derive(Debug, Clone, clap::Args)]
@@ -74,60 +74,63 @@ pub enum RolloutCommand {
 pub fn update(args: &ApiArgs, update: UpdateArgs) -> Result<()> {
     let api = args.client();
     let name = update.name.clone();
-    let current = api.get(&format!("/v1/deployments/{name}"))?;
-    let field = |key: &str| current.get(key).cloned().unwrap_or(Value::Null);
-    let mut rollout = match current.get("rollout_settings") {
-        Some(Value::Object(settings)) => settings.clone(),
-        _ => serde_json::Map::new(),
-    };
-    let overrides = [
-        ("steps", update.steps.map(Value::from)),
-        ("min_requests", update.min_requests.map(Value::from)),
-        ("min_step_s", update.min_step_s.map(Value::from)),
-        (
-            "progress_deadline_s",
-            update.progress_deadline_s.map(Value::from),
-        ),
-        ("max_p99_ratio", update.max_p99_ratio.map(Value::from)),
-        (
-            "min_p99_increase_ms",
-            update.min_p99_increase_ms.map(Value::from),
-        ),
-        (
-            "max_accuracy_drop_points",
-            update.max_accuracy_drop.map(Value::from),
-        ),
-    ];
-    let mut rollout_given = !rollout.is_empty();
-    for (key, value) in overrides {
-        if let Some(value) = value {
-            rollout.insert(key.into(), value);
-            rollout_given = true;
+    let current: DeploymentStatus = api.get_as(&format!("/v1/deployments/{name}"))?;
+    let given = update.steps.is_some()
+        || update.min_requests.is_some()
+        || update.min_step_s.is_some()
+        || update.progress_deadline_s.is_some()
+        || update.max_p99_ratio.is_some()
+        || update.min_p99_increase_ms.is_some()
+        || update.max_accuracy_drop.is_some();
+    let rollout = match (current.rollout_settings.clone(), given) {
+        (None, false) => None,
+        (settings, _) => {
+            let mut settings = settings.unwrap_or_default();
+            if let Some(steps) = update.steps {
+                settings.steps = steps;
+            }
+            if let Some(value) = update.min_requests {
+                settings.min_requests = value;
+            }
+            if let Some(value) = update.min_step_s {
+                settings.min_step_s = value;
+            }
+            if let Some(value) = update.progress_deadline_s {
+                settings.progress_deadline_s = value;
+            }
+            if let Some(value) = update.max_p99_ratio {
+                settings.max_p99_ratio = value;
+            }
+            if let Some(value) = update.min_p99_increase_ms {
+                settings.min_p99_increase_ms = value;
+            }
+            if let Some(value) = update.max_accuracy_drop {
+                settings.max_accuracy_drop_points = value;
+            }
+            Some(settings)
         }
-    }
-    let mut spec = serde_json::json!({
-        "name": name,
-        "model": update.model.map(Value::from).unwrap_or_else(|| field("model")),
-        "selector": update.selector.map(Value::from).unwrap_or_else(|| field("selector")),
-        "slo_ms": update.slo_ms.map(Value::from).unwrap_or_else(|| field("slo_ms")),
-        "max_queue": update.max_queue.map(Value::from).unwrap_or_else(|| field("max_queue")),
-        "offload": update.offload.map(Value::from).unwrap_or_else(|| field("offload")),
-        "variant": update.variant.map(Value::from).unwrap_or_else(|| field("variant")),
-        "hard_example_threshold": update
+    };
+    let spec = DeploymentSpec {
+        name: name.clone(),
+        model: update.model.unwrap_or(current.model.clone()),
+        selector: update.selector.unwrap_or(current.selector.clone()),
+        slo_ms: update.slo_ms.unwrap_or(current.slo_ms),
+        offload: update.offload.unwrap_or(current.offload),
+        max_queue: update.max_queue.unwrap_or(current.max_queue),
+        variant: update.variant.unwrap_or(current.variant.clone()),
+        hard_example_threshold: update
             .hard_example_threshold
-            .map(Value::from)
-            .unwrap_or_else(|| field("hard_example_threshold")),
-        "replicas": field("replicas"),
-    });
-    if rollout_given {
-        spec["rollout"] = Value::Object(rollout);
-    }
-    let value = api.put_json(&format!("/v1/deployments/{name}"), &spec)?;
-    let number = |v: &Value| v.pointer("/rollout/number").and_then(Value::as_u64);
-    let started = number(&value) != number(&current);
-    print(args.json, &value, |v| {
-        print_deployment(v);
-        match v.get("rollout").filter(|r| started && !r.is_null()) {
+            .or(current.hard_example_threshold),
+        replicas: current.replicas.clone(),
+        rollout,
+        tenant: None,
+    };
+    let status: DeploymentStatus = api.put_as(&format!("/v1/deployments/{name}"), &spec)?;
+    let number = |d: &DeploymentStatus| d.rollout.as_ref().map(|r| r.number);
+    let started = number(&status) != number(&current);
+    show(args.json, &status, |d| {
+        print_deployment(d);
+        match d.rollout.as_ref().filter(|_| started) {
             Some(rollout) => {
                 print_rollout(&name, rollout);
                 println!("  follow it: nephele rollout status {name} --watch");
@@ -145,30 +148,27 @@ pub fn run(args: ApiArgs, command: RolloutCommand) -> Result<()> {
         RolloutCommand::Status { name, watch } => {
             let mut last_events = 0;
             loop {
-                let value = api.get(&format!("/v1/deployments/{name}/rollout"))?;
-                let state = s(&value, "state");
+                let rollout: RolloutView =
+                    api.get_as(&format!("/v1/deployments/{name}/rollout"))?;
                 if !watch {
-                    print(args.json, &value, |v| print_rollout(&name, v));
+                    show(args.json, &rollout, |r| print_rollout(&name, r));
                     return Ok(());
                 }
-                let events = value
-                    .get("events")
-                    .and_then(Value::as_array)
-                    .cloned()
-                    .unwrap_or_default();
                 if args.json {
-                    if events.len() != last_events {
-                        println!("{}", serde_json::to_string(&value).unwrap_or_default());
+                    if rollout.events.len() != last_events {
+                        println!("{}", serde_json::to_string(&rollout).unwrap_or_default());
                     }
                 } else {
-                    for event in events.iter().skip(last_events) {
-                        println!("{}  {}", at(event.get("at_unix_ms")), s(event, "message"));
+                    for event in rollout.events.iter().skip(last_events) {
+                        println!("{}  {}", at(event.at_unix_ms), event.message);
                     }
                 }
-                last_events = events.len();
-                match state.as_str() {
-                    "complete" => return Ok(()),
-                    "rolled_back" => bail!("rollout of {name} rolled back: {}", s(&value, "gate")),
+                last_events = rollout.events.len();
+                match rollout.state {
+                    RolloutState::Complete => return Ok(()),
+                    RolloutState::RolledBack => {
+                        bail!("rollout of {name} rolled back: {}", rollout.gate)
+                    }
                     _ => std::thread::sleep(std::time::Duration::from_secs(1)),
                 }
             }
@@ -180,80 +180,46 @@ pub fn run(args: ApiArgs, command: RolloutCommand) -> Result<()> {
 }
 
 fn act(args: &ApiArgs, name: &str, action: &str) -> Result<()> {
-    let value = args.client().post(
+    let status: DeploymentStatus = args.client().post_as(
         &format!("/v1/deployments/{name}/rollout/{action}"),
-        &Value::Null,
+        &serde_json::Value::Null,
     )?;
-    print(args.json, &value, |v| match v.get("rollout") {
-        Some(rollout) if !rollout.is_null() => print_rollout(name, rollout),
-        _ => print_deployment(v),
+    show(args.json, &status, |d| match &d.rollout {
+        Some(rollout) => print_rollout(name, rollout),
+        None => print_deployment(d),
     });
     Ok(())
 }
 
-fn print_rollout(name: &str, r: &Value) {
-    let steps: Vec<String> = r
-        .get("steps")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .map(|p| format!("{p}%"))
-        .collect();
-    let moved = r
-        .get("moved_devices")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
+fn print_rollout(name: &str, r: &RolloutView) {
+    let steps: Vec<String> = r.steps.iter().map(|p| format!("{p}%")).collect();
     println!(
         "rollout {} of deployment {name}: {} (step {} of {}: {})",
-        s(r, "number"),
-        s(r, "state").replace('_', " "),
-        s(r, "step"),
+        r.number,
+        num(Some(r.state)).replace('_', " "),
+        r.step,
         steps.len(),
         steps.join(" → ")
     );
-    println!(
-        "  {} → {}",
-        s(r.get("from").unwrap_or(&Value::Null), "model"),
-        s(r.get("to").unwrap_or(&Value::Null), "model")
-    );
+    println!("  {} → {}", r.from.model, r.to.model);
     println!(
         "  devices on the new version: {} of {} selected{}",
-        moved.len(),
-        s(r, "selected_devices"),
-        if moved.is_empty() {
+        r.moved_devices.len(),
+        r.selected_devices,
+        if r.moved_devices.is_empty() {
             String::new()
         } else {
-            format!(
-                " ({})",
-                moved
-                    .iter()
-                    .filter_map(Value::as_str)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
+            format!(" ({})", r.moved_devices.join(", "))
         }
     );
-    println!("  gate: {}", s(r, "gate"));
-    println!("  started {}", at(r.get("started_unix_ms")));
-    for event in r
-        .get("events")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        println!(
-            "    {}  {}",
-            at(event.get("at_unix_ms")),
-            s(event, "message")
-        );
+    println!("  gate: {}", r.gate);
+    println!("  started {}", at(r.started_unix_ms));
+    for event in &r.events {
+        println!("    {}  {}", at(event.at_unix_ms), event.message);
     }
 }
 
 /// A unix millisecond as a date and an age.
-fn at(value: Option<&Value>) -> String {
-    let seconds = value
-        .and_then(Value::as_u64)
-        .map(|ms| Value::from(ms / 1000));
-    when(seconds.as_ref())
+fn at(unix_ms: u64) -> String {
+    when_unix(Some(unix_ms / 1000))
 }

@@ -2,9 +2,9 @@
 //! (`/v1/tenants`). Creating, changing and deleting them takes an admin token.
 
 use anyhow::{bail, Result};
-use serde_json::{json, Value};
+use nephele_api::{TenantBody, TenantView};
 
-use crate::client::{print, s, when, ApiArgs};
+use crate::client::{num, show, when_unix, ApiArgs};
 
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum TenantCommand {
@@ -54,62 +54,50 @@ pub struct QuotaArgs {
     pub replicas: Option<u32>,
 }
 
-/// The PUT body: `current` (a tenant's view, or `{}`) with the flags applied.
-fn body(current: &Value, quotas: &QuotaArgs, unlimited: &[String]) -> Result<Value> {
-    let mut out = json!({
-        "weight": current.get("weight").cloned().unwrap_or(json!(1.0)),
-    });
-    for key in [
-        "quota_gpu_milli",
-        "quota_cpu_milli",
-        "quota_memory_mib",
-        "quota_jobs",
-        "quota_replicas",
-    ] {
-        if let Some(value) = current.get(key).filter(|v| !v.is_null()) {
-            out[key] = value.clone();
-        }
-    }
+/// The PUT body: `current` (a tenant's weight and quotas, or the defaults) with the
+/// flags applied.
+fn body(current: TenantBody, quotas: &QuotaArgs, unlimited: &[String]) -> Result<TenantBody> {
+    let mut out = current;
     if let Some(weight) = quotas.weight {
-        out["weight"] = json!(weight);
+        out.weight = weight;
     }
-    for (key, value) in [
-        ("quota_gpu_milli", quotas.gpu_milli),
-        ("quota_cpu_milli", quotas.cpu_milli),
-        ("quota_memory_mib", quotas.memory_mib),
-        ("quota_jobs", quotas.jobs.map(u64::from)),
-        ("quota_replicas", quotas.replicas.map(u64::from)),
-    ] {
-        if let Some(value) = value {
-            out[key] = json!(value);
-        }
-    }
+    out.quota_gpu_milli = quotas.gpu_milli.or(out.quota_gpu_milli);
+    out.quota_cpu_milli = quotas.cpu_milli.or(out.quota_cpu_milli);
+    out.quota_memory_mib = quotas.memory_mib.or(out.quota_memory_mib);
+    out.quota_jobs = quotas.jobs.or(out.quota_jobs);
+    out.quota_replicas = quotas.replicas.or(out.quota_replicas);
     for name in unlimited {
-        let key = match name.trim() {
-            "gpu" => "quota_gpu_milli",
-            "cpu" => "quota_cpu_milli",
-            "memory" => "quota_memory_mib",
-            "jobs" => "quota_jobs",
-            "replicas" => "quota_replicas",
+        match name.trim() {
+            "gpu" => out.quota_gpu_milli = None,
+            "cpu" => out.quota_cpu_milli = None,
+            "memory" => out.quota_memory_mib = None,
+            "jobs" => out.quota_jobs = None,
+            "replicas" => out.quota_replicas = None,
             other => bail!(
                 "--unlimited {other:?}: give gpu, cpu, memory, jobs or replicas (comma-separated)"
             ),
-        };
-        if let Some(map) = out.as_object_mut() {
-            map.remove(key);
         }
     }
     Ok(out)
 }
 
-fn quota(t: &Value, key: &str) -> String {
-    match t.get(key).and_then(Value::as_u64) {
-        Some(q) => q.to_string(),
-        None => "-".into(),
+/// A tenant's weight and quotas as a PUT takes them.
+fn as_body(t: &TenantView) -> TenantBody {
+    TenantBody {
+        weight: t.weight,
+        quota_cpu_milli: t.quota_cpu_milli,
+        quota_memory_mib: t.quota_memory_mib,
+        quota_gpu_milli: t.quota_gpu_milli,
+        quota_jobs: t.quota_jobs,
+        quota_replicas: t.quota_replicas,
     }
 }
 
-fn print_list(v: &Value) {
+fn quota<T: ToString>(value: Option<T>) -> String {
+    value.map_or_else(|| "-".into(), |q| q.to_string())
+}
+
+fn print_list(tenants: &[TenantView]) {
     println!(
         "{:<14} {:>6} {:>10} {:>10} {:>11} {:>6} {:>9} {:>7} {:>7} {:>12}",
         "TENANT",
@@ -123,47 +111,44 @@ fn print_list(v: &Value) {
         "MODELS",
         "DEPLOYMENTS"
     );
-    for t in v.as_array().into_iter().flatten() {
+    for t in tenants {
         println!(
             "{:<14} {:>6} {:>10} {:>10} {:>11} {:>6} {:>9} {:>7} {:>7} {:>12}",
-            s(t, "name"),
-            s(t, "weight"),
-            quota(t, "quota_gpu_milli"),
-            quota(t, "quota_cpu_milli"),
-            quota(t, "quota_memory_mib"),
-            quota(t, "quota_jobs"),
-            quota(t, "quota_replicas"),
-            s(t, "api_tokens"),
-            s(t, "models"),
-            s(t, "deployments")
+            t.name,
+            num(Some(t.weight)),
+            quota(t.quota_gpu_milli),
+            quota(t.quota_cpu_milli),
+            quota(t.quota_memory_mib),
+            quota(t.quota_jobs),
+            quota(t.quota_replicas),
+            t.api_tokens,
+            t.models,
+            t.deployments
         );
     }
     println!("(quotas per region; - is unlimited)");
 }
 
-fn print_one(t: &Value) {
-    println!("tenant {} (weight {})", s(t, "name"), s(t, "weight"));
+fn print_one(t: &TenantView) {
+    println!("tenant {} (weight {})", t.name, num(Some(t.weight)));
     println!(
         "  quotas per region: GPU milli {}, CPU milli {}, memory MiB {}, jobs {}, replicas {} (- is unlimited)",
-        quota(t, "quota_gpu_milli"),
-        quota(t, "quota_cpu_milli"),
-        quota(t, "quota_memory_mib"),
-        quota(t, "quota_jobs"),
-        quota(t, "quota_replicas")
+        quota(t.quota_gpu_milli),
+        quota(t.quota_cpu_milli),
+        quota(t.quota_memory_mib),
+        quota(t.quota_jobs),
+        quota(t.quota_replicas)
     );
     println!(
         "  holds: {} API token(s), {} model version(s), {} deployment(s) asking for {} replica(s)",
-        s(t, "api_tokens"),
-        s(t, "models"),
-        s(t, "deployments"),
-        s(t, "replicas_asked")
+        t.api_tokens, t.models, t.deployments, t.replicas_asked
     );
     println!(
         "  created {}, changed {} by {}{}",
-        when(t.get("created_unix")),
-        when(t.get("updated_unix")),
-        s(t, "updated_by"),
-        if t["declared_in_config"] == true {
+        when_unix(Some(t.created_unix)),
+        when_unix(Some(t.updated_unix)),
+        t.updated_by,
+        if t.declared_in_config {
             " (declared in the control plane's config)"
         } else {
             ""
@@ -175,27 +160,24 @@ pub fn run(args: ApiArgs, command: TenantCommand) -> Result<()> {
     let api = args.client();
     match command {
         TenantCommand::List => {
-            let value = api.get("/v1/tenants")?;
-            print(args.json, &value, print_list);
+            let tenants: Vec<TenantView> = api.get_as("/v1/tenants")?;
+            show(args.json, &tenants, |t| print_list(t));
         }
         TenantCommand::Get { name } => {
-            let value = api.get(&format!("/v1/tenants/{name}"))?;
-            print(args.json, &value, print_one);
+            let tenant: TenantView = api.get_as(&format!("/v1/tenants/{name}"))?;
+            show(args.json, &tenant, print_one);
         }
         TenantCommand::Create { name, quotas } => {
-            let exists = api
-                .get("/v1/tenants")?
-                .as_array()
-                .is_some_and(|all| all.iter().any(|t| t["name"] == name.as_str()));
-            if exists {
+            let tenants: Vec<TenantView> = api.get_as("/v1/tenants")?;
+            if tenants.iter().any(|t| t.name == name) {
                 bail!("tenant {name} exists; change it with `nephele tenant set {name} …`");
             }
-            let value = api.put_json(
+            let tenant: TenantView = api.put_as(
                 &format!("/v1/tenants/{name}"),
-                &body(&json!({}), &quotas, &[])?,
+                &body(TenantBody::default(), &quotas, &[])?,
             )?;
-            print(args.json, &value, |t| {
-                println!("tenant {} created", s(t, "name"));
+            show(args.json, &tenant, |t| {
+                println!("tenant {} created", t.name);
                 print_one(t);
             });
         }
@@ -204,20 +186,20 @@ pub fn run(args: ApiArgs, command: TenantCommand) -> Result<()> {
             quotas,
             unlimited,
         } => {
-            let current = api.get(&format!("/v1/tenants/{name}"))?;
-            let value = api.put_json(
+            let current: TenantView = api.get_as(&format!("/v1/tenants/{name}"))?;
+            let tenant: TenantView = api.put_as(
                 &format!("/v1/tenants/{name}"),
-                &body(&current, &quotas, &unlimited)?,
+                &body(as_body(&current), &quotas, &unlimited)?,
             )?;
-            print(args.json, &value, |t| {
-                println!("tenant {} changed", s(t, "name"));
+            show(args.json, &tenant, |t| {
+                println!("tenant {} changed", t.name);
                 print_one(t);
             });
         }
         TenantCommand::Delete { name } => {
-            let value = api.delete(&format!("/v1/tenants/{name}"))?;
-            print(args.json, &value, |t| {
-                println!("tenant {} deleted", s(t, "name"))
+            let tenant: TenantView = api.delete_as(&format!("/v1/tenants/{name}"))?;
+            show(args.json, &tenant, |t| {
+                println!("tenant {} deleted", t.name)
             });
         }
     }
@@ -241,17 +223,26 @@ mod tests {
 
     #[test]
     fn set_keeps_what_is_not_given_and_drops_what_is_made_unlimited() {
-        let current = json!({"name": "team-a", "weight": 2.0, "quota_gpu_milli": 4000,
-                             "quota_jobs": 10, "quota_cpu_milli": null});
+        let current = TenantBody {
+            weight: 2.0,
+            quota_gpu_milli: Some(4000),
+            quota_jobs: Some(10),
+            ..TenantBody::default()
+        };
         let quotas = QuotaArgs {
             replicas: Some(3),
             ..none()
         };
-        let out = body(&current, &quotas, &["jobs".into()]).unwrap();
+        let out = body(current.clone(), &quotas, &["jobs".into()]).unwrap();
         assert_eq!(
             out,
-            json!({"weight": 2.0, "quota_gpu_milli": 4000, "quota_replicas": 3})
+            TenantBody {
+                weight: 2.0,
+                quota_gpu_milli: Some(4000),
+                quota_replicas: Some(3),
+                ..TenantBody::default()
+            }
         );
-        assert!(body(&current, &none(), &["disk".into()]).is_err());
+        assert!(body(current, &none(), &["disk".into()]).is_err());
     }
 }

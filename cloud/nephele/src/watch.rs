@@ -7,9 +7,10 @@
 use std::io::BufRead as _;
 
 use anyhow::Result;
+use nephele_api::{WatchEvent, WatchReset};
 use serde_json::Value;
 
-use crate::client::{s, when, ApiArgs};
+use crate::client::{text, when_unix, ApiArgs};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct WatchArgs {
@@ -54,28 +55,31 @@ pub fn run(api_args: ApiArgs, args: WatchArgs) -> Result<()> {
             let Ok(line) = line else { break };
             if line.is_empty() {
                 if kind == "reset" {
-                    let why: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
+                    let reason = serde_json::from_str::<WatchReset>(&data)
+                        .map(|r| r.reason)
+                        .unwrap_or(data.clone());
                     eprintln!(
-                        "nephele: the watch was reset ({}); list again to be sure of the state",
-                        s(&why, "reason")
+                        "nephele: the watch was reset ({reason}); list again to be sure of the state"
                     );
                 } else if !data.is_empty() {
-                    let event: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
+                    let event: WatchEvent = crate::client::typed(
+                        "GET /v1/watch",
+                        serde_json::from_str(&data).unwrap_or(Value::Null),
+                    )?;
                     if api_args.json {
-                        let mut line = event.clone();
+                        let mut line = serde_json::to_value(&event)?;
                         line["id"] = id.clone().map(Value::from).unwrap_or(Value::Null);
                         println!("{line}");
                     } else {
-                        let seconds = event["unix_ms"].as_u64().map(|ms| Value::from(ms / 1000));
                         println!(
                             "{:>8}  {:<10} {:<7} {:<24} {:<12} {:<10} {}",
-                            s(&event, "version"),
-                            s(&event, "kind"),
-                            s(&event, "action"),
-                            s(&event, "name"),
-                            s(&event, "tenant"),
-                            s(&event, "region"),
-                            when(seconds.as_ref())
+                            event.version,
+                            event.kind,
+                            event.action,
+                            event.name,
+                            text(event.tenant.as_deref()),
+                            text(event.region.as_deref()),
+                            when_unix(Some(event.unix_ms / 1000))
                         );
                     }
                     if id.is_some() {

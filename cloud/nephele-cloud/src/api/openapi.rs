@@ -491,17 +491,18 @@ fn routes(s: &mut Schemas) -> Vec<Route> {
             "at most this many bytes",
         ),
     ]);
+    let logs = s.out::<nephele_api::JobLogsView>();
     routes.push(Route {
         query: logs_query,
-        ..route("get", "/v1/jobs/{name}/logs", "jobLogs", "A member's output, read from its pool agent.", "viewer", Body::None, Answer::Json(200, json!({
-            "type": "object",
-            "required": ["job", "attempt", "member", "offset", "next_offset", "size", "finished", "data"],
-            "properties": {
-                "job": {"type": "string"}, "attempt": {"type": "integer"}, "member": {"type": "integer"},
-                "offset": {"type": "integer"}, "next_offset": {"type": "integer"}, "size": {"type": "integer"},
-                "finished": {"type": "boolean"}, "data": {"type": "string"}
-            }
-        })))
+        ..route(
+            "get",
+            "/v1/jobs/{name}/logs",
+            "jobLogs",
+            "A member's output, read from its pool agent.",
+            "viewer",
+            Body::None,
+            Answer::Json(200, logs),
+        )
     });
     routes.push(Route {
         query: vec![

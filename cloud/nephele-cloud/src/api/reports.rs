@@ -3,7 +3,6 @@
 //! a token sees its own tenant's rows, an admin every tenant's (or one, `?tenant=`).
 
 use actix_web::{web, HttpRequest, HttpResponse};
-use serde::Deserialize;
 
 use super::{acting_tenant, authorize, count, mailbox, regions_to_search, ApiState};
 use crate::federation::usage::GetEdgeUsage;
@@ -11,22 +10,7 @@ use crate::federation::ApiError;
 use crate::region::GetLedger;
 use crate::reports::{GroupBy, Inputs, Range};
 
-/// The query of both reports.
-#[derive(Debug, Deserialize, Default, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ReportQuery {
-    /// Unix seconds; rounded down to the hour. Default: 24 hours before `to`.
-    pub from: Option<u64>,
-    /// Unix seconds; rounded up to the hour. Default: now.
-    pub to: Option<u64>,
-    /// `workload` (a row per job and deployment, the default) or `tenant`.
-    #[serde(default)]
-    pub group: GroupBy,
-    /// Only this tenant's rows (admins; other tokens see their own tenant's only).
-    pub tenant: Option<String>,
-    /// One region's pools only.
-    pub region: Option<String>,
-}
+pub use nephele_api::ReportQuery;
 
 fn parse(request: &HttpRequest) -> Result<ReportQuery, ApiError> {
     web::Query::<ReportQuery>::from_query(request.query_string())

@@ -4,39 +4,13 @@
 //! anything). The rules are in `federation/fleet_core_tenants.rs`.
 
 use actix_web::{web, HttpRequest, HttpResponse};
-use serde::Deserialize;
 
 use super::{authorize, count, mailbox, parse_json, regions_to_search, ApiState};
 use crate::config::TenantConfig;
 use crate::federation::{ApiError, DeleteTenant, GetTenant, ListTenants, PutTenant};
 use crate::region::TenantJobs;
 
-/// The body of `PUT /v1/tenants/{name}`: the whole of its weight and quotas (a quota
-/// left out is unlimited).
-#[derive(Debug, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct TenantBody {
-    /// Relative entitlement under dominant resource fairness (default 1).
-    #[serde(default = "one")]
-    pub weight: f64,
-    /// Most it may hold at once in each region.
-    #[serde(default)]
-    pub quota_cpu_milli: Option<u64>,
-    #[serde(default)]
-    pub quota_memory_mib: Option<u64>,
-    #[serde(default)]
-    pub quota_gpu_milli: Option<u64>,
-    /// Most jobs it may have in each region that have not ended.
-    #[serde(default)]
-    pub quota_jobs: Option<u32>,
-    /// Most cloud replicas its deployments may ask for in all (their `replicas.max`).
-    #[serde(default)]
-    pub quota_replicas: Option<u32>,
-}
-
-fn one() -> f64 {
-    1.0
-}
+pub use nephele_api::TenantBody;
 
 /// `GET /v1/tenants`: the caller's tenant (admins: every tenant).
 pub async fn list(

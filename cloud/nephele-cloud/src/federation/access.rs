@@ -13,64 +13,17 @@
 //! The fleet (devices, regions, nodes) is shared inventory, readable by every role;
 //! models, deployments and jobs belong to a tenant.
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-/// An API token's role, least to most.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    PartialOrd,
-    Ord,
-    Hash,
-    Serialize,
-    Deserialize,
-    schemars::JsonSchema,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    Viewer,
-    Developer,
-    Operator,
-    Admin,
-}
+pub use nephele_api::Role;
 
-impl Role {
-    pub const ALL: [Role; 4] = [Role::Viewer, Role::Developer, Role::Operator, Role::Admin];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Viewer => "viewer",
-            Role::Developer => "developer",
-            Role::Operator => "operator",
-            Role::Admin => "admin",
-        }
-    }
-
-    /// The role named `name`, or why there is none.
-    pub fn parse(name: &str) -> Result<Role, String> {
-        Role::ALL
-            .into_iter()
-            .find(|r| r.as_str() == name)
-            .ok_or_else(|| format!("no role {name:?}; roles: viewer, developer, operator, admin"))
-    }
-
-    /// What this role may do at most.
-    pub fn grants(self) -> Access {
-        match self {
-            Role::Viewer => Access::Read,
-            Role::Developer => Access::Write,
-            Role::Operator => Access::Fleet,
-            Role::Admin => Access::Admin,
-        }
-    }
-}
-
-impl std::fmt::Display for Role {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+/// What a role may do at most.
+pub fn grants(role: Role) -> Access {
+    match role {
+        Role::Viewer => Access::Read,
+        Role::Developer => Access::Write,
+        Role::Operator => Access::Fleet,
+        Role::Admin => Access::Admin,
     }
 }
 
@@ -141,7 +94,7 @@ impl Principal {
 
     /// Whether it may do what `access` needs; if not, what to tell it.
     pub fn check(&self, access: Access, method: &str, path: &str) -> Result<(), String> {
-        if self.role.grants() >= access {
+        if grants(self.role) >= access {
             return Ok(());
         }
         Err(format!(

@@ -8,7 +8,6 @@
 //! ([`crate::pending_pushes`]), so a control plane restarted mid-build builds them again.
 
 use nephele_runtime::variants::BuildProgress;
-use serde::Serialize;
 
 use super::fleet_core::FleetCore;
 use super::views::ModelView;
@@ -46,7 +45,7 @@ impl Build {
             } else {
                 ModelState::Building
             },
-            progress: self.progress.clone(),
+            progress: self.progress.as_ref().map(super::views::progress_view),
             error: self.error.clone(),
             sha256: self.sha256.clone(),
             size: self.size,
@@ -62,14 +61,7 @@ impl Build {
     }
 }
 
-/// Where a model is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum ModelState {
-    Building,
-    Ready,
-    Failed,
-}
+pub use nephele_api::ModelState;
 
 /// What [`FleetCore::begin_model`] found.
 pub enum Begin {
@@ -103,7 +95,7 @@ impl FleetCore {
             .find(|m| m.sha256 == new.sha256)
         {
             // Versions are content-addressed: the same file is the same version.
-            return Ok(Begin::Existing(ModelView::from(existing)));
+            return Ok(Begin::Existing(super::views::model_view(existing)));
         }
         if let Some(build) = self.builds.get(&new.name) {
             if build.error.is_none() && build.sha256 == new.sha256 {
@@ -167,7 +159,7 @@ impl FleetCore {
             }
         }
         if let Some(record) = self.catalog.resolve(reference) {
-            return Ok(ModelView::from(record));
+            return Ok(super::views::model_view(record));
         }
         let known: Vec<String> = self
             .catalog
@@ -191,7 +183,7 @@ impl FleetCore {
     pub fn model_views(&self) -> Vec<ModelView> {
         let mut records: Vec<&crate::store::ModelRecord> = self.catalog.models().collect();
         records.sort_by_key(|m| (m.name.clone(), m.created_unix, m.key()));
-        let mut views: Vec<ModelView> = records.into_iter().map(ModelView::from).collect();
+        let mut views: Vec<ModelView> = records.into_iter().map(super::views::model_view).collect();
         let mut builds: Vec<ModelView> = self
             .builds
             .iter()

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, HashMap};
 use nephele_domain::{AgentRole, Labels, Selector};
 use nephele_proto::{Assignment, DesiredState, ModelManifest, SignedManifest, VariantKind};
 
-use super::views::{DeploymentSpec, ModelView};
+use super::views::DeploymentSpec;
 use super::ApiError;
 use crate::config::AutoscaleConfig;
 use crate::scheduler::{PoolWork, ReplicaSpec};
@@ -220,7 +220,7 @@ impl Catalog {
                 )
             }));
         };
-        let view = ModelView::from(model);
+        let view = super::views::model_view(model);
         let shippable = || view.variants.iter().filter(|v| v.rejected.is_none());
         if spec.variant == PLANNED_SPLIT {
             if !shippable().any(|v| v.cut.is_some()) {

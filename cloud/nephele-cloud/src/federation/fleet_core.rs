@@ -30,7 +30,7 @@ use super::authority::Authority;
 use super::builds::Build;
 use super::fleet::{self, Catalog};
 use super::fleet_store::{Record, Snapshot, Write};
-use super::usage::{UsageHour, UsageTotals, USAGE_RETENTION_HOURS};
+use super::usage::{Counting, UsageHour, UsageTotals, USAGE_RETENTION_HOURS};
 use super::{constant_time_eq, sha256_hex};
 use crate::config::CloudConfig;
 use crate::scheduler::{PoolWork, ReplicaSpec};

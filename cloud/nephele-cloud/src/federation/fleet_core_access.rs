@@ -48,7 +48,7 @@ fn token_view(record: &ApiTokenRecord, now_unix: u64, token: Option<String>) -> 
         name: record.name.clone(),
         role: record.role,
         tenant: record.tenant.clone(),
-        state: token_state(record, now_unix),
+        state: token_state(record, now_unix).into(),
         created_unix: record.created_unix,
         created_by: record.created_by.clone(),
         expires_unix: record.expires_unix,

@@ -175,13 +175,13 @@ fn revoked_expired_and_rotated_away_secrets_stop_working() {
     create(&mut core, &by, "adm2", spec(Role::Admin, "team-a", None)).unwrap();
     done(core.revoke_api_token(303, "adm", &by)).unwrap();
     assert!(core.authenticate(&admin_token, 303).is_none());
-    let states: Vec<(String, &str)> = core
+    let states: Vec<(String, String)> = core
         .api_token_views(303)
         .into_iter()
         .map(|v| (v.id, v.state))
         .collect();
-    assert!(states.contains(&("v1".into(), "revoked")));
-    assert!(states.contains(&("adm2".into(), "active")));
+    assert!(states.contains(&("v1".into(), "revoked".into())));
+    assert!(states.contains(&("adm2".into(), "active".into())));
 }
 
 #[test]

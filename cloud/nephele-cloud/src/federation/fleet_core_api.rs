@@ -227,7 +227,7 @@ impl FleetCore {
             session: session.map(|s| s.id),
             address: None,
             rss_bytes: telemetry.map(|t| t.heartbeat.rss_bytes),
-            link: telemetry.map(|t| t.heartbeat.link),
+            link: telemetry.map(|t| super::views::link_view(&t.heartbeat.link)),
             local_endpoint: session.map(|s| s.local_endpoint.clone()),
             deployments: telemetry
                 .map(|t| t.heartbeat.deployments.len())
@@ -316,7 +316,7 @@ impl FleetCore {
             .find(|m| m.sha256 == sha_hex)
         {
             // Content-addressed: the same file is the same version.
-            let view = ModelView::from(existing);
+            let view = super::views::model_view(existing);
             self.set_build(&message.name, None);
             return Ok(view);
         }
@@ -382,7 +382,7 @@ impl FleetCore {
                     accuracy_pct: v.accuracy,
                     min_cosine: v.agreement.map(|a| a.min_cosine),
                     top1_agreement: v.agreement.map(|a| a.top1_agreement),
-                    cut: v.cut.clone(),
+                    cut: v.cut.as_ref().map(super::views::cut_view),
                     rejected: v.rejected.clone(),
                     note: v
                         .quantization
@@ -399,7 +399,7 @@ impl FleetCore {
             recurrent_state: message.recurrent_state,
             tenant: message.tenant,
         };
-        let view = ModelView::from(&record);
+        let view = super::views::model_view(&record);
         tracing::info!(
             model = %record.reference(),
             sha256 = %record.sha256,
@@ -574,7 +574,7 @@ impl FleetCore {
                 RegionView {
                     name: region.name.clone(),
                     carbon_zone: region.carbon_zone.clone(),
-                    pools: region.pools.clone(),
+                    pools: region.pools.iter().map(super::views::pool_view).collect(),
                     devices: in_region.len(),
                     online: in_region
                         .iter()

@@ -13,7 +13,7 @@ use nephele_proto::DeploymentPhase;
 use super::fleet::device_labels;
 use super::fleet_core::{Effect, FleetCore, Output};
 use super::fleet_store::{Record, Write};
-use super::rollout::{Change, DeviceFigures, Figures, Rollout, RuntimeSpec};
+use super::rollout::{Change, DeviceFigures, Rollout, RuntimeSpec};
 use super::views::{DeploymentSpec, DeploymentStatus, RolloutView};
 use super::ApiError;
 use crate::store::DeploymentRecord;
@@ -106,7 +106,7 @@ impl FleetCore {
         let mut base = record.with_runtime(&from);
         let selected = self.selected_edges(&base);
         let figures = self.device_figures(&base, &from, &to, &selected);
-        let baseline = Figures::of(
+        let baseline = super::rollout::figures_of(
             selected
                 .iter()
                 .filter_map(|d| figures.get(d))

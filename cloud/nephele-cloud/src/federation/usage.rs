@@ -15,39 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{ApiError, FederationActor};
 
-/// What one deployment served on a device, all windows reported so far.
-#[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
-)]
-pub struct Served {
-    pub served_local: u64,
-    pub served_offloaded: u64,
-    pub failed: u64,
-}
-
-impl Served {
-    pub fn add(&mut self, other: &Served) {
-        self.served_local = self.served_local.saturating_add(other.served_local);
-        self.served_offloaded = self.served_offloaded.saturating_add(other.served_offloaded);
-        self.failed = self.failed.saturating_add(other.failed);
-    }
-}
-
-/// A device's usage totals (the store's record and the API's view).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
-pub struct UsageTotals {
-    pub device: String,
-    /// The highest record counted; records up to it are acknowledged.
-    pub last_seq: u64,
-    /// Records counted.
-    pub records: u64,
-    /// Records the device dropped because its queue was full (never counted).
-    pub dropped: u64,
-    /// The first and last window counted, Unix milliseconds (0: none).
-    pub first_unix_ms: u64,
-    pub last_unix_ms: u64,
-    pub deployments: BTreeMap<String, Served>,
-}
+pub use nephele_api::{Served, UsageTotals};
 
 /// Hours of served requests kept per deployment (90 days, as the ledger keeps).
 pub const USAGE_RETENTION_HOURS: u64 = 90 * 24;
@@ -83,9 +51,16 @@ impl UsageHour {
     }
 }
 
-impl UsageTotals {
+/// How a device's totals count its records (each once).
+pub trait Counting {
     /// The records of `report` this would count (not counted yet), in order.
-    pub fn new_records<'a>(&self, report: &'a UsageReport) -> Vec<&'a nephele_proto::UsageRecord> {
+    fn new_records<'a>(&self, report: &'a UsageReport) -> Vec<&'a nephele_proto::UsageRecord>;
+    /// Adds the records not counted yet; whether anything changed.
+    fn apply(&mut self, report: &UsageReport) -> bool;
+}
+
+impl Counting for UsageTotals {
+    fn new_records<'a>(&self, report: &'a UsageReport) -> Vec<&'a nephele_proto::UsageRecord> {
         let mut last = self.last_seq;
         let mut out = Vec::new();
         for record in &report.records {
@@ -97,8 +72,7 @@ impl UsageTotals {
         out
     }
 
-    /// Adds the records not counted yet; whether anything changed.
-    pub fn apply(&mut self, report: &UsageReport) -> bool {
+    fn apply(&mut self, report: &UsageReport) -> bool {
         let mut changed = report.dropped != self.dropped;
         self.dropped = report.dropped;
         for record in &report.records {

@@ -991,7 +991,8 @@ impl RegionScheduler {
                             "provider"
                         } else {
                             "model"
-                        },
+                        }
+                        .into(),
                         price_per_mwh: Some(outlook.price[i]).filter(|p| p.is_finite()),
                     })
                     .collect(),
@@ -1026,7 +1027,7 @@ impl RegionScheduler {
         GridView {
             region: self.region.clone(),
             carbon_zone: self.carbon_zone.clone(),
-            signal,
+            signal: signal.into(),
             note,
             forecast,
             measured_hours: self.grid.measured_hours(),
@@ -1283,11 +1284,11 @@ impl RegionScheduler {
                     .rejected
                     .iter()
                     .map(|(r, n)| ReasonCount {
-                        reason: r.as_str(),
+                        reason: r.as_str().into(),
                         nodes: *n,
                     })
                     .collect();
-                reasons.sort_by(|a, b| b.nodes.cmp(&a.nodes).then(a.reason.cmp(b.reason)));
+                reasons.sort_by(|a, b| b.nodes.cmp(&a.nodes).then(a.reason.cmp(&b.reason)));
                 let hint = if self.slots.is_empty() {
                     Some(format!(
                         "region {} has no [[region.pool]]; add one to the control plane's config",
@@ -1369,7 +1370,7 @@ impl RegionScheduler {
             tenant: self.tenants[meta.tenant].clone(),
             uid: meta.uid,
             region: self.region.clone(),
-            state,
+            state: state.into(),
             priority: meta.priority,
             preemptible: meta.preemptible,
             submitted_unix: meta.submitted_unix,

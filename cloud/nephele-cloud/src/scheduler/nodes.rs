@@ -993,12 +993,8 @@ impl RegionScheduler {
                     profile: slot.profile.clone(),
                     agent: slot.agent.clone(),
                     up: state.up,
-                    phase: slot.phase.name(),
-                    provider: match slot.provider {
-                        ProviderKind::None => "none",
-                        ProviderKind::Local => "local",
-                        ProviderKind::Command => "command",
-                    },
+                    phase: slot.phase.name().into(),
+                    provider: slot.provider.as_str().into(),
                     device: slot.device.clone(),
                     since_unix: slot.phase.since(),
                     note: slot.note.clone(),
@@ -1006,7 +1002,8 @@ impl RegionScheduler {
                     capacity_type: match spec.capacity_type {
                         nephele_placement::CapacityType::Spot => "spot",
                         nephele_placement::CapacityType::OnDemand => "on-demand",
-                    },
+                    }
+                    .into(),
                     price_per_hour: slot.price_per_hour,
                     cpu_milli: spec.cpu_milli,
                     cpu_free_milli: state.cpu_left,

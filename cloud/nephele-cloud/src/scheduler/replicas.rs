@@ -561,7 +561,7 @@ impl RegionScheduler {
                         .get(id)
                         .map(|m| m.name.clone())
                         .unwrap_or_default(),
-                    state,
+                    state: state.into(),
                     node: binding
                         .as_ref()
                         .map(|b| self.cluster.nodes[b.node].name.clone()),

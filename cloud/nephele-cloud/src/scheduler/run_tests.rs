@@ -125,7 +125,7 @@ fn a_job_runs_as_attempts_and_is_retried_after_a_failure() {
             1,
         )
         .expect("accepted");
-    assert_eq!((view.state, view.attempt), ("running", 1));
+    assert_eq!((view.state.as_str(), view.attempt), ("running", 1));
     let all = launches(&s);
     assert_eq!(all.len(), 1);
     let (agent, launch) = &all[0];
@@ -172,7 +172,7 @@ fn a_job_runs_as_attempts_and_is_retried_after_a_failure() {
         "{events:?}"
     );
     let view = s.get("default", "train").expect("job");
-    assert_eq!(view.state, "backoff");
+    assert_eq!(view.state.as_str(), "backoff");
     assert_eq!(
         view.attempts[0].outcome.as_deref(),
         Some("failed: member 0 exited with code 3")
@@ -190,7 +190,7 @@ fn a_job_runs_as_attempts_and_is_retried_after_a_failure() {
     assert_eq!(s.get("default", "train").expect("job").state, "backoff");
     s.tick(8);
     let view = s.get("default", "train").expect("job");
-    assert_eq!((view.state, view.attempt), ("running", 2));
+    assert_eq!((view.state.as_str(), view.attempt), ("running", 2));
     assert_eq!(launches(&s)[0].1.attempt, 2);
     // Its second failure uses up its one retry: failed for good.
     let events = s.member_reports(
@@ -214,7 +214,7 @@ fn a_job_runs_as_attempts_and_is_retried_after_a_failure() {
         "{events:?}"
     );
     let view = s.get("default", "train").expect("job");
-    assert_eq!(view.state, "failed");
+    assert_eq!(view.state.as_str(), "failed");
     assert!(view
         .outcome
         .expect("outcome")
@@ -296,7 +296,7 @@ fn a_preempted_job_is_stopped_then_runs_again_with_the_same_checkpoint_dir() {
             2,
         )
         .expect("accepted");
-    assert_eq!(high.state, "pending");
+    assert_eq!(high.state.as_str(), "pending");
     assert!(
         events
             .iter()
@@ -311,7 +311,7 @@ fn a_preempted_job_is_stopped_then_runs_again_with_the_same_checkpoint_dir() {
     s.tick(3);
     assert_eq!(s.get("default", "high").expect("job").state, "running");
     let low = s.get("default", "low").expect("job");
-    assert_eq!((low.state, low.requeues), ("pending", 1));
+    assert_eq!((low.state.as_str(), low.requeues), ("pending", 1));
     assert_eq!(low.attempts[0].outcome.as_deref(), Some("preempted"));
     // When `high` is done, `low` runs again as attempt 2 with the same checkpoint dir.
     s.member_reports("pool-a", &[report(&key(&s, "high"), 1, 0, exited(0))], 4);
@@ -504,10 +504,10 @@ fn a_drained_node_moves_its_replicas_first_and_stops_its_jobs() {
     s.member_reports("pool-a", &[report(&key(&s, "job"), 1, 0, exited(143))], 10);
     s.tick(10);
     let job = s.get("default", "job").expect("job");
-    assert_eq!((job.state, job.attempt), ("running", 2));
+    assert_eq!((job.state.as_str(), job.attempt), ("running", 2));
     assert_eq!(job.placement[0].node, "l4-1");
     let node = &s.nodes()[0];
-    assert_eq!((node.phase, node.up), ("draining", false));
+    assert_eq!((node.phase.as_str(), node.up), ("draining", false));
     assert!(node.jobs.is_empty());
 }
 
@@ -672,7 +672,7 @@ fn the_books_survive_a_restart_and_nothing_starts_twice() {
     );
     let gang = r.get("default", "gang").expect("job");
     assert_eq!(
-        (gang.state, gang.attempt),
+        (gang.state.as_str(), gang.attempt),
         ("running", 1),
         "adopted, not started again"
     );
@@ -707,7 +707,7 @@ fn a_restored_job_whose_nodes_do_not_come_back_runs_again_elsewhere() {
     // 60 s (recover_timeout_s) later: attempt 2 on the node that is there.
     r.tick(161);
     let j = r.get("default", "j").expect("job");
-    assert_eq!((j.state, j.attempt), ("running", 2));
+    assert_eq!((j.state.as_str(), j.attempt), ("running", 2));
     assert_eq!(j.placement[0].agent.as_deref(), Some("pool-bb"));
     let all = launches(&r);
     assert_eq!(all.len(), 1);
@@ -829,7 +829,7 @@ proptest::proptest! {
                 if node.up {
                     proptest::prop_assert!(node.phase == "up", "{} takes work while {}", node.name, node.phase);
                 }
-                if matches!(node.phase, "absent" | "launching" | "releasing") {
+                if matches!(node.phase.as_str(), "absent" | "launching" | "releasing") {
                     proptest::prop_assert!(node.jobs.is_empty(), "{} holds work while {}", node.name, node.phase);
                 }
             }
@@ -864,7 +864,7 @@ fn after_a_restart_the_books_are_reconciled_with_what_the_provider_runs() {
     );
     let nodes = r.nodes();
     assert_eq!(
-        nodes.iter().map(|n| n.phase).collect::<Vec<_>>(),
+        nodes.iter().map(|n| n.phase.as_str()).collect::<Vec<_>>(),
         ["up", "absent", "releasing"]
     );
     // The gang that ran on l4-0 and l4-1 runs again elsewhere once nodes are back.

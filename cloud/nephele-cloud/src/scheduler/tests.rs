@@ -63,7 +63,7 @@ fn jobs_wait_for_pool_agents_and_say_why() {
             100,
         )
         .expect("accepted");
-    assert_eq!(view.state, "pending");
+    assert_eq!(view.state.as_str(), "pending");
     let why = view.why_pending.expect("why");
     assert_eq!(why.message, "0/2 nodes can take it: 2 node down");
     assert!(why.hint.expect("hint").contains("--role pool"));
@@ -79,7 +79,7 @@ fn jobs_wait_for_pool_agents_and_say_why() {
         }]
     );
     let view = s.get("alpha", "train").expect("exists");
-    assert_eq!(view.state, "running");
+    assert_eq!(view.state.as_str(), "running");
     assert_eq!(view.placement[0].agent.as_deref(), Some("pool-a"));
     assert_eq!(view.placement[0].gpus.len(), 2);
     // Tenant isolation: beta does not see alpha's job.
@@ -104,7 +104,7 @@ fn a_gang_is_placed_whole_and_requeued_whole_when_a_node_goes() {
             0,
         )
         .expect("accepted");
-    assert_eq!(view.state, "running");
+    assert_eq!(view.state.as_str(), "running");
     let nodes: Vec<&str> = view.placement.iter().map(|p| p.node.as_str()).collect();
     assert_eq!(nodes.len(), 2);
     assert_ne!(nodes[0], nodes[1]);
@@ -153,7 +153,7 @@ fn a_gang_is_placed_whole_and_requeued_whole_when_a_node_goes() {
         "{events:?}"
     );
     let view = s.get("alpha", "gang").expect("exists");
-    assert_eq!(view.state, "pending");
+    assert_eq!(view.state.as_str(), "pending");
     assert_eq!(view.requeues, 1);
     assert!(s.nodes().iter().all(|n| n.jobs.is_empty()));
     // The agent comes back to its own slot and the gang runs again.
@@ -180,7 +180,7 @@ fn higher_priority_preempts_after_the_grace_period_and_delete_frees_at_once() {
             1,
         )
         .expect("accepted");
-    assert_eq!(high.state, "pending");
+    assert_eq!(high.state.as_str(), "pending");
     assert_eq!(
         events,
         vec![SchedEvent::Preempting {
@@ -190,7 +190,7 @@ fn higher_priority_preempts_after_the_grace_period_and_delete_frees_at_once() {
         }]
     );
     let low = s.get("alpha", "low").expect("exists");
-    assert_eq!(low.state, "terminating");
+    assert_eq!(low.state.as_str(), "terminating");
     assert_eq!(low.preempted_by.as_deref(), Some("alpha/high"));
     assert_eq!(low.grace_deadline_unix, Some(11));
     assert!(s.tick(5).is_empty());
@@ -201,7 +201,7 @@ fn higher_priority_preempts_after_the_grace_period_and_delete_frees_at_once() {
     assert_eq!(s.get("alpha", "high").expect("exists").state, "running");
     // Deleting the running job lets the preempted one back on at once.
     let (gone, events) = s.delete("alpha", "high", 12).expect("exists");
-    assert_eq!(gone.state, "running");
+    assert_eq!(gone.state.as_str(), "running");
     assert_eq!(
         events,
         vec![SchedEvent::Placed {
@@ -298,7 +298,7 @@ fn mig_pools_serve_slices() {
             0,
         )
         .expect("accepted");
-    assert_eq!(view.state, "running");
+    assert_eq!(view.state.as_str(), "running");
     assert_eq!(view.placement[0].mig_profile.as_deref(), Some("1g.10gb"));
     // Whole GPUs: every GPU of the pool is in MIG slices, so this can never run here.
     let refused = s
@@ -377,9 +377,9 @@ fn a_deferrable_job_waits_for_the_greener_hour_and_never_past_its_latest_start()
     let (view, events) = s
         .submit("alpha", body("night", NOW + 20 * HOUR_S), NOW)
         .expect("accepted");
-    assert_eq!(view.state, "deferred");
+    assert_eq!(view.state.as_str(), "deferred");
     let plan = view.deferral.expect("a plan");
-    assert_eq!(plan.state, "waiting");
+    assert_eq!(plan.state.as_str(), "waiting");
     assert_eq!(plan.latest_start_unix, NOW + 19 * HOUR_S);
     assert_eq!(plan.best_start_unix, Some(trough * HOUR_S));
     assert!(plan.best_carbon.expect("best") < plan.carbon_now.expect("now"));
@@ -394,14 +394,14 @@ fn a_deferrable_job_waits_for_the_greener_hour_and_never_past_its_latest_start()
             NOW,
         )
         .expect("accepted");
-    assert_eq!(now_job.state, "running");
+    assert_eq!(now_job.state.as_str(), "running");
     // Its latest start falls within this hour: it goes at once, whatever the forecast.
     let (tight, _) = s
         .submit("alpha", body("tight", NOW + 3600 + 1200), NOW)
         .expect("accepted");
-    assert_eq!(tight.state, "running");
+    assert_eq!(tight.state.as_str(), "running");
     let plan = tight.deferral.expect("a plan");
-    assert_eq!(plan.state, "released");
+    assert_eq!(plan.state.as_str(), "released");
     assert!(plan.reason.contains("latest start"), "{}", plan.reason);
     // Hour by hour, with the feed's measurement of each hour, it waits for 03:00.
     let mut hour = NOW / HOUR_S;
@@ -424,9 +424,9 @@ fn a_deferrable_job_waits_for_the_greener_hour_and_never_past_its_latest_start()
         }
     }
     let night = s.get("alpha", "night").expect("exists");
-    assert_eq!(night.state, "running");
+    assert_eq!(night.state.as_str(), "running");
     let plan = night.deferral.expect("a plan");
-    assert_eq!(plan.state, "released");
+    assert_eq!(plan.state.as_str(), "released");
     assert_eq!(plan.released_unix, Some(trough * HOUR_S + 30));
     assert!(plan.carbon_now.expect("now") < plan.carbon_at_submit.expect("then"));
     assert!(s.accounting_holds());
@@ -466,7 +466,7 @@ fn deadlines_are_checked_and_no_signal_means_no_wait() {
             NOW,
         )
         .expect("accepted");
-    assert_eq!(view.state, "running");
+    assert_eq!(view.state.as_str(), "running");
     let plan = view.deferral.expect("a plan");
     assert!(
         plan.reason.contains("no carbon measurements"),
@@ -498,10 +498,10 @@ fn deadlines_are_checked_and_no_signal_means_no_wait() {
             NOW,
         )
         .expect("accepted");
-    assert_eq!(held.state, "deferred");
+    assert_eq!(held.state.as_str(), "deferred");
     assert_eq!(s.grid_view(NOW).deferred_jobs, 1);
     let (gone, _) = s.delete("alpha", "held", NOW).expect("exists");
-    assert_eq!(gone.state, "deferred");
+    assert_eq!(gone.state.as_str(), "deferred");
     assert!(s.get("alpha", "held").is_err());
     assert_eq!(s.grid_view(NOW).deferred_jobs, 0);
 }
@@ -686,7 +686,7 @@ proptest::proptest! {
             let nodes = s.nodes();
             let jobs = s.list(None);
             for job in &jobs {
-                match job.state {
+                match job.state.as_str() {
                     "pending" => proptest::prop_assert!(job.placement.is_empty() && job.why_pending.is_some()),
                     // Held out of the queue, and never past its latest start.
                     "deferred" => {
@@ -810,7 +810,7 @@ fn tenants_made_and_changed_at_run_time_take_effect_at_once() {
             0,
         )
         .expect("accepted");
-    assert_eq!(view.state, "running");
+    assert_eq!(view.state.as_str(), "running");
     // Within its job quota, but over its GPU quota beside the first: waits.
     let (view, _) = s
         .submit(
@@ -819,7 +819,7 @@ fn tenants_made_and_changed_at_run_time_take_effect_at_once() {
             1,
         )
         .expect("accepted");
-    assert_eq!(view.state, "pending");
+    assert_eq!(view.state.as_str(), "pending");
     // A third job is over its job quota: refused, saying so.
     let refused = s
         .submit(

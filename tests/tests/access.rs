@@ -525,7 +525,10 @@ fn every_refusal_is_a_problem_naming_the_field_and_changes_nothing() {
     );
     let (_, help, _) = nephele(&["api-token", "--help"]);
     assert!(!help.contains(admin.split_once('.').unwrap().1), "{help}");
-    // A refusal through the CLI says what is wrong with the input, not the network.
+    // A mistake in the input is said as such, not blamed on the network: the CLI
+    // knows the API's roles (its types are the API's) and says which there are before
+    // anything is sent; the control plane refuses the same with a problem naming the
+    // field (above).
     let (ok, _, err) = nephele(&[
         "api-token",
         "create",
@@ -535,5 +538,22 @@ fn every_refusal_is_a_problem_naming_the_field_and_changes_nothing() {
         "--tenant",
         "team-a",
     ]);
-    assert!(!ok && err.contains("400") && err.contains("role"), "{err}");
+    assert!(
+        !ok && err.contains("no role \"root\"") && err.contains("viewer, developer"),
+        "{err}"
+    );
+    // And a refusal by the control plane comes through with its detail and field.
+    let (ok, _, err) = nephele(&[
+        "api-token",
+        "create",
+        "x",
+        "--role",
+        "viewer",
+        "--tenant",
+        "nobody",
+    ]);
+    assert!(
+        !ok && err.contains("400") && err.contains("no tenant \"nobody\""),
+        "{err}"
+    );
 }

@@ -1035,7 +1035,12 @@ pub fn model(args: ApiArgs, command: ModelCommand) -> Result<()> {
 pub(crate) fn print_deployment(d: &DeploymentStatus) {
     println!(
         "deployment {} (model {}, selector {:?}, SLO {} ms): {}/{} devices ready",
-        d.name, d.model, d.selector, d.slo_ms, d.ready_devices, d.desired_devices
+        d.name,
+        d.model,
+        d.selector,
+        d.slo_ms,
+        num(d.ready_devices),
+        d.desired_devices
     );
     if let Some(r) = &d.rollout {
         println!(
@@ -1072,14 +1077,18 @@ pub(crate) fn print_deployment(d: &DeploymentStatus) {
             row.role,
             row.profile,
             row.phase,
-            row.variant,
+            text(row.variant.as_deref()),
             // The version it is told to run; `*` while it still runs another.
-            format!("{}{}", row.model, if row.current { "" } else { "*" }),
-            row.served_local,
-            row.served_offloaded,
-            num(Some(row.service_ms)),
-            num(Some(row.p50_ms)),
-            num(Some(row.p99_ms))
+            format!(
+                "{}{}",
+                row.model,
+                if row.current == Some(false) { "*" } else { "" }
+            ),
+            num(row.served_local),
+            num(row.served_offloaded),
+            num(row.service_ms),
+            num(row.p50_ms),
+            num(row.p99_ms)
         );
     }
 }
@@ -1970,7 +1979,7 @@ pub fn region(args: ApiArgs, command: RegionCommand) -> Result<()> {
                         r.name,
                         text(r.carbon_zone.as_deref()),
                         r.devices,
-                        r.online,
+                        num(r.online),
                         pools.join(", ")
                     );
                 }

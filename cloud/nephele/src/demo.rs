@@ -578,8 +578,11 @@ pub fn run(args: DemoArgs) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let status: DeploymentStatus = api.get_as("/v1/deployments/digits")?;
-        let pool_ready = status.devices.iter().any(|d| d.role == "pool" && d.ready);
-        if status.ready_devices == status.desired_devices
+        let pool_ready = status
+            .devices
+            .iter()
+            .any(|d| d.role == "pool" && d.ready == Some(true));
+        if status.ready_devices == Some(status.desired_devices)
             && status.desired_devices == 3
             && pool_ready
         {
@@ -757,13 +760,13 @@ pub fn run(args: DemoArgs) -> Result<()> {
                 row.role,
                 row.profile,
                 row.phase,
-                row.served_local,
-                row.served_offloaded,
-                crate::client::num(Some(row.p50_ms)),
-                crate::client::num(Some(row.p99_ms))
+                crate::client::num(row.served_local),
+                crate::client::num(row.served_offloaded),
+                crate::client::num(row.p50_ms),
+                crate::client::num(row.p99_ms)
             );
         }
-        let online = devices.iter().filter(|d| d.online).count();
+        let online = devices.iter().filter(|d| d.online == Some(true)).count();
         println!("{online} agents online");
         for region in &replicas {
             let placed: Vec<String> = region

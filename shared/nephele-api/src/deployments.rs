@@ -87,27 +87,30 @@ fn default_max_queue() -> u32 {
     64
 }
 
+/// One device of a deployment. What only the leader knows (its sessions and
+/// heartbeats) is `null` in an answer from a standby's copy (`?stale`), and `phase`
+/// is `unknown` there.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct DeviceDeploymentStatus {
     pub device: String,
     pub role: String,
     pub profile: String,
-    pub online: bool,
+    pub online: Option<bool>,
     pub phase: String,
-    pub ready: bool,
-    pub variant: String,
-    pub served_local: u64,
-    pub served_offloaded: u64,
-    pub failed: u64,
-    pub queue_len: u32,
+    pub ready: Option<bool>,
+    pub variant: Option<String>,
+    pub served_local: Option<u64>,
+    pub served_offloaded: Option<u64>,
+    pub failed: Option<u64>,
+    pub queue_len: Option<u32>,
     /// Batch 1's compute time the agent measured for its variant when it loaded it.
-    pub service_ms: f64,
-    pub p50_ms: f64,
-    pub p99_ms: f64,
+    pub service_ms: Option<f64>,
+    pub p50_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
     /// The model version the device is told to run (`name:version`).
     pub model: String,
     /// Whether it runs that version now (its agent reports its bytes ready).
-    pub current: bool,
+    pub current: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -127,7 +130,8 @@ pub struct DeploymentStatus {
     /// How its updates roll out, as given (`null`: the defaults).
     pub rollout_settings: Option<RolloutSettings>,
     pub desired_devices: usize,
-    pub ready_devices: usize,
+    /// `null` in an answer from a standby's copy.
+    pub ready_devices: Option<usize>,
     pub devices: Vec<DeviceDeploymentStatus>,
     /// What the deployment's author should know: a selector that matches no device.
     pub warnings: Vec<String>,

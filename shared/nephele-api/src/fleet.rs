@@ -52,8 +52,10 @@ pub struct DeviceView {
     pub accelerators: Vec<AcceleratorView>,
     pub cpu_cores: u32,
     pub memory_mb: u64,
-    pub online: bool,
-    /// `healthy` (heartbeats on time), `stale` (late heartbeats), `offline`.
+    /// `null` in an answer from a standby's copy (`?stale`): only the leader knows.
+    pub online: Option<bool>,
+    /// `healthy` (heartbeats on time), `stale` (late heartbeats), `offline`; `unknown`
+    /// from a standby's copy.
     pub health: String,
     pub last_heartbeat_ms_ago: Option<u64>,
     pub connected_for_s: Option<u64>,
@@ -67,7 +69,8 @@ pub struct DeviceView {
     /// The link to the control plane as the agent measures it.
     pub link: Option<LinkView>,
     pub local_endpoint: Option<String>,
-    pub deployments: usize,
+    /// Deployments it runs (`null` from a standby's copy).
+    pub deployments: Option<usize>,
 }
 
 /// What one deployment served on a device, all windows reported so far.
@@ -128,7 +131,8 @@ pub struct RegionView {
     pub carbon_zone: Option<String>,
     pub pools: Vec<PoolView>,
     pub devices: usize,
-    pub online: usize,
+    /// Devices online now (`null` from a standby's copy).
+    pub online: Option<usize>,
 }
 
 /// `POST /v1/regions/{name}/nodes/{node}/interrupt`.

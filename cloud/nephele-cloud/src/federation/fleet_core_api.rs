@@ -220,7 +220,7 @@ impl FleetCore {
                 .unwrap_or_default(),
             cpu_cores: profile.as_ref().map(|p| p.device.cpu_cores).unwrap_or(0),
             memory_mb: profile.as_ref().map(|p| p.device.memory_mb).unwrap_or(0),
-            online: session.is_some(),
+            online: Some(session.is_some()),
             health: health.into(),
             last_heartbeat_ms_ago: heartbeat_age,
             connected_for_s: session.map(|s| now_ms.saturating_sub(s.connected_ms) / 1000),
@@ -229,9 +229,11 @@ impl FleetCore {
             rss_bytes: telemetry.map(|t| t.heartbeat.rss_bytes),
             link: telemetry.map(|t| super::views::link_view(&t.heartbeat.link)),
             local_endpoint: session.map(|s| s.local_endpoint.clone()),
-            deployments: telemetry
-                .map(|t| t.heartbeat.deployments.len())
-                .unwrap_or(0),
+            deployments: Some(
+                telemetry
+                    .map(|t| t.heartbeat.deployments.len())
+                    .unwrap_or(0),
+            ),
         }
     }
 
@@ -494,23 +496,27 @@ impl FleetCore {
                     .catalog
                     .model(&model_key)
                     .map_or_else(|| model_key.clone(), |m| m.reference()),
-                current: self.runs_model(&device.name, &deployment.name, &model_key),
+                current: Some(self.runs_model(&device.name, &deployment.name, &model_key)),
                 device: device.name.clone(),
                 role: device.role.to_string(),
                 profile: device.profile_name.clone(),
-                online,
-                ready: online && phase == "ready",
+                online: Some(online),
+                ready: Some(online && phase == "ready"),
                 phase,
-                variant: telemetry.map(|t| t.variant.clone()).unwrap_or_default(),
-                served_local: telemetry.map(|t| t.served_local).unwrap_or(0),
-                served_offloaded: telemetry.map(|t| t.served_offloaded).unwrap_or(0),
-                failed: telemetry.map(|t| t.failed).unwrap_or(0),
-                queue_len: telemetry.map(|t| t.queue_len).unwrap_or(0),
-                service_ms: telemetry
-                    .map(|t| t.service_us as f64 / 1000.0)
-                    .unwrap_or(0.0),
-                p50_ms: telemetry.map(|t| t.p50_us as f64 / 1000.0).unwrap_or(0.0),
-                p99_ms: telemetry.map(|t| t.p99_us as f64 / 1000.0).unwrap_or(0.0),
+                // The leader always knows these (zero before a heartbeat); only a
+                // standby's copy leaves them null.
+                variant: Some(telemetry.map(|t| t.variant.clone()).unwrap_or_default()),
+                served_local: Some(telemetry.map(|t| t.served_local).unwrap_or(0)),
+                served_offloaded: Some(telemetry.map(|t| t.served_offloaded).unwrap_or(0)),
+                failed: Some(telemetry.map(|t| t.failed).unwrap_or(0)),
+                queue_len: Some(telemetry.map(|t| t.queue_len).unwrap_or(0)),
+                service_ms: Some(
+                    telemetry
+                        .map(|t| t.service_us as f64 / 1000.0)
+                        .unwrap_or(0.0),
+                ),
+                p50_ms: Some(telemetry.map(|t| t.p50_us as f64 / 1000.0).unwrap_or(0.0)),
+                p99_ms: Some(telemetry.map(|t| t.p99_us as f64 / 1000.0).unwrap_or(0.0)),
             });
         }
         let edge_rows = rows
@@ -549,7 +555,7 @@ impl FleetCore {
             replicas: deployment.replicas.clone(),
             rollout_settings: deployment.rollout_settings.clone(),
             desired_devices: edge_rows.clone().count(),
-            ready_devices: edge_rows.filter(|r| r.ready).count(),
+            ready_devices: Some(edge_rows.filter(|r| r.ready == Some(true)).count()),
             devices: rows,
             warnings,
             rollout: self.rollout_view(deployment),
@@ -576,10 +582,12 @@ impl FleetCore {
                     carbon_zone: region.carbon_zone.clone(),
                     pools: region.pools.iter().map(super::views::pool_view).collect(),
                     devices: in_region.len(),
-                    online: in_region
-                        .iter()
-                        .filter(|d| self.sessions.contains_key(&d.name))
-                        .count(),
+                    online: Some(
+                        in_region
+                            .iter()
+                            .filter(|d| self.sessions.contains_key(&d.name))
+                            .count(),
+                    ),
                 }
             })
             .collect()

@@ -125,6 +125,11 @@ impl std::io::Write for RawConnection {
 
 trait ReadWrite: std::io::Read + std::io::Write + Send {}
 impl<T: std::io::Read + std::io::Write + Send> ReadWrite for T {}
+/// A row of the digits model's 64 features (pixel values 0..16), varied by `i`.
+pub fn digits_row(i: usize) -> Vec<f32> {
+    (0..64).map(|j| ((i * 7 + j) % 16) as f32).collect()
+}
+
 pub const HELDOUT_JSON: &str = include_str!("../../shared/models/digits-mlp/heldout.json");
 
 /// Directory holding the workspace's binaries for the profile these tests run in.
@@ -548,6 +553,23 @@ impl Cloud {
                 String::from_utf8_lossy(&output.stderr)
             ),
         )
+    }
+
+    /// Starts an edge agent `edge-1` in `region`, labelled `tier=edge` and reporting
+    /// its usage every 300 ms, and waits until it serves the deployment `digits`
+    /// (which selects `tier=edge`).
+    pub fn edge_serving_digits(&self, region: &str) -> Result<Edge> {
+        let edge = Edge::start(
+            self,
+            "edge-1",
+            region,
+            &["--profile", "rpi5-8gb", "--label", "tier=edge"],
+            &["--usage-window-ms", "300"],
+        )?;
+        self.wait_for("/v1/deployments/digits", "digits ready", |v| {
+            v["ready_devices"] == 1
+        })?;
+        Ok(edge)
     }
 
     /// Waits until every node slot of `region` is up with its agent (pools whose

@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use nephele_e2e::{Cloud, Edge, Http};
+use nephele_e2e::{Cloud, Http};
 use serde_json::{json, Value};
 
 const CONFIG: &str = r#"
@@ -146,22 +146,10 @@ fn tenants_are_charged_what_they_held_through_a_kill_9_and_see_only_their_own() 
         &json!({"name": "digits", "model": "digits-mlp", "selector": "tier=edge",
                 "offload": false}),
     );
-    let edge = Edge::start(
-        &cloud,
-        "edge-1",
-        "eu-west",
-        &["--profile", "rpi5-8gb", "--label", "tier=edge"],
-        &["--usage-window-ms", "300"],
-    )
-    .unwrap();
-    cloud
-        .wait_for("/v1/deployments/digits", "digits ready", |v| {
-            v["ready_devices"] == 1
-        })
-        .unwrap();
+    let edge = cloud.edge_serving_digits("eu-west").unwrap();
     let mut answered = 0;
     for i in 0..20 {
-        let row: Vec<f32> = (0..64).map(|j| ((i * 7 + j) % 16) as f32).collect();
+        let row = nephele_e2e::digits_row(i);
         let (status, _) = edge.infer("digits", &row).unwrap();
         if status == 200 {
             answered += 1;

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use nephele_e2e::browser::{self, Browser};
-use nephele_e2e::{require, Cloud, Edge};
+use nephele_e2e::{require, Cloud};
 use serde_json::json;
 
 const CONFIG: &str = r#"
@@ -109,21 +109,9 @@ fn every_main_view_of_the_dashboard_renders_with_data_in_chromium() {
                     "offload": false}),
         )
         .unwrap();
-    let edge = Edge::start(
-        &cloud,
-        "edge-1",
-        "eu-west",
-        &["--profile", "rpi5-8gb", "--label", "tier=edge"],
-        &["--usage-window-ms", "300"],
-    )
-    .unwrap();
-    cloud
-        .wait_for("/v1/deployments/digits", "digits ready", |v| {
-            v["ready_devices"] == 1
-        })
-        .unwrap();
+    let edge = cloud.edge_serving_digits("eu-west").unwrap();
     for i in 0..10 {
-        let row: Vec<f32> = (0..64).map(|j| ((i + j) % 16) as f32).collect();
+        let row = nephele_e2e::digits_row(i);
         let (status, _) = edge.infer("digits", &row).unwrap();
         assert_eq!(status, 200);
     }

@@ -15,7 +15,10 @@
 #      Prometheus scrapes a control plane and an agent, tests/tests/prometheus.rs) and
 #      chromium with chromium-driver (the dashboard is loaded in headless Chromium over
 #      WebDriver, tests/src/browser.rs and tests/tests/dashboard.rs).
-#   3. cargo test --release --workspace (unit, property, golden, end-to-end).
+#   3. cargo test --release --workspace (unit, property, golden, end-to-end). It shares
+#      one build with the demo (`cargo run --release --bin nephele -- demo`): a test in
+#      tests/tests/dependency_rules.rs fails if a dev-dependency turns on a feature of a
+#      crate the binaries also build.
 # The optional onnxruntime backend (cargo feature `onnxruntime`) has its own test; it is
 # not run here because building one crate with another feature set recompiles tract:
 #   ORT_DYLIB_PATH=$PWD/target/models/venv/lib/python3.11/site-packages/onnxruntime/capi/libonnxruntime.so.1.32.0 \

@@ -97,3 +97,61 @@ fn the_edge_agent_does_not_link_the_control_plane() {
         &["actix-web", "actix", "redb", "nephele-cloud"],
     );
 }
+
+/// `package version` → its features, for the whole workspace with these edge kinds.
+fn features(edges: &str) -> std::collections::BTreeMap<String, String> {
+    let output = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .args([
+            "tree",
+            "--offline",
+            "--workspace",
+            "-e",
+            edges,
+            "--prefix",
+            "none",
+            "--format",
+            "{p}|{f}",
+        ])
+        .output()
+        .expect("run cargo tree");
+    assert!(
+        output.status.success(),
+        "cargo tree failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| {
+            let (package, features) = line.split_once('|')?;
+            // `name vX.Y.Z (path)`: the name and version say which crate it is.
+            let mut words = package.split_whitespace();
+            let key = format!("{} {}", words.next()?, words.next()?);
+            let features = features.trim().trim_end_matches("(*)").trim().to_string();
+            Some((key, features))
+        })
+        .collect()
+}
+
+/// The README's two commands share one build: `cargo test --release --workspace`
+/// (dev-dependencies included) must not turn on a feature of any crate that `cargo run`
+/// and `cargo build --release --workspace` also build, or everything above that crate
+/// is compiled twice (it was 17 minutes once, when proptest's defaults turned on
+/// features of regex-syntax, rustix and bit-vec).
+#[test]
+fn tests_and_binaries_build_every_shared_crate_with_the_same_features() {
+    let built = features("normal,build");
+    let tested = features("normal,build,dev");
+    let differ: Vec<String> = built
+        .iter()
+        .filter_map(|(package, features)| {
+            let with_tests = tested.get(package)?;
+            (with_tests != features)
+                .then(|| format!("{package}: [{features}] built, [{with_tests}] tested"))
+        })
+        .collect();
+    assert!(
+        differ.is_empty(),
+        "dev-dependencies change the features of crates the binaries share, so the test command would build them again: {differ:#?}; turn those features off in the dev-dependency (default-features = false) or on in the workspace"
+    );
+}

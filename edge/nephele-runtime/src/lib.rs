@@ -21,6 +21,10 @@ use std::sync::Arc;
 use tract_onnx::prelude::*;
 
 pub mod bench;
+#[cfg(feature = "candle")]
+pub mod candle_bert;
+#[cfg(not(feature = "candle"))]
+#[path = "candle_off.rs"]
 pub mod candle_bert;
 pub mod cut_choice;
 pub mod fold_if;

@@ -196,6 +196,7 @@ fn a_batch_of_any_size_gives_the_rows_that_batch_one_gives_in_order() {
 }
 
 /// The registry models, when `shared/models/registry/prepare.sh` has fetched them.
+#[cfg(any(feature = "candle", feature = "onnxruntime"))]
 fn registry_dir(model: &str) -> Option<std::path::PathBuf> {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../target/models")
@@ -218,6 +219,7 @@ fn registry_dir(model: &str) -> Option<std::path::PathBuf> {
 }
 
 /// (row length, rows, reference rows) of a `nephele-validation/1` file.
+#[cfg(any(feature = "candle", feature = "onnxruntime"))]
 fn validation_file(dir: &std::path::Path) -> (usize, Vec<Vec<f32>>, Vec<Vec<f32>>) {
     let meta: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("validation.json")).expect("read"))
@@ -251,6 +253,7 @@ fn validation_file(dir: &std::path::Path) -> (usize, Vec<Vec<f32>>, Vec<Vec<f32>
 
 /// Three implementations of all-MiniLM-L6-v2 agree: candle from the safetensors, tract
 /// on the ONNX graph built from them, and the numpy forward the reference came from.
+#[cfg(feature = "candle")]
 #[test]
 fn minilm_in_candle_equals_tract_and_the_numpy_reference() {
     let Some(dir) = registry_dir("minilm") else {

@@ -144,6 +144,8 @@ pub struct Agent {
     pub usage: Mutex<crate::usage::UsageQueue>,
     /// Wakes the task that keeps `usage` on disk.
     pub(crate) usage_changed: tokio::sync::Notify,
+    /// Wakes the session to report at once (a desired state was just applied).
+    pub(crate) report_now: tokio::sync::Notify,
     usage_window: Duration,
 }
 
@@ -252,6 +254,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         renew_before_days: args.renew_before_days,
         usage: Mutex::new(load_usage(&args.data_dir)),
         usage_changed: tokio::sync::Notify::new(),
+        report_now: tokio::sync::Notify::new(),
         usage_window: Duration::from_millis(args.usage_window_ms.max(100)),
         enrolment,
         jobs,
@@ -609,6 +612,7 @@ async fn reconciler(
                 .applied_generation
                 .store(desired.generation, Ordering::Relaxed);
             if fresh {
+                agent.report_now.notify_one();
                 let data_dir = agent.enrolment.data_dir.clone();
                 let kept = desired.clone();
                 let saved = tokio::task::spawn_blocking(move || {

@@ -88,6 +88,7 @@ pub async fn run(agent: Arc<Agent>, desired_tx: watch::Sender<Option<DesiredStat
                 }
             },
             _ = sleep_until(deadline) => Input::Tick,
+            _ = agent.report_now.notified() => Input::ReportNow,
             changed = notice_rx.changed(), if notices_open => match changed {
                 Ok(()) => Input::Notice(*notice_rx.borrow_and_update()),
                 Err(_) => {

@@ -13,6 +13,7 @@
 //! | awaiting Welcome  | `Welcome`                            | serving; heartbeat now, then every interval |
 //! | awaiting Welcome  | `Refused`, other frame, end, timeout | waiting, as a failed connect             |
 //! | serving           | `DesiredState`, `UsageAck`           | serving (applied, acknowledged)          |
+//! | serving           | report now (a desired state applied) | serving; heartbeat now, then every interval |
 //! | serving           | stream ended, write failed, `Refused`, second `Welcome` | waiting 200 ms ±20%, same replica |
 //! | serving           | silent past the idle timeout         | waiting 200 ms ±20%, next replica        |
 //!
@@ -99,6 +100,10 @@ pub enum Input {
     Notice(Option<Instant>),
     /// Time passed; due when `now` reaches [`SessionCore::deadline`].
     Tick,
+    /// The agent applied a desired state: what it now runs (or failed to load) is
+    /// reported at once, not at the next heartbeat, so a deployment is seen Ready in
+    /// the time its model takes to load whatever the heartbeat interval.
+    ReportNow,
 }
 
 /// What the shell must do, in order.
@@ -220,6 +225,18 @@ impl SessionCore {
         let mut effects = Vec::new();
         match input {
             Input::Tick => self.tick(now, &mut effects),
+            Input::ReportNow => {
+                if let Phase::Serving {
+                    next_heartbeat,
+                    interval,
+                    seq,
+                } = &mut self.phase
+                {
+                    *seq += 1;
+                    *next_heartbeat = now + *interval;
+                    effects.push(Effect::SendHeartbeat { seq: *seq });
+                }
+            }
             Input::Notice(deadline) => {
                 self.notice = deadline;
                 if self.is_serving() {

@@ -152,6 +152,27 @@ fn heartbeats_keep_the_welcomes_interval_without_bursts() {
 }
 
 #[test]
+fn an_applied_state_is_reported_at_once_and_the_cadence_restarts_from_it() {
+    let mut clock = Clock::new("cloud:7443", None);
+    assert!(
+        clock.feed(Input::ReportNow).is_empty(),
+        "nothing to report on before a session"
+    );
+    clock.establish(15_000);
+    clock.advance(Duration::from_secs(4));
+    assert_eq!(
+        clock.feed(Input::ReportNow),
+        vec![Effect::SendHeartbeat { seq: 2 }]
+    );
+    assert_eq!(
+        clock.core.deadline(),
+        Some(clock.now + Duration::from_secs(15)),
+        "the next beat is an interval after the report, not a burst"
+    );
+    assert_eq!(clock.wait(), vec![Effect::SendHeartbeat { seq: 3 }]);
+}
+
+#[test]
 fn a_tiny_heartbeat_interval_is_raised_to_the_floor() {
     let mut clock = Clock::new("cloud:7443", None);
     clock.establish(0);

@@ -74,6 +74,10 @@ pub fn now_unix_ms() -> u64 {
 /// How often rollouts under way are advanced.
 const ROLLOUT_TICK: std::time::Duration = std::time::Duration::from_secs(1);
 
+const DEVICE_ONLINE: &str = "nephele_device_online";
+const DEVICE_ONLINE_HELP: &str =
+    "Per enrolled device: 1 while its agent has a live session, else 0.";
+
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(ring::digest::digest(&ring::digest::SHA256, bytes).as_ref())
 }
@@ -151,7 +155,7 @@ fn store_refusal(error: StoreError) -> ErrorFrame {
 /// A connected agent's session as the shell holds it.
 struct Connection {
     id: u64,
-    tx: UnboundedSender<CloudMessage>,
+    tx: UnboundedSender<Box<CloudMessage>>,
     /// For the address it is reached at now (QUIC follows a device whose address
     /// changes without a new session).
     connection: quinn::Connection,
@@ -164,7 +168,7 @@ pub struct FederationActor {
     connections: HashMap<String, Connection>,
     /// The sender and connection of the agent whose `AgentConnected` is being handled,
     /// until the core registers its session.
-    arriving: Option<(UnboundedSender<CloudMessage>, quinn::Connection)>,
+    arriving: Option<(UnboundedSender<Box<CloudMessage>>, quinn::Connection)>,
     /// The core's clock: milliseconds since this actor was made.
     started: Instant,
     metrics: nephele_telemetry::Registry,
@@ -273,7 +277,7 @@ impl FederationActor {
                     if let Some(connection) =
                         self.connections.get(&device).filter(|c| c.id == session)
                     {
-                        let _ = connection.tx.send(message);
+                        let _ = connection.tx.send(Box::new(message));
                     }
                 }
                 Effect::Register { device, session } => {
@@ -289,14 +293,14 @@ impl FederationActor {
                             },
                         );
                     }
-                    self.update_connected_gauge();
+                    self.update_device_gauge(&device);
                     self.publish_device(&device);
                 }
                 Effect::EndSession { device, session } => {
                     if self.connections.get(&device).map(|c| c.id) == Some(session) {
                         self.connections.remove(&device);
                     }
-                    self.update_connected_gauge();
+                    self.update_device_gauge(&device);
                     self.publish_device(&device);
                 }
                 Effect::Region(note) => self.tell_region(note),
@@ -384,6 +388,36 @@ impl FederationActor {
         }
     }
 
+    /// The connected count and one device's online series: what a session starting or
+    /// ending, a join or a deletion changes (the whole-fleet rebuild below is O(fleet)
+    /// and, run on every connect, made connecting 10,000 agents quadratic).
+    fn update_device_gauge(&self, device: &str) {
+        self.metrics
+            .gauge(
+                "nephele_agents_connected",
+                "Agents with a live QUIC session.",
+                &[],
+            )
+            .set(self.connections.len() as i64);
+        match self.core.records.devices.get(device) {
+            Some(d) => self
+                .metrics
+                .gauge(
+                    DEVICE_ONLINE,
+                    DEVICE_ONLINE_HELP,
+                    &[
+                        ("device", d.name.as_str()),
+                        ("region", d.region.as_str()),
+                        ("role", d.role.as_str()),
+                    ],
+                )
+                .set(i64::from(self.connections.contains_key(device))),
+            None => self
+                .metrics
+                .remove_series(DEVICE_ONLINE, ("device", device)),
+        }
+    }
+
     fn update_connected_gauge(&self) {
         self.metrics
             .gauge(
@@ -406,11 +440,8 @@ impl FederationActor {
                 )
             })
             .collect();
-        self.metrics.set_gauges(
-            "nephele_device_online",
-            "Per enrolled device: 1 while its agent has a live session, else 0.",
-            &series,
-        );
+        self.metrics
+            .set_gauges(DEVICE_ONLINE, DEVICE_ONLINE_HELP, &series);
     }
 
     fn count(&self, name: &str, help: &str) {
@@ -473,12 +504,12 @@ impl Handler<Join> for FederationActor {
         let output = self.core.join(now_unix(), message.0);
         let result = self.run(output).map_err(store_refusal).and_then(|r| r);
         match &result {
-            Ok(_) => {
+            Ok(accepted) => {
                 self.count(
                     "nephele_agents_joined_total",
                     "Agents enrolled with a join token.",
                 );
-                self.update_connected_gauge();
+                self.update_device_gauge(&accepted.agent_id);
             }
             Err(error) => {
                 self.count("nephele_joins_refused_total", "Join attempts refused.");
@@ -494,7 +525,9 @@ impl Handler<Join> for FederationActor {
 pub struct AgentConnected {
     pub identity: PeerIdentity,
     pub hello: Hello,
-    pub tx: UnboundedSender<CloudMessage>,
+    /// Boxed: tokio's channel allocates its first block of 32 slots at creation, which
+    /// for the message itself was about 3 KB per agent, for a box 256 bytes.
+    pub tx: UnboundedSender<Box<CloudMessage>>,
     pub connection: quinn::Connection,
 }
 
@@ -518,11 +551,21 @@ pub struct AgentHeartbeat {
     pub name: String,
     pub session_id: u64,
     pub heartbeat: Heartbeat,
+    /// When the gateway read it: the time to the handler is the federation's lag.
+    pub received: std::time::Instant,
 }
 
 impl Handler<AgentHeartbeat> for FederationActor {
     type Result = ();
     fn handle(&mut self, message: AgentHeartbeat, _: &mut Self::Context) {
+        self.metrics
+            .histogram(
+                "nephele_heartbeat_lag_seconds",
+                "From the gateway reading an agent's heartbeat to the federation handling it (its mailbox wait).",
+                &[],
+                &[0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0],
+            )
+            .observe(message.received.elapsed().as_secs_f64());
         let now_ms = self.now_ms();
         let effects =
             self.core
@@ -659,7 +702,7 @@ impl Handler<DeleteDevice> for FederationActor {
     fn handle(&mut self, message: DeleteDevice, _: &mut Self::Context) -> Self::Result {
         let output = self.core.delete_device(&message.0);
         let result = self.run(output)?;
-        self.update_connected_gauge();
+        self.update_device_gauge(&message.0);
         result
     }
 }

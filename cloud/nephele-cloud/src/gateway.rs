@@ -232,7 +232,7 @@ impl Gateway {
                 return;
             }
         };
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<CloudMessage>();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Box<CloudMessage>>();
         let connected = self
             .federation
             .send(AgentConnected {
@@ -283,6 +283,7 @@ impl Gateway {
         let writer_context = context.clone();
         let writer = actix_rt::spawn(async move {
             while let Some(message) = rx.recv().await {
+                let message = *message;
                 let refused = matches!(message, CloudMessage::Refused(_));
                 if let CloudMessage::DesiredState(desired) = &message {
                     writer_context.allow(desired);
@@ -320,6 +321,7 @@ impl Gateway {
                         name: name.clone(),
                         session_id,
                         heartbeat,
+                        received: Instant::now(),
                     })
                 }
                 Ok(Some(AgentMessage::Usage(report))) => {

@@ -35,13 +35,40 @@ fn provider() -> Arc<CryptoProvider> {
 /// out a partition of that length on the same session.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(15);
 
-fn transport() -> Arc<quinn::TransportConfig> {
-    transport_with_idle(IDLE_TIMEOUT)
+/// Streams one agent may have open to the control plane at once (offloaded requests,
+/// chunk fetches, renewals); one more waits for a stream to finish (back-pressure, not
+/// an error). quinn keeps a table entry for every stream the peer may open, so this is
+/// memory per agent on the control plane: at 1024 the two tables took about 70 KB of
+/// each agent's 125 KB (`nephele bench fleet`). 100 (quinn's own default) is the
+/// most whose tables fit 128 slots, about 4 KB.
+pub const AGENT_STREAMS: u32 = 100;
+
+/// The control plane's side of every agent connection: the agent's transport with
+///
+/// - [`AGENT_STREAMS`];
+/// - no keep-alives of its own: agents send theirs (every 3 s), which keep both
+///   sides' idle timers and the path's NAT bindings fresh, and a dead agent is still
+///   found by the idle timeout; pings from this side too would double the control
+///   plane's packets for nothing (10,000 agents: 3,300 a second);
+/// - one datagram per send call (no segmentation offload): quinn keeps each
+///   connection's send buffer at the largest batch it ever sent, up to ten datagrams
+///   (about 6 KB per agent, measured), while what the control plane sends an agent is
+///   small (desired states, chunks of a model, answers), so batching buys little.
+fn server_transport() -> Arc<quinn::TransportConfig> {
+    let mut transport = transport_config(IDLE_TIMEOUT);
+    transport.keep_alive_interval(None);
+    transport.max_concurrent_bidi_streams(AGENT_STREAMS.into());
+    transport.enable_segmentation_offload(false);
+    Arc::new(transport)
 }
 
 /// The transport every connection uses, with another idle timeout (the shorter of the
 /// two sides' applies). Keep-alives go at a fifth of it, at most every 3 s.
 fn transport_with_idle(idle: Duration) -> Arc<quinn::TransportConfig> {
+    Arc::new(transport_config(idle))
+}
+
+fn transport_config(idle: Duration) -> quinn::TransportConfig {
     let mut transport = quinn::TransportConfig::default();
     transport.keep_alive_interval(Some((idle / 5).min(Duration::from_secs(3))));
     transport.max_idle_timeout(Some(
@@ -52,7 +79,7 @@ fn transport_with_idle(idle: Duration) -> Arc<quinn::TransportConfig> {
     // default is unbounded per connection): 4 frames of the 4 MiB limit.
     transport.receive_window((4 * nephele_proto::MAX_FRAME_BYTES as u32).into());
     transport.max_concurrent_uni_streams(0u32.into());
-    Arc::new(transport)
+    transport
 }
 
 fn tls_error(error: impl std::fmt::Display) -> PkiError {
@@ -92,7 +119,7 @@ pub fn server_config(
     tls.alpn_protocols = vec![nephele_proto::ALPN.to_vec()];
     let quic = quinn::crypto::rustls::QuicServerConfig::try_from(tls).map_err(tls_error)?;
     let mut config = quinn::ServerConfig::with_crypto(Arc::new(quic));
-    config.transport_config(transport());
+    config.transport_config(server_transport());
     Ok(config)
 }
 
@@ -134,7 +161,7 @@ pub fn join_client_config(ca_fingerprint: [u8; 32]) -> Result<quinn::ClientConfi
 fn finish_client(tls: rustls::ClientConfig) -> Result<quinn::ClientConfig, PkiError> {
     let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(tls_error)?;
     let mut config = quinn::ClientConfig::new(Arc::new(quic));
-    config.transport_config(transport());
+    config.transport_config(transport_with_idle(IDLE_TIMEOUT));
     Ok(config)
 }
 

@@ -178,6 +178,17 @@ impl Registry {
         }
     }
 
+    /// Removes the series of `name` whose label `label.0` is `label.1` (a deleted
+    /// object's), leaving the others.
+    pub fn remove_series(&self, name: &str, label: (&str, &str)) {
+        let mut families = self.families.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(family) = families.get_mut(name) {
+            family
+                .series
+                .retain(|key, _| !key.iter().any(|(k, v)| k == label.0 && v == label.1));
+        }
+    }
+
     /// Replaces every series of the gauge `name` with `series` (labels, value): for
     /// per-object gauges whose objects come and go (a deleted device's series goes).
     pub fn set_gauges(&self, name: &str, help: &str, series: &[(Vec<(&str, &str)>, i64)]) {
@@ -325,6 +336,24 @@ pub fn quantile(samples: &[u64], q: f64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn removing_a_series_leaves_the_others() {
+        let registry = Registry::new();
+        for device in ["a", "b"] {
+            registry
+                .gauge("online", "help", &[("device", device), ("role", "edge")])
+                .set(1);
+        }
+        registry.remove_series("online", ("device", "a"));
+        registry.remove_series("missing", ("device", "a"));
+        let text = registry.render();
+        assert!(!text.contains("device=\"a\""), "{text}");
+        assert!(
+            text.contains("online{device=\"b\",role=\"edge\"} 1"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn renders_prometheus_text() {

@@ -13,6 +13,9 @@ pub enum BenchCommand {
     Inference(crate::bench_inference::InferenceArgs),
     /// Split vs local vs full offload over real QUIC through a shaped link.
     Split(crate::bench_split::SplitArgs),
+    /// Thousands of agents on one control plane: memory and CPU per agent, heartbeat
+    /// rate, time for a deployment to be Ready on all, offloaded requests per second.
+    Fleet(crate::bench_fleet::FleetArgs),
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -35,6 +38,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
         BenchCommand::Placement(args) => args,
         BenchCommand::Inference(args) => return crate::bench_inference::run(args),
         BenchCommand::Split(args) => return crate::bench_split::run(args),
+        BenchCommand::Fleet(args) => return crate::bench_fleet::run(args),
     };
     let policy = Policy::parse(&args.policy).ok_or_else(|| {
         anyhow::anyhow!("unknown policy {:?} (try fgd, ours, best-fit)", args.policy)

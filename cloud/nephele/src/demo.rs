@@ -28,8 +28,9 @@ use nephele_api::{
 
 use crate::client::Api;
 
-const MODEL_ONNX: &[u8] = include_bytes!("../../../shared/models/digits-mlp/model.onnx");
-const HELDOUT_JSON: &str = include_str!("../../../shared/models/digits-mlp/heldout.json");
+pub(crate) const MODEL_ONNX: &[u8] = include_bytes!("../../../shared/models/digits-mlp/model.onnx");
+pub(crate) const HELDOUT_JSON: &str =
+    include_str!("../../../shared/models/digits-mlp/heldout.json");
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct DemoArgs {
@@ -92,9 +93,9 @@ fn closing_lines(
 }
 
 #[derive(Deserialize)]
-struct Heldout {
-    features: Vec<Vec<f32>>,
-    labels: Vec<usize>,
+pub(crate) struct Heldout {
+    pub(crate) features: Vec<Vec<f32>>,
+    pub(crate) labels: Vec<usize>,
 }
 
 struct DeviceSpec {
@@ -207,8 +208,8 @@ fn stop_jobs(api: &Api, endpoints: &[String]) {
 }
 
 /// Child processes, killed when dropped.
-struct Fleet {
-    children: Vec<(String, Child)>,
+pub(crate) struct Fleet {
+    pub(crate) children: Vec<(String, Child)>,
 }
 
 impl Drop for Fleet {
@@ -220,7 +221,7 @@ impl Drop for Fleet {
     }
 }
 
-fn spawn(fleet: &mut Fleet, label: &str, args: &[String], log_dir: &Path) -> Result<()> {
+pub(crate) fn spawn(fleet: &mut Fleet, label: &str, args: &[String], log_dir: &Path) -> Result<()> {
     let exe = std::env::current_exe().context("cannot find this executable")?;
     let log = std::fs::File::create(log_dir.join(format!("{label}.log")))?;
     let child = Command::new(exe)
@@ -234,7 +235,7 @@ fn spawn(fleet: &mut Fleet, label: &str, args: &[String], log_dir: &Path) -> Res
     Ok(())
 }
 
-fn wait_for_file(path: &Path, fleet: &mut Fleet, timeout: Duration) -> Result<Value> {
+pub(crate) fn wait_for_file(path: &Path, fleet: &mut Fleet, timeout: Duration) -> Result<Value> {
     let deadline = Instant::now() + timeout;
     loop {
         if let Ok(text) = std::fs::read_to_string(path) {

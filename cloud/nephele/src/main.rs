@@ -8,6 +8,7 @@
 
 mod access;
 mod bench;
+mod bench_fleet;
 mod bench_inference;
 mod bench_split;
 mod client;

@@ -1,0 +1,46 @@
+//! Times one ONNX model at batch 1 with the runtime's protocol (`bench::measure`), in
+//! whatever profile this example is built with: how the README compares the `dist`
+//! profile's size-oriented code with the release build's on the same models.
+//!
+//! `cargo run --release -p nephele-runtime --no-default-features --example time_model -- MODEL.onnx [ROW_SHAPE]`
+//! (and the same with `--profile dist`); `ROW_SHAPE` fixes symbolic dimensions, e.g.
+//! `3,48,320`. Rows are a fixed pseudo-random pattern; the time does not depend on it.
+
+use std::time::Duration;
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let Some(path) = args.next() else {
+        eprintln!("usage: time_model MODEL.onnx [ROW_SHAPE, e.g. 3,48,320]");
+        std::process::exit(2);
+    };
+    let row_shape: Option<Vec<usize>> = args.next().map(|text| {
+        text.split(',')
+            .map(|d| {
+                d.trim()
+                    .parse()
+                    .unwrap_or_else(|_| panic!("bad dimension {d:?} in {text:?}"))
+            })
+            .collect()
+    });
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("cannot read {path}: {e}"));
+    let model = nephele_runtime::Model::load_onnx_with_shape(&path, &bytes, row_shape.as_deref())
+        .unwrap_or_else(|e| panic!("cannot load {path}: {e}"));
+    let row_len: usize = model.input().shape[1..]
+        .iter()
+        .map(|d| (*d).max(1) as usize)
+        .product();
+    let rows: Vec<Vec<f32>> = (0..4)
+        .map(|r| {
+            (0..row_len)
+                .map(|i| ((i * 7 + r * 13) % 17) as f32 / 17.0)
+                .collect()
+        })
+        .collect();
+    let stats = nephele_runtime::bench::measure(&model, &rows, 1, 20, Duration::from_secs(3), 30)
+        .unwrap_or_else(|e| panic!("cannot run {path}: {e}"));
+    println!(
+        "{path}: batch 1, {} runs, p50 {:.3} ms, mean {:.3} ms, p99 {:.3} ms",
+        stats.runs, stats.p50_ms, stats.mean_ms, stats.p99_ms
+    );
+}

@@ -238,9 +238,19 @@ fn an_offloaded_request_is_one_trace_across_the_agent_the_region_and_the_pool_re
     );
 
     // A request whose caller does not sample its trace.
+    // Right after the bursts the device's admission may still refuse it (429 with a
+    // retry-after of a few ms, as a loaded machine's CI run once saw); a client retries.
     let unsampled = "0af7651916cd43dd8448eb211c80319c";
-    let (code, reply) = infer(&lab.endpoint, &features[0], &traceparent(unsampled, false));
-    assert_eq!(code, 200, "{reply}");
+    let mut attempts = 0;
+    let (code, reply) = loop {
+        attempts += 1;
+        let (code, reply) = infer(&lab.endpoint, &features[0], &traceparent(unsampled, false));
+        if code != 429 || attempts == 50 {
+            break (code, reply);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(code, 200, "{reply} (after {attempts} attempts)");
 
     // Spans are exported within about a second of ending.
     let deadline = Instant::now() + Duration::from_secs(20);

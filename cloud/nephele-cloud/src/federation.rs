@@ -392,13 +392,7 @@ impl FederationActor {
     /// ending, a join or a deletion changes (the whole-fleet rebuild below is O(fleet)
     /// and, run on every connect, made connecting 10,000 agents quadratic).
     fn update_device_gauge(&self, device: &str) {
-        self.metrics
-            .gauge(
-                "nephele_agents_connected",
-                "Agents with a live QUIC session.",
-                &[],
-            )
-            .set(self.connections.len() as i64);
+        self.set_connected_count();
         match self.core.records.devices.get(device) {
             Some(d) => self
                 .metrics
@@ -418,7 +412,7 @@ impl FederationActor {
         }
     }
 
-    fn update_connected_gauge(&self) {
+    fn set_connected_count(&self) {
         self.metrics
             .gauge(
                 "nephele_agents_connected",
@@ -426,6 +420,10 @@ impl FederationActor {
                 &[],
             )
             .set(self.connections.len() as i64);
+    }
+
+    fn update_connected_gauge(&self) {
+        self.set_connected_count();
         let devices = &self.core.records.devices;
         let series: Vec<(Vec<(&str, &str)>, i64)> = devices
             .values()

@@ -235,6 +235,57 @@ pub(crate) fn spawn(fleet: &mut Fleet, label: &str, args: &[String], log_dir: &P
     Ok(())
 }
 
+/// A control plane started as a child process: where it listens and the admin's access.
+pub(crate) struct StartedCloud {
+    /// HOST:PORT of the REST API (HTTPS).
+    pub(crate) api: String,
+    /// HOST:PORT of the QUIC gateway.
+    pub(crate) quic: String,
+    pub(crate) admin_token: String,
+    /// The cluster CA, which the API's certificate is from.
+    pub(crate) ca_pem: Vec<u8>,
+    pub(crate) pid: u32,
+}
+
+/// Starts `nephele cloud` with `config`, its data in `root/cloud-data`, and waits (up
+/// to 30 s) until it is ready.
+pub(crate) fn start_cloud(fleet: &mut Fleet, root: &Path, config: &str) -> Result<StartedCloud> {
+    std::fs::write(root.join("cloud.toml"), config)?;
+    let ready_file = root.join("cloud.ready");
+    spawn(
+        fleet,
+        "cloud",
+        &[
+            "cloud".into(),
+            "--config".into(),
+            root.join("cloud.toml").display().to_string(),
+            "--data-dir".into(),
+            root.join("cloud-data").display().to_string(),
+            "--ready-file".into(),
+            ready_file.display().to_string(),
+        ],
+        root,
+    )?;
+    let pid = fleet.children.last().map_or(0, |(_, child)| child.id());
+    let ready = wait_for_file(&ready_file, fleet, Duration::from_secs(30))?;
+    let address = |key: &str| {
+        ready[key]
+            .as_str()
+            .map(str::to_string)
+            .with_context(|| format!("the control plane's ready file has no {key}"))
+    };
+    Ok(StartedCloud {
+        api: address("api")?,
+        quic: address("quic")?,
+        admin_token: std::fs::read_to_string(root.join("cloud-data/admin-token"))?
+            .trim()
+            .to_string(),
+        ca_pem: std::fs::read(root.join("cloud-data/ca.pem"))
+            .context("the control plane wrote no ca.pem in its data dir")?,
+        pid,
+    })
+}
+
 pub(crate) fn wait_for_file(path: &Path, fleet: &mut Fleet, timeout: Duration) -> Result<Value> {
     let deadline = Instant::now() + timeout;
     loop {
@@ -416,36 +467,13 @@ pub fn run(args: DemoArgs) -> Result<()> {
             root.display()
         ),
     );
-    std::fs::write(root.join("cloud.toml"), CLOUD_CONFIG)?;
-    let cloud_ready = root.join("cloud.ready");
-    spawn(
-        &mut fleet,
-        "cloud",
-        &[
-            "cloud".into(),
-            "--config".into(),
-            root.join("cloud.toml").display().to_string(),
-            "--data-dir".into(),
-            root.join("cloud-data").display().to_string(),
-            "--ready-file".into(),
-            cloud_ready.display().to_string(),
-        ],
-        &root,
-    )?;
-    let ready = wait_for_file(&cloud_ready, &mut fleet, Duration::from_secs(30))?;
-    let api_addr = ready["api"]
-        .as_str()
-        .context("ready file has no api")?
-        .to_string();
-    let quic_addr = ready["quic"]
-        .as_str()
-        .context("ready file has no quic")?
-        .to_string();
-    let admin_token = std::fs::read_to_string(root.join("cloud-data/admin-token"))?
-        .trim()
-        .to_string();
-    let ca_pem = std::fs::read(root.join("cloud-data/ca.pem"))
-        .context("the control plane wrote no ca.pem in its data dir")?;
+    let StartedCloud {
+        api: api_addr,
+        quic: quic_addr,
+        admin_token,
+        ca_pem,
+        ..
+    } = start_cloud(&mut fleet, &root, CLOUD_CONFIG)?;
     let api = Api::with_ca(&format!("https://{api_addr}"), &admin_token, Some(&ca_pem));
 
     progress(

@@ -38,7 +38,9 @@ use nephele_api::{DeploymentStatus, JoinTokenView, ModelView, TokenRequest};
 use serde::Serialize;
 
 use crate::client::Api;
-use crate::demo::{spawn, wait_for_file, Fleet as Children, Heldout, HELDOUT_JSON, MODEL_ONNX};
+use crate::demo::{
+    spawn, start_cloud, wait_for_file, Fleet as Children, Heldout, HELDOUT_JSON, MODEL_ONNX,
+};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct FleetArgs {
@@ -204,37 +206,12 @@ pub fn run(args: FleetArgs) -> Result<()> {
 
     // The control plane.
     say(&format!("starting the control plane in {}", root.display()));
-    std::fs::write(root.join("cloud.toml"), cloud_config(args.heartbeat_ms))?;
-    let ready_file = root.join("cloud.ready");
-    spawn(
-        &mut children,
-        "cloud",
-        &[
-            "cloud".into(),
-            "--config".into(),
-            root.join("cloud.toml").display().to_string(),
-            "--data-dir".into(),
-            root.join("cloud-data").display().to_string(),
-            "--ready-file".into(),
-            ready_file.display().to_string(),
-        ],
-        &root,
-    )?;
-    let ready = wait_for_file(&ready_file, &mut children, Duration::from_secs(30))?;
-    let cloud_pid = children.children[0].1.id();
-    let api_base = format!(
-        "https://{}",
-        ready["api"].as_str().context("ready file has no api")?
-    );
-    let quic = ready["quic"]
-        .as_str()
-        .context("ready file has no quic")?
-        .to_string();
+    let cloud = start_cloud(&mut children, &root, &cloud_config(args.heartbeat_ms))?;
+    let cloud_pid = cloud.pid;
+    let api_base = format!("https://{}", cloud.api);
+    let quic = cloud.quic;
     let server: SocketAddr = quic.parse().context("the QUIC address")?;
-    let admin = std::fs::read_to_string(root.join("cloud-data/admin-token"))?
-        .trim()
-        .to_string();
-    let ca_pem = std::fs::read(root.join("cloud-data/ca.pem"))?;
+    let (admin, ca_pem) = (cloud.admin_token, cloud.ca_pem);
     let api = Api::with_ca(&api_base, &admin, Some(&ca_pem));
 
     say(&format!(

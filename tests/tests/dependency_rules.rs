@@ -4,21 +4,12 @@
 
 use std::process::Command;
 
-fn dependency_tree(package: &str) -> Vec<String> {
+/// `cargo tree --offline ARGS`' output, from the workspace root.
+fn cargo_tree(args: &[&str]) -> String {
     let output = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-        .args([
-            "tree",
-            "--offline",
-            "-p",
-            package,
-            "-e",
-            "normal",
-            "--prefix",
-            "none",
-            "--format",
-            "{p}",
-        ])
+        .args(["tree", "--offline"])
+        .args(args)
         .output()
         .expect("run cargo tree");
     assert!(
@@ -26,10 +17,16 @@ fn dependency_tree(package: &str) -> Vec<String> {
         "cargo tree failed: {}",
         String::from_utf8_lossy(&output.stderr)
     );
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter_map(|line| line.split_whitespace().next().map(str::to_string))
-        .collect()
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn dependency_tree(package: &str) -> Vec<String> {
+    cargo_tree(&[
+        "-p", package, "-e", "normal", "--prefix", "none", "--format", "{p}",
+    ])
+    .lines()
+    .filter_map(|line| line.split_whitespace().next().map(str::to_string))
+    .collect()
 }
 
 fn assert_free_of(package: &str, forbidden: &[&str]) {
@@ -100,37 +97,25 @@ fn the_edge_agent_does_not_link_the_control_plane() {
 
 /// `package version` → its features, for the whole workspace with these edge kinds.
 fn features(edges: &str) -> std::collections::BTreeMap<String, String> {
-    let output = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-        .args([
-            "tree",
-            "--offline",
-            "--workspace",
-            "-e",
-            edges,
-            "--prefix",
-            "none",
-            "--format",
-            "{p}|{f}",
-        ])
-        .output()
-        .expect("run cargo tree");
-    assert!(
-        output.status.success(),
-        "cargo tree failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter_map(|line| {
-            let (package, features) = line.split_once('|')?;
-            // `name vX.Y.Z (path)`: the name and version say which crate it is.
-            let mut words = package.split_whitespace();
-            let key = format!("{} {}", words.next()?, words.next()?);
-            let features = features.trim().trim_end_matches("(*)").trim().to_string();
-            Some((key, features))
-        })
-        .collect()
+    cargo_tree(&[
+        "--workspace",
+        "-e",
+        edges,
+        "--prefix",
+        "none",
+        "--format",
+        "{p}|{f}",
+    ])
+    .lines()
+    .filter_map(|line| {
+        let (package, features) = line.split_once('|')?;
+        // `name vX.Y.Z (path)`: the name and version say which crate it is.
+        let mut words = package.split_whitespace();
+        let key = format!("{} {}", words.next()?, words.next()?);
+        let features = features.trim().trim_end_matches("(*)").trim().to_string();
+        Some((key, features))
+    })
+    .collect()
 }
 
 /// The README's two commands share one build: `cargo test --release --workspace`

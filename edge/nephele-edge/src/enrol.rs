@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context as _, Result};
 use nephele_net::{read_frame, write_frame, JoinToken};
-use nephele_proto::{JoinRequest, JoinResponse, PROTOCOL_VERSION};
+use nephele_proto::{JoinAccepted, JoinRequest, JoinResponse, PROTOCOL_VERSION};
 
 use crate::config::{write_file, AgentConfig};
 use crate::JoinArgs;
@@ -47,6 +47,54 @@ fn default_name() -> String {
         .map(|h| h.trim().to_lowercase().replace(['_', '.'], "-"))
         .filter(|h| nephele_domain::validate_name("device", h).is_ok())
         .unwrap_or_else(|| "edge-device".into())
+}
+
+/// The join exchange on an open certificate-less connection: the request with the
+/// token's secret and the CSR, the answer read within 15 s, a refusal as an error, and
+/// the CA in the answer checked against the token's fingerprint. `nephele-edge join`
+/// and `nephele bench fleet` both enrol through it.
+pub async fn exchange(
+    connection: &quinn::Connection,
+    token: &JoinToken,
+    name: &str,
+    role: &str,
+    csr_der: Vec<u8>,
+    labels: BTreeMap<String, String>,
+) -> Result<JoinAccepted> {
+    let (mut send, mut recv) = connection
+        .open_bi()
+        .await
+        .context("cannot open the join stream")?;
+    write_frame(
+        &mut send,
+        &JoinRequest {
+            protocol_version: PROTOCOL_VERSION,
+            token_id: token.id.clone(),
+            token_secret: token.secret.clone(),
+            name: name.to_string(),
+            role: role.to_string(),
+            csr_der,
+            labels,
+        },
+    )
+    .await?;
+    let _ = send.finish();
+    let response: JoinResponse =
+        tokio::time::timeout(Duration::from_secs(15), read_frame(&mut recv, 1024 * 1024))
+            .await
+            .context("the control plane did not answer the join request within 15 s")??
+            .context("the control plane closed the join stream without an answer")?;
+    let accepted = match response {
+        JoinResponse::Accepted(accepted) => accepted,
+        JoinResponse::Refused(error) => bail!(
+            "the control plane refused to enrol {name}: {}",
+            error.message
+        ),
+    };
+    if nephele_net::fingerprint(&accepted.ca_der) != token.ca_fingerprint {
+        bail!("the CA the control plane sent does not match the token's fingerprint; refusing it");
+    }
+    Ok(accepted)
 }
 
 pub async fn join(args: JoinArgs) -> Result<()> {
@@ -110,41 +158,18 @@ pub async fn join(args: JoinArgs) -> Result<()> {
     let Some((endpoint, connection)) = reached else {
         bail!("{}", failures.join("; "));
     };
-    let (mut send, mut recv) = connection
-        .open_bi()
-        .await
-        .context("cannot open the join stream")?;
-    write_frame(
-        &mut send,
-        &JoinRequest {
-            protocol_version: PROTOCOL_VERSION,
-            token_id: token.id.clone(),
-            token_secret: token.secret.clone(),
-            name: name.clone(),
-            role: args.role.clone(),
-            csr_der,
-            labels: labels.clone(),
-        },
+    let accepted = exchange(
+        &connection,
+        &token,
+        &name,
+        &args.role,
+        csr_der,
+        labels.clone(),
     )
-    .await?;
-    let _ = send.finish();
-    let response: JoinResponse =
-        tokio::time::timeout(Duration::from_secs(15), read_frame(&mut recv, 1024 * 1024))
-            .await
-            .context("the control plane did not answer the join request within 15 s")??
-            .context("the control plane closed the join stream without an answer")?;
+    .await;
     connection.close(0u32.into(), b"joined");
     endpoint.wait_idle().await;
-    let accepted = match response {
-        JoinResponse::Accepted(accepted) => accepted,
-        JoinResponse::Refused(error) => bail!(
-            "the control plane refused to enrol {name}: {}",
-            error.message
-        ),
-    };
-    if nephele_net::fingerprint(&accepted.ca_der) != token.ca_fingerprint {
-        bail!("the CA the control plane sent does not match the token's fingerprint; refusing it");
-    }
+    let accepted = accepted?;
     write_file(&data_dir.join("agent.key"), key_pem.as_bytes(), 0o600)?;
     write_file(
         &data_dir.join("agent.pem"),

@@ -13,10 +13,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, Context as _, Result};
+use anyhow::{Context as _, Result};
 use nephele_api::{JoinTokenView, TokenRequest};
-use nephele_net::{read_frame, write_frame, JoinToken};
-use nephele_proto::{JoinRequest, JoinResponse, PROTOCOL_VERSION};
+use nephele_net::JoinToken;
 
 use crate::client::Api;
 
@@ -113,34 +112,10 @@ pub async fn join(
     .await
     .context("no answer to the join within 15 s")?
     .context("join handshake")?;
-    let (mut send, mut recv) = connection.open_bi().await?;
-    write_frame(
-        &mut send,
-        &JoinRequest {
-            protocol_version: PROTOCOL_VERSION,
-            token_id: token.id.clone(),
-            token_secret: token.secret.clone(),
-            name: name.to_string(),
-            role: "edge".into(),
-            csr_der,
-            labels,
-        },
-    )
-    .await?;
-    let _ = send.finish();
-    let response: JoinResponse =
-        tokio::time::timeout(Duration::from_secs(30), read_frame(&mut recv, 1024 * 1024))
-            .await
-            .context("no join answer within 30 s")??
-            .context("the join stream closed without an answer")?;
+    let accepted =
+        nephele_edge::enrol::exchange(&connection, &token, name, "edge", csr_der, labels).await;
     connection.close(0u32.into(), b"joined");
-    let accepted = match response {
-        JoinResponse::Accepted(accepted) => accepted,
-        JoinResponse::Refused(error) => bail!("join of {name} refused: {}", error.message),
-    };
-    if nephele_net::fingerprint(&accepted.ca_der) != token.ca_fingerprint {
-        bail!("the CA in the join answer does not match the token");
-    }
+    let accepted = accepted?;
     Ok((
         Identity {
             name: accepted.agent_id,

@@ -439,26 +439,10 @@ pub fn run(args: FleetArgs) -> Result<()> {
         ready.sort_by(f64::total_cmp);
         report.deploy_ready_p50_s = quantile(&ready, 0.5);
         report.deploy_ready_p99_s = quantile(&ready, 0.99);
-        let mut assigned: Vec<f64> = fleet
-            .stats
-            .assigned_at_s
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .map(|at| at - deployed_at)
-            .collect();
-        assigned.sort_by(f64::total_cmp);
+        let assigned = sorted_since(&fleet.stats.assigned_at_s, deployed_at);
         report.deploy_assigned_p99_s = quantile(&assigned, 0.99);
         report.deploy_assigned_max_s = quantile(&assigned, 1.0);
-        let mut reported: Vec<f64> = fleet
-            .stats
-            .ready_at_s
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .map(|at| at - deployed_at)
-            .collect();
-        reported.sort_by(f64::total_cmp);
+        let reported = sorted_since(&fleet.stats.ready_at_s, deployed_at);
         report.deploy_reported_p99_s = quantile(&reported, 0.99);
         report.deploy_reported_max_s = quantile(&reported, 1.0);
     }
@@ -675,6 +659,18 @@ fn machine() -> String {
         .unwrap_or_else(|| "unknown CPU".into());
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     format!("{cpu}, {cores} cores (the bench and the control plane share them)")
+}
+
+/// The times in `at_s` as seconds since `since_s`, sorted.
+fn sorted_since(at_s: &std::sync::Mutex<Vec<f64>>, since_s: f64) -> Vec<f64> {
+    let mut times: Vec<f64> = at_s
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .map(|at| at - since_s)
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times
 }
 
 /// The `q` quantile of sorted `values` (nearest rank); 0 when empty.

@@ -174,6 +174,8 @@ pub struct FederationActor {
     metrics: nephele_telemetry::Registry,
     /// Where changes are published for watches.
     watch: Option<crate::watch::Hub>,
+    /// Audit entries waiting for their group write (`access_api::RecordAudit`).
+    audit_pending: Vec<AuditEntry>,
 }
 
 impl FederationActor {
@@ -208,6 +210,7 @@ impl FederationActor {
             started: Instant::now(),
             metrics,
             watch: None,
+            audit_pending: Vec::new(),
         })
     }
 

@@ -117,8 +117,9 @@ pub struct RegionActor {
     store: Option<Store>,
     /// Where changes to its jobs and nodes are published for watches.
     watch: Option<crate::watch::Hub>,
-    /// What was last written per (table, key): a hash of its bytes.
-    written: HashMap<(u8, String), u64>,
+    /// What was last written per table (jobs, nodes, region) and key: a hash of its
+    /// bytes.
+    written: [HashMap<String, u64>; 3],
     federation: Option<Addr<FederationActor>>,
     /// What each pool agent was last told to run.
     work_sent: BTreeMap<String, PoolWork>,
@@ -130,6 +131,38 @@ pub struct RegionActor {
     providers: Providers,
     /// When the ledger's hours were last written (unix s).
     ledger_written: u64,
+    /// Submissions admitted but not yet placed and written: the group commit
+    /// ([`SUBMIT_BATCH_WAIT`]) answers them together after one queue pass and one write.
+    submitted: Vec<(nephele_placement::JobId, SubmitReply)>,
+    /// When the job and node gauges were last counted.
+    gauges_at: Option<std::time::Instant>,
+    /// Timer ticks since every record was last written.
+    ticks_since_full: u32,
+}
+
+/// Up to this many jobs the gauges are counted on every change; above, at most every
+/// [`GAUGES_EVERY`].
+const GAUGES_EXACT_JOBS: usize = 2_000;
+const GAUGES_EVERY: Duration = Duration::from_millis(250);
+/// Every this many timer ticks, the timer writes every record (else the records the
+/// scheduler knows changed): a safety net for a change made outside the paths that
+/// track what they touch, written by the next full write at the latest.
+const FULL_WRITE_TICKS: u32 = 10;
+
+type SubmitReply = tokio::sync::oneshot::Sender<Result<JobView, SchedError>>;
+
+/// How long the first of a batch of submissions waits for others before the batch is
+/// placed (one queue pass), written (one transaction per table) and answered. Writing
+/// each job alone costs one durable commit each, which bounded a region at a few
+/// hundred jobs a second; this bounds it by the placement core instead, for 1 ms more
+/// latency on a lone submission.
+const SUBMIT_BATCH_WAIT: Duration = Duration::from_millis(1);
+
+/// What [`RegionActor::persist`] writes: every record, or the records of the named jobs
+/// and the nodes and region record (what a batch of submissions changes).
+enum Written {
+    All,
+    Jobs(Vec<nephele_placement::JobId>),
 }
 
 /// The ledger's hours are written at least this often while nothing else changes (at
@@ -166,7 +199,7 @@ impl RegionActor {
             metrics: None,
             store: None,
             watch: None,
-            written: HashMap::new(),
+            written: Default::default(),
             federation: None,
             work_sent: BTreeMap::new(),
             agents: BTreeMap::new(),
@@ -174,6 +207,9 @@ impl RegionActor {
             restored_policies: BTreeMap::new(),
             providers,
             ledger_written: 0,
+            submitted: Vec::new(),
+            gauges_at: None,
+            ticks_since_full: 0,
         }
     }
 
@@ -243,10 +279,14 @@ impl RegionActor {
         self.work_sent.clone()
     }
 
-    fn records(&self) -> Vec<(u8, Table, String, Vec<u8>)> {
+    fn records(&self, which: &Written) -> Vec<(u8, Table, String, Vec<u8>)> {
         let mut out = Vec::new();
         let region = &self.name;
-        for (key, record) in self.scheduler.job_records() {
+        let jobs = match which {
+            Written::All => self.scheduler.job_records(),
+            Written::Jobs(ids) => self.scheduler.job_records_of(ids),
+        };
+        for (key, record) in jobs {
             if let Ok(bytes) = serde_json::to_vec(&record) {
                 out.push((0, Table::RegionJobs, format!("{region}/{key}"), bytes));
             }
@@ -269,62 +309,63 @@ impl RegionActor {
     }
 
     fn remember_written(&mut self) {
-        let records = self.records();
-        self.written = records
-            .into_iter()
-            .map(|(kind, _, key, bytes)| ((kind, key), hash(&bytes)))
-            .collect();
+        let records = self.records(&Written::All);
+        self.written = Default::default();
+        for (kind, _, key, bytes) in records {
+            self.written[usize::from(kind)].insert(key, hash(&bytes));
+        }
     }
 
     /// Writes the records that changed since the last write, and deletes the ones
-    /// that are gone, one transaction per table.
-    fn persist(&mut self) {
+    /// that are gone, in one transaction.
+    fn persist(&mut self, which: Written) {
         let Some(store) = self.store.clone() else {
             return;
         };
         const TABLES: [Table; 3] = [Table::RegionJobs, Table::RegionNodes, Table::RegionState];
-        let records = self.records();
-        let mut seen: std::collections::HashSet<(u8, String)> = std::collections::HashSet::new();
-        // Per table (by its index in TABLES): records to write, keys to delete.
-        let mut puts: [Vec<(String, Vec<u8>)>; 3] = Default::default();
-        let mut deletes: [Vec<String>; 3] = Default::default();
-        for (kind, _, key, bytes) in records {
+        let records = self.records(&which);
+        let all_jobs = matches!(which, Written::All);
+        let mut seen: [std::collections::HashSet<String>; 3] = Default::default();
+        let mut ops: Vec<(Table, String, Option<Vec<u8>>)> = Vec::new();
+        // (kind, key, put) of each op, for the watch once written.
+        let mut changes: Vec<(u8, String, bool)> = Vec::new();
+        for (kind, table, key, bytes) in records {
             let digest = hash(&bytes);
-            seen.insert((kind, key.clone()));
-            if self.written.get(&(kind, key.clone())) != Some(&digest) {
-                puts[usize::from(kind)].push((key.clone(), bytes));
-                self.written.insert((kind, key), digest);
+            let written = &mut self.written[usize::from(kind)];
+            if written.get(&key) != Some(&digest) {
+                written.insert(key.clone(), digest);
+                changes.push((kind, key.clone(), true));
+                ops.push((table, key.clone(), Some(bytes)));
+            }
+            seen[usize::from(kind)].insert(key);
+        }
+        // Only a full write sees every job; a batch's write deletes no job.
+        for kind in if all_jobs { 0..3 } else { 1..3 } {
+            let gone: Vec<String> = self.written[kind]
+                .keys()
+                .filter(|k| !seen[kind].contains(*k))
+                .cloned()
+                .collect();
+            for key in gone {
+                self.written[kind].remove(&key);
+                changes.push((kind as u8, key.clone(), false));
+                ops.push((TABLES[kind], key, None));
             }
         }
-        let gone: Vec<(u8, String)> = self
-            .written
-            .keys()
-            .filter(|k| !seen.contains(*k))
-            .cloned()
-            .collect();
-        for key in gone {
-            self.written.remove(&key);
-            deletes[usize::from(key.0)].push(key.1);
+        if let Err(error) = store.write_batch(&ops) {
+            tracing::error!(region = %self.name, %error, "cannot write the region's books");
+            // Forget what we believe is written, so the next commit tries again.
+            self.written = Default::default();
+            return;
         }
-        for (index, table) in TABLES.into_iter().enumerate() {
-            if let Err(error) = store.apply(table, &puts[index], &deletes[index]) {
-                tracing::error!(region = %self.name, %error, "cannot write the region's books");
-                // Forget what we believe is written, so the next commit tries again.
-                self.written.clear();
-                continue;
-            }
-            for (key, _) in &puts[index] {
-                self.publish(index as u8, key, "put");
-            }
-            for key in &deletes[index] {
-                self.publish(index as u8, key, "delete");
-            }
+        for (kind, key, put) in changes {
+            self.publish(kind, &key, if put { "put" } else { "delete" });
         }
     }
 
     /// After any change: books first, then the agents' work.
-    fn commit(&mut self) {
-        self.persist();
+    fn commit(&mut self, which: Written) {
+        self.persist(which);
         let Some(federation) = self.federation.clone() else {
             return;
         };
@@ -349,7 +390,7 @@ impl RegionActor {
     }
 
     /// Logs what the scheduler did and updates the job gauges.
-    fn report(&self, events: Vec<SchedEvent>) {
+    fn report(&mut self, events: Vec<SchedEvent>) {
         for event in &events {
             match event {
                 SchedEvent::Placed { job, nodes } => {
@@ -411,6 +452,13 @@ impl RegionActor {
                     )
                     .inc();
             }
+            // Counting takes a pass over every job: with many, at most every
+            // GAUGES_EVERY (a batch of submissions is placed every few ms).
+            let many = self.scheduler.job_count() > GAUGES_EXACT_JOBS;
+            if many && self.gauges_at.is_some_and(|at| at.elapsed() < GAUGES_EVERY) {
+                return;
+            }
+            self.gauges_at = Some(std::time::Instant::now());
             let mut by_state: BTreeMap<&str, i64> = [
                 ("deferred", 0),
                 ("pending", 0),
@@ -422,9 +470,8 @@ impl RegionActor {
                 ("failed", 0),
             ]
             .into();
-            let jobs = self.scheduler.list(None);
-            for job in &jobs {
-                *by_state.entry(job.state.as_str()).or_default() += 1;
+            for (state, n) in self.scheduler.job_state_counts() {
+                *by_state.entry(state).or_default() += n;
             }
             for (state, n) in by_state {
                 metrics
@@ -435,11 +482,7 @@ impl RegionActor {
                     )
                     .set(n);
             }
-            let mut by_phase: BTreeMap<&str, i64> = BTreeMap::new();
-            let nodes = self.scheduler.nodes();
-            for node in &nodes {
-                *by_phase.entry(node.phase.as_str()).or_default() += 1;
-            }
+            let by_phase = self.scheduler.node_phase_counts();
             for phase in ["absent", "launching", "up", "draining", "releasing"] {
                 metrics
                     .gauge(
@@ -454,10 +497,59 @@ impl RegionActor {
 
     /// Reports events and commits the change.
     fn settle(&mut self, events: Vec<SchedEvent>) {
+        // Every record is written: what the batch bookkeeping covers is in it too.
+        let _ = self.scheduler.take_touched();
+        self.ticks_since_full = 0;
         let changed = !events.is_empty();
         self.report(events);
-        self.commit();
+        self.commit(Written::All);
         self.persist_ledger(changed);
+        self.answer_submitted();
+    }
+
+    /// As [`Self::settle`], writing only the records the scheduler knows changed
+    /// (every record when it does not know).
+    fn settle_touched(&mut self, events: Vec<SchedEvent>) {
+        let which = match self.scheduler.take_touched() {
+            Some(ids) => Written::Jobs(ids),
+            None => {
+                self.ticks_since_full = 0;
+                Written::All
+            }
+        };
+        let changed = !events.is_empty();
+        self.report(events);
+        self.commit(which);
+        self.persist_ledger(changed);
+        self.answer_submitted();
+    }
+
+    /// The group commit of submissions: one queue pass for the batch, one write of
+    /// the records it changed (every record when the pass changed more than jobs),
+    /// then every submitter gets its job as placed.
+    fn flush_submitted(&mut self) {
+        if self.submitted.is_empty() {
+            return;
+        }
+        let now = unix_now();
+        let mut events = self.scheduler.tick(now);
+        for (id, _) in &self.submitted {
+            events.extend(self.scheduler.admitted_events(*id));
+        }
+        self.settle_touched(events);
+    }
+
+    /// Answers the submissions written so far with their jobs as they are now.
+    fn answer_submitted(&mut self) {
+        for (id, reply) in std::mem::take(&mut self.submitted) {
+            let view = self.scheduler.job_view(id).ok_or_else(|| {
+                SchedError::NotFound("the job vanished during its first pass".into())
+            });
+            if let Ok(view) = &view {
+                tracing::info!(region = %self.name, job = %format!("{}/{}", view.tenant, view.name), state = view.state, "job submitted");
+            }
+            let _ = reply.send(view);
+        }
     }
 
     /// Writes the ledger's changed hours (`<region>/<hour>`), when `now` is asked or
@@ -627,7 +719,13 @@ impl RegionActor {
         }
         let (actions, planned) = self.scheduler.plan_nodes(now);
         events.extend(planned);
-        self.settle(events);
+        if events.is_empty() {
+            // Nothing scaled or planned: the autoscalers' state and the nodes are
+            // written (the region and node records), not every job again.
+            self.settle_touched(events);
+        } else {
+            self.settle(events);
+        }
         for action in actions {
             self.carry_out(action, ctx);
         }
@@ -749,7 +847,14 @@ impl Actor for RegionActor {
                 let grid = actor.scheduler.grid_view(now);
                 actor.grid_gauge(&grid);
             }
-            actor.settle(events);
+            actor.ticks_since_full += 1;
+            if !events.is_empty() || actor.ticks_since_full >= FULL_WRITE_TICKS {
+                actor.settle(events);
+            } else {
+                // A quiet tick (also while batches of submissions arrive): the records
+                // it and the batches changed, not every job again.
+                actor.settle_touched(events);
+            }
         });
         let autoscale = Duration::from_millis(self.settings.autoscale.tick_ms);
         ctx.run_interval(autoscale, |actor, ctx| actor.autoscale(ctx));
@@ -765,7 +870,7 @@ impl Handler<SetFederation> for RegionActor {
     type Result = ();
     fn handle(&mut self, message: SetFederation, ctx: &mut Self::Context) {
         self.federation = Some(message.0);
-        self.commit();
+        self.commit(Written::All);
         // What the providers run now, against the books (they may have changed while
         // this control plane was down).
         for (pool, kind) in self.scheduler.provider_pools() {
@@ -956,8 +1061,13 @@ impl Handler<PoolReport> for RegionActor {
             events.extend(self.scheduler.tick(now));
             self.settle(events);
         } else {
-            // Member states (running, pids) changed or not: cheap to keep current.
-            self.persist();
+            // Member states (running, pids) changed or not: only those jobs' records
+            // are written (and the nodes'), unless more may have changed.
+            let which = match self.scheduler.take_touched() {
+                Some(ids) => Written::Jobs(ids),
+                None => Written::All,
+            };
+            self.persist(which);
         }
     }
 }
@@ -1251,17 +1361,27 @@ pub struct SubmitJob {
 }
 
 impl Handler<SubmitJob> for RegionActor {
-    type Result = Result<JobView, SchedError>;
-    fn handle(&mut self, message: SubmitJob, _: &mut Self::Context) -> Self::Result {
-        let (view, events) = self.scheduler.submit_chosen(
-            &message.tenant,
-            message.spec,
-            message.choice,
-            unix_now(),
-        )?;
-        tracing::info!(region = %self.name, job = %format!("{}/{}", view.tenant, view.name), state = view.state, "job submitted");
-        self.settle(events);
-        Ok(view)
+    type Result = ResponseFuture<Result<JobView, SchedError>>;
+    fn handle(&mut self, message: SubmitJob, ctx: &mut Self::Context) -> Self::Result {
+        let admitted =
+            self.scheduler
+                .admit(&message.tenant, message.spec, message.choice, unix_now());
+        let id = match admitted {
+            Ok(id) => id,
+            Err(error) => return Box::pin(std::future::ready(Err(error))),
+        };
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        if self.submitted.is_empty() {
+            ctx.run_later(SUBMIT_BATCH_WAIT, |actor, _| actor.flush_submitted());
+        }
+        self.submitted.push((id, reply));
+        Box::pin(async move {
+            answer.await.unwrap_or_else(|_| {
+                Err(SchedError::NotFound(
+                    "the region stopped before the job was written; list the jobs to see whether it was".into(),
+                ))
+            })
+        })
     }
 }
 

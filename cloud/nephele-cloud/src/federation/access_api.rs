@@ -94,10 +94,28 @@ impl Handler<RotateApiToken> for FederationActor {
 #[rtype(result = "()")]
 pub struct RecordAudit(pub AuditEntry);
 
+/// How long the first audit entry waits for others before they are written together:
+/// one durable write per request capped the API's write rate at the disk's sync rate.
+const AUDIT_BATCH_WAIT: std::time::Duration = std::time::Duration::from_millis(2);
+
 impl Handler<RecordAudit> for FederationActor {
     type Result = ();
-    fn handle(&mut self, message: RecordAudit, _: &mut Self::Context) {
-        let output = self.core.record_audit(message.0);
+    fn handle(&mut self, message: RecordAudit, ctx: &mut Self::Context) {
+        if self.audit_pending.is_empty() {
+            ctx.run_later(AUDIT_BATCH_WAIT, |actor, _| actor.flush_audit());
+        }
+        self.audit_pending.push(message.0);
+    }
+}
+
+impl FederationActor {
+    /// Writes the audit entries waiting for their group write.
+    fn flush_audit(&mut self) {
+        if self.audit_pending.is_empty() {
+            return;
+        }
+        let entries = std::mem::take(&mut self.audit_pending);
+        let output = self.core.record_audits(entries);
         if let Err(error) = self.run(output) {
             tracing::warn!(%error, "cannot write the audit log");
         }
@@ -115,6 +133,8 @@ pub struct ListAudit {
 impl Handler<ListAudit> for FederationActor {
     type Result = Result<Vec<AuditRecord>, ApiError>;
     fn handle(&mut self, message: ListAudit, _: &mut Self::Context) -> Self::Result {
+        // A request answered before this one is in the log it reads.
+        self.flush_audit();
         Ok(self
             .core
             .audit_views(message.after_seq, message.limit, message.tenant.as_deref()))

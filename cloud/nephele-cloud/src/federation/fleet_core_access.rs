@@ -255,7 +255,21 @@ impl FleetCore {
     /// Appends an entry (numbered after the newest), dropping the oldest past
     /// [`AUDIT_KEPT`].
     pub fn record_audit(&mut self, entry: AuditEntry) -> Output<()> {
+        self.record_audits(vec![entry])
+    }
+
+    /// Appends `entries` in order, in one write.
+    pub fn record_audits(&mut self, entries: Vec<AuditEntry>) -> Output<()> {
         self.writes_only(|core| {
+            for entry in entries {
+                core.append_audit(entry);
+            }
+        })
+    }
+
+    fn append_audit(&mut self, entry: AuditEntry) {
+        let core = self;
+        {
             let seq = core
                 .records
                 .audit
@@ -282,7 +296,7 @@ impl FleetCore {
             for key in oldest {
                 core.write(Write::Delete(Table::Audit, key));
             }
-        })
+        }
     }
 
     /// The newest `limit` entries after `after_seq` (oldest first), those of `tenant`

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 
 use nephele_placement::grid::{Deferral, GridPoint};
 use nephele_placement::queue::JobState;
-use nephele_placement::{Binding, Job, Topology};
+use nephele_placement::{Binding, Job, JobId, Topology};
 use serde::{Deserialize, Serialize};
 
 use super::nodes::NodePhase;
@@ -135,8 +135,22 @@ impl RegionScheduler {
 
     /// Every job and replica as it should be stored, keyed `<tenant>/<name>`.
     pub fn job_records(&self) -> BTreeMap<String, JobRecord> {
-        let mut out = BTreeMap::new();
-        for (id, meta) in &self.jobs {
+        self.jobs
+            .iter()
+            .map(|(id, meta)| self.job_record(*id, meta))
+            .collect()
+    }
+
+    /// The records of jobs `ids` (those still present), keyed as [`Self::job_records`].
+    pub fn job_records_of(&self, ids: &[JobId]) -> BTreeMap<String, JobRecord> {
+        ids.iter()
+            .filter_map(|id| self.jobs.get(id).map(|meta| self.job_record(*id, meta)))
+            .collect()
+    }
+
+    fn job_record(&self, id: JobId, meta: &JobMeta) -> (String, JobRecord) {
+        let id = &id;
+        {
             let state = match (&meta.held, &meta.run.outcome, self.queue.state(*id)) {
                 (Some((_, Hold::Deferred)), _, _) => StoredState::Deferred,
                 (Some((_, Hold::Backoff { until })), _, _) => {
@@ -195,7 +209,7 @@ impl RegionScheduler {
                     .map(|r| r.index),
                 JobKind::Batch => None,
             };
-            out.insert(
+            (
                 format!("{tenant}/{}", meta.name),
                 JobRecord {
                     tenant,
@@ -217,9 +231,8 @@ impl RegionScheduler {
                     replica_index,
                     uid: meta.uid,
                 },
-            );
+            )
         }
-        out
     }
 
     /// Every node slot as it should be stored, keyed by node name.

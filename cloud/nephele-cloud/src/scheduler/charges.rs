@@ -70,6 +70,15 @@ impl RegionScheduler {
     /// Charges what held a place since the last call; called first thing on every
     /// tick, before the tick changes what is placed.
     pub(super) fn accrue(&mut self, now: u64) -> Accrued {
+        // Nothing to charge within the second already charged: the allocations (one
+        // per running job) are not worth gathering for every batch of submissions.
+        if self
+            .ledger
+            .accrued_until()
+            .is_some_and(|until| now <= until)
+        {
+            return Accrued::default();
+        }
         let allocations = self.allocations();
         self.ledger.accrue(now, &allocations)
     }

@@ -310,6 +310,11 @@ pub struct RegionScheduler {
     removed_tenants: std::collections::BTreeSet<usize>,
     /// Per tenant (by index), the most jobs it may have here at once.
     quota_jobs: Vec<Option<u32>>,
+    /// Jobs whose record [`Self::admit`] and [`Self::tick`] changed since the last
+    /// [`Self::take_touched`], so a batch of submissions writes only its own records;
+    /// `touched_all` when something else may have changed too.
+    touched: std::collections::BTreeSet<JobId>,
+    touched_all: bool,
 }
 
 impl RegionScheduler {
@@ -421,6 +426,8 @@ impl RegionScheduler {
             ledger: ledger::Ledger::default(),
             removed_tenants: std::collections::BTreeSet::new(),
             quota_jobs,
+            touched: std::collections::BTreeSet::new(),
+            touched_all: true,
         })
     }
 
@@ -689,10 +696,30 @@ impl RegionScheduler {
     pub fn submit_chosen(
         &mut self,
         tenant: &str,
-        mut spec: JobSpec,
+        spec: JobSpec,
         region_choice: Option<RegionChoiceView>,
         now: u64,
     ) -> Result<(JobView, Vec<SchedEvent>), SchedError> {
+        let id = self.admit(tenant, spec, region_choice, now)?;
+        let mut events = self.tick(now);
+        events.extend(self.admitted_events(id));
+        let view = self
+            .view_of(id)
+            .ok_or_else(|| SchedError::NotFound("the job vanished during its first pass".into()))?;
+        Ok((view, events))
+    }
+
+    /// Checks and queues a job (or holds it, with a deadline) without running the
+    /// queue: a batch of submissions is admitted one by one, then placed by one
+    /// [`Self::tick`] (the region actor's group commit). Answers the job's id for
+    /// [`Self::admitted_events`] and [`Self::job_view`] after that tick.
+    pub fn admit(
+        &mut self,
+        tenant: &str,
+        mut spec: JobSpec,
+        region_choice: Option<RegionChoiceView>,
+        now: u64,
+    ) -> Result<JobId, SchedError> {
         nephele_domain::validate_name("job", &spec.name).map_err(SchedError::BadRequest)?;
         let tenant_index = self.tenant_index(tenant)?;
         let priority = match &spec.priority {
@@ -784,7 +811,14 @@ impl RegionScheduler {
                 run: run::RunState::default(),
             },
         );
-        let mut events = self.tick(now);
+        self.touched.insert(id);
+        Ok(id)
+    }
+
+    /// What a newly admitted job adds to the events of the tick after it: that it is
+    /// held for a lower-carbon hour.
+    pub fn admitted_events(&self, id: JobId) -> Vec<SchedEvent> {
+        let mut events = Vec::new();
         if let Some(meta) = self.jobs.get(&id) {
             if let (Some((_, Hold::Deferred)), Some(deferred)) = (&meta.held, &meta.deferral) {
                 events.push(SchedEvent::Deferred {
@@ -793,10 +827,62 @@ impl RegionScheduler {
                 });
             }
         }
-        let view = self
-            .view_of(id)
-            .ok_or_else(|| SchedError::NotFound("the job vanished during its first pass".into()))?;
-        Ok((view, events))
+        events
+    }
+
+    /// A job's view by id (`None` once it is gone).
+    pub fn job_view(&self, id: JobId) -> Option<JobView> {
+        self.view_of(id)
+    }
+
+    /// The jobs whose records [`Self::admit`] and [`Self::tick`] changed since the last
+    /// call, or `None` when any record may have changed (the caller writes them all).
+    /// Every other change to the books goes through a full write, so this is exact for
+    /// what it covers and conservative for the rest.
+    pub fn take_touched(&mut self) -> Option<Vec<JobId>> {
+        let touched = std::mem::take(&mut self.touched);
+        let all = std::mem::replace(&mut self.touched_all, false);
+        // A touched job that is gone needs its key deleted, which a full write finds.
+        if all || touched.iter().any(|id| !self.jobs.contains_key(id)) {
+            return None;
+        }
+        Some(touched.into_iter().collect())
+    }
+
+    /// Jobs in the books (serving replicas too).
+    pub fn job_count(&self) -> usize {
+        self.jobs.len()
+    }
+
+    /// Jobs by the state their view shows (`deferred`, `pending`, `running`, …), the
+    /// serving replicas left out, without building views.
+    pub fn job_state_counts(&self) -> BTreeMap<&'static str, i64> {
+        let mut counts: BTreeMap<&'static str, i64> = BTreeMap::new();
+        for (id, meta) in &self.jobs {
+            if meta.kind != JobKind::Batch {
+                continue;
+            }
+            if let Some(state) = self.state_name(*id, meta) {
+                *counts.entry(state).or_default() += 1;
+            }
+        }
+        counts
+    }
+
+    /// The state a job's view shows.
+    fn state_name(&self, id: JobId, meta: &JobMeta) -> Option<&'static str> {
+        Some(match (&meta.held, &meta.run.outcome) {
+            (Some((_, Hold::Deferred)), _) => "deferred",
+            (Some((_, Hold::Backoff { .. })), _) => "backoff",
+            (Some((_, Hold::Recovering { .. })), _) => "recovering",
+            (None, Some(outcome)) => outcome.state(),
+            (None, None) => match self.queue.state(id)? {
+                JobState::Pending => "pending",
+                JobState::Running { .. } => "running",
+                JobState::Terminating { .. } => "terminating",
+                JobState::Finished { .. } => "finished",
+            },
+        })
     }
 
     /// Checks a deadline and plans the wait; the first decision is the next tick's.
@@ -1124,6 +1210,8 @@ impl RegionScheduler {
         now: u64,
     ) -> Result<(JobView, Vec<SchedEvent>), SchedError> {
         let id = self.lookup(tenant, name)?;
+        // A record goes: only a full write finds what to delete.
+        self.touched_all = true;
         let view = self
             .view_of(id)
             .ok_or_else(|| SchedError::NotFound(format!("no job {name:?}")))?;
@@ -1151,6 +1239,7 @@ impl RegionScheduler {
     pub fn tick(&mut self, now: u64) -> Vec<SchedEvent> {
         let charged = self.accrue(now);
         let mut events = std::mem::take(&mut self.later);
+        let before = events.len();
         if charged.skipped_s > 0 {
             events.push(SchedEvent::Node {
                 node: self.region.clone(),
@@ -1163,8 +1252,20 @@ impl RegionScheduler {
         events.extend(self.release_deferred(now));
         events.extend(self.release_holds(now));
         events.extend(self.nodes_tick(now));
+        // Holds released, nodes changed: records beyond the queue's effects may have
+        // changed.
+        self.touched_all |= events.len() > before;
         let effects = self.queue.tick(&mut self.cluster, now);
         for effect in effects {
+            match &effect {
+                Effect::Bind { job, .. } | Effect::Requeued { job } => {
+                    self.touched.insert(*job);
+                }
+                Effect::Preempt { victim, by, .. } => {
+                    self.touched.extend([*victim, *by]);
+                }
+                Effect::Pending { .. } => {}
+            }
             match effect {
                 Effect::Bind { job, bindings } => {
                     let nodes = bindings
@@ -1202,7 +1303,9 @@ impl RegionScheduler {
                 Effect::Pending { .. } => {}
             }
         }
-        events.extend(self.replicas_tick(now));
+        let replicas = self.replicas_tick(now);
+        self.touched_all |= !replicas.is_empty();
+        events.extend(replicas);
         events
     }
 

@@ -346,23 +346,29 @@ impl RegionScheduler {
     pub(super) fn nodes_tick(&mut self, now: u64) -> Vec<SchedEvent> {
         let mut events = Vec::new();
         let lost_after = self.settings.lost_after_s;
-        for index in 0..self.slots.len() {
+        // One pass over the reservations, not one per node: a tick runs on every
+        // batch of submissions, with every node and thousands of jobs.
+        let mut reserved = vec![false; self.slots.len()];
+        for (_, (_, binding)) in self.cluster.reservations() {
+            if let Some(flag) = reserved.get_mut(binding.node) {
+                *flag = true;
+            }
+        }
+        let recovering = self.nodes_recovering();
+        for (index, has_reservation) in reserved.into_iter().enumerate() {
             let slot = &self.slots[index];
+            let mut held = has_reservation || recovering.contains(&index);
             if let Some(away) = slot.away_since {
-                let has_work = self
-                    .cluster
-                    .reservations()
-                    .any(|(_, (_, binding))| binding.node == index);
-                if has_work && now >= away.saturating_add(lost_after) {
+                if has_reservation && now >= away.saturating_add(lost_after) {
                     let what = format!("agent away for {lost_after} s: its work runs elsewhere");
                     events.extend(self.requeue_node(index, &what, now));
                     events.push(SchedEvent::Node {
                         node: self.slots[index].name.clone(),
                         what,
                     });
+                    held = self.holds_work(index);
                 }
             }
-            let held = self.holds_work(index);
             let slot = &mut self.slots[index];
             match slot.phase {
                 NodePhase::Up { .. } if !held && slot.agent.is_some() => {
@@ -964,6 +970,15 @@ impl RegionScheduler {
     }
 
     /// The node slots and what is on them.
+    /// Node slots by phase name (`up`, `draining`, …), without building views.
+    pub fn node_phase_counts(&self) -> BTreeMap<&'static str, i64> {
+        let mut counts: BTreeMap<&'static str, i64> = BTreeMap::new();
+        for slot in &self.slots {
+            *counts.entry(slot.phase.name()).or_default() += 1;
+        }
+        counts
+    }
+
     pub fn nodes(&self) -> Vec<NodeView> {
         let mut jobs_on: BTreeMap<usize, Vec<String>> = BTreeMap::new();
         let mut replicas_on: BTreeMap<usize, Vec<String>> = BTreeMap::new();

@@ -123,7 +123,13 @@ impl RegionScheduler {
     /// The queue placed a job: a new attempt of a job with a command, or a replica that
     /// starts loading its model.
     pub(super) fn on_bound(&mut self, id: JobId, bindings: &[Binding], now: u64) {
-        let port = self.free_port();
+        // Only an attempt with processes takes a rendezvous port (finding one scans
+        // every job).
+        let runs = self
+            .jobs
+            .get(&id)
+            .is_some_and(|m| m.kind == JobKind::Batch && has_command(&m.spec));
+        let port = if runs { self.free_port() } else { None };
         let nodes: Vec<String> = bindings
             .iter()
             .map(|b| self.cluster.nodes[b.node].name.clone())
@@ -339,10 +345,13 @@ impl RegionScheduler {
             }
             let _ = agent;
         }
+        self.touched.extend(touched.iter().copied());
         let mut events = Vec::new();
         for id in touched {
             events.extend(self.settle(id, now));
         }
+        // What the members' states decided may reach beyond these jobs.
+        self.touched_all |= !events.is_empty();
         events
     }
 
@@ -462,6 +471,17 @@ impl RegionScheduler {
             .collect()
     }
 
+    /// The node slots that jobs restored as running (not adopted yet) were bound to.
+    pub(super) fn nodes_recovering(&self) -> BTreeSet<usize> {
+        let mut nodes = BTreeSet::new();
+        for meta in self.jobs.values() {
+            if let Some((_, Hold::Recovering { bindings, .. })) = &meta.held {
+                nodes.extend(bindings.iter().filter_map(|b| self.slot_named(&b.node)));
+            }
+        }
+        nodes
+    }
+
     /// Whether node `index` holds work: members placed there, or jobs restored as
     /// running there (their processes may still run) that are not adopted yet.
     pub(super) fn holds_work(&self, index: usize) -> bool {
@@ -528,6 +548,14 @@ impl RegionScheduler {
             }
         }
         for (id, meta) in &self.jobs {
+            // Jobs without processes have nothing for an agent to run.
+            let wants_work = match &meta.kind {
+                JobKind::Replica { .. } => true,
+                JobKind::Batch => has_command(&meta.spec) && meta.run.failing.is_none(),
+            };
+            if !wants_work {
+                continue;
+            }
             let bindings: Vec<Binding> = match (&meta.held, self.queue.state(*id)) {
                 (Some((_, Hold::Recovering { bindings, .. })), _) => match self.resolve(bindings) {
                     Some(resolved) => resolved,

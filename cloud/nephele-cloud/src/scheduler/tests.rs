@@ -93,6 +93,61 @@ fn jobs_wait_for_pool_agents_and_say_why() {
 }
 
 #[test]
+fn a_batch_of_submissions_is_placed_by_one_tick_and_names_the_records_it_changed() {
+    let mut s = scheduler(1);
+    join(&mut s, "pool-a", "gpu-4x-l4");
+    let _ = s.tick(100);
+    // Whatever came before is written by a full write.
+    assert_eq!(s.take_touched(), None);
+    let ids: Vec<JobId> = ["a", "b", "c"]
+        .into_iter()
+        .map(|name| {
+            s.admit(
+                "alpha",
+                spec(serde_json::json!({"name": name, "gpus": 1})),
+                None,
+                101,
+            )
+            .expect("admitted")
+        })
+        .collect();
+    // Admitted, not placed yet: the batch's tick places them together.
+    assert_eq!(s.job_view(ids[0]).expect("view").state.as_str(), "pending");
+    let events = s.tick(101);
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| matches!(e, SchedEvent::Placed { .. }))
+            .count(),
+        3
+    );
+    let touched = s.take_touched().expect("only the batch changed");
+    assert_eq!(touched, ids);
+    // The batch's records are the full write's records for those jobs.
+    let all = s.job_records();
+    let batch = s.job_records_of(&touched);
+    assert_eq!(batch.len(), 3);
+    for (key, record) in &batch {
+        assert_eq!(all.get(key), Some(record), "{key}");
+    }
+    assert_eq!(s.take_touched(), Some(Vec::new()), "taken");
+    assert_eq!(s.job_state_counts().get("running"), Some(&3));
+    // A deletion leaves a record to delete, which only a full write finds.
+    s.delete("alpha", "b", 102).expect("deleted");
+    assert_eq!(s.take_touched(), None);
+    // A name taken within the batch is refused at once, as a single submission is.
+    assert!(matches!(
+        s.admit(
+            "alpha",
+            spec(serde_json::json!({"name": "a", "gpus": 1})),
+            None,
+            103
+        ),
+        Err(SchedError::Conflict(_))
+    ));
+}
+
+#[test]
 fn a_gang_is_placed_whole_and_requeued_whole_when_a_node_goes() {
     let mut s = scheduler(2);
     join(&mut s, "pool-a", "gpu-4x-l4");

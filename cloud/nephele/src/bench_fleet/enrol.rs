@@ -100,6 +100,7 @@ pub async fn join(
     server: SocketAddr,
     token: &str,
     name: &str,
+    role: &str,
     labels: BTreeMap<String, String>,
 ) -> Result<(Identity, Cluster)> {
     let token = JoinToken::parse(token)?;
@@ -113,7 +114,7 @@ pub async fn join(
     .context("no answer to the join within 15 s")?
     .context("join handshake")?;
     let accepted =
-        nephele_edge::enrol::exchange(&connection, &token, name, "edge", csr_der, labels).await;
+        nephele_edge::enrol::exchange(&connection, &token, name, role, csr_der, labels).await;
     connection.close(0u32.into(), b"joined");
     let accepted = accepted?;
     Ok((
@@ -132,11 +133,13 @@ pub async fn join(
 /// A join still to do: its index, token, name and labels.
 type Pending = (usize, String, String, BTreeMap<String, String>);
 
-/// Enrols agents `names[k]` with `tokens[k]`, `per_address` at once from each of
-/// `addresses` loopback addresses, retrying a join the gateway turned away as busy;
-/// also says how many attempts were retried.
+/// Enrols agents `names[k]` with `tokens[k]` in `role`, `per_address` at once from
+/// each of `addresses` loopback addresses, retrying a join the gateway turned away as
+/// busy; also says how many attempts were retried.
+#[allow(clippy::too_many_arguments)]
 pub async fn join_all(
     server: SocketAddr,
+    role: &'static str,
     tokens: Vec<String>,
     names: Vec<(String, BTreeMap<String, String>)>,
     addresses: usize,
@@ -181,7 +184,7 @@ pub async fn join_all(
                     let mut attempt = 0;
                     let (identity, shared) = loop {
                         attempt += 1;
-                        match join(&endpoint, server, &token, &name, labels.clone()).await {
+                        match join(&endpoint, server, &token, &name, role, labels.clone()).await {
                             Ok(joined) => break joined,
                             // Turned away as busy, or a handshake lost in a burst.
                             Err(_) if attempt < 20 => {

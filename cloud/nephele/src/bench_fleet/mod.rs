@@ -22,6 +22,7 @@
 //! plane share the machine's cores, which the report says.
 
 mod enrol;
+mod jobs;
 mod offload;
 mod process;
 mod session;
@@ -68,6 +69,17 @@ pub struct FleetArgs {
     pub offload_rps: f64,
     #[arg(long, default_value_t = 10.0)]
     pub offload_s: f64,
+    /// Jobs submitted through the REST API (`POST /v1/jobs`) after the offload phase,
+    /// until all are placed (0: none). Each asks an eighth of an A100; the bench
+    /// connects enough simulated pool nodes (DGX A100 profile, 64 such jobs each, plus
+    /// a tenth spare) for all of them.
+    #[arg(long, default_value_t = 10_000)]
+    pub jobs: usize,
+    /// HTTPS clients submitting jobs at once, each with its own keep-alive connection
+    /// and waiting for each answer before the next submission (a region places a batch
+    /// of concurrent submissions in one pass, so more clients give larger batches).
+    #[arg(long, default_value_t = 96)]
+    pub job_clients: usize,
     /// Where the control plane keeps its data and logs (default: a new temporary dir).
     #[arg(long)]
     pub dir: Option<PathBuf>,
@@ -130,6 +142,9 @@ pub struct FleetReport {
     pub offload_rps: f64,
     pub offload_errors: u64,
     pub offload: Option<offload::OffloadResult>,
+    /// Jobs placed per second through the REST API, end to end (0 without `--jobs`).
+    pub jobs_placed_per_sec: f64,
+    pub jobs: Option<jobs::JobsResult>,
     pub sessions_lost: usize,
     pub agent_errors: BTreeMap<String, u64>,
     pub cloud_alive: bool,
@@ -137,8 +152,22 @@ pub struct FleetReport {
 
 const REGION: &str = "bench";
 const DEPLOYMENT: &str = "digits";
+/// The pool the jobs phase places jobs on, and its nodes' profile.
+const JOB_POOL: &str = "batch";
+const JOB_POOL_PROFILE: &str = "dgx-a100-80gb";
+/// Jobs of the bench's shape one node of that profile holds (8 GPUs × 8 eighths).
+const JOBS_PER_NODE: usize = 64;
 
-fn cloud_config(heartbeat_ms: u32) -> String {
+/// Simulated pool nodes for `jobs` jobs: enough for all, and a tenth spare.
+fn pool_nodes_for(jobs: usize) -> usize {
+    if jobs == 0 {
+        0
+    } else {
+        (jobs * 11 / 10).div_ceil(JOBS_PER_NODE)
+    }
+}
+
+fn cloud_config(heartbeat_ms: u32, pool_nodes: usize) -> String {
     format!(
         r#"api_listen = "127.0.0.1:0"
 quic_listen = "127.0.0.1:0"
@@ -156,7 +185,14 @@ node_profile = "gpu-4x-l4"
 capacity_type = "on-demand"
 price_per_hour = 2.9
 max_nodes = 1
-"#
+[[region.pool]]
+name = "{JOB_POOL}"
+node_profile = "{JOB_POOL_PROFILE}"
+capacity_type = "on-demand"
+price_per_hour = 32.8
+max_nodes = {}
+"#,
+        pool_nodes.max(1)
     )
 }
 
@@ -180,6 +216,10 @@ pub fn run(args: FleetArgs) -> Result<()> {
     if !valid(args.offload_rps, 0.0) || !valid(args.offload_s, 0.0) {
         bail!("--offload-rps and --offload-s cannot be negative");
     }
+    if args.jobs > 1_000_000 || args.job_clients == 0 || args.job_clients > 1024 {
+        bail!("--jobs must be at most 1000000 and --job-clients between 1 and 1024");
+    }
+    let pool_nodes = pool_nodes_for(args.jobs);
     let root = match &args.dir {
         Some(dir) => dir.clone(),
         None => std::env::temp_dir().join(format!("nephele-bench-fleet-{}", std::process::id())),
@@ -206,7 +246,11 @@ pub fn run(args: FleetArgs) -> Result<()> {
 
     // The control plane.
     say(&format!("starting the control plane in {}", root.display()));
-    let cloud = start_cloud(&mut children, &root, &cloud_config(args.heartbeat_ms))?;
+    let cloud = start_cloud(
+        &mut children,
+        &root,
+        &cloud_config(args.heartbeat_ms, pool_nodes),
+    )?;
     let cloud_pid = cloud.pid;
     let api_base = format!("https://{}", cloud.api);
     let quic = cloud.quic;
@@ -260,12 +304,19 @@ pub fn run(args: FleetArgs) -> Result<()> {
         .build()?;
     let quiet = args.json;
     let total = args.agents;
-    let (identities, cluster, retries) =
-        runtime.block_on(enrol::join_all(server, tokens, names, 4, 8, move |done| {
+    let (identities, cluster, retries) = runtime.block_on(enrol::join_all(
+        server,
+        "edge",
+        tokens,
+        names,
+        4,
+        8,
+        move |done| {
             if !quiet && (done % 1000 == 0 || done == total) {
                 eprintln!("  joined {done}/{total}");
             }
-        }))?;
+        },
+    ))?;
     report.enrol_s = enrol_started.elapsed().as_secs_f64();
     report.enrolled_per_sec = args.agents as f64 / report.enrol_s.max(1e-9);
     report.join_retries = retries;
@@ -281,7 +332,8 @@ pub fn run(args: FleetArgs) -> Result<()> {
     let profile_toml = nephele_edge::agent::resolve_profile(Some(&profile_name))?.1;
     let fleet = Arc::new(session::Fleet {
         server,
-        cluster,
+        cluster: cluster.clone(),
+        role: "edge",
         profile_name,
         profile_toml,
         started: Instant::now(),
@@ -291,29 +343,15 @@ pub fn run(args: FleetArgs) -> Result<()> {
         .map(|_| Arc::new(session::Slot::default()))
         .collect();
     let connect_started = Instant::now();
-    {
-        let _guard = runtime.enter();
-        let endpoints: Vec<quinn::Endpoint> = (0..args.agents.div_ceil(1000))
-            .map(|k| enrol::endpoint_from(enrol::source_address(64 + k)))
-            .collect::<Result<_>>()?;
-        let fleet = fleet.clone();
-        let slots = slots.clone();
-        let rate = args.connect_rate;
-        runtime.spawn(async move {
-            for (k, identity) in identities.into_iter().enumerate() {
-                let due = connect_started + Duration::from_secs_f64(k as f64 / rate);
-                tokio::time::sleep_until(due.into()).await;
-                let (fleet, slot) = (fleet.clone(), slots[k].clone());
-                let endpoint = endpoints[k % endpoints.len()].clone();
-                tokio::spawn(async move {
-                    if let Err(error) = session::run(fleet.clone(), identity, endpoint, slot).await
-                    {
-                        fleet.stats.error(&error_kind(&error));
-                    }
-                });
-            }
-        });
-    }
+    connect_all(
+        &runtime,
+        &fleet,
+        identities,
+        &slots,
+        args.connect_rate,
+        64,
+        connect_started,
+    )?;
     let connect_deadline =
         connect_started + Duration::from_secs_f64(args.agents as f64 / args.connect_rate + 60.0);
     let mut last_said = Instant::now();
@@ -465,6 +503,21 @@ pub fn run(args: FleetArgs) -> Result<()> {
         report.offload = Some(result);
     }
 
+    // Jobs.
+    if args.jobs > 0 && children_alive(&mut children) {
+        let result = jobs_phase(
+            &args,
+            &runtime,
+            &api,
+            (&api_base, &admin, &ca_pem),
+            server,
+            &cluster,
+            pool_nodes,
+        )?;
+        report.jobs_placed_per_sec = result.jobs_placed_per_sec;
+        report.jobs = Some(result);
+    }
+
     report.cloud_alive = children_alive(&mut children);
     report.sessions_lost = fleet.stats.sessions_lost.load(Ordering::Relaxed);
     report.agent_errors = fleet
@@ -503,6 +556,122 @@ pub fn run(args: FleetArgs) -> Result<()> {
         println!("  written to {}", json_path.display());
     }
     Ok(())
+}
+
+/// Starts a session for each of `identities` at `rate` a second from `connect_started`,
+/// each over one of a client endpoint per thousand bound to loopback addresses from
+/// `source_base` on; errors are counted in the fleet's stats.
+fn connect_all(
+    runtime: &tokio::runtime::Runtime,
+    fleet: &Arc<session::Fleet>,
+    identities: Vec<enrol::Identity>,
+    slots: &[Arc<session::Slot>],
+    rate: f64,
+    source_base: usize,
+    connect_started: Instant,
+) -> Result<()> {
+    let _guard = runtime.enter();
+    let endpoints: Vec<quinn::Endpoint> = (0..identities.len().div_ceil(1000))
+        .map(|k| enrol::endpoint_from(enrol::source_address(source_base + k)))
+        .collect::<Result<_>>()?;
+    let fleet = fleet.clone();
+    let slots = slots.to_vec();
+    runtime.spawn(async move {
+        for (k, identity) in identities.into_iter().enumerate() {
+            let due = connect_started + Duration::from_secs_f64(k as f64 / rate);
+            tokio::time::sleep_until(due.into()).await;
+            let (fleet, slot) = (fleet.clone(), slots[k].clone());
+            let endpoint = endpoints[k % endpoints.len()].clone();
+            tokio::spawn(async move {
+                if let Err(error) = session::run(fleet.clone(), identity, endpoint, slot).await {
+                    fleet.stats.error(&error_kind(&error));
+                }
+            });
+        }
+    });
+    Ok(())
+}
+
+/// Enrols and connects `pool_nodes` simulated pool agents of the jobs' pool, waits for
+/// the region to count them up, then submits the jobs ([`jobs::run`]).
+fn jobs_phase(
+    args: &FleetArgs,
+    runtime: &tokio::runtime::Runtime,
+    api: &Api,
+    (api_base, admin, ca_pem): (&str, &str, &[u8]),
+    server: SocketAddr,
+    cluster: &enrol::Cluster,
+    pool_nodes: usize,
+) -> Result<jobs::JobsResult> {
+    let say = |message: &str| {
+        if !args.json {
+            eprintln!("{message}");
+        }
+    };
+    say(&format!(
+        "enrolling and connecting {pool_nodes} simulated pool nodes ({JOB_POOL_PROFILE}) for {} jobs",
+        args.jobs
+    ));
+    let tokens = enrol::tokens(api_base, admin, ca_pem, REGION, pool_nodes, 4)?;
+    let names = (0..pool_nodes)
+        .map(|k| (format!("{JOB_POOL}-{k:05}"), BTreeMap::new()))
+        .collect();
+    let (identities, _, _) =
+        runtime.block_on(enrol::join_all(server, "pool", tokens, names, 4, 8, |_| {}))?;
+    let profile_toml = nephele_edge::agent::resolve_profile(Some(&JOB_POOL_PROFILE.to_string()))?.1;
+    let fleet = Arc::new(session::Fleet {
+        server,
+        cluster: cluster.clone(),
+        role: "pool",
+        profile_name: JOB_POOL_PROFILE.into(),
+        profile_toml,
+        started: Instant::now(),
+        stats: session::Stats::default(),
+    });
+    let slots: Vec<Arc<session::Slot>> = (0..pool_nodes)
+        .map(|_| Arc::new(session::Slot::default()))
+        .collect();
+    connect_all(
+        runtime,
+        &fleet,
+        identities,
+        &slots,
+        args.connect_rate,
+        200,
+        Instant::now(),
+    )?;
+    let deadline =
+        Instant::now() + Duration::from_secs_f64(pool_nodes as f64 / args.connect_rate + 60.0);
+    loop {
+        let nodes: Vec<nephele_api::NodeView> =
+            api.get_as(&format!("/v1/regions/{REGION}/nodes"))?;
+        let up = nodes.iter().filter(|n| n.pool == JOB_POOL && n.up).count();
+        if up >= pool_nodes {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "only {up} of {pool_nodes} pool nodes came up within the connect time; errors: {:?}",
+                fleet.stats.errors.lock().unwrap_or_else(|p| p.into_inner())
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    say(&format!(
+        "submitting {} jobs through the REST API from {} clients",
+        args.jobs, args.job_clients
+    ));
+    let mut result = jobs::run(
+        api_base,
+        admin,
+        ca_pem,
+        JOB_POOL,
+        args.jobs,
+        args.job_clients,
+        Duration::from_secs(120),
+    )?;
+    result.pool_nodes = pool_nodes;
+    Ok(result)
 }
 
 /// Enrols and starts one real pool agent serving the region's replicas.
@@ -785,6 +954,16 @@ fn print_table(r: &FleetReport) {
                 )
             }),
         ),
+        (
+            "jobs placed (REST API)",
+            r.jobs.as_ref().map_or("-".into(), |j| {
+                format!(
+                    "{} of {} in {:.1} s: {:.0}/s ({} at submission; {} clients, {} nodes), submit p50 {:.1} ms, p99 {:.1} ms, {} errors",
+                    j.placed, j.jobs, j.placed_s, j.jobs_placed_per_sec, j.placed_at_submit,
+                    j.clients, j.pool_nodes, j.submit_p50_ms, j.submit_p99_ms, j.errors
+                )
+            }),
+        ),
         ("sessions lost", r.sessions_lost.to_string()),
     ];
     for (name, value) in rows {
@@ -796,6 +975,11 @@ fn print_table(r: &FleetReport) {
     if let Some(offload) = &r.offload {
         for (kind, n) in &offload.error_kinds {
             println!("  offload error ×{n}: {kind}");
+        }
+    }
+    if let Some(jobs) = &r.jobs {
+        for (kind, n) in &jobs.error_kinds {
+            println!("  job error ×{n}: {kind}");
         }
     }
     if !r.cloud_alive {
@@ -820,6 +1004,14 @@ mod tests {
         assert_eq!(later.p99_between(&earlier), Some(0.1));
         assert_eq!(later.p99_between(&later), None, "nothing new");
         assert!(parse_lag("nothing here").is_none());
+    }
+
+    #[test]
+    fn the_job_pool_holds_every_job_with_a_tenth_spare() {
+        assert_eq!(pool_nodes_for(0), 0);
+        assert_eq!(pool_nodes_for(64), 2);
+        assert_eq!(pool_nodes_for(10_000), 172);
+        assert!(pool_nodes_for(50_000) * JOBS_PER_NODE >= 55_000);
     }
 
     #[test]

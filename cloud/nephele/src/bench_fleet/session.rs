@@ -34,6 +34,8 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(15);
 pub struct Fleet {
     pub server: SocketAddr,
     pub cluster: Cluster,
+    /// `edge`, or `pool` for the nodes jobs are placed on.
+    pub role: &'static str,
     pub profile_name: String,
     pub profile_toml: String,
     pub started: Instant,
@@ -98,7 +100,7 @@ pub async fn run(
         &AgentMessage::Hello(Hello {
             protocol_version: PROTOCOL_VERSION,
             agent_version: env!("CARGO_PKG_VERSION").into(),
-            role: "edge".into(),
+            role: fleet.role.into(),
             profile_name: fleet.profile_name.clone(),
             profile_toml: fleet.profile_toml.clone(),
             models_cached: Vec::new(),

@@ -1,0 +1,68 @@
+//! Replays every file of `corpus/<target>/` and `regressions/<target>/` through the
+//! target's function, without AFL: a crash kept as a regression fails here until it is
+//! fixed. Targets whose cargo feature is off are named and skipped; all of them run
+//! with `cargo test --features edge,cloud`.
+
+use std::path::Path;
+
+fn inputs(dir: &Path) -> Vec<std::path::PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut files: Vec<_> = entries
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| p.is_file() && p.file_name().is_some_and(|n| n != ".gitkeep" && n != "README.md"))
+        .collect();
+    files.sort();
+    files
+}
+
+fn replay(target: &str) {
+    let Some(body) = nephele_fuzz::target(target) else {
+        eprintln!("skip {target}: built without its feature (cargo test --features edge,cloud)");
+        return;
+    };
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let corpus = inputs(&here.join("corpus").join(target));
+    assert!(!corpus.is_empty(), "corpus/{target} has no seeds");
+    let regressions = inputs(&here.join("regressions").join(target));
+    for file in corpus.iter().chain(&regressions) {
+        let bytes = std::fs::read(file).expect("read input");
+        eprintln!("{target}: {}", file.display());
+        body(&bytes);
+    }
+}
+
+#[test]
+fn every_target_is_listed() {
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for (name, _) in nephele_fuzz::TARGETS {
+        assert!(here.join("src/bin").join(format!("{name}.rs")).is_file(), "{name}");
+        assert!(here.join("corpus").join(name).is_dir(), "corpus/{name}");
+    }
+}
+
+#[test]
+fn frame_decoder() {
+    replay("frame_decoder");
+}
+
+#[test]
+fn firmware_profile() {
+    replay("firmware_profile");
+}
+
+#[test]
+fn manifest() {
+    replay("manifest");
+}
+
+#[test]
+fn onnx() {
+    replay("onnx");
+}
+
+#[test]
+fn cloud_config() {
+    replay("cloud_config");
+}

@@ -32,11 +32,12 @@ targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=("${all_targets[@]}")
 
 features=afl
+# afl; afl,edge; afl,edge,cloud: the order matters (one build of the shared dependencies).
 for t in "${targets[@]}"; do
     case $t in
     frame_decoder | firmware_profile) ;;
     manifest | onnx) [[ $features == *edge* ]] || features+=,edge ;;
-    cloud_config) [[ $features == *cloud* ]] || features+=,cloud ;;
+    cloud_config) [[ $features == *cloud* ]] || features+=,cloud ;; # includes edge
     *)
         echo "unknown target $t; targets: ${all_targets[*]}" >&2
         exit 2
@@ -78,6 +79,7 @@ if ! config_log=$(cargo afl config --build 2>&1); then
 fi
 
 # 3. The instrumented targets.
+[[ $features != *cloud* ]] || features=afl,edge,cloud
 step "building ${targets[*]} (cargo afl build --release --features $features)"
 bins=()
 for t in "${targets[@]}"; do bins+=(--bin "$t"); done
@@ -126,9 +128,9 @@ for t in "${targets[@]}"; do
     field() { sed -n "s/^$1 *: *//p" "$stats" | head -n 1; }
     crashes=$(find "$out/default/crashes" -type f -name 'id:*' 2>/dev/null | sort)
     hangs=$(find "$out/default/hangs" -type f -name 'id:*' 2>/dev/null | sort)
-    line=$(printf '%-17s execs %10s  execs/s %8s  corpus %5s  crashes %s  hangs %s  (%ss)' \
+    line=$(printf '%-17s execs %10s  execs/s %8s  corpus %5s  edges %6s  crashes %s  hangs %s  (%ss)' \
         "$t" "$(field execs_done)" "$(field execs_per_sec)" "$(field corpus_count)" \
-        "$(field saved_crashes)" "$(field saved_hangs)" "$(field run_time)")
+        "$(field edges_found)" "$(field saved_crashes)" "$(field saved_hangs)" "$(field run_time)")
     summary+=("$line")
     if [ -n "$crashes" ] || [ -n "$hangs" ]; then
         failed+=("$t: $(printf '%s ' $crashes $hangs)")

@@ -29,7 +29,9 @@ fn root() -> PathBuf {
 }
 
 fn write(target: &str, name: &str, bytes: &[u8]) {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus").join(target);
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("corpus")
+        .join(target);
     std::fs::create_dir_all(&dir).expect("create corpus dir");
     std::fs::write(dir.join(name), bytes).expect("write seed");
 }
@@ -37,7 +39,11 @@ fn write(target: &str, name: &str, bytes: &[u8]) {
 /// A seed, a copy cut in half and a copy with one byte flipped in the middle.
 fn write_with_damage(target: &str, name: &str, bytes: &[u8]) {
     write(target, name, bytes);
-    write(target, &format!("{name}.truncated"), &bytes[..bytes.len() / 2]);
+    write(
+        target,
+        &format!("{name}.truncated"),
+        &bytes[..bytes.len() / 2],
+    );
     let mut corrupted = bytes.to_vec();
     let middle = corrupted.len() / 2;
     corrupted[middle] ^= 0xa5;
@@ -128,7 +134,11 @@ fn frame_decoder(golden: &[(String, Vec<u8>)]) {
     let mut corrupted = input.clone();
     let middle = corrupted.len() / 2;
     corrupted[middle] ^= 0xa5;
-    write("frame_decoder", &format!("{}.corrupted", slug(name)), &corrupted);
+    write(
+        "frame_decoder",
+        &format!("{}.corrupted", slug(name)),
+        &corrupted,
+    );
 }
 
 fn manifest(golden: &[(String, Vec<u8>)]) {
@@ -153,8 +163,8 @@ fn manifest(golden: &[(String, Vec<u8>)]) {
         .find(|(name, _)| name == "CloudMessage::DesiredState")
         .map(|(_, bytes)| bytes.clone())
         .expect("golden DesiredState");
-    let CloudMessage::DesiredState(mut state) = decode_payload::<CloudMessage>(&state)
-        .expect("desired state decodes")
+    let CloudMessage::DesiredState(mut state) =
+        decode_payload::<CloudMessage>(&state).expect("desired state decodes")
     else {
         panic!("not a DesiredState");
     };
@@ -188,7 +198,11 @@ fn firmware_profiles() {
     names.sort();
     for (i, path) in names.iter().enumerate() {
         let text = std::fs::read(path).expect("profile");
-        let name = path.file_name().expect("name").to_string_lossy().into_owned();
+        let name = path
+            .file_name()
+            .expect("name")
+            .to_string_lossy()
+            .into_owned();
         if i == 0 {
             write_with_damage("firmware_profile", &name, &text);
         } else {
@@ -212,7 +226,11 @@ fn onnx() {
     write_with_damage("onnx", "digits-mlp.onnx", &digits);
     let typed = nephele_runtime::synthetic::typed_example();
     write_with_damage("onnx", "typed-example.onnx", &typed);
-    write("onnx", "dense-mlp.onnx", &nephele_runtime::synthetic::dense_mlp(4, 8, 2, 3, 1));
+    write(
+        "onnx",
+        "dense-mlp.onnx",
+        &nephele_runtime::synthetic::dense_mlp(4, 8, 2, 3, 1),
+    );
 }
 
 fn main() {
@@ -222,5 +240,10 @@ fn main() {
     firmware_profiles();
     cloud_config();
     onnx();
-    println!("seeds written under {}", Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus").display());
+    println!(
+        "seeds written under {}",
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("corpus")
+            .display()
+    );
 }

@@ -109,7 +109,10 @@ fn round_trip<T: Serialize + DeserializeOwned + MessageChecks>(message: &T) {
     };
     let again: T = decode_payload(&first).expect("an encoded message decodes again");
     let second = encode_payload(&again).expect("a decoded message encodes again");
-    assert_eq!(first, second, "encode(decode(encode(m))) differs from encode(m)");
+    assert_eq!(
+        first, second,
+        "encode(decode(encode(m))) differs from encode(m)"
+    );
 }
 
 /// What the receiving side runs on a decoded message before using it.
@@ -219,10 +222,7 @@ pub fn manifest(data: &[u8]) {
         }
         1 => {
             if let Ok(desired) = decode_payload::<DesiredState>(rest) {
-                let running = std::collections::HashMap::from([(
-                    "fuzz".to_string(),
-                    [0u8; 32],
-                )]);
+                let running = std::collections::HashMap::from([("fuzz".to_string(), [0u8; 32])]);
                 let _ = plan(&desired, &running, &public);
             }
         }
@@ -269,7 +269,10 @@ pub fn cloud_config(data: &[u8]) {
     let Ok(config) = CloudConfig::from_toml(&text) else {
         return;
     };
-    assert!(config.validate().is_ok(), "from_toml accepted an invalid config");
+    assert!(
+        config.validate().is_ok(),
+        "from_toml accepted an invalid config"
+    );
     if let Ok(printed) = toml::to_string_pretty(&config) {
         let again = CloudConfig::from_toml(&printed);
         assert!(

@@ -11,7 +11,11 @@ fn inputs(dir: &Path) -> Vec<std::path::PathBuf> {
     };
     let mut files: Vec<_> = entries
         .map(|e| e.expect("dir entry").path())
-        .filter(|p| p.is_file() && p.file_name().is_some_and(|n| n != ".gitkeep" && n != "README.md"))
+        .filter(|p| {
+            p.is_file()
+                && p.file_name()
+                    .is_some_and(|n| n != ".gitkeep" && n != "README.md")
+        })
         .collect();
     files.sort();
     files
@@ -37,7 +41,10 @@ fn replay(target: &str) {
 fn every_target_is_listed() {
     let here = Path::new(env!("CARGO_MANIFEST_DIR"));
     for (name, _) in nephele_fuzz::TARGETS {
-        assert!(here.join("src/bin").join(format!("{name}.rs")).is_file(), "{name}");
+        assert!(
+            here.join("src/bin").join(format!("{name}.rs")).is_file(),
+            "{name}"
+        );
         assert!(here.join("corpus").join(name).is_dir(), "corpus/{name}");
     }
 }

@@ -42,6 +42,11 @@ pub struct JobsResult {
     pub submit_p99_ms: f64,
     pub errors: usize,
     pub error_kinds: Vec<(String, usize)>,
+    /// CPU cores the control plane used from the first submission to the last
+    /// placement (1.0: one core), and the bench's clients meanwhile: they share the
+    /// machine.
+    pub cloud_cpu_cores: f64,
+    pub bench_cpu_cores: f64,
 }
 
 /// The job spec of job `k`: an eighth of one A100 (as a notebook or a small inference
@@ -151,6 +156,8 @@ pub fn run(
         submit_p99_ms: super::quantile(&latencies, 0.99),
         errors: error_count,
         error_kinds: errors.into_iter().collect(),
+        cloud_cpu_cores: 0.0,
+        bench_cpu_cores: 0.0,
     })
 }
 

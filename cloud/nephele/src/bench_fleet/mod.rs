@@ -513,6 +513,7 @@ pub fn run(args: FleetArgs) -> Result<()> {
             server,
             &cluster,
             pool_nodes,
+            cloud_pid,
         )?;
         report.jobs_placed_per_sec = result.jobs_placed_per_sec;
         report.jobs = Some(result);
@@ -594,6 +595,7 @@ fn connect_all(
 
 /// Enrols and connects `pool_nodes` simulated pool agents of the jobs' pool, waits for
 /// the region to count them up, then submits the jobs ([`jobs::run`]).
+#[allow(clippy::too_many_arguments)]
 fn jobs_phase(
     args: &FleetArgs,
     runtime: &tokio::runtime::Runtime,
@@ -602,6 +604,7 @@ fn jobs_phase(
     server: SocketAddr,
     cluster: &enrol::Cluster,
     pool_nodes: usize,
+    cloud_pid: u32,
 ) -> Result<jobs::JobsResult> {
     let say = |message: &str| {
         if !args.json {
@@ -661,6 +664,10 @@ fn jobs_phase(
         "submitting {} jobs through the REST API from {} clients",
         args.jobs, args.job_clients
     ));
+    let (cloud_from, bench_from) = (
+        process::sample(cloud_pid),
+        process::sample(std::process::id()),
+    );
     let mut result = jobs::run(
         api_base,
         admin,
@@ -670,6 +677,12 @@ fn jobs_phase(
         args.job_clients,
         Duration::from_secs(120),
     )?;
+    if let (Some(from), Some(to)) = (cloud_from, process::sample(cloud_pid)) {
+        result.cloud_cpu_cores = process::cores_between(&from, &to);
+    }
+    if let (Some(from), Some(to)) = (bench_from, process::sample(std::process::id())) {
+        result.bench_cpu_cores = process::cores_between(&from, &to);
+    }
     result.pool_nodes = pool_nodes;
     Ok(result)
 }
@@ -958,9 +971,10 @@ fn print_table(r: &FleetReport) {
             "jobs placed (REST API)",
             r.jobs.as_ref().map_or("-".into(), |j| {
                 format!(
-                    "{} of {} in {:.1} s: {:.0}/s ({} at submission; {} clients, {} nodes), submit p50 {:.1} ms, p99 {:.1} ms, {} errors",
+                    "{} of {} in {:.1} s: {:.0}/s ({} at submission; {} clients, {} nodes), submit p50 {:.1} ms, p99 {:.1} ms, {} errors; control plane {:.2} cores, clients {:.2} cores",
                     j.placed, j.jobs, j.placed_s, j.jobs_placed_per_sec, j.placed_at_submit,
-                    j.clients, j.pool_nodes, j.submit_p50_ms, j.submit_p99_ms, j.errors
+                    j.clients, j.pool_nodes, j.submit_p50_ms, j.submit_p99_ms, j.errors,
+                    j.cloud_cpu_cores, j.bench_cpu_cores
                 )
             }),
         ),

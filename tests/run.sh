@@ -45,3 +45,11 @@ if [ ${#missing[@]} -gt 0 ]; then
         echo "warning: ${missing[*]} could not be installed; the tests that need them fail under CI" >&2
 fi
 cargo test --release --workspace
+# Fuzzing (fuzz/README.md): every seed and kept crash replayed without AFL, then the
+# two targets that build in about a minute (the wire decoder with every message, and
+# firmware profiles) run under AFL++ for 30 s each. The agent's and the control
+# plane's targets (signed manifests, ONNX uploads, the config) take about 40 minutes
+# to build instrumented on this 2-core machine, so they run by hand:
+# `bash fuzz/run.sh 600`.
+CARGO_TARGET_DIR=target/fuzz-replay cargo test --release --manifest-path fuzz/Cargo.toml
+bash fuzz/run.sh 30 frame_decoder firmware_profile

@@ -507,16 +507,22 @@ impl RegionActor {
         self.answer_submitted();
     }
 
+    /// What to write for the changes the scheduler tracked: those jobs, or every
+    /// record when it cannot say.
+    fn touched(&mut self) -> Written {
+        match self.scheduler.take_touched() {
+            Some(ids) => Written::Jobs(ids),
+            None => Written::All,
+        }
+    }
+
     /// As [`Self::settle`], writing only the records the scheduler knows changed
     /// (every record when it does not know).
     fn settle_touched(&mut self, events: Vec<SchedEvent>) {
-        let which = match self.scheduler.take_touched() {
-            Some(ids) => Written::Jobs(ids),
-            None => {
-                self.ticks_since_full = 0;
-                Written::All
-            }
-        };
+        let which = self.touched();
+        if matches!(which, Written::All) {
+            self.ticks_since_full = 0;
+        }
         let changed = !events.is_empty();
         self.report(events);
         self.commit(which);
@@ -1063,10 +1069,7 @@ impl Handler<PoolReport> for RegionActor {
         } else {
             // Member states (running, pids) changed or not: only those jobs' records
             // are written (and the nodes'), unless more may have changed.
-            let which = match self.scheduler.take_touched() {
-                Some(ids) => Written::Jobs(ids),
-                None => Written::All,
-            };
+            let which = self.touched();
             self.persist(which);
         }
     }

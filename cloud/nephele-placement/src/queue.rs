@@ -319,6 +319,11 @@ pub struct Queue {
     tenants: Vec<Tenant>,
     typical: TypicalPods,
     jobs: BTreeMap<JobId, Entry>,
+    /// The pending and the terminating jobs, kept with every state change
+    /// ([`Queue::reindex`]) so a pass does not scan the running ones: a region holds
+    /// tens of thousands of those, and a pass runs for every batch of submissions.
+    pending: BTreeSet<JobId>,
+    terminating: BTreeSet<JobId>,
     /// Resources held (running or terminating) per tenant.
     usage: Vec<Resources>,
     /// Interned (members, topology) so that per-tick memos key on a number. The topology
@@ -357,6 +362,8 @@ impl Queue {
             tenants,
             typical,
             jobs: BTreeMap::new(),
+            pending: BTreeSet::new(),
+            terminating: BTreeSet::new(),
             usage: vec![Resources::default(); n],
             shapes: HashMap::new(),
             reservation: None,
@@ -427,8 +434,39 @@ impl Queue {
             state: JobState::Pending,
             job,
         };
+        self.pending.insert(entry.job.id);
         self.jobs.insert(entry.job.id, entry);
         Ok(())
+    }
+
+    /// Files `job` under its current state in the pending and terminating indexes
+    /// (out of both when running, finished or gone). Called after every state change.
+    fn reindex(&mut self, job: JobId) {
+        self.pending.remove(&job);
+        self.terminating.remove(&job);
+        match self.jobs.get(&job).map(|e| &e.state) {
+            Some(JobState::Pending) => {
+                self.pending.insert(job);
+            }
+            Some(JobState::Terminating { .. }) => {
+                self.terminating.insert(job);
+            }
+            _ => {}
+        }
+    }
+
+    /// Whether the pending and terminating indexes agree with a scan of every job
+    /// (for tests: every state change must keep them).
+    pub fn indexes_agree(&self) -> bool {
+        let scan = |f: fn(&JobState) -> bool| -> BTreeSet<JobId> {
+            self.jobs
+                .values()
+                .filter(|e| f(&e.state))
+                .map(|e| e.job.id)
+                .collect()
+        };
+        scan(|s| *s == JobState::Pending) == self.pending
+            && scan(|s| matches!(s, JobState::Terminating { .. })) == self.terminating
     }
 
     pub fn state(&self, job: JobId) -> Option<&JobState> {
@@ -464,10 +502,8 @@ impl Queue {
     /// Whether each tenant has pending work.
     pub fn backlogged(&self) -> Vec<bool> {
         let mut out = vec![false; self.tenants.len()];
-        for entry in self.jobs.values() {
-            if entry.state == JobState::Pending {
-                out[entry.job.tenant] = true;
-            }
+        for entry in self.pending.iter().filter_map(|id| self.jobs.get(id)) {
+            out[entry.job.tenant] = true;
         }
         out
     }
@@ -509,6 +545,7 @@ impl Queue {
         if let Some(entry) = self.jobs.get_mut(&job) {
             entry.state = JobState::Finished { at: now };
         }
+        self.reindex(job);
         true
     }
 
@@ -529,6 +566,7 @@ impl Queue {
         }
         self.release(cluster, job);
         self.jobs.remove(&job);
+        self.reindex(job);
         self.nominations.remove(&job);
         true
     }
@@ -572,6 +610,7 @@ impl Queue {
             let (tenant, demand) = (entry.job.tenant, entry.demand);
             self.usage[tenant].add(demand);
         }
+        self.reindex(id);
         Ok(true)
     }
 
@@ -592,6 +631,7 @@ impl Queue {
             deadline: now.saturating_add(grace_seconds),
             bindings: bindings.clone(),
         };
+        self.reindex(job);
         true
     }
 
@@ -616,6 +656,7 @@ impl Queue {
             entry.queued_since = now;
             entry.why = None;
         }
+        self.reindex(job);
         true
     }
 
@@ -635,6 +676,7 @@ impl Queue {
                 entry.queued_since = now;
                 entry.why = None;
             }
+            self.reindex(*job);
         }
         cluster.node_lost(node);
         self.reservation_dirty = true;
@@ -757,6 +799,7 @@ impl Queue {
             let (tenant, demand) = (entry.job.tenant, entry.demand);
             self.usage[tenant].add(demand);
         }
+        self.reindex(job);
         true
     }
 
@@ -1041,8 +1084,9 @@ impl Queue {
         let mut effects = Vec::new();
         // 1. Grace periods that have passed.
         let expired: Vec<JobId> = self
-            .jobs
-            .values()
+            .terminating
+            .iter()
+            .filter_map(|id| self.jobs.get(id))
             .filter(
                 |e| matches!(e.state, JobState::Terminating { deadline, .. } if deadline <= now),
             )
@@ -1065,11 +1109,11 @@ impl Queue {
                 entry.queued_since = now;
                 entry.why = None;
             }
+            self.reindex(job);
             effects.push(Effect::Requeued { job });
         }
-        let jobs = &self.jobs;
-        self.nominations
-            .retain(|job, _| jobs.get(job).is_some_and(|e| e.state == JobState::Pending));
+        let pending = &self.pending;
+        self.nominations.retain(|job, _| pending.contains(job));
         // The reservation ends when its job is no longer pending.
         if let Some(reservation) = &self.reservation {
             if self.state(reservation.job) != Some(&JobState::Pending) {
@@ -1088,9 +1132,9 @@ impl Queue {
         // 2. Order: classes (highest first), within a class per-tenant FIFO queues.
         let mut classes: BTreeMap<std::cmp::Reverse<u32>, Vec<Vec<JobId>>> = BTreeMap::new();
         let mut pending: Vec<&Entry> = self
-            .jobs
-            .values()
-            .filter(|e| e.state == JobState::Pending)
+            .pending
+            .iter()
+            .filter_map(|id| self.jobs.get(id))
             .collect();
         pending.sort_by_key(|e| (e.job.submit, e.job.id));
         let lanes = if self.config.fairness {
@@ -1258,12 +1302,7 @@ impl Queue {
                 }
                 if self.config.preemption && !no_victims.contains(&(shape, priority)) {
                     // Already waiting for enough preempted work to leave?
-                    let terminating: Vec<JobId> = self
-                        .jobs
-                        .values()
-                        .filter(|e| matches!(e.state, JobState::Terminating { .. }))
-                        .map(|e| e.job.id)
-                        .collect();
+                    let terminating: Vec<JobId> = self.terminating.iter().copied().collect();
                     if !terminating.is_empty()
                         && self.with_released(cluster, &terminating, |q, c| {
                             q.try_place(c, job).is_ok()
@@ -1290,6 +1329,7 @@ impl Queue {
                                         other => other,
                                     };
                                 }
+                                self.reindex(victim);
                                 self.preemptions += 1;
                                 effects.push(Effect::Preempt {
                                     victim,

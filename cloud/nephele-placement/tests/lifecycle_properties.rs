@@ -80,6 +80,10 @@ fn queue() -> Queue {
 
 fn check_books(q: &Queue, c: &Cluster, ids: &[u64]) {
     assert!(c.accounting_holds(), "capacity = left + reservations");
+    assert!(
+        q.indexes_agree(),
+        "the pending and terminating indexes agree with a scan of every job"
+    );
     // Anti-affinity: per node, at most one reservation of each group.
     let mut seen: BTreeSet<(usize, u64)> = BTreeSet::new();
     for (_, (pod, binding)) in c.reservations() {

@@ -181,6 +181,10 @@ fn simulate(s: &Scenario) -> Run {
             }
         }
         assert!(c.accounting_holds());
+        assert!(
+            q.indexes_agree(),
+            "indexes agree with a scan after tick {t}"
+        );
         if s.quota {
             assert!(q.usage()[0].gpu_milli <= 2000, "quota exceeded");
         }

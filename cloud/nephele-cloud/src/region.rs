@@ -854,11 +854,12 @@ impl Actor for RegionActor {
                 actor.grid_gauge(&grid);
             }
             actor.ticks_since_full += 1;
-            if !events.is_empty() || actor.ticks_since_full >= FULL_WRITE_TICKS {
+            if actor.ticks_since_full >= FULL_WRITE_TICKS {
                 actor.settle(events);
             } else {
-                // A quiet tick (also while batches of submissions arrive): the records
-                // it and the batches changed, not every job again.
+                // The records this tick and the batches before it changed, as the
+                // scheduler tracked them (every record when it cannot say: holds
+                // released, nodes changed, replicas moved), not every job again.
                 actor.settle_touched(events);
             }
         });

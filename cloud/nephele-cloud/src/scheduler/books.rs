@@ -487,6 +487,7 @@ impl RegionScheduler {
                 run: record.run,
             },
         );
+        self.index_job(id);
         Ok(())
     }
 
@@ -494,15 +495,14 @@ impl RegionScheduler {
     /// run; one whose place is taken or gone waits in the queue for a new attempt.
     pub(super) fn adopt_recovering(&mut self, now: u64) -> Vec<SchedEvent> {
         let ready: Vec<(u64, Vec<Binding>)> = self
-            .jobs
-            .iter()
+            .held_jobs()
             .filter_map(|(id, meta)| match &meta.held {
                 Some((_, Hold::Recovering { bindings, .. })) => {
                     let resolved = self.resolve(bindings)?;
                     resolved
                         .iter()
                         .all(|b| self.slots[b.node].agent.is_some())
-                        .then_some((*id, resolved))
+                        .then_some((id, resolved))
                 }
                 _ => None,
             })

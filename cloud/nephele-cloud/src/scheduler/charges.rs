@@ -21,7 +21,7 @@ impl RegionScheduler {
             };
             self.charge(job, bindings, &mut out);
         }
-        for meta in self.jobs.values() {
+        for (_, meta) in self.held_jobs() {
             if let Some((job, Hold::Recovering { bindings, .. })) = &meta.held {
                 if let Some(resolved) = self.resolve(bindings) {
                     self.charge(job, &resolved, &mut out);

@@ -315,6 +315,15 @@ pub struct RegionScheduler {
     /// `touched_all` when something else may have changed too.
     touched: std::collections::BTreeSet<JobId>,
     touched_all: bool,
+    /// Jobs that may be held (deferred, backing off, recovering): every job whose
+    /// `held` is set is in it ([`Self::index_job`] after each change), and ones that no
+    /// longer are leave it at the next tick. The scans of held jobs walk this instead
+    /// of every job: a region holds tens of thousands, and a tick runs for every batch
+    /// of submissions.
+    holding: std::collections::BTreeSet<JobId>,
+    /// Jobs with processes for pool agents to run (replicas and batch jobs with a
+    /// command); fixed when a job is added, gone ones pruned at the next tick.
+    with_processes: std::collections::BTreeSet<JobId>,
 }
 
 impl RegionScheduler {
@@ -428,6 +437,8 @@ impl RegionScheduler {
             quota_jobs,
             touched: std::collections::BTreeSet::new(),
             touched_all: true,
+            holding: std::collections::BTreeSet::new(),
+            with_processes: std::collections::BTreeSet::new(),
         })
     }
 
@@ -811,8 +822,53 @@ impl RegionScheduler {
                 run: run::RunState::default(),
             },
         );
+        self.index_job(id);
         self.touched.insert(id);
         Ok(id)
+    }
+
+    /// Files a job added or changed in the indexes of held jobs and of jobs with
+    /// processes. Called after a job is added and whenever its `held` is set.
+    fn index_job(&mut self, id: JobId) {
+        let Some(meta) = self.jobs.get(&id) else {
+            return;
+        };
+        if meta.held.is_some() {
+            self.holding.insert(id);
+        }
+        let processes = match &meta.kind {
+            JobKind::Replica { .. } => true,
+            JobKind::Batch => run::has_command(&meta.spec),
+        };
+        if processes {
+            self.with_processes.insert(id);
+        }
+    }
+
+    /// Drops jobs that are gone or no longer held from the indexes.
+    fn prune_indexes(&mut self) {
+        let jobs = &self.jobs;
+        self.holding
+            .retain(|id| jobs.get(id).is_some_and(|m| m.held.is_some()));
+        self.with_processes.retain(|id| jobs.contains_key(id));
+    }
+
+    /// The jobs that may be held, with their records (see [`Self::holding`]).
+    fn held_jobs(&self) -> impl Iterator<Item = (JobId, &JobMeta)> {
+        self.holding
+            .iter()
+            .filter_map(|id| self.jobs.get(id).map(|m| (*id, m)))
+            .filter(|(_, m)| m.held.is_some())
+    }
+
+    /// Whether every held job and every job with processes is indexed (for tests:
+    /// each change of a job's hold must keep it).
+    pub fn indexes_agree(&self) -> bool {
+        self.jobs.iter().all(|(id, meta)| {
+            (meta.held.is_none() || self.holding.contains(id))
+                && (!matches!(meta.kind, JobKind::Replica { .. }) && !run::has_command(&meta.spec)
+                    || self.with_processes.contains(id))
+        })
     }
 
     /// What a newly admitted job adds to the events of the tick after it: that it is
@@ -934,10 +990,9 @@ impl RegionScheduler {
     fn release_deferred(&mut self, now: u64) -> Vec<SchedEvent> {
         let mut events = Vec::new();
         let held: Vec<JobId> = self
-            .jobs
-            .iter()
+            .held_jobs()
             .filter(|(_, m)| matches!(m.held, Some((_, Hold::Deferred))))
-            .map(|(id, _)| *id)
+            .map(|(id, _)| id)
             .collect();
         for id in held {
             let Some(meta) = self.jobs.get_mut(&id) else {
@@ -986,6 +1041,7 @@ impl RegionScheduler {
                         // Cannot happen for a fresh id; keep it held rather than lose it.
                         view.reason = format!("could not queue it ({error}); retrying");
                         meta.held = Some((job, Hold::Deferred));
+                        self.holding.insert(id);
                         continue;
                     }
                     view.state = "released".into();
@@ -1058,9 +1114,8 @@ impl RegionScheduler {
     /// The grid signal as the carbon decisions see it at `now`.
     pub fn grid_view(&mut self, now: u64) -> GridView {
         let deferred_jobs = self
-            .jobs
-            .values()
-            .filter(|m| matches!(m.held, Some((_, Hold::Deferred))))
+            .held_jobs()
+            .filter(|(_, m)| matches!(m.held, Some((_, Hold::Deferred))))
             .count();
         let (signal, note, outlook) = match self.grid.outlook(now) {
             Ok(outlook) => (
@@ -1237,6 +1292,7 @@ impl RegionScheduler {
     /// One scheduling pass at `now` (unix seconds): held jobs whose hour has come join
     /// the queue, then the queue runs.
     pub fn tick(&mut self, now: u64) -> Vec<SchedEvent> {
+        self.prune_indexes();
         let charged = self.accrue(now);
         let mut events = std::mem::take(&mut self.later);
         let before = events.len();

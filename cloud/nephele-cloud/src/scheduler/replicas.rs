@@ -233,6 +233,7 @@ impl RegionScheduler {
                 run: RunState::default(),
             },
         );
+        self.index_job(id);
         self.replica_sets.get_mut(deployment)?.replicas.insert(
             id,
             Replica {

@@ -115,7 +115,7 @@ pub struct PoolWork {
     pub jobs: Vec<JobLaunch>,
 }
 
-fn has_command(spec: &super::JobSpec) -> bool {
+pub(super) fn has_command(spec: &super::JobSpec) -> bool {
     !spec.command.is_empty()
 }
 
@@ -261,6 +261,7 @@ impl RegionScheduler {
         match (retry_in_s, job) {
             (Some(wait), Some(job)) => {
                 meta.held = Some((job, Hold::Backoff { until: now + wait }));
+                self.holding.insert(id);
             }
             _ => {
                 meta.run.outcome = Some(super::run::Outcome::Failed(format!(
@@ -434,14 +435,13 @@ impl RegionScheduler {
     /// elsewhere.
     pub(super) fn release_holds(&mut self, now: u64) -> Vec<SchedEvent> {
         let due: Vec<JobId> = self
-            .jobs
-            .iter()
+            .held_jobs()
             .filter(|(_, m)| match &m.held {
                 Some((_, Hold::Backoff { until })) => *until <= now,
                 Some((_, Hold::Recovering { until, .. })) => *until <= now,
                 _ => false,
             })
-            .map(|(id, _)| *id)
+            .map(|(id, _)| id)
             .collect();
         let mut events = Vec::new();
         for id in due {
@@ -459,22 +459,21 @@ impl RegionScheduler {
         let Some(name) = self.slots.get(index).map(|s| s.name.as_str()) else {
             return Vec::new();
         };
-        self.jobs
-            .iter()
+        self.held_jobs()
             .filter(|(_, m)| match &m.held {
                 Some((_, Hold::Recovering { bindings, .. })) => {
                     bindings.iter().any(|b| b.node == name)
                 }
                 _ => false,
             })
-            .map(|(id, _)| *id)
+            .map(|(id, _)| id)
             .collect()
     }
 
     /// The node slots that jobs restored as running (not adopted yet) were bound to.
     pub(super) fn nodes_recovering(&self) -> BTreeSet<usize> {
         let mut nodes = BTreeSet::new();
-        for meta in self.jobs.values() {
+        for (_, meta) in self.held_jobs() {
             if let Some((_, Hold::Recovering { bindings, .. })) = &meta.held {
                 nodes.extend(bindings.iter().filter_map(|b| self.slot_named(&b.node)));
             }
@@ -516,6 +515,7 @@ impl RegionScheduler {
             // Cannot happen (the id left the queue); keep it held rather than lose it.
             if let Some(meta) = self.jobs.get_mut(&id) {
                 meta.held = Some((job, hold));
+                self.holding.insert(id);
             }
         }
         events
@@ -547,7 +547,11 @@ impl RegionScheduler {
                 work.entry(agent.clone()).or_default();
             }
         }
-        for (id, meta) in &self.jobs {
+        for (id, meta) in self
+            .with_processes
+            .iter()
+            .filter_map(|id| self.jobs.get_key_value(id))
+        {
             // Jobs without processes have nothing for an agent to run.
             let wants_work = match &meta.kind {
                 JobKind::Replica { .. } => true,

@@ -82,6 +82,10 @@ fn env(launch: &JobLaunch, key: &str) -> String {
 
 /// Every launch of every agent, with the agent.
 fn launches(s: &RegionScheduler) -> Vec<(String, JobLaunch)> {
+    assert!(
+        s.indexes_agree(),
+        "pool work walks the index of jobs with processes"
+    );
     s.pool_work()
         .into_iter()
         .flat_map(|(agent, work)| work.jobs.into_iter().map(move |l| (agent.clone(), l)))
@@ -813,6 +817,7 @@ proptest::proptest! {
                 Op::Restart => { s = restart(&s, pools.clone(), now); }
             }
             proptest::prop_assert!(s.accounting_holds());
+            proptest::prop_assert!(s.indexes_agree(), "a held job or one with processes is not indexed");
             for (agent, launch) in launches(&s) {
                 let key = (launch.job.clone(), launch.attempt, launch.member);
                 let first = owner.entry(key.clone()).or_insert_with(|| agent.clone());

@@ -433,6 +433,7 @@ fn a_deferrable_job_waits_for_the_greener_hour_and_never_past_its_latest_start()
         .submit("alpha", body("night", NOW + 20 * HOUR_S), NOW)
         .expect("accepted");
     assert_eq!(view.state.as_str(), "deferred");
+    assert!(s.indexes_agree(), "a deferred job is among the held ones");
     let plan = view.deferral.expect("a plan");
     assert_eq!(plan.state.as_str(), "waiting");
     assert_eq!(plan.latest_start_unix, NOW + 19 * HOUR_S);

@@ -16,6 +16,9 @@ pub enum BenchCommand {
     /// Thousands of agents on one control plane: memory and CPU per agent, heartbeat
     /// rate, time for a deployment to be Ready on all, offloaded requests per second.
     Fleet(crate::bench_fleet::FleetArgs),
+    /// An hour of steady traffic on a real edge agent whose link to the control plane
+    /// is cut now and then: the agent's and the control plane's memory over time.
+    Soak(crate::bench_soak::SoakArgs),
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -39,6 +42,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
         BenchCommand::Inference(args) => return crate::bench_inference::run(args),
         BenchCommand::Split(args) => return crate::bench_split::run(args),
         BenchCommand::Fleet(args) => return crate::bench_fleet::run(args),
+        BenchCommand::Soak(args) => return crate::bench_soak::run(args),
     };
     let policy = Policy::parse(&args.policy).ok_or_else(|| {
         anyhow::anyhow!("unknown policy {:?} (try fgd, ours, best-fit)", args.policy)

@@ -10,6 +10,7 @@ mod access;
 mod bench;
 mod bench_fleet;
 mod bench_inference;
+mod bench_soak;
 mod bench_split;
 mod client;
 mod context;

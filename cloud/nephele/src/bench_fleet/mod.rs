@@ -24,7 +24,7 @@
 mod enrol;
 mod jobs;
 mod offload;
-mod process;
+pub(crate) mod process;
 mod session;
 
 use std::collections::{BTreeMap, HashMap};

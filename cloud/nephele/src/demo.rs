@@ -46,6 +46,59 @@ pub struct DemoArgs {
     /// Keep the demo's data dirs and logs here instead of a temporary folder.
     #[arg(long)]
     pub dir: Option<PathBuf>,
+    /// Run the agents from this binary instead of this CLI's `edge` subcommand: the
+    /// agent as it ships, `target/dist/nephele-edge` after `cargo build --profile dist
+    /// -p nephele-edge`. Most of an idle agent's resident memory is the code pages of
+    /// its binary, so its `rss_idle_mb` is the shipped agent's only with this.
+    #[arg(long)]
+    pub agent_bin: Option<PathBuf>,
+}
+
+/// How the demo starts an agent: a binary and the arguments before the agent's own.
+pub(crate) struct AgentExe {
+    pub(crate) exe: PathBuf,
+    pub(crate) prefix: Vec<String>,
+}
+
+impl AgentExe {
+    /// `bin` (an agent binary, e.g. `nephele-edge`), else this CLI's `edge`
+    /// subcommand.
+    pub(crate) fn new(bin: Option<&Path>) -> Result<AgentExe> {
+        match bin {
+            Some(bin) => {
+                if !bin.is_file() {
+                    bail!(
+                        "--agent-bin {}: no such file; build it with `cargo build --profile dist -p nephele-edge` (target/dist/nephele-edge)",
+                        bin.display()
+                    );
+                }
+                Ok(AgentExe {
+                    exe: bin.to_path_buf(),
+                    prefix: Vec::new(),
+                })
+            }
+            None => Ok(AgentExe {
+                exe: std::env::current_exe().context("cannot find this executable")?,
+                prefix: vec!["edge".into()],
+            }),
+        }
+    }
+
+    /// `prefix` + `args`.
+    pub(crate) fn args(&self, args: &[String]) -> Vec<String> {
+        self.prefix.iter().chain(args).cloned().collect()
+    }
+
+    /// What the report says about it: the path and its size.
+    fn describe(&self) -> String {
+        let size = std::fs::metadata(&self.exe).map_or(0, |m| m.len());
+        format!(
+            "{}{} ({:.1} MB)",
+            self.exe.display(),
+            if self.prefix.is_empty() { "" } else { " edge" },
+            size as f64 / 1e6
+        )
+    }
 }
 
 /// What the demo says last: where to look while the fleet runs (with
@@ -223,6 +276,17 @@ impl Drop for Fleet {
 
 pub(crate) fn spawn(fleet: &mut Fleet, label: &str, args: &[String], log_dir: &Path) -> Result<()> {
     let exe = std::env::current_exe().context("cannot find this executable")?;
+    spawn_exe(fleet, &exe, label, args, log_dir)
+}
+
+/// As [`spawn`], running `exe`.
+pub(crate) fn spawn_exe(
+    fleet: &mut Fleet,
+    exe: &Path,
+    label: &str,
+    args: &[String],
+    log_dir: &Path,
+) -> Result<()> {
     let log = std::fs::File::create(log_dir.join(format!("{label}.log")))?;
     let child = Command::new(exe)
         .args(args)
@@ -456,6 +520,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
     };
     let _ = std::fs::remove_dir_all(&root);
     std::fs::create_dir_all(&root)?;
+    let agent_exe = AgentExe::new(args.agent_bin.as_deref())?;
     let mut fleet = Fleet {
         children: Vec::new(),
     };
@@ -491,8 +556,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
         let token = token.token.context("no token in response")?;
         let data_dir = root.join(device.name);
         let mut join = vec![
-            "edge".to_string(),
-            "join".into(),
+            "join".to_string(),
             "--server".into(),
             quic_addr.clone(),
             "--token".into(),
@@ -510,8 +574,8 @@ pub fn run(args: DemoArgs) -> Result<()> {
             join.push("--label".into());
             join.push(label.to_string());
         }
-        let output = Command::new(std::env::current_exe()?)
-            .args(&join)
+        let output = Command::new(&agent_exe.exe)
+            .args(agent_exe.args(&join))
             .output()?;
         if !output.status.success() {
             bail!(
@@ -521,11 +585,11 @@ pub fn run(args: DemoArgs) -> Result<()> {
             );
         }
         let ready_file = root.join(format!("{}.ready", device.name));
-        spawn(
+        spawn_exe(
             &mut fleet,
+            &agent_exe.exe,
             device.name,
-            &[
-                "edge".into(),
+            &agent_exe.args(&[
                 "run".into(),
                 "--data-dir".into(),
                 data_dir.display().to_string(),
@@ -535,7 +599,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
                 device.workers.to_string(),
                 "--ready-file".into(),
                 ready_file.display().to_string(),
-            ],
+            ]),
             &root,
         )?;
     }
@@ -742,6 +806,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
                 "replicas": replicas,
                 "api": format!("https://{api_addr}"),
                 "ca": root.join("cloud-data/ca.pem"),
+                "agent_binary": agent_exe.describe(),
                 "elapsed_s": started.elapsed().as_secs_f64(),
             }))?
         );
@@ -780,6 +845,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
             })
             .collect();
         println!("edge agent memory (RSS): {}", memory.join("; "));
+        println!("  (agents run from {})", agent_exe.describe());
         println!();
         println!("control plane view (from agent heartbeats):");
         for row in &status.devices {

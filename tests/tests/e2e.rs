@@ -1904,3 +1904,33 @@ fn no_help_page_shows_a_secret_from_the_environment() {
     );
     println!("help pages read without a secret: {pages}");
 }
+
+/// `nephele demo --agent-bin` runs the fleet's agents from the agent binary (here
+/// `nephele-edge`, as `install-edge.sh` installs it) instead of the CLI's `edge`
+/// subcommand, and says which binary its memory figures measured.
+#[test]
+fn the_demo_runs_its_agents_from_the_agent_binary_when_asked() {
+    let agent = nephele_e2e::bin("nephele-edge");
+    let output = std::process::Command::new(nephele_e2e::bin("nephele"))
+        .args(["demo", "--json", "--requests", "30", "--agent-bin"])
+        .arg(&agent)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "demo failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let described = report["agent_binary"].as_str().unwrap();
+    assert!(
+        described.starts_with(&agent.display().to_string()) && !described.contains(" edge ("),
+        "{described}"
+    );
+    let devices = report["devices"].as_array().unwrap();
+    assert_eq!(devices.len(), 3);
+    for device in devices {
+        assert!(device["rss_idle_mb"].as_f64().unwrap() > 0.0, "{device}");
+        assert!(device["accuracy"].as_f64().unwrap() > 0.9, "{device}");
+    }
+}

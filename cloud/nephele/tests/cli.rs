@@ -49,6 +49,25 @@ fn the_demo_runs_a_fleet_and_reports_every_device() {
 }
 
 #[test]
+fn the_demo_refuses_an_agent_binary_that_is_not_there_and_says_how_to_build_it() {
+    let output = nephele()
+        .args(["demo", "--json", "--agent-bin", "/nonexistent/nephele-edge"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("/nonexistent/nephele-edge: no such file")
+            && stderr.contains("cargo build --profile dist -p nephele-edge"),
+        "{stderr}"
+    );
+    assert!(
+        output.stdout.is_empty(),
+        "nothing started, nothing reported"
+    );
+}
+
+#[test]
 fn sim_inflation_on_the_openb_trace() {
     let data = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/data"));
     if !data

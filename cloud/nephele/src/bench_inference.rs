@@ -6,6 +6,7 @@
 //! |---------------|-------------------------------------------------|---------------------------------------------------|
 //! | runtime       | digits-mlp (embedded) + PP-OCR cls/det, MiniLM  | tract and onnxruntime (1 thread each, `ort_bench.py`), same file, same protocol; candle on MiniLM's safetensors; the faster of tract and candle is the one nephele would run |
 //! | batching      | digits-mlp, PP-OCR cls when present             | open-loop arrivals through the agent's real batcher: adaptive, batch 1, fixed sizes |
+//! | profile       | every model tract runs                          | where the time goes: tract's plan timed node by node and onnxruntime's own per-node profile (`ort_bench.py --profile-ops`), summed per operator, batch 1 |
 //! | int8          | every model                                     | the variant the control plane builds on push: size, accuracy or cosine, latency |
 //! | offload       | PP-OCR cls (else digits-mlp) service times      | Azure LLM arrivals scaled to the device, virtual time, the agent's offload policy |
 //!
@@ -22,6 +23,7 @@ use nephele_edge::batcher::{BatchError, Batcher, BatcherConfig};
 use nephele_infer_policy::batching::BatchSetting;
 use nephele_runtime::bench::{measure, percentile, sample_batches, time_runs, LatencyStats};
 use nephele_runtime::candle_bert::CandleBert;
+use nephele_runtime::op_profile::OpTime;
 use nephele_runtime::variants::{build_variants_with, ValidationSet};
 use nephele_runtime::Model;
 use nephele_sim::offload::{scale_arrivals, simulate, Mode, OffloadConfig, OffloadResult};
@@ -53,8 +55,8 @@ pub struct InferenceArgs {
     /// Where the JSON and CSV results are written.
     #[arg(long, default_value = "target/bench-results")]
     pub out: PathBuf,
-    /// Run only these parts (repeat or comma-separate): runtime, int8, batching,
-    /// offload. Keys of the parts not run are null. Default: all.
+    /// Run only these parts (repeat or comma-separate): runtime, profile, int8,
+    /// batching, offload. Keys of the parts not run are null. Default: all.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<Section>,
     /// Only these models (repeat or comma-separate), e.g. ppocr-cls. Default: all.
@@ -68,6 +70,7 @@ pub struct InferenceArgs {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Section {
     Runtime,
+    Profile,
     Int8,
     Batching,
     Offload,
@@ -282,12 +285,27 @@ pub struct Report {
     pub edge_only_within_slo: Option<f64>,
     pub cloud_only_within_slo: Option<f64>,
     pub runtime: Vec<RuntimeRow>,
+    /// Per model, where batch 1's time goes in each runtime (section `profile`).
+    pub op_profiles: Vec<OpProfileRow>,
     pub batching: Vec<BatchingRow>,
     pub int8: Vec<Int8Row>,
     pub offload: Vec<OffloadResult>,
     pub offload_scenario: Option<Value>,
     pub skipped: Vec<String>,
 }
+
+/// One model's per-operator profile in tract and in onnxruntime (batch 1, 1 thread).
+#[derive(Debug, Clone, Serialize)]
+pub struct OpProfileRow {
+    pub model: String,
+    pub runs: usize,
+    pub tract: Vec<OpTime>,
+    /// `[{"op", "nodes", "us_per_run", "share"}]` from onnxruntime's profiler.
+    pub onnxruntime: Option<Value>,
+}
+
+/// Runs each model is profiled over (after one untimed run), in each runtime.
+const PROFILE_RUNS: usize = 20;
 
 pub(crate) fn progress(json: bool, message: &str) {
     if !json {
@@ -427,6 +445,49 @@ fn onnxruntime(args: &InferenceArgs, model: &BenchModel) -> Result<Value, String
         ));
     }
     serde_json::from_slice(&output.stdout).map_err(|e| format!("ort_bench.py output: {e}"))
+}
+
+/// onnxruntime's per-operator profile of batch 1 (`ort_bench.py --profile-ops`).
+fn onnxruntime_ops(args: &InferenceArgs, model: &BenchModel) -> Result<Value, String> {
+    let python = args.models.join("venv/bin/python");
+    if !python.exists() || !args.ort_script.exists() {
+        return Err(format!(
+            "onnxruntime not profiled: {} or {} missing; `bash shared/models/registry/prepare.sh` makes a venv with onnxruntime",
+            python.display(),
+            args.ort_script.display()
+        ));
+    }
+    let shape: Vec<String> = model.row_shape.iter().map(usize::to_string).collect();
+    let output = std::process::Command::new(&python)
+        .arg(&args.ort_script)
+        .args(["--model", &model.path.display().to_string()])
+        .args(["--row-shape", &shape.join(",")])
+        .args([
+            "--batches",
+            "1",
+            "--threads",
+            "1",
+            "--warmup",
+            "5",
+            "--seconds",
+            "0.2",
+        ])
+        .args(["--profile-ops", &PROFILE_RUNS.to_string()])
+        .args(["--input-file", &model.ort_input.display().to_string()])
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", python.display()))?;
+    if !output.status.success() {
+        return Err(format!(
+            "ort_bench.py --profile-ops failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+                .lines()
+                .last()
+                .unwrap_or("")
+        ));
+    }
+    let value: Value =
+        serde_json::from_slice(&output.stdout).map_err(|e| format!("ort_bench.py output: {e}"))?;
+    Ok(value["ops"].clone())
 }
 
 /// One level of the batching sweep.
@@ -619,6 +680,36 @@ pub fn run(args: InferenceArgs) -> Result<()> {
             });
         }
         loaded.push((model.name.to_string(), tract, profile));
+    }
+
+    // 1b. Where the time goes, per operator, in each runtime.
+    let mut op_profiles = Vec::new();
+    for model in models.iter().filter(|_| args.runs(Section::Profile)) {
+        let Some((_, tract, _)) = loaded.iter().find(|(name, _, _)| name == model.name) else {
+            continue;
+        };
+        progress(args.json, &format!("{}: per-operator profile", model.name));
+        let ops = tract
+            .op_profile(PROFILE_RUNS)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let ort = match onnxruntime_ops(&args, model) {
+            Ok(value) => Some(value),
+            Err(why) => {
+                if !skipped
+                    .iter()
+                    .any(|s| s.starts_with("onnxruntime not profiled"))
+                {
+                    skipped.push(why);
+                }
+                None
+            }
+        };
+        op_profiles.push(OpProfileRow {
+            model: model.name.to_string(),
+            runs: PROFILE_RUNS,
+            tract: ops,
+            onnxruntime: ort,
+        });
     }
 
     // 2. int8 against fp32.
@@ -890,6 +981,7 @@ pub fn run(args: InferenceArgs) -> Result<()> {
         edge_only_within_slo: find(Mode::EdgeOnly).map(|r| r.within_slo),
         cloud_only_within_slo: find(Mode::CloudOnly).map(|r| r.within_slo),
         runtime: runtime_rows,
+        op_profiles,
         batching: batching_rows,
         int8: int8_rows,
         offload,
@@ -952,6 +1044,32 @@ fn write_csv(out: &Path, report: &Report) -> Result<()> {
         ));
     }
     std::fs::write(out.join("inference-runtime.csv"), runtime)?;
+    let mut ops = String::from("model,runtime,op,nodes,us_per_run,share\n");
+    for r in &report.op_profiles {
+        for o in &r.tract {
+            ops.push_str(&format!(
+                "{},tract,{},{},{:.3},{:.5}\n",
+                r.model, o.op, o.nodes, o.us_per_run, o.share
+            ));
+        }
+        for o in r
+            .onnxruntime
+            .as_ref()
+            .and_then(|v| v.as_array())
+            .into_iter()
+            .flatten()
+        {
+            ops.push_str(&format!(
+                "{},onnxruntime,{},{},{:.3},{:.5}\n",
+                r.model,
+                o["op"].as_str().unwrap_or("?"),
+                o["nodes"].as_u64().unwrap_or(0),
+                o["us_per_run"].as_f64().unwrap_or(0.0),
+                o["share"].as_f64().unwrap_or(0.0)
+            ));
+        }
+    }
+    std::fs::write(out.join("inference-op-profile.csv"), ops)?;
     let mut batching =
         String::from("model,config,offered_per_s,throughput_per_s,p50_ms,p99_ms,refused\n");
     for r in &report.batching {
@@ -1001,6 +1119,65 @@ fn print_tables(report: &Report) {
                 r.chosen,
                 opt(r.p50_ratio, 2)
             );
+        }
+    }
+    if !report.op_profiles.is_empty() {
+        println!(
+            "\nWhere batch 1's time goes, per operator (each runtime timing its own nodes; totals include that timing)"
+        );
+        for r in &report.op_profiles {
+            let ort: Vec<(String, u64, f64, f64)> = r
+                .onnxruntime
+                .as_ref()
+                .and_then(|v| v.as_array().cloned())
+                .unwrap_or_default()
+                .iter()
+                .map(|o| {
+                    (
+                        o["op"].as_str().unwrap_or("?").to_string(),
+                        o["nodes"].as_u64().unwrap_or(0),
+                        o["us_per_run"].as_f64().unwrap_or(0.0),
+                        o["share"].as_f64().unwrap_or(0.0),
+                    )
+                })
+                .collect();
+            let total = |v: &mut dyn Iterator<Item = f64>| v.sum::<f64>() / 1000.0;
+            println!(
+                "  {}: tract {:.3} ms, onnxruntime {} ms in their nodes",
+                r.model,
+                total(&mut r.tract.iter().map(|o| o.us_per_run)),
+                if ort.is_empty() {
+                    "-".to_string()
+                } else {
+                    format!("{:.3}", total(&mut ort.iter().map(|o| o.2)))
+                }
+            );
+            println!(
+                "    {:<24} {:>5} {:>10} {:>6}   {:<24} {:>5} {:>10} {:>6}",
+                "TRACT OP",
+                "NODES",
+                "µs/RUN",
+                "SHARE",
+                "ONNXRUNTIME OP",
+                "NODES",
+                "µs/RUN",
+                "SHARE"
+            );
+            for i in 0..r.tract.len().max(ort.len()).min(10) {
+                let left = r.tract.get(i).map_or(String::new(), |o| {
+                    format!(
+                        "{:<24} {:>5} {:>10.1} {:>5.1}%",
+                        o.op,
+                        o.nodes,
+                        o.us_per_run,
+                        o.share * 100.0
+                    )
+                });
+                let right = ort.get(i).map_or(String::new(), |(op, n, us, share)| {
+                    format!("{op:<24} {n:>5} {us:>10.1} {:>5.1}%", share * 100.0)
+                });
+                println!("    {left:<49}   {right}");
+            }
         }
     }
     if !report.int8.is_empty() {

@@ -34,6 +34,7 @@ pub mod input_spec;
 pub mod int8_compute;
 pub mod mixed_precision;
 pub mod onnx_edit;
+pub mod op_profile;
 #[cfg(feature = "onnxruntime")]
 pub mod ort_backend;
 pub mod plan_cache;

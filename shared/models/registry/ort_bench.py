@@ -3,6 +3,7 @@
 
 usage: ort_bench.py --model PATH [--row-shape 3,48,192] [--batches 1,8,32] [--threads 1]
                     [--warmup 5] [--seconds 3] [--min-runs 5] [--input-file FILE]
+                    [--profile-ops RUNS]
 
 Prints ONE JSON object on stdout (diagnostics go to stderr):
   {"runtime": "onnxruntime", "version": "1.32.0", "threads": 1, "model": PATH, ...,
@@ -14,6 +15,11 @@ input rows (batch `o` holds rows (o*batch + i) % count), `warmup` untimed runs, 
 runs (each session.run timed alone with perf_counter_ns) until `seconds` have passed and at
 least `min_runs` were made; p50/p99 are nearest-rank percentiles, mean = total / runs,
 items_per_s = runs * batch / total run time.
+
+--profile-ops RUNS adds "ops": onnxruntime's own per-node profile (enable_profiling) of
+RUNS batch-1 runs after the warm-up, summed per operator type: [{"op", "nodes",
+"us_per_run", "share"}], largest first (what `nephele bench inference --only profile`
+prints beside tract's).
 
 Inputs: --input-file is a validation.json (nephele-validation/1, see valfile.py), a JSON
 with inline "rows" (list of flat float lists), or a raw little-endian float32 .bin holding
@@ -110,6 +116,7 @@ def main():
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--min-runs", type=int, default=5)
     ap.add_argument("--input-file")
+    ap.add_argument("--profile-ops", type=int, default=0)
     args = ap.parse_args()
 
     so = ort.SessionOptions()
@@ -147,6 +154,8 @@ def main():
         print(f"[ort_bench] batch {b}: {r}", file=sys.stderr)
         results.append(r)
 
+    ops = profile_ops(args, so, rows) if args.profile_ops > 0 else None
+
     print(json.dumps({
         "runtime": "onnxruntime",
         "version": ort.__version__,
@@ -162,8 +171,52 @@ def main():
         "host": {"python": platform.python_version(), "machine": platform.machine(),
                  "cpus": os.cpu_count()},
         "results": results,
+        "ops": ops,
     }))
     return 0
+
+
+def profile_ops(args, so, rows):
+    """Per operator type: nodes and mean kernel time per batch-1 run, from onnxruntime's
+    own profiler (a separate session, so the timed runs above ran without it)."""
+    import tempfile
+
+    so.enable_profiling = True
+    so.profile_file_prefix = os.path.join(tempfile.mkdtemp(prefix="ort-profile-"), "ops")
+    sess = ort.InferenceSession(args.model, so, providers=["CPUExecutionProvider"])
+    inp = sess.get_inputs()[0]
+    out_names = [o.name for o in sess.get_outputs()]
+    feed = {inp.name: np.ascontiguousarray(rows[:1])}
+    for _ in range(args.warmup):
+        sess.run(out_names, feed)
+    # The warm-up is in the trace too: the counted runs are the last profile_ops.
+    for _ in range(args.profile_ops):
+        sess.run(out_names, feed)
+    path = sess.end_profiling()
+    with open(path) as f:
+        events = json.load(f)
+    runs = [e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"]
+    if len(runs) < args.profile_ops:
+        raise SystemExit(f"{path}: {len(runs)} runs recorded, {args.profile_ops} expected")
+    counted_from = runs[-args.profile_ops]["ts"]
+    per_node = {}
+    for e in events:
+        if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time"):
+            continue
+        if e["ts"] < counted_from:
+            continue
+        op = e.get("args", {}).get("op_name", "?")
+        key = e["name"]
+        t = per_node.setdefault(key, [op, 0.0])
+        t[1] += float(e.get("dur", 0))
+    per_op = {}
+    for op, us in per_node.values():
+        n, total = per_op.get(op, (0, 0.0))
+        per_op[op] = (n + 1, total + us)
+    total = sum(us for _, us in per_op.values()) or 1.0
+    ops = [{"op": op, "nodes": n, "us_per_run": round(us / args.profile_ops, 3),
+            "share": round(us / total, 6)} for op, (n, us) in per_op.items()]
+    return sorted(ops, key=lambda o: -o["us_per_run"])
 
 
 if __name__ == "__main__":

@@ -11,13 +11,22 @@
 //! | 1 | local queue has room and predicted local ≤ deadline                       | `Local`                        |
 //! | 2 | remote known, predicted remote ≤ deadline, and the breaker allows         | `Offload { fallback_local }`   |
 //! | 3 | local queue has room and predicted local ≤ deadline × (1 + tolerance)     | `Local` (late, but answered)   |
-//! | 4 | otherwise                                                                 | `Reject { retry_after_ms }`    |
+//! | 4 | nothing queued ahead and, without the margin, rule 3 holds                | `Local` (a probe)              |
+//! | 5 | otherwise                                                                 | `Reject { retry_after_ms }`    |
 //!
 //! - `fallback_local` is rule 3's condition: when the offload fails, serve locally if
 //!   that is within the tolerance, else refuse.
 //! - The tolerance (default 25 % of the deadline) is how late a local answer may be
 //!   before refusing is better: when neither side can meet the deadline the agent
 //!   answers 429 with Retry-After rather than queueing forever.
+//! - Rule 4: only local answers teach the margin, so a margin learned in a slow spell
+//!   (a stalled machine, answers hundreds of times later than predicted) would refuse
+//!   every request once it exceeds the deadline, with nothing left to unteach it: the
+//!   agent served no request again (`nephele bench soak` found it, 26,819 answers in).
+//!   With nothing queued ahead the request runs locally when its unmargined prediction
+//!   is within the tolerance; refusing it frees nothing for anyone, and its answer
+//!   corrects the margin. A model that really is too slow for the deadline is still
+//!   refused.
 //! - The breaker is asked last, only when the request would otherwise go remote,
 //!   because asking a half-open breaker spends its one probe.
 //! - `retry_after_ms` is the time for the local queue to drain to the longest queue at
@@ -162,6 +171,12 @@ pub fn decide(
         }
     }
     if local_tolerable {
+        return Route::Local;
+    }
+    if room
+        && request.queue_ahead == 0
+        && u128::from(request.predicted_local_us()) <= u128::from(tolerated_us)
+    {
         return Route::Local;
     }
     Route::Reject {
@@ -561,6 +576,59 @@ mod tests {
     }
 
     #[test]
+    fn a_margin_learned_in_a_slow_spell_does_not_lock_an_idle_device_out() {
+        let mut lateness = crate::lateness::LocalLateness::default();
+        // 0.2 ms answers predicted, then a stalled machine answers a few of them in
+        // about a second.
+        for _ in 0..100 {
+            lateness.observe(200, 200, 100_000);
+        }
+        for _ in 0..5 {
+            lateness.observe(200, 1_000_000, 100_000);
+        }
+        let stuck = RequestContext {
+            queue_ahead: 0,
+            local_service_us: 200,
+            slots: 2,
+            local_queue_capacity: 8,
+            remote: None,
+            deadline_us: 100_000,
+            local_margin_permille: lateness.margin_permille(),
+        };
+        assert!(
+            stuck.predicted_local_with_margin_us() > 125_000,
+            "the margin alone rules it out: {}",
+            stuck.predicted_local_with_margin_us()
+        );
+        let mut breaker = CircuitBreaker::default();
+        check(stuck, &mut breaker, Route::Local);
+        // The probes' answers, on time again, unteach the margin until it admits on
+        // its own.
+        let mut answers = 0;
+        let margined = |lateness: &crate::lateness::LocalLateness| {
+            RequestContext {
+                local_margin_permille: lateness.margin_permille(),
+                ..stuck
+            }
+            .predicted_local_with_margin_us()
+        };
+        while margined(&lateness) > stuck.deadline_us {
+            lateness.observe(200, 200, 100_000);
+            answers += 1;
+            assert!(answers < 5_000, "the margin never came down");
+        }
+        // With work queued ahead the margin still refuses.
+        let busy = RequestContext {
+            queue_ahead: 1,
+            ..stuck
+        };
+        assert!(matches!(
+            decide(&busy, &OffloadPolicy::default(), &mut breaker, 0),
+            Route::Reject { .. }
+        ));
+    }
+
+    #[test]
     fn a_local_route_does_not_spend_the_half_open_probe() {
         let mut breaker = open_breaker();
         // The open time is up, but this request is served locally.
@@ -775,7 +843,12 @@ mod tests {
                 .is_some_and(|remote| remote.predicted_us() <= request.deadline_us);
             match route {
                 Route::Local => {
-                    prop_assert!(tolerable);
+                    // Within the tolerance, or the probe: idle, and within it without
+                    // the margin.
+                    let probe = room
+                        && request.queue_ahead == 0
+                        && u128::from(request.predicted_local_us()) <= tolerated_us;
+                    prop_assert!(tolerable || probe);
                     prop_assert!(
                         predicted_local_us <= request.deadline_us || !remote_in_time || breaker_open
                     );
@@ -789,6 +862,12 @@ mod tests {
                 Route::Reject { retry_after_ms } => {
                     prop_assert!(retry_after_ms >= 1);
                     prop_assert!(!tolerable);
+                    prop_assert!(
+                        !room
+                            || request.queue_ahead > 0
+                            || u128::from(request.predicted_local_us()) > tolerated_us,
+                        "an idle device refused a request only its margin ruled out"
+                    );
                     prop_assert!(breaker_open || !remote_in_time);
                 }
             }

@@ -24,6 +24,7 @@ pub mod autoscale_tune;
 pub mod bench;
 pub mod carbon;
 pub mod inflation;
+pub mod inflation_study;
 pub mod offload;
 pub mod plot;
 pub mod replay;

@@ -90,9 +90,61 @@ pub struct Trace {
 }
 
 /// Loads `alibaba-gpu-v2023/openb_node_list_gpu_node.csv` and `openb_pod_list_default.csv`.
+pub fn load_openb(data: &Path) -> Result<Trace> {
+    load_openb_with(
+        data,
+        &data.join("alibaba-gpu-v2023/openb_pod_list_default.csv"),
+    )
+}
+
+/// The pod list `pods` names: a path as given when it is one (has a `/` or ends in
+/// `.csv`), else `alibaba-gpu-v2023/openb_pod_list_<pods>.csv` in `data`.
+pub fn pod_list_path(data: &Path, pods: &str) -> std::path::PathBuf {
+    if pods.contains('/') || pods.ends_with(".csv") {
+        std::path::PathBuf::from(pods)
+    } else {
+        data.join(format!("alibaba-gpu-v2023/openb_pod_list_{pods}.csv"))
+    }
+}
+
+/// A pod list's name: its file name without `openb_pod_list_` and `.csv`.
+pub fn pod_list_name(path: &Path) -> String {
+    let file = path
+        .file_name()
+        .map(|f| f.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let file = file.strip_suffix(".csv").unwrap_or(&file);
+    file.strip_prefix("openb_pod_list_")
+        .unwrap_or(file)
+        .to_string()
+}
+
+/// Every `openb_pod_list_*.csv` in `data`'s `alibaba-gpu-v2023/`, by name.
+pub fn all_pod_lists(data: &Path) -> Result<Vec<std::path::PathBuf>> {
+    let dir = data.join("alibaba-gpu-v2023");
+    let mut lists: Vec<std::path::PathBuf> = std::fs::read_dir(&dir)
+        .with_context(|| format!("cannot list {}", dir.display()))?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|path| {
+            path.file_name()
+                .map(|f| f.to_string_lossy().to_string())
+                .is_some_and(|f| f.starts_with("openb_pod_list_") && f.ends_with(".csv"))
+        })
+        .collect();
+    lists.sort();
+    if lists.is_empty() {
+        anyhow::bail!("no openb_pod_list_*.csv in {}", dir.display());
+    }
+    Ok(lists)
+}
+
+/// The openb GPU node list of `data` with the pod list at `pod_path`: the trace
+/// repository's 11-column lists, or the 5-column ones (`name, cpu_milli, memory_mib,
+/// num_gpu, gpu_milli`) other openb lists use; columns a pod does not need (GPU type,
+/// QoS, times) default to none and 0.
 // `..Default::default()` stays so that fields added to the placement model later keep
 // their defaults here without an edit (clippy flags it while every field is set).
-pub fn load_openb(data: &Path) -> Result<Trace> {
+pub fn load_openb_with(data: &Path, pod_path: &Path) -> Result<Trace> {
     let dir = data.join("alibaba-gpu-v2023");
     let mut models: Vec<String> = Vec::new();
     let mut intern = |name: &str| -> u16 {
@@ -118,8 +170,7 @@ pub fn load_openb(data: &Path) -> Result<Trace> {
             ..NodeSpec::default()
         });
     }
-    let pod_path = dir.join("openb_pod_list_default.csv");
-    let mut pod_rows = read_csv(&pod_path)?;
+    let mut pod_rows = read_csv(pod_path)?;
     pod_rows.sort_by(|a, b| a.get("name").cmp(&b.get("name")));
     let mut pods = Vec::new();
     let mut meta = Vec::new();
@@ -142,13 +193,20 @@ pub fn load_openb(data: &Path) -> Result<Trace> {
                 .collect(),
             ..PodRequest::default()
         });
-        let creation: u64 = field(row, "creation_time").with_context(context)?;
+        // Times are optional (a 5-column list has none), but wrong when present.
+        let time = |key: &str| -> Result<Option<u64>> {
+            match row.get(key) {
+                None => Ok(None),
+                Some(_) => field(row, key).map(Some).with_context(context),
+            }
+        };
+        let creation = time("creation_time")?.unwrap_or(0);
         meta.push(PodMeta {
             name: row.get("name").cloned().unwrap_or_default(),
             qos: row.get("qos").cloned().unwrap_or_default(),
             phase: row.get("pod_phase").cloned().unwrap_or_default(),
             creation,
-            deletion: field(row, "deletion_time").with_context(context)?,
+            deletion: time("deletion_time")?.unwrap_or(creation),
             scheduled: field(row, "scheduled_time").unwrap_or(creation),
         });
     }
@@ -589,5 +647,64 @@ mod azure_tests {
         ] {
             assert_eq!(parse_utc_micros(bad), None, "{bad:?}");
         }
+    }
+}
+
+#[cfg(test)]
+mod pod_list_tests {
+    use super::*;
+
+    #[test]
+    fn pod_lists_are_named_by_their_file_and_found_by_name_or_path() {
+        let data = Path::new("/data");
+        assert_eq!(
+            pod_list_path(data, "gpuspec33"),
+            Path::new("/data/alibaba-gpu-v2023/openb_pod_list_gpuspec33.csv")
+        );
+        assert_eq!(pod_list_path(data, "mine.csv"), Path::new("mine.csv"));
+        assert_eq!(pod_list_path(data, "a/b"), Path::new("a/b"));
+        assert_eq!(
+            pod_list_name(Path::new("/x/openb_pod_list_gpushare40.csv")),
+            "gpushare40"
+        );
+        assert_eq!(pod_list_name(Path::new("mine.csv")), "mine");
+    }
+
+    #[test]
+    fn a_five_column_pod_list_loads_and_a_bad_value_is_named() {
+        let dir = std::env::temp_dir().join(format!("nephele-podlist-{}", std::process::id()));
+        let traces = dir.join("alibaba-gpu-v2023");
+        std::fs::create_dir_all(&traces).unwrap();
+        std::fs::write(
+            traces.join("openb_node_list_gpu_node.csv"),
+            "sn,cpu_milli,memory_mib,gpu,model\nn1,96000,786432,8,V100M16\n",
+        )
+        .unwrap();
+        let five = traces.join("five.csv");
+        std::fs::write(
+            &five,
+            "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,4000,16384,1,500\np2,8000,1024,0,0\n",
+        )
+        .unwrap();
+        let trace = load_openb_with(&dir, &five).unwrap();
+        assert_eq!(trace.nodes.len(), 1);
+        assert_eq!(trace.pods.len(), 2);
+        assert_eq!((trace.pods[0].num_gpu, trace.pods[0].gpu_milli), (1, 500));
+        assert_eq!((trace.pods[1].num_gpu, trace.pods[1].gpu_milli), (0, 0));
+        assert!(trace.pods[0].gpu_models.is_empty());
+        assert_eq!(trace.meta[0].creation, 0);
+
+        let bad = traces.join("bad.csv");
+        std::fs::write(
+            &bad,
+            "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,lots,16384,1,500\n",
+        )
+        .unwrap();
+        let error = format!("{:#}", load_openb_with(&dir, &bad).unwrap_err());
+        assert!(
+            error.contains("cpu_milli") && error.contains("lots"),
+            "{error}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -1,20 +1,19 @@
 //! `nephele sim`: argument parsing and printing; the engine is `nephele-sim`.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context as _, Result};
-use nephele_placement::{Policy, TypicalPods};
+use nephele_placement::Policy;
 use nephele_sim::autoscale::{run_autoscale, AutoscaleOptions};
 use nephele_sim::autoscale_llm::SlowdownTarget;
 use nephele_sim::autoscale_trace::ServiceOptions;
 use nephele_sim::autoscale_tune::tune_ours;
 use nephele_sim::carbon::{run_shift, ShiftConfig};
-use nephele_sim::inflation::{by_level, mean_sd, run_inflation, PolicySummary};
+use nephele_sim::inflation_study::run_pod_list;
 use nephele_sim::plot::svg_plot;
 use nephele_sim::replay::{run_replay, ReplayConfig, ReplayOptions};
-use nephele_sim::trace::load_openb;
+use nephele_sim::trace::{all_pod_lists, load_openb_with, pod_list_name, pod_list_path};
 
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum SimCommand {
@@ -150,6 +149,12 @@ pub struct InflationArgs {
     /// Folder with the traces (holds alibaba-gpu-v2023/).
     #[arg(long, default_value = "../shared/data")]
     pub data: PathBuf,
+    /// Pod lists to inflate (repeat or comma-separate): a name (`default`, `gpuspec33`,
+    /// … for `alibaba-gpu-v2023/openb_pod_list_<name>.csv` in --data), a CSV file (the
+    /// trace repository's 11 columns, or `name,cpu_milli,memory_mib,num_gpu,gpu_milli`),
+    /// or `all` for every `openb_pod_list_*.csv` there.
+    #[arg(long, value_delimiter = ',', default_value = "default")]
+    pub pods: Vec<String>,
     /// Seeds to run (results are mean and spread over them).
     #[arg(long, default_value_t = 5)]
     pub seeds: u64,
@@ -159,12 +164,15 @@ pub struct InflationArgs {
         default_value = "random,first-fit,best-fit,dot-product,gpu-packing,fgd,ours"
     )]
     pub policies: String,
-    /// Where to write inflation.csv, inflation.json and inflation.svg.
+    /// Where to write inflation.json and, per pod list, inflation-<list>.csv and .svg.
     #[arg(long, default_value = "sim-results")]
     pub out: PathBuf,
     /// Print the summary as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Runs at once (default: the machine's cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
 }
 
 pub fn run(command: SimCommand) -> Result<()> {
@@ -356,93 +364,104 @@ fn run_inflation_command(args: InflationArgs) -> Result<()> {
         .split(',')
         .map(|name| Policy::parse(name.trim()).with_context(|| format!("unknown policy {name:?}")))
         .collect::<Result<_>>()?;
-    let trace = load_openb(&args.data)?;
-    let typical = TypicalPods::from_pods(&trace.pods, 0.95);
+    if !args.data.join("alibaba-gpu-v2023").is_dir() {
+        anyhow::bail!(
+            "{} has no alibaba-gpu-v2023/ (the openb traces); pass --data with the folder that holds them, e.g. ../shared/data",
+            args.data.display()
+        );
+    }
+    let mut files: Vec<PathBuf> = Vec::new();
+    for pods in &args.pods {
+        if pods == "all" {
+            files.extend(all_pod_lists(&args.data)?);
+        } else {
+            let path = pod_list_path(&args.data, pods);
+            if !path.is_file() {
+                anyhow::bail!(
+                    "--pods {pods}: {} not found (a name like default or gpuspec33, a CSV file, or all)",
+                    path.display()
+                );
+            }
+            files.push(path);
+        }
+    }
+    files.dedup();
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1);
     std::fs::create_dir_all(&args.out)?;
-    let mut csv = String::from("policy,seed,arrived_pct,allocated_pct,unallocated_pct,fragmentation_pct,fragmentation_ratio_pct\n");
-    let mut summaries = Vec::new();
-    let mut curves = Vec::new();
-    let total_runs = policies.len() as u64 * args.seeds;
-    let mut done = 0;
-    for policy in &policies {
-        let mut at_100 = Vec::new();
-        let mut ratio_100 = Vec::new();
-        let mut curve: BTreeMap<u32, Vec<f64>> = BTreeMap::new();
-        let started = Instant::now();
-        let mut failed: BTreeMap<&'static str, u64> = BTreeMap::new();
-        for seed in 0..args.seeds {
-            let (series, failures) = run_inflation(&trace, &typical, *policy, 42 + seed);
-            for (reason, count) in failures {
-                *failed.entry(reason).or_default() += count;
-            }
-            let levels = by_level(&series);
-            done += 1;
-            if !args.json {
-                eprintln!(
-                    "[sim] {done}/{total_runs} {} seed {}",
-                    policy.name(),
-                    42 + seed
-                );
-            }
-            for (level, used, frag, ratio) in &levels {
-                csv += &format!(
-                    "{},{},{level},{used:.4},{:.4},{frag:.4},{ratio:.4}\n",
-                    policy.name(),
-                    42 + seed,
-                    100.0 - used
-                );
-                curve.entry(*level).or_default().push(100.0 - used);
-                if *level == 100 {
-                    at_100.push((100.0 - used) / 100.0);
-                    ratio_100.push(*ratio / 100.0);
+    let started = Instant::now();
+    let mut lists = Vec::new();
+    for (index, file) in files.iter().enumerate() {
+        let name = pod_list_name(file);
+        let trace = load_openb_with(&args.data, file)?;
+        let label = format!("[sim] {}/{} {name}", index + 1, files.len());
+        let json = args.json;
+        let progress = move |done: usize, all: usize| {
+            if !json {
+                eprint!("\r{label}: {done}/{all} runs");
+                if done == all {
+                    eprintln!();
                 }
             }
-        }
-        let (mean, sd) = mean_sd(&at_100);
-        summaries.push(PolicySummary {
-            name: policy.name().into(),
-            unallocated_gpu_share_at_100: mean,
-            unallocated_gpu_share_at_100_sd: sd,
-            fragmentation_ratio_at_100: mean_sd(&ratio_100).0,
-            seeds: args.seeds,
-            seconds_per_run: started.elapsed().as_secs_f64() / args.seeds.max(1) as f64,
-            failed_pods_before_100: failed
-                .iter()
-                .map(|(reason, count)| (*reason, *count as f64 / args.seeds.max(1) as f64))
-                .collect(),
-        });
-        curves.push((
-            policy.name().to_string(),
-            curve.into_iter().map(|(l, v)| (l, mean_sd(&v).0)).collect(),
-        ));
+        };
+        let result = run_pod_list(
+            &name,
+            &file.display().to_string(),
+            &trace,
+            &policies,
+            args.seeds,
+            threads,
+            &progress,
+        );
+        std::fs::write(
+            args.out.join(format!("inflation-{name}.csv")),
+            String::from("policy,seed,arrived_pct,allocated_pct,unallocated_pct,fragmentation_pct,fragmentation_ratio_pct\n")
+                + &result.csv,
+        )?;
+        std::fs::write(
+            args.out.join(format!("inflation-{name}.svg")),
+            svg_plot(&result.curves),
+        )?;
+        lists.push(result);
     }
-    std::fs::write(args.out.join("inflation.csv"), csv)?;
     let summary = serde_json::json!({
-        "trace": "alibaba-gpu-v2023 openb (gpu node list, default pod list)",
-        "nodes": trace.nodes.len(),
-        "pods": trace.pods.len(),
-        "typical_pod_classes": typical.classes.len(),
-        "policies": summaries,
+        "trace": "alibaba-gpu-v2023 openb (GPU node list; the pod lists named)",
+        "seeds": args.seeds,
+        "elapsed_s": started.elapsed().as_secs_f64(),
+        "pod_lists": lists,
     });
     std::fs::write(
         args.out.join("inflation.json"),
         serde_json::to_vec_pretty(&summary)?,
     )?;
-    std::fs::write(args.out.join("inflation.svg"), svg_plot(&curves))?;
     if args.json {
         println!("{}", serde_json::to_string(&summary)?);
-    } else {
+        return Ok(());
+    }
+    for list in &lists {
         println!(
-            "{:<12} {:>22} {:>8} {:>18} {:>10}",
-            "POLICY", "UNALLOC GPU @100% (%)", "SD", "FRAG RATIO @100%", "S/RUN"
+            "\n{} ({} pods on {} nodes): unallocated GPU at 100% arrived, {} seed(s)",
+            list.name, list.pods, list.nodes, args.seeds
+        );
+        println!(
+            "{:<15} {:>10} {:>8} {:>12} {:>18} {:>8}",
+            "POLICY", "UNALLOC %", "SD", "FGD AUTHORS %", "FRAG RATIO @100%", "S/RUN"
         );
         let mut failures = Vec::new();
-        for s in &summaries {
+        for s in &list.policies {
+            let authors = list
+                .authors_unallocated_pct
+                .as_ref()
+                .and_then(|a| a.get(s.name.as_str()))
+                .map_or("-".to_string(), |v| format!("{v:.2}"));
             println!(
-                "{:<12} {:>22.2} {:>8.2} {:>17.1}% {:>10.1}",
+                "{:<15} {:>10.2} {:>8.2} {:>12} {:>17.1}% {:>8.2}",
                 s.name,
                 s.unallocated_gpu_share_at_100 * 100.0,
                 s.unallocated_gpu_share_at_100_sd * 100.0,
+                authors,
                 s.fragmentation_ratio_at_100 * 100.0,
                 s.seconds_per_run
             );
@@ -452,7 +471,7 @@ fn run_inflation_command(args: InflationArgs) -> Result<()> {
                 .map(|(reason, n)| format!("{n:.1} {reason}"))
                 .collect();
             failures.push(format!(
-                "  {:<12} {}",
+                "  {:<15} {}",
                 s.name,
                 if reasons.is_empty() {
                     "none".into()
@@ -465,7 +484,11 @@ fn run_inflation_command(args: InflationArgs) -> Result<()> {
         for line in failures {
             println!("{line}");
         }
-        println!("wrote {}/inflation.{{csv,json,svg}}", args.out.display());
     }
+    println!(
+        "\nwrote {}/inflation.json and inflation-<list>.{{csv,svg}} ({:.0} s)",
+        args.out.display(),
+        started.elapsed().as_secs_f64()
+    );
     Ok(())
 }

@@ -90,6 +90,19 @@ fn sim_inflation_on_the_openb_trace() {
         return;
     }
     let out = std::env::temp_dir().join(format!("nephele-sim-test-{}", std::process::id()));
+    std::fs::create_dir_all(&out).unwrap();
+    // A list in the 5-column format other openb lists use, given by path: the first
+    // 400 pods of the default list, without the columns inflation does not need.
+    let default =
+        std::fs::read_to_string(data.join("alibaba-gpu-v2023/openb_pod_list_default.csv")).unwrap();
+    let mut short = String::from("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n");
+    for line in default.lines().skip(1).take(400) {
+        let fields: Vec<&str> = line.split(',').collect();
+        short += &fields[..5].join(",");
+        short.push('\n');
+    }
+    let file = out.join("openb_pod_list_short5.csv");
+    std::fs::write(&file, short).unwrap();
     let output = nephele()
         .args([
             "sim",
@@ -102,6 +115,8 @@ fn sim_inflation_on_the_openb_trace() {
             "--data",
         ])
         .arg(&data)
+        .arg("--pods")
+        .arg(format!("default,{}", file.display()))
         .arg("--out")
         .arg(&out)
         .output()
@@ -112,10 +127,21 @@ fn sim_inflation_on_the_openb_trace() {
         String::from_utf8_lossy(&output.stderr)
     );
     let summary: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
-    assert_eq!(summary["nodes"], 1213);
-    assert_eq!(summary["pods"], 8152);
-    let share = |name: &str| {
-        summary["policies"]
+    let lists = summary["pod_lists"].as_array().unwrap();
+    assert_eq!(lists.len(), 2);
+    let (default, short) = (&lists[0], &lists[1]);
+    assert_eq!(default["name"], "default");
+    assert_eq!(
+        short["name"], "short5",
+        "named by its file, prefix and .csv off"
+    );
+    assert_eq!(default["nodes"], 1213);
+    assert_eq!(default["pods"], 8152);
+    assert_eq!(short["pods"], 400);
+    assert_eq!(default["authors_unallocated_pct"]["fgd"], 4.77);
+    assert!(short["authors_unallocated_pct"].is_null());
+    let share = |list: &serde_json::Value, name: &str| {
+        list["policies"]
             .as_array()
             .unwrap()
             .iter()
@@ -125,15 +151,35 @@ fn sim_inflation_on_the_openb_trace() {
             .unwrap()
     };
     for name in ["first-fit", "fgd"] {
-        assert!((0.0..1.0).contains(&share(name)), "{name}: {}", share(name));
+        for list in lists {
+            let value = share(list, name);
+            assert!((0.0..1.0).contains(&value), "{name}: {value}");
+        }
     }
     assert!(
-        share("fgd") < share("first-fit"),
+        share(default, "fgd") < share(default, "first-fit"),
         "fragmentation-aware placement leaves fewer GPUs unallocated"
     );
-    for file in ["inflation.csv", "inflation.json", "inflation.svg"] {
+    for file in [
+        "inflation.json",
+        "inflation-default.csv",
+        "inflation-default.svg",
+        "inflation-short5.csv",
+    ] {
         assert!(out.join(file).exists(), "{file} written");
     }
+    // A list that is not there is named with what to pass instead.
+    let missing = nephele()
+        .args(["sim", "inflation", "--pods", "nosuchlist", "--data"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(!missing.status.success());
+    let stderr = String::from_utf8_lossy(&missing.stderr);
+    assert!(
+        stderr.contains("--pods nosuchlist") && stderr.contains("or all"),
+        "{stderr}"
+    );
     let _ = std::fs::remove_dir_all(out);
 }
 

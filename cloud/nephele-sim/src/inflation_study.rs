@@ -1,0 +1,180 @@
+//! The FGD paper's study: workload inflation ([`crate::inflation`]) on each pod list
+//! of the openb family (GPU sharing, GPU-type constraints, CPU-only load), every
+//! policy, several seeds, with the FGD authors' own figures for the lists they
+//! published (`../shared/data/alibaba-gpu-v2023/README.md`, from their simulator's
+//! `analysis_allo_discrete.csv`, seeds 42–51).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use nephele_placement::{Policy, TypicalPods};
+use serde::Serialize;
+
+use crate::inflation::{by_level, mean_sd, run_inflation, PolicySummary};
+use crate::trace::Trace;
+
+/// The FGD authors' unallocated GPU % at 100% arrived (mean of their 10 seeds), per
+/// pod list: Random, DotProd, GpuClustering, GpuPacking, BestFit, FGD.
+const AUTHORS: &[(&str, [f64; 6])] = &[
+    ("default", [13.70, 9.38, 8.35, 8.22, 7.14, 4.77]),
+    ("cpu050", [10.98, 6.97, 6.48, 6.54, 6.44, 5.00]),
+    ("cpu100", [12.57, 8.27, 7.58, 7.50, 6.74, 4.79]),
+    ("cpu200", [16.97, 12.55, 10.33, 10.02, 7.85, 5.18]),
+    ("cpu250", [20.00, 16.43, 12.25, 11.95, 8.79, 6.80]),
+    ("gpushare40", [15.14, 10.70, 10.24, 10.23, 8.56, 6.04]),
+    ("gpushare60", [17.19, 13.18, 13.10, 12.85, 10.94, 8.75]),
+    ("gpushare80", [19.38, 15.86, 15.50, 15.35, 13.34, 10.92]),
+    ("gpushare100", [21.10, 18.02, 17.78, 17.87, 15.38, 13.36]),
+    ("gpuspec10", [13.74, 9.83, 8.04, 7.76, 6.90, 5.34]),
+    ("gpuspec20", [14.10, 11.71, 10.89, 10.72, 11.54, 5.34]),
+    ("gpuspec25", [14.58, 14.56, 13.59, 13.23, 14.33, 6.09]),
+    ("gpuspec33", [16.13, 20.18, 18.91, 17.78, 19.61, 12.16]),
+];
+
+/// The authors' figures for a pod list, by their policy names, in %.
+pub fn authors_figures(list: &str) -> Option<BTreeMap<&'static str, f64>> {
+    let (_, row) = AUTHORS.iter().find(|(name, _)| *name == list)?;
+    let names = [
+        "random",
+        "dot-product",
+        "gpu-clustering",
+        "gpu-packing",
+        "best-fit",
+        "fgd",
+    ];
+    Some(names.into_iter().zip(row.iter().copied()).collect())
+}
+
+/// One pod list's results.
+#[derive(Debug, Serialize)]
+pub struct PodListResult {
+    pub name: String,
+    pub file: String,
+    pub nodes: usize,
+    pub pods: usize,
+    pub typical_pod_classes: usize,
+    pub policies: Vec<PolicySummary>,
+    /// The FGD authors' unallocated GPU % at 100% for this list (`null` for a list
+    /// they did not publish).
+    pub authors_unallocated_pct: Option<BTreeMap<&'static str, f64>>,
+    /// `policy,seed,arrived_pct,allocated_pct,unallocated_pct,fragmentation_pct,
+    /// fragmentation_ratio_pct` rows.
+    #[serde(skip)]
+    pub csv: String,
+    /// Per policy, mean unallocated % per arrived % level (for the plot).
+    #[serde(skip)]
+    pub curves: Vec<(String, Vec<(u32, f64)>)>,
+}
+
+/// Runs every policy over `seeds` seeds (42, 43, …) on `trace`, the runs spread over
+/// `threads` threads; `done` is called after each run with (runs done, runs in all).
+pub fn run_pod_list(
+    name: &str,
+    file: &str,
+    trace: &Trace,
+    policies: &[Policy],
+    seeds: u64,
+    threads: usize,
+    done: &(dyn Fn(usize, usize) + Sync),
+) -> PodListResult {
+    let typical = TypicalPods::from_pods(&trace.pods, 0.95);
+    let runs: Vec<(usize, u64)> = (0..policies.len())
+        .flat_map(|p| (0..seeds).map(move |s| (p, 42 + s)))
+        .collect();
+    // (policy index, seed) → (levels, failures, seconds)
+    type RunResult = (Vec<(u32, f64, f64, f64)>, BTreeMap<&'static str, u64>, f64);
+    let results: Mutex<BTreeMap<(usize, u64), RunResult>> = Mutex::new(BTreeMap::new());
+    let next = AtomicUsize::new(0);
+    let finished = AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..threads.max(1) {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(&(policy, seed)) = runs.get(i) else {
+                    return;
+                };
+                let started = Instant::now();
+                let (series, failures) = run_inflation(trace, &typical, policies[policy], seed);
+                let levels = by_level(&series);
+                results.lock().unwrap_or_else(|p| p.into_inner()).insert(
+                    (policy, seed),
+                    (levels, failures, started.elapsed().as_secs_f64()),
+                );
+                done(finished.fetch_add(1, Ordering::Relaxed) + 1, runs.len());
+            });
+        }
+    });
+    let results = results.into_inner().unwrap_or_else(|p| p.into_inner());
+    let mut csv = String::new();
+    let mut summaries = Vec::new();
+    let mut curves = Vec::new();
+    for (index, policy) in policies.iter().enumerate() {
+        let mut at_100 = Vec::new();
+        let mut ratio_100 = Vec::new();
+        let mut curve: BTreeMap<u32, Vec<f64>> = BTreeMap::new();
+        let mut failed: BTreeMap<&'static str, u64> = BTreeMap::new();
+        let mut seconds = 0.0;
+        for ((_, seed), (levels, failures, secs)) in results.range((index, 0)..(index, u64::MAX)) {
+            seconds += secs;
+            for (reason, count) in failures {
+                *failed.entry(reason).or_default() += count;
+            }
+            for (level, used, frag, ratio) in levels {
+                csv += &format!(
+                    "{},{seed},{level},{used:.4},{:.4},{frag:.4},{ratio:.4}\n",
+                    policy.name(),
+                    100.0 - used
+                );
+                curve.entry(*level).or_default().push(100.0 - used);
+                if *level == 100 {
+                    at_100.push((100.0 - used) / 100.0);
+                    ratio_100.push(*ratio / 100.0);
+                }
+            }
+        }
+        let (mean, sd) = mean_sd(&at_100);
+        let n = seeds.max(1) as f64;
+        summaries.push(PolicySummary {
+            name: policy.name().into(),
+            unallocated_gpu_share_at_100: mean,
+            unallocated_gpu_share_at_100_sd: sd,
+            fragmentation_ratio_at_100: mean_sd(&ratio_100).0,
+            seeds,
+            seconds_per_run: seconds / n,
+            failed_pods_before_100: failed
+                .iter()
+                .map(|(reason, count)| (*reason, *count as f64 / n))
+                .collect(),
+        });
+        curves.push((
+            policy.name().to_string(),
+            curve.into_iter().map(|(l, v)| (l, mean_sd(&v).0)).collect(),
+        ));
+    }
+    PodListResult {
+        name: name.to_string(),
+        file: file.to_string(),
+        nodes: trace.nodes.len(),
+        pods: trace.pods.len(),
+        typical_pod_classes: typical.classes.len(),
+        policies: summaries,
+        authors_unallocated_pct: authors_figures(name),
+        csv,
+        curves,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_authors_figures_are_there_for_the_thirteen_lists_and_no_other() {
+        assert_eq!(AUTHORS.len(), 13);
+        assert_eq!(authors_figures("gpuspec33").unwrap()["fgd"], 12.16);
+        assert_eq!(authors_figures("default").unwrap()["gpu-clustering"], 8.35);
+        assert!(authors_figures("mine").is_none());
+    }
+}

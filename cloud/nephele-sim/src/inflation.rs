@@ -13,7 +13,44 @@ use nephele_placement::rng::Rng;
 use nephele_placement::{place, Cluster, Policy, TypicalPods};
 use serde::Serialize;
 
+use crate::gpu_clustering::GpuClustering;
 use crate::trace::Trace;
+
+/// A policy of the study: the placement core's, or GpuClustering, a baseline only the
+/// simulator has ([`crate::gpu_clustering`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StudyPolicy {
+    Core(Policy),
+    GpuClustering,
+}
+
+impl StudyPolicy {
+    /// The FGD paper's six policies, first-fit and ours, in the order tables show them.
+    pub const ALL: [StudyPolicy; 8] = [
+        StudyPolicy::Core(Policy::Random),
+        StudyPolicy::Core(Policy::FirstFit),
+        StudyPolicy::Core(Policy::BestFit),
+        StudyPolicy::Core(Policy::DotProduct),
+        StudyPolicy::GpuClustering,
+        StudyPolicy::Core(Policy::GpuPacking),
+        StudyPolicy::Core(Policy::Fgd),
+        StudyPolicy::Core(Policy::Ours),
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            StudyPolicy::Core(policy) => policy.name(),
+            StudyPolicy::GpuClustering => "gpu-clustering",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<StudyPolicy> {
+        if name == "gpu-clustering" {
+            return Some(StudyPolicy::GpuClustering);
+        }
+        Policy::parse(name).map(StudyPolicy::Core)
+    }
+}
 
 /// After every pod: (arrived %, allocated %, fragmentation % of capacity, fragmentation
 /// / idle %).
@@ -24,7 +61,7 @@ pub type Series = Vec<(f64, f64, f64, f64)>;
 pub fn run_inflation(
     trace: &Trace,
     typical: &TypicalPods,
-    policy: Policy,
+    policy: StudyPolicy,
     seed: u64,
 ) -> (Series, BTreeMap<&'static str, u64>) {
     let mut failures: BTreeMap<&'static str, u64> = BTreeMap::new();
@@ -45,6 +82,8 @@ pub fn run_inflation(
     }
     let priority = rng.permutation(trace.nodes.len());
     cluster.set_priority(&priority);
+    let mut clustering = (policy == StudyPolicy::GpuClustering)
+        .then(|| GpuClustering::new(trace.nodes.len(), &priority));
     let mut node_frag: Vec<f64> = cluster
         .nodes
         .iter()
@@ -57,10 +96,22 @@ pub fn run_inflation(
     let mut series = Vec::with_capacity(pods.len());
     for (id, pod) in pods.iter().enumerate() {
         arrived += pod.gpu_total() as f64;
-        match place(&cluster, pod, policy, typical, &priority, &mut rng) {
+        let placed = match (policy, clustering.as_ref()) {
+            (StudyPolicy::Core(policy), _) => {
+                place(&cluster, pod, policy, typical, &priority, &mut rng)
+            }
+            (StudyPolicy::GpuClustering, Some(clustering)) => {
+                clustering.place(&cluster, pod, typical)
+            }
+            (StudyPolicy::GpuClustering, None) => unreachable!("made above for this policy"),
+        };
+        match placed {
             Ok(placement) => {
                 let node = placement.binding.node;
                 if cluster.reserve(id as u64, pod, &placement.binding).is_ok() {
+                    if let Some(clustering) = clustering.as_mut() {
+                        clustering.placed(node, pod);
+                    }
                     used += pod.gpu_total() as f64;
                     let updated =
                         typical.state_fragmentation(&cluster.nodes[node], &cluster.state[node]);

@@ -9,10 +9,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use nephele_placement::{Policy, TypicalPods};
+use nephele_placement::TypicalPods;
 use serde::Serialize;
 
-use crate::inflation::{by_level, mean_sd, run_inflation, PolicySummary};
+use crate::inflation::{by_level, mean_sd, run_inflation, PolicySummary, StudyPolicy};
 use crate::trace::Trace;
 
 /// The FGD authors' unallocated GPU % at 100% arrived (mean of their 10 seeds), per
@@ -74,7 +74,7 @@ pub fn run_pod_list(
     name: &str,
     file: &str,
     trace: &Trace,
-    policies: &[Policy],
+    policies: &[StudyPolicy],
     seeds: u64,
     threads: usize,
     done: &(dyn Fn(usize, usize) + Sync),

@@ -23,6 +23,7 @@ pub mod autoscale_trace;
 pub mod autoscale_tune;
 pub mod bench;
 pub mod carbon;
+pub mod gpu_clustering;
 pub mod inflation;
 pub mod inflation_study;
 pub mod offload;

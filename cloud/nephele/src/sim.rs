@@ -10,6 +10,7 @@ use nephele_sim::autoscale_llm::SlowdownTarget;
 use nephele_sim::autoscale_trace::ServiceOptions;
 use nephele_sim::autoscale_tune::tune_ours;
 use nephele_sim::carbon::{run_shift, ShiftConfig};
+use nephele_sim::inflation::StudyPolicy;
 use nephele_sim::inflation_study::run_pod_list;
 use nephele_sim::plot::svg_plot;
 use nephele_sim::replay::{run_replay, ReplayConfig, ReplayOptions};
@@ -161,7 +162,7 @@ pub struct InflationArgs {
     /// Policies, comma-separated (default: all).
     #[arg(
         long,
-        default_value = "random,first-fit,best-fit,dot-product,gpu-packing,fgd,ours"
+        default_value = "random,first-fit,best-fit,dot-product,gpu-clustering,gpu-packing,fgd,ours"
     )]
     pub policies: String,
     /// Where to write inflation.json and, per pod list, inflation-<list>.csv and .svg.
@@ -359,10 +360,17 @@ fn run_replay_command(args: ReplayArgs) -> Result<()> {
 }
 
 fn run_inflation_command(args: InflationArgs) -> Result<()> {
-    let policies: Vec<Policy> = args
+    let policies: Vec<StudyPolicy> = args
         .policies
         .split(',')
-        .map(|name| Policy::parse(name.trim()).with_context(|| format!("unknown policy {name:?}")))
+        .map(|name| {
+            StudyPolicy::parse(name.trim()).with_context(|| {
+                format!(
+                    "unknown policy {name:?} (the study's: {})",
+                    StudyPolicy::ALL.map(StudyPolicy::name).join(", ")
+                )
+            })
+        })
         .collect::<Result<_>>()?;
     if !args.data.join("alibaba-gpu-v2023").is_dir() {
         anyhow::bail!(

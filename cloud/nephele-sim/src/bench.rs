@@ -14,7 +14,9 @@ use std::time::Instant;
 
 use nephele_placement::gang::{place_gang, GangRequest, Topology};
 use nephele_placement::rng::Rng;
-use nephele_placement::{place, Cluster, NodeSpec, PodRequest, Policy, TypicalPods};
+use nephele_placement::{
+    place, Cluster, DomainLevel, NodeSpec, PodRequest, Policy, Spread, TypicalPods,
+};
 use serde::Serialize;
 
 /// A cluster of `n` nodes in the openb GPU-node mix.
@@ -112,7 +114,12 @@ pub fn placement(nodes: usize, decisions: usize, policy: Policy, seed: u64) -> P
     let states = cluster.groups().count();
     let mut results = Vec::new();
     let gang_member = pod(8_000, 1, 1000);
-    for kind in ["single_gpu_pod", "fractional_gpu_pod", "gang_8x1_gpu"] {
+    for kind in [
+        "single_gpu_pod",
+        "fractional_gpu_pod",
+        "gang_8x1_gpu",
+        "spread_gpu_pod",
+    ] {
         let mut working = cluster.clone();
         let mut placed = 0usize;
         let mut members = 0usize;
@@ -136,10 +143,18 @@ pub fn placement(nodes: usize, decisions: usize, policy: Policy, seed: u64) -> P
                     ok
                 }
                 _ => {
-                    let request = if kind == "single_gpu_pod" {
-                        pod(8_000, 1, 1000)
-                    } else {
-                        pod(4_000, 1, 500)
+                    let request = match kind {
+                        "single_gpu_pod" => pod(8_000, 1, 1000),
+                        // Replicas of one service spread over nodes: the score depends
+                        // on where the others are, so it takes the node-by-node path.
+                        "spread_gpu_pod" => PodRequest {
+                            spread: Some(Spread {
+                                job: 7,
+                                level: DomainLevel::Node,
+                            }),
+                            ..pod(8_000, 1, 1000)
+                        },
+                        _ => pod(4_000, 1, 500),
                     };
                     let ok = place(&working, &request, policy, &typical, &priority, &mut rng)
                         .is_ok_and(|p| working.reserve(next_id, &request, &p.binding).is_ok());

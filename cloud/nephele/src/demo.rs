@@ -90,7 +90,7 @@ impl AgentExe {
     }
 
     /// What the report says about it: the path and its size.
-    fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let size = std::fs::metadata(&self.exe).map_or(0, |m| m.len());
         format!(
             "{}{} ({:.1} MB)",

@@ -9,6 +9,9 @@ use std::time::Instant;
 pub struct Sample {
     pub at: Instant,
     pub rss_bytes: u64,
+    /// Of that, anonymous memory (heap, stacks: `RssAnon`); the rest is mostly pages of
+    /// the binary and libraries, which grow as new code paths first run.
+    pub anon_bytes: u64,
     /// User plus system CPU time since the process started, seconds.
     pub cpu_s: f64,
     pub fds: u64,
@@ -28,6 +31,11 @@ pub fn sample(pid: u32) -> Option<Sample> {
         .next()?
         .parse()
         .ok()?;
+    let anon_kb: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("RssAnon:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0);
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let cpu_s = cpu_seconds(&stat)?;
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
@@ -36,6 +44,7 @@ pub fn sample(pid: u32) -> Option<Sample> {
     Some(Sample {
         at: Instant::now(),
         rss_bytes: rss_kb * 1024,
+        anon_bytes: anon_kb * 1024,
         cpu_s,
         fds,
     })
@@ -79,6 +88,7 @@ mod tests {
     fn this_process_can_be_read() {
         let sample = sample(std::process::id()).expect("/proc/self");
         assert!(sample.rss_bytes > 0);
+        assert!(sample.anon_bytes > 0 && sample.anon_bytes <= sample.rss_bytes);
         assert!(sample.fds > 0);
     }
 }

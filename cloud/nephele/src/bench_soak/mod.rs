@@ -25,7 +25,9 @@ use nephele_api::{DeploymentStatus, DeviceView, JoinTokenView, TokenRequest};
 
 use crate::bench_fleet::process;
 use crate::client::Api;
-use crate::demo::{spawn, start_cloud, wait_for_file, Fleet, Heldout, HELDOUT_JSON, MODEL_ONNX};
+use crate::demo::{
+    spawn_exe, start_cloud, wait_for_file, AgentExe, Fleet, Heldout, HELDOUT_JSON, MODEL_ONNX,
+};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct SoakArgs {
@@ -56,6 +58,11 @@ pub struct SoakArgs {
     /// temporary dir).
     #[arg(long)]
     pub dir: Option<PathBuf>,
+    /// Run the agent from this binary (the agent as it ships: `target/dist/nephele-edge`
+    /// after `cargo build --profile dist -p nephele-edge --no-default-features`) instead
+    /// of this CLI's `edge` subcommand; its memory is mostly its binary's code pages.
+    #[arg(long)]
+    pub agent_bin: Option<PathBuf>,
     /// One JSON document on stdout instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -88,6 +95,10 @@ pub struct SoakSample {
     pub t_s: f64,
     pub agent_rss_bytes: u64,
     pub cloud_rss_bytes: u64,
+    /// Of the RSS, anonymous memory (heap and stacks), where a leak would show; the
+    /// rest is code and data pages of the binary, which grow as code paths first run.
+    pub agent_anon_bytes: u64,
+    pub cloud_anon_bytes: u64,
     /// CPU cores each used since the previous sample.
     pub agent_cpu_cores: f64,
     pub cloud_cpu_cores: f64,
@@ -136,6 +147,8 @@ impl Flatness {
 #[derive(Debug, Serialize)]
 pub struct SoakReport {
     pub machine: String,
+    /// The agent's binary and its size.
+    pub agent_binary: String,
     pub duration_s: f64,
     pub warmup_s: u64,
     pub rps_target: u32,
@@ -154,6 +167,8 @@ pub struct SoakReport {
     pub p99_ms: f64,
     pub agent_rss_after_warmup: Option<Flatness>,
     pub cloud_rss_after_warmup: Option<Flatness>,
+    pub agent_anon_after_warmup: Option<Flatness>,
+    pub cloud_anon_after_warmup: Option<Flatness>,
     pub agent_rss_idle_bytes: u64,
     pub samples: usize,
 }
@@ -178,6 +193,7 @@ pub fn run(args: SoakArgs) -> Result<()> {
         bail!("--outage-s must be shorter than --outage-every-s");
     }
     let heldout: Heldout = serde_json::from_str(HELDOUT_JSON).context("embedded held-out set")?;
+    let agent_exe = AgentExe::new(args.agent_bin.as_deref())?;
     let root = match &args.dir {
         Some(dir) => dir.clone(),
         None => std::env::temp_dir().join(format!("nephele-soak-{}", std::process::id())),
@@ -218,21 +234,24 @@ pub fn run(args: SoakArgs) -> Result<()> {
     )?;
     let token = token.token.context("no token in the response")?;
     let data_dir = root.join(DEVICE);
-    let output = Command::new(std::env::current_exe()?)
-        .args(["edge", "join", "--server"])
-        .arg(relay.addr.to_string())
-        .args(["--token", &token, "--data-dir"])
-        .arg(&data_dir)
-        .args([
-            "--name",
-            DEVICE,
-            "--role",
-            "edge",
-            "--profile",
-            PROFILE,
-            "--label",
-            "tier=edge",
-        ])
+    let output = Command::new(&agent_exe.exe)
+        .args(agent_exe.args(&[
+            "join".into(),
+            "--server".into(),
+            relay.addr.to_string(),
+            "--token".into(),
+            token,
+            "--data-dir".into(),
+            data_dir.display().to_string(),
+            "--name".into(),
+            DEVICE.into(),
+            "--role".into(),
+            "edge".into(),
+            "--profile".into(),
+            PROFILE.into(),
+            "--label".into(),
+            "tier=edge".into(),
+        ]))
         .output()?;
     if !output.status.success() {
         bail!(
@@ -241,11 +260,11 @@ pub fn run(args: SoakArgs) -> Result<()> {
         );
     }
     let ready_file = root.join(format!("{DEVICE}.ready"));
-    spawn(
+    spawn_exe(
         &mut fleet,
+        &agent_exe.exe,
         DEVICE,
-        &[
-            "edge".into(),
+        &agent_exe.args(&[
             "run".into(),
             "--data-dir".into(),
             data_dir.display().to_string(),
@@ -253,7 +272,7 @@ pub fn run(args: SoakArgs) -> Result<()> {
             "127.0.0.1:0".into(),
             "--ready-file".into(),
             ready_file.display().to_string(),
-        ],
+        ]),
         &root,
     )?;
     let agent_pid = fleet.children.last().map_or(0, |(_, child)| child.id());
@@ -367,6 +386,8 @@ pub fn run(args: SoakArgs) -> Result<()> {
                 t_s: elapsed.as_secs_f64(),
                 agent_rss_bytes: agent.rss_bytes,
                 cloud_rss_bytes: control.rss_bytes,
+                agent_anon_bytes: agent.anon_bytes,
+                cloud_anon_bytes: control.anon_bytes,
                 agent_cpu_cores: cores(&previous.0, &agent),
                 cloud_cpu_cores: cores(&previous.1, &control),
                 agent_fds: agent.fds,
@@ -413,6 +434,7 @@ pub fn run(args: SoakArgs) -> Result<()> {
     all.sort_by(|a, b| a.total_cmp(b));
     let report = SoakReport {
         machine: machine(),
+        agent_binary: agent_exe.describe(),
         duration_s: started.elapsed().as_secs_f64(),
         warmup_s: args.warmup_s,
         rps_target: args.rps,
@@ -429,6 +451,8 @@ pub fn run(args: SoakArgs) -> Result<()> {
         p99_ms: crate::bench_fleet::quantile(&all, 0.99),
         agent_rss_after_warmup: Flatness::of(&after_warmup(|s| s.agent_rss_bytes)),
         cloud_rss_after_warmup: Flatness::of(&after_warmup(|s| s.cloud_rss_bytes)),
+        agent_anon_after_warmup: Flatness::of(&after_warmup(|s| s.agent_anon_bytes)),
+        cloud_anon_after_warmup: Flatness::of(&after_warmup(|s| s.cloud_anon_bytes)),
         agent_rss_idle_bytes,
         samples: samples.len(),
     };
@@ -517,14 +541,16 @@ fn write_results(args: &SoakArgs, report: &SoakReport, samples: &[SoakSample]) -
         serde_json::to_string_pretty(report)?,
     )?;
     let mut csv = String::from(
-        "t_s,agent_rss_bytes,cloud_rss_bytes,agent_cpu_cores,cloud_cpu_cores,agent_fds,cloud_fds,requests_ok,requests_failed,p99_ms,link_dark,online,session\n",
+        "t_s,agent_rss_bytes,cloud_rss_bytes,agent_anon_bytes,cloud_anon_bytes,agent_cpu_cores,cloud_cpu_cores,agent_fds,cloud_fds,requests_ok,requests_failed,p99_ms,link_dark,online,session\n",
     );
     for s in samples {
         csv += &format!(
-            "{:.1},{},{},{:.4},{:.4},{},{},{},{},{:.3},{},{},{}\n",
+            "{:.1},{},{},{},{},{:.4},{:.4},{},{},{},{},{:.3},{},{},{}\n",
             s.t_s,
             s.agent_rss_bytes,
             s.cloud_rss_bytes,
+            s.agent_anon_bytes,
+            s.cloud_anon_bytes,
             s.agent_cpu_cores,
             s.cloud_cpu_cores,
             s.agent_fds,
@@ -560,6 +586,8 @@ fn write_results(args: &SoakArgs, report: &SoakReport, samples: &[SoakSample]) -
         &[
             line("edge agent", 0, |s| s.agent_rss_bytes),
             line("control plane", 1, |s| s.cloud_rss_bytes),
+            line("agent, anonymous", 2, |s| s.agent_anon_bytes),
+            line("control plane, anonymous", 3, |s| s.cloud_anon_bytes),
         ],
     );
     std::fs::write(stem.with_extension("svg"), svg)?;
@@ -596,6 +624,7 @@ fn print_table(r: &SoakReport) {
             })
     };
     println!("machine: {}", r.machine);
+    println!("agent: {}", r.agent_binary);
     let rows: Vec<(&str, String)> = vec![
         (
             "ran",
@@ -627,7 +656,9 @@ fn print_table(r: &SoakReport) {
             format!("{:.1} MB (before the model)", mb(r.agent_rss_idle_bytes)),
         ),
         ("agent RSS", flat(&r.agent_rss_after_warmup)),
+        ("  of it anonymous", flat(&r.agent_anon_after_warmup)),
         ("control plane RSS", flat(&r.cloud_rss_after_warmup)),
+        ("  of it anonymous", flat(&r.cloud_anon_after_warmup)),
     ];
     for (label, value) in rows {
         println!("  {label:<20} {value}");

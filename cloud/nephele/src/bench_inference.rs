@@ -413,25 +413,29 @@ pub(crate) fn models(
     Ok(out)
 }
 
-/// onnxruntime's figures from `ort_bench.py`, or why not.
-fn onnxruntime(args: &InferenceArgs, model: &BenchModel) -> Result<Value, String> {
+/// Runs `ort_bench.py` on `model` at 1 thread with `extra` arguments; its JSON, or why
+/// not (`what` names the figures in the message).
+fn ort_bench(
+    args: &InferenceArgs,
+    model: &BenchModel,
+    what: &str,
+    extra: &[String],
+) -> Result<Value, String> {
     let python = args.models.join("venv/bin/python");
     if !python.exists() || !args.ort_script.exists() {
         return Err(format!(
-            "onnxruntime not measured: {} or {} missing; `bash shared/models/registry/prepare.sh` makes a venv with onnxruntime 1.32.0",
+            "onnxruntime not {what}: {} or {} missing; `bash shared/models/registry/prepare.sh` makes a venv with onnxruntime 1.32.0",
             python.display(),
             args.ort_script.display()
         ));
     }
     let shape: Vec<String> = model.row_shape.iter().map(usize::to_string).collect();
-    let batches: Vec<String> = model.batches.iter().map(usize::to_string).collect();
     let output = std::process::Command::new(&python)
         .arg(&args.ort_script)
         .args(["--model", &model.path.display().to_string()])
         .args(["--row-shape", &shape.join(",")])
-        .args(["--batches", &batches.join(",")])
         .args(["--threads", "1", "--warmup", "5"])
-        .args(["--seconds", &args.seconds.to_string()])
+        .args(extra)
         .args(["--input-file", &model.ort_input.display().to_string()])
         .output()
         .map_err(|e| format!("cannot run {}: {e}", python.display()))?;
@@ -447,46 +451,37 @@ fn onnxruntime(args: &InferenceArgs, model: &BenchModel) -> Result<Value, String
     serde_json::from_slice(&output.stdout).map_err(|e| format!("ort_bench.py output: {e}"))
 }
 
+/// onnxruntime's figures from `ort_bench.py`, or why not.
+fn onnxruntime(args: &InferenceArgs, model: &BenchModel) -> Result<Value, String> {
+    let batches: Vec<String> = model.batches.iter().map(usize::to_string).collect();
+    ort_bench(
+        args,
+        model,
+        "measured",
+        &[
+            "--batches".into(),
+            batches.join(","),
+            "--seconds".into(),
+            args.seconds.to_string(),
+        ],
+    )
+}
+
 /// onnxruntime's per-operator profile of batch 1 (`ort_bench.py --profile-ops`).
 fn onnxruntime_ops(args: &InferenceArgs, model: &BenchModel) -> Result<Value, String> {
-    let python = args.models.join("venv/bin/python");
-    if !python.exists() || !args.ort_script.exists() {
-        return Err(format!(
-            "onnxruntime not profiled: {} or {} missing; `bash shared/models/registry/prepare.sh` makes a venv with onnxruntime",
-            python.display(),
-            args.ort_script.display()
-        ));
-    }
-    let shape: Vec<String> = model.row_shape.iter().map(usize::to_string).collect();
-    let output = std::process::Command::new(&python)
-        .arg(&args.ort_script)
-        .args(["--model", &model.path.display().to_string()])
-        .args(["--row-shape", &shape.join(",")])
-        .args([
-            "--batches",
-            "1",
-            "--threads",
-            "1",
-            "--warmup",
-            "5",
-            "--seconds",
-            "0.2",
-        ])
-        .args(["--profile-ops", &PROFILE_RUNS.to_string()])
-        .args(["--input-file", &model.ort_input.display().to_string()])
-        .output()
-        .map_err(|e| format!("cannot run {}: {e}", python.display()))?;
-    if !output.status.success() {
-        return Err(format!(
-            "ort_bench.py --profile-ops failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-                .lines()
-                .last()
-                .unwrap_or("")
-        ));
-    }
-    let value: Value =
-        serde_json::from_slice(&output.stdout).map_err(|e| format!("ort_bench.py output: {e}"))?;
+    let value = ort_bench(
+        args,
+        model,
+        "profiled",
+        &[
+            "--batches".into(),
+            "1".into(),
+            "--seconds".into(),
+            "0.2".into(),
+            "--profile-ops".into(),
+            PROFILE_RUNS.to_string(),
+        ],
+    )?;
     Ok(value["ops"].clone())
 }
 

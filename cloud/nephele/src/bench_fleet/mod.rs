@@ -831,16 +831,10 @@ fn fd_limit(pid: u32) -> Option<u64> {
 }
 
 fn machine() -> String {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|info| {
-            info.lines()
-                .find_map(|l| l.strip_prefix("model name"))
-                .map(|l| l.trim_start_matches([' ', '\t', ':']).to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    format!("{cpu}, {cores} cores (the bench and the control plane share them)")
+    format!(
+        "{} (the bench and the control plane share them)",
+        process::cpu_and_cores()
+    )
 }
 
 /// The times in `at_s` as seconds since `since_s`, sorted.

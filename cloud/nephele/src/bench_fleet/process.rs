@@ -61,6 +61,20 @@ fn cpu_seconds(stat: &str) -> Option<f64> {
     Some((utime + stime) / USER_HZ)
 }
 
+/// This machine's CPU model (from `/proc/cpuinfo`) and its cores, as benches print it.
+pub fn cpu_and_cores() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|l| l.trim_start_matches([' ', '\t', ':']).to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    format!("{cpu}, {cores} cores")
+}
+
 /// CPU cores used on average between two samples (1.0: one core busy all the time).
 pub fn cores_between(before: &Sample, after: &Sample) -> f64 {
     let wall = after.at.duration_since(before.at).as_secs_f64();

@@ -538,6 +538,38 @@ impl Cluster {
         Ok(())
     }
 
+    /// Every resource of `node` that is too short for `pod` now: CPU, memory, the GPU
+    /// model and free GPUs, each checked on its own (where [`Cluster::check`] stops at
+    /// the first, so CPU, checked before GPUs, would look like the only reason). Empty
+    /// when the resources fit; static reasons (down, selector, taint, spot, MIG,
+    /// NVLink) are not reported here.
+    pub fn shortages(&self, node: usize, pod: &PodRequest) -> Vec<Reason> {
+        let spec = &self.nodes[node];
+        let state = &self.state[node];
+        let mut short = Vec::new();
+        if state.cpu_left < pod.cpu_milli {
+            short.push(Reason::InsufficientCpu);
+        }
+        if state.memory_left < pod.memory_mib {
+            short.push(Reason::InsufficientMemory);
+        }
+        if pod.num_gpu > 0 && pod.mig_profile.is_none() {
+            if spec.gpus == 0 {
+                short.push(Reason::NoGpu);
+            } else if !pod.accepts_model(spec.gpu_model) {
+                short.push(Reason::GpuModelMismatch);
+            } else {
+                let fitting = (0..state.gpu_left.len())
+                    .filter(|g| !spec.is_mig(*g as u8) && state.gpu_left[*g] >= pod.gpu_milli)
+                    .count();
+                if fitting < usize::from(pod.num_gpu) {
+                    short.push(Reason::InsufficientGpu);
+                }
+            }
+        }
+        short
+    }
+
     /// Takes resources for reservation `id`. Re-reserving the same id with the same
     /// binding is a no-op; with another binding it is a conflict.
     pub fn reserve(

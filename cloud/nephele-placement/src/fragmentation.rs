@@ -26,6 +26,11 @@ pub struct TypicalPod {
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct TypicalPods {
     pub classes: Vec<TypicalPod>,
+    /// Per GPU model: how much of the GPU demand only that model and the few others
+    /// its typed classes accept can take, per GPU of theirs, relative to the whole
+    /// demand per GPU of the cluster (0 for a model no typed class names; empty until
+    /// [`TypicalPods::with_supply`]).
+    pub pressure: Vec<f64>,
 }
 
 impl TypicalPods {
@@ -68,23 +73,65 @@ impl TypicalPods {
         for class in &mut kept {
             class.share /= sum.max(1.0);
         }
-        TypicalPods { classes: kept }
+        TypicalPods {
+            classes: kept,
+            pressure: Vec::new(),
+        }
     }
 
-    /// Expected fragmented milli-GPU of a node in the given state.
+    /// Fills in [`TypicalPods::pressure`] from the cluster's GPUs of each model: a
+    /// typed class's share of the GPU demand is spread over the models it accepts in
+    /// proportion to their supply, and a model's pressure is what lands on it per GPU,
+    /// relative to the whole demand per GPU of the cluster (1.0: typed pods alone would
+    /// fill that model as full as the whole workload fills the cluster).
+    pub fn with_supply(mut self, nodes: &[NodeSpec]) -> TypicalPods {
+        let mut supply: BTreeMap<GpuModel, f64> = BTreeMap::new();
+        for node in nodes {
+            if let Some(model) = node.gpu_model {
+                *supply.entry(model).or_default() += f64::from(node.gpus);
+            }
+        }
+        let total_supply: f64 = supply.values().sum();
+        let demand: f64 = self
+            .classes
+            .iter()
+            .map(|k| k.share * f64::from(k.num_gpu) * f64::from(k.gpu_milli))
+            .sum();
+        let max_model = supply.keys().copied().max().unwrap_or(0);
+        let mut pressure = vec![0.0; usize::from(max_model) + 1];
+        if demand <= 0.0 || total_supply <= 0.0 {
+            self.pressure = pressure;
+            return self;
+        }
+        for class in self.classes.iter().filter(|k| !k.gpu_models.is_empty()) {
+            let reach: f64 = supply
+                .iter()
+                .filter(|(m, _)| class.gpu_models.contains(m))
+                .map(|(_, n)| *n)
+                .sum();
+            if reach <= 0.0 {
+                continue;
+            }
+            let d = class.share * f64::from(class.num_gpu) * f64::from(class.gpu_milli) / demand;
+            for (model, _) in supply.iter().filter(|(m, _)| class.gpu_models.contains(m)) {
+                pressure[usize::from(*model)] += d / (reach / total_supply);
+            }
+        }
+        self.pressure = pressure;
+        self
+    }
+
+    /// [`TypicalPods::pressure`] of a node's model (0 for none or an unknown one).
+    pub fn pressure_of(&self, model: Option<GpuModel>) -> f64 {
+        model
+            .and_then(|m| self.pressure.get(usize::from(m)))
+            .copied()
+            .unwrap_or(0.0)
+    }
+
+    /// Expected fragmented milli-GPU of a node in the given state (FGD's measure: CPU
+    /// and GPU only).
     pub fn node_fragmentation(&self, spec: &NodeSpec, cpu_left: u64, gpu_left: &[u32]) -> f64 {
-        self.node_fragmentation_with_memory(spec, cpu_left, None, gpu_left)
-    }
-
-    /// As [`Self::node_fragmentation`], and when `memory_left` is given a class whose
-    /// memory does not fit cannot use the node's GPUs either.
-    pub fn node_fragmentation_with_memory(
-        &self,
-        spec: &NodeSpec,
-        cpu_left: u64,
-        memory_left: Option<u64>,
-        gpu_left: &[u32],
-    ) -> f64 {
         if gpu_left.is_empty() {
             return 0.0;
         }
@@ -99,8 +146,7 @@ impl TypicalPods {
             let can_host = class.num_gpu > 0
                 && model_ok
                 && fitting >= usize::from(class.num_gpu)
-                && cpu_left >= class.cpu_milli
-                && memory_left.is_none_or(|left| left >= class.memory_mib);
+                && cpu_left >= class.cpu_milli;
             // A CPU-only class, a foreign model, or a class that does not fit sees all
             // idle GPU as fragment; one that fits sees only the GPUs too small for it.
             let fragment: u64 = if can_host {
@@ -117,12 +163,173 @@ impl TypicalPods {
         total
     }
 
+    /// Expected milli-GPU of a node that a stream of typical pods could not fill: for
+    /// each class, the node's idle GPU less what pods of that class alone could take
+    /// one after another, counting how many of them the node's CPU (and, when given,
+    /// memory) still holds, and on shared GPUs only whole multiples of the class's
+    /// share (a GPU with 700 left holds one 400 pod: 300 is lost to that class). Where
+    /// FGD's measure asks only whether one more pod of a class fits, this one also sees
+    /// GPUs that the node's CPU will run out before (the lists with more CPU load) and
+    /// the slivers a share leaves (the GPU-sharing lists). Classes that take no GPU, or
+    /// not this node's model, see all idle GPU as fragment, as in FGD.
+    pub fn stream_fragmentation(
+        &self,
+        spec: &NodeSpec,
+        cpu_left: u64,
+        memory_left: Option<u64>,
+        gpu_left: &[u32],
+    ) -> f64 {
+        if gpu_left.is_empty() {
+            return 0.0;
+        }
+        let idle: u64 = gpu_left.iter().map(|g| u64::from(*g)).sum();
+        let mut total = 0.0;
+        for class in &self.classes {
+            let model_ok = class.gpu_models.is_empty()
+                || spec
+                    .gpu_model
+                    .is_some_and(|m| class.gpu_models.contains(&m));
+            if class.num_gpu == 0 || class.gpu_milli == 0 || !model_ok {
+                total += class.share * idle as f64;
+                continue;
+            }
+            let gpu_usable = GpuUse::of(class, gpu_left).usable(class);
+            let usable = capped(class, gpu_usable, cpu_left, memory_left);
+            total += class.share * (idle - usable) as f64;
+        }
+        total
+    }
+
+    /// [`TypicalPods::stream_fragmentation`] before a placement less after it, for
+    /// each of `choices` (the GPUs and milli a pod would take on this node), with the
+    /// node's CPU and memory going from `cpu_left`/`memory_left` to
+    /// `cpu_after`/`memory_after`. The same figures as computing the measure twice, in
+    /// one pass over the node's GPUs per class: placement scores every state a node
+    /// group reaches, so this is on its hot path.
+    #[allow(clippy::too_many_arguments)]
+    pub fn stream_fragmentation_changes(
+        &self,
+        spec: &NodeSpec,
+        gpu_left: &[u32],
+        cpu_left: u64,
+        memory_left: Option<u64>,
+        cpu_after: u64,
+        memory_after: Option<u64>,
+        choices: &[&[(u8, u32)]],
+    ) -> Vec<f64> {
+        let mut deltas = vec![0.0; choices.len()];
+        if gpu_left.is_empty() {
+            return deltas;
+        }
+        for class in &self.classes {
+            let model_ok = class.gpu_models.is_empty()
+                || spec
+                    .gpu_model
+                    .is_some_and(|m| class.gpu_models.contains(&m));
+            let foreign = class.num_gpu == 0 || class.gpu_milli == 0 || !model_ok;
+            let before_use = (!foreign).then(|| GpuUse::of(class, gpu_left));
+            let usable_before =
+                before_use.map_or(0, |u| capped(class, u.usable(class), cpu_left, memory_left));
+            for (delta, choice) in deltas.iter_mut().zip(choices) {
+                // Idle GPU falls by what the pod takes, for every class.
+                let taken: u64 = choice.iter().map(|(_, milli)| u64::from(*milli)).sum();
+                let usable_after = before_use.map_or(0, |mut u| {
+                    for (gpu, milli) in choice.iter() {
+                        let old = gpu_left.get(usize::from(*gpu)).copied().unwrap_or(0);
+                        u.replace(class, old, old.saturating_sub(*milli));
+                    }
+                    capped(class, u.usable(class), cpu_after, memory_after)
+                });
+                // fragment = idle - usable, before less after.
+                *delta += class.share * (taken as f64 - usable_before as f64 + usable_after as f64);
+            }
+        }
+        deltas
+    }
+
     pub fn state_fragmentation(&self, spec: &NodeSpec, state: &NodeState) -> f64 {
         if !state.up {
             return 0.0;
         }
         self.node_fragmentation(spec, state.cpu_left, &state.gpu_left)
     }
+}
+
+/// What one class could take of a node's GPUs, kept as sums that a change of one
+/// GPU updates without a pass over the others.
+#[derive(Debug, Clone, Copy)]
+struct GpuUse {
+    /// 1-GPU classes: Σ whole multiples of the share per GPU. Others: Σ left on the
+    /// GPUs with room for one of the pod's GPUs.
+    sum: u64,
+    /// GPUs with room for one of the pod's GPUs (multi-GPU classes).
+    fitting: u32,
+}
+
+impl GpuUse {
+    fn of(class: &TypicalPod, gpu_left: &[u32]) -> GpuUse {
+        let mut use_ = GpuUse { sum: 0, fitting: 0 };
+        for left in gpu_left {
+            use_.add(class, *left);
+        }
+        use_
+    }
+
+    fn contribution(class: &TypicalPod, left: u32) -> u64 {
+        if left < class.gpu_milli {
+            0
+        } else if class.num_gpu == 1 {
+            u64::from(left / class.gpu_milli * class.gpu_milli)
+        } else {
+            u64::from(left)
+        }
+    }
+
+    fn add(&mut self, class: &TypicalPod, left: u32) {
+        self.sum += Self::contribution(class, left);
+        self.fitting += u32::from(left >= class.gpu_milli);
+    }
+
+    fn replace(&mut self, class: &TypicalPod, old: u32, new: u32) {
+        self.sum = self.sum - Self::contribution(class, old) + Self::contribution(class, new);
+        self.fitting =
+            self.fitting - u32::from(old >= class.gpu_milli) + u32::from(new >= class.gpu_milli);
+    }
+
+    /// GPU milli the class could take, GPUs alone considered.
+    fn usable(self, class: &TypicalPod) -> u64 {
+        if class.num_gpu == 1 || self.fitting >= u32::from(class.num_gpu) {
+            self.sum
+        } else {
+            0
+        }
+    }
+}
+
+/// `gpu_usable` of a class, capped by how many of its pods the node's CPU and memory
+/// (when given) still hold. A multiplication decides most nodes; the division runs
+/// only where CPU or memory binds.
+fn capped(class: &TypicalPod, gpu_usable: u64, cpu_left: u64, memory_left: Option<u64>) -> u64 {
+    let per_pod = u64::from(class.num_gpu) * u64::from(class.gpu_milli);
+    if gpu_usable == 0 || per_pod == 0 {
+        return gpu_usable;
+    }
+    // Holds ceil(gpu_usable / per_pod) pods of `each`: then the GPUs bind.
+    let holds = |left: u64, each: u64| {
+        each == 0
+            || u128::from(left) * u128::from(per_pod)
+                >= u128::from(each) * u128::from(gpu_usable + per_pod - 1)
+    };
+    if holds(cpu_left, class.cpu_milli)
+        && memory_left.is_none_or(|memory| holds(memory, class.memory_mib))
+    {
+        return gpu_usable;
+    }
+    let mut pods = cpu_left.checked_div(class.cpu_milli).unwrap_or(u64::MAX);
+    if let (Some(memory), true) = (memory_left, class.memory_mib > 0) {
+        pods = pods.min(memory / class.memory_mib);
+    }
+    gpu_usable.min(pods.saturating_mul(per_pod))
 }
 
 #[cfg(test)]
@@ -148,6 +355,141 @@ mod tests {
         let typical = TypicalPods::from_pods(&pods, 0.9);
         assert_eq!(typical.classes.len(), 2);
         assert!((typical.classes[0].share - 6.0 / 9.0).abs() < 1e-12);
+    }
+
+    fn node(gpus: u8, model: u16) -> NodeSpec {
+        NodeSpec {
+            name: format!("n{model}"),
+            cpu_milli: 16_000,
+            memory_mib: 64_000,
+            gpus,
+            gpu_model: Some(model),
+            ..NodeSpec::default()
+        }
+    }
+
+    #[test]
+    fn a_stream_of_pods_sees_the_cpu_run_out_and_the_slivers_a_share_leaves() {
+        let spec = node(8, 0);
+        // Whole-GPU pods with 4 cores: one more fits (FGD: nothing lost), but the 16
+        // cores left hold only four of them, so four free GPUs are lost to the class.
+        let typical = TypicalPods::from_pods(&[pod(4000, 1, 1000)], 1.0);
+        let free = [1000; 8];
+        assert_eq!(typical.node_fragmentation(&spec, 16_000, &free), 0.0);
+        assert_eq!(
+            typical.stream_fragmentation(&spec, 16_000, None, &free),
+            4000.0
+        );
+        // Memory counts when given: 64,000 MiB holds 64 pods of 1 MiB, no limit here.
+        assert_eq!(
+            typical.stream_fragmentation(&spec, 16_000, Some(64_000), &free),
+            4000.0
+        );
+        assert_eq!(
+            typical.stream_fragmentation(&spec, 16_000, Some(2), &free),
+            6000.0
+        );
+        // 400-milli shares: a GPU with 700 left holds one (300 lost), a free one two
+        // (200 lost); FGD counts neither.
+        let typical = TypicalPods::from_pods(&[pod(0, 1, 400)], 1.0);
+        let left = [700, 1000];
+        assert_eq!(typical.node_fragmentation(&spec, 16_000, &left), 0.0);
+        assert_eq!(
+            typical.stream_fragmentation(&spec, 16_000, None, &left),
+            500.0
+        );
+        // A class that takes no GPU, or not this model, loses all idle GPU, as in FGD.
+        let mut typed = pod(1000, 1, 1000);
+        typed.gpu_models = vec![1];
+        let typical = TypicalPods::from_pods(&[typed], 1.0);
+        assert_eq!(
+            typical.stream_fragmentation(&spec, 16_000, None, &left),
+            1700.0
+        );
+    }
+
+    proptest::proptest! {
+        /// The one-pass changes are the measure before less the measure after.
+        #[test]
+        fn changes_agree_with_the_measure_computed_twice(
+            classes in proptest::collection::vec((0u64..8, 0u8..4, 1u32..=10, 0u64..6, proptest::option::of(0u16..2)), 1..8),
+            gpu_left in proptest::collection::vec(0u32..=10, 0..8),
+            cpu_left in 0u64..40,
+            memory_left in 0u64..40,
+            take in proptest::collection::vec((0u8..8, 1u32..=10), 0..3),
+            cpu_taken in 0u64..8,
+            memory_taken in 0u64..8,
+            with_memory in proptest::bool::ANY,
+        ) {
+            let pods: Vec<PodRequest> = classes
+                .iter()
+                .map(|(cpu, num_gpu, tenth, memory, model)| PodRequest {
+                    cpu_milli: cpu * 1000,
+                    memory_mib: *memory,
+                    num_gpu: *num_gpu,
+                    gpu_milli: if *num_gpu > 1 { 1000 } else { tenth * 100 },
+                    gpu_models: model.iter().copied().collect(),
+                    ..PodRequest::default()
+                })
+                .collect();
+            let typical = TypicalPods::from_pods(&pods, 1.0);
+            let spec = node(gpu_left.len() as u8, 0);
+            let gpu_left: Vec<u32> = gpu_left.iter().map(|t| t * 100).collect();
+            // A choice takes what it can from GPUs that exist.
+            let choice: Vec<(u8, u32)> = take
+                .iter()
+                .filter(|(gpu, _)| usize::from(*gpu) < gpu_left.len())
+                .map(|(gpu, tenth)| (*gpu, (tenth * 100).min(gpu_left[usize::from(*gpu)])))
+                .collect::<std::collections::BTreeMap<u8, u32>>()
+                .into_iter()
+                .collect();
+            let mut left_after = gpu_left.clone();
+            for (gpu, milli) in &choice {
+                left_after[usize::from(*gpu)] -= milli;
+            }
+            let cpu_left = cpu_left * 1000;
+            let cpu_after = cpu_left.saturating_sub(cpu_taken * 1000);
+            let memory = with_memory.then_some(memory_left);
+            let memory_after = memory.map(|m| m.saturating_sub(memory_taken));
+            let twice = typical.stream_fragmentation(&spec, cpu_left, memory, &gpu_left)
+                - typical.stream_fragmentation(&spec, cpu_after, memory_after, &left_after);
+            let once = typical.stream_fragmentation_changes(
+                &spec, &gpu_left, cpu_left, memory, cpu_after, memory_after, &[&choice, &[]],
+            );
+            proptest::prop_assert!((once[0] - twice).abs() < 1e-6, "{} vs {}", once[0], twice);
+            // Taking nothing, with the same CPU and memory, changes nothing.
+            let same = typical.stream_fragmentation_changes(
+                &spec, &gpu_left, cpu_left, memory, cpu_left, memory, &[&[]],
+            );
+            proptest::prop_assert!(same[0].abs() < 1e-9);
+        }
+    }
+
+    #[test]
+    fn pressure_is_typed_demand_per_gpu_of_the_models_it_accepts() {
+        // Model 0: 8 GPUs, model 1: 2. Half the demand accepts only model 1.
+        let mut typed = pod(1000, 1, 1000);
+        typed.gpu_models = vec![1];
+        let untyped = pod(1000, 1, 1000);
+        let typical =
+            TypicalPods::from_pods(&[typed, untyped], 1.0).with_supply(&[node(8, 0), node(2, 1)]);
+        // Half the demand on a fifth of the GPUs: 0.5 / 0.2.
+        assert!((typical.pressure_of(Some(1)) - 2.5).abs() < 1e-12);
+        assert_eq!(typical.pressure_of(Some(0)), 0.0);
+        assert_eq!(typical.pressure_of(None), 0.0);
+        assert_eq!(typical.pressure_of(Some(9)), 0.0);
+        // A class accepting both spreads over them by supply: the same figure on each.
+        let mut both = pod(1000, 1, 1000);
+        both.gpu_models = vec![0, 1];
+        let typical = TypicalPods::from_pods(&[both], 1.0).with_supply(&[node(8, 0), node(2, 1)]);
+        assert!((typical.pressure_of(Some(0)) - 1.0).abs() < 1e-12);
+        assert!((typical.pressure_of(Some(1)) - 1.0).abs() < 1e-12);
+        // No supply at all: no pressure, no panic.
+        assert!(TypicalPods::from_pods(&[pod(0, 1, 1000)], 1.0)
+            .with_supply(&[])
+            .pressure
+            .iter()
+            .all(|p| *p == 0.0));
     }
 
     #[test]

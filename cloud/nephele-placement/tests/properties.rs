@@ -139,7 +139,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
 /// Runs pods through a policy, reserving each placement; returns node names per pod.
 fn plan(nodes: &[NodeSpec], pods: &[PodRequest], policy: Policy, seed: u64) -> Vec<Option<String>> {
     let mut cluster = Cluster::new(nodes.to_vec());
-    let typical = TypicalPods::from_pods(pods, 0.95);
+    let typical = TypicalPods::from_pods(pods, 0.95).with_supply(nodes);
     // Priority is a function of the node's name, so it survives reordering.
     let mut rng = Rng::new(seed);
     let mut by_name: Vec<&NodeSpec> = nodes.iter().collect();
@@ -292,7 +292,7 @@ proptest! {
         // group slots, and must still agree with the plain node-by-node loop.
         let nodes = named(nodes);
         let policy = DETERMINISTIC[policy_idx];
-        let typical = TypicalPods::from_pods(&shapes, 0.95);
+        let typical = TypicalPods::from_pods(&shapes, 0.95).with_supply(&nodes);
         let mut cluster = Cluster::new(nodes.clone());
         let rank = Rng::new(seed).permutation(nodes.len());
         cluster.set_priority(&rank);

@@ -346,3 +346,46 @@ fn carbon_locality_and_spread_move_the_choice() {
     zones.sort();
     assert_eq!(zones, vec![0, 1, 2, 3]);
 }
+
+#[test]
+fn ours_leaves_a_scarce_gpu_model_to_the_pods_that_can_only_use_it() {
+    // Two nodes alike but for the model; the node order prefers the scarce one (model
+    // 1), which typed pods need: half of the workload accepts only model 1.
+    let mut scarce = node("a-scarce", 4);
+    scarce.gpu_model = Some(1);
+    let plenty = node("b-plenty", 4);
+    let mut typed = gpu_pod(1);
+    typed.gpu_models = vec![1];
+    let untyped = gpu_pod(1);
+    let nodes = vec![scarce, plenty];
+    let typical =
+        TypicalPods::from_pods(&[typed.clone(), untyped.clone()], 1.0).with_supply(&nodes);
+    // Half the demand on half the GPUs.
+    assert!((typical.pressure_of(Some(1)) - 1.0).abs() < 1e-12);
+    let mut cluster = Cluster::new(nodes);
+    cluster.set_priority(&[0, 1]);
+    let priority = cluster.priority().to_vec();
+    let mut rng = Rng::new(1);
+    let choose = |cluster: &Cluster, pod: &PodRequest, policy: Policy, rng: &mut Rng| {
+        place(cluster, pod, policy, &typical, &priority, rng)
+            .unwrap()
+            .binding
+            .node
+    };
+    // First-fit follows the node order onto the scarce model; ours does not.
+    assert_eq!(choose(&cluster, &untyped, Policy::FirstFit, &mut rng), 0);
+    assert_eq!(choose(&cluster, &untyped, Policy::Ours, &mut rng), 1);
+    // The typed pod still goes where it must.
+    let binding = place(
+        &cluster,
+        &typed,
+        Policy::Ours,
+        &typical,
+        &priority,
+        &mut rng,
+    )
+    .unwrap()
+    .binding;
+    assert_eq!(binding.node, 0);
+    cluster.reserve(1, &typed, &binding).unwrap();
+}

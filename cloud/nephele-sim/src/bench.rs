@@ -98,7 +98,7 @@ pub fn placement(nodes: usize, decisions: usize, policy: Policy, seed: u64) -> P
     let mut rng = Rng::new(seed);
     let mut cluster = Cluster::new(synthetic_nodes(nodes, &mut rng));
     let pods = openb_like_workload();
-    let typical = TypicalPods::from_pods(&pods, 0.95);
+    let typical = TypicalPods::from_pods(&pods, 0.95).with_supply(&cluster.nodes);
     let priority = rng.permutation(nodes);
     cluster.set_priority(&priority);
     let capacity = cluster.total_gpu_milli().max(1);

@@ -56,6 +56,72 @@ impl StudyPolicy {
 /// / idle %).
 pub type Series = Vec<(f64, f64, f64, f64)>;
 
+/// Pods that found no node, of one kind, and their GPU demand.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Failed {
+    pub pods: u64,
+    pub gpu_milli: u64,
+}
+
+/// Failed pods by [`failure_kind`].
+pub type Failures = BTreeMap<String, Failed>;
+
+/// What kind of pod failed and what blocked it: `"<pod>: <resources>"`, where the pod is
+/// `cpu-only`, `shared gpu`, `1 gpu` or `<n> gpus` (with `, typed` when it names GPU
+/// models) and the resources are those short on the nodes closest to taking it (the
+/// fewest resources short), each checked on its own: `cpu` when some node lacked only
+/// CPU, `cpu or gpu` when one node lacked only CPU and another only GPUs, `cpu+gpu`
+/// when every node lacked both.
+pub fn failure_kind(cluster: &Cluster, pod: &nephele_placement::PodRequest) -> String {
+    let mut closest: Vec<Vec<nephele_placement::Reason>> = Vec::new();
+    for node in 0..cluster.nodes.len() {
+        let short = cluster.shortages(node, pod);
+        if short.is_empty() {
+            continue;
+        }
+        match closest.first().map(Vec::len) {
+            Some(n) if short.len() > n => {}
+            Some(n) if short.len() == n => {
+                if !closest.contains(&short) {
+                    closest.push(short);
+                }
+            }
+            _ => closest = vec![short],
+        }
+    }
+    let resource = |reason: &nephele_placement::Reason| match reason {
+        nephele_placement::Reason::InsufficientCpu => "cpu",
+        nephele_placement::Reason::InsufficientMemory => "memory",
+        nephele_placement::Reason::GpuModelMismatch | nephele_placement::Reason::NoGpu => {
+            "gpu model"
+        }
+        _ => "gpu",
+    };
+    let mut alternatives: Vec<String> = closest
+        .iter()
+        .map(|set| set.iter().map(resource).collect::<Vec<_>>().join("+"))
+        .collect();
+    alternatives.sort();
+    alternatives.dedup();
+    let blocked = if alternatives.is_empty() {
+        "other".to_string()
+    } else {
+        alternatives.join(" or ")
+    };
+    let kind = match (pod.num_gpu, pod.gpu_milli) {
+        (0, _) => "cpu-only".to_string(),
+        (1, milli) if milli < nephele_placement::MILLI_PER_GPU => "shared gpu".to_string(),
+        (1, _) => "1 gpu".to_string(),
+        (n, _) => format!("{n} gpus"),
+    };
+    let typed = if pod.gpu_models.is_empty() {
+        ""
+    } else {
+        ", typed"
+    };
+    format!("{kind}{typed}: {blocked}")
+}
+
 /// One run: (arrived %, allocated %, fragmentation % of capacity, fragmentation / idle)
 /// after every pod.
 pub fn run_inflation(
@@ -63,8 +129,8 @@ pub fn run_inflation(
     typical: &TypicalPods,
     policy: StudyPolicy,
     seed: u64,
-) -> (Series, BTreeMap<&'static str, u64>) {
-    let mut failures: BTreeMap<&'static str, u64> = BTreeMap::new();
+) -> (Series, Failures) {
+    let mut failures = Failures::new();
     let mut rng = Rng::new(seed);
     let mut pods = trace.pods.clone();
     rng.shuffle(&mut pods);
@@ -119,11 +185,12 @@ pub fn run_inflation(
                     node_frag[node] = updated;
                 }
             }
-            // Why pods fail before demand reaches capacity: the reason most nodes gave.
-            Err(why) if arrived <= capacity => {
-                if let Some((reason, _)) = why.rejected.iter().max_by_key(|(_, n)| **n) {
-                    *failures.entry(reason.as_str()).or_default() += 1;
-                }
+            // Why pods fail before demand reaches capacity: every resource short on
+            // the nodes that came closest.
+            Err(_) if arrived <= capacity => {
+                let entry = failures.entry(failure_kind(&cluster, pod)).or_default();
+                entry.pods += 1;
+                entry.gpu_milli += pod.gpu_total();
             }
             Err(_) => {}
         }
@@ -187,9 +254,11 @@ pub struct PolicySummary {
     pub fragmentation_ratio_at_100: f64,
     pub seeds: u64,
     pub seconds_per_run: f64,
-    /// Pods that found no node before arrived demand reached 100%, per seed, by the
-    /// reason most nodes gave.
-    pub failed_pods_before_100: BTreeMap<&'static str, f64>,
+    /// Pods that found no node before arrived demand reached 100%, per seed, by
+    /// [`failure_kind`] (the kind of pod and every resource that blocked it).
+    pub failed_pods_before_100: BTreeMap<String, f64>,
+    /// Their GPU demand, % of the cluster's GPU capacity, per seed, by the same kinds.
+    pub failed_gpu_pct_before_100: BTreeMap<String, f64>,
 }
 
 pub fn mean_sd(values: &[f64]) -> (f64, f64) {
@@ -197,4 +266,69 @@ pub fn mean_sd(values: &[f64]) -> (f64, f64) {
     let mean = values.iter().sum::<f64>() / n;
     let var = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n;
     (mean, var.sqrt())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nephele_placement::{NodeSpec, PodRequest};
+
+    fn node(name: &str, cpu_milli: u64, gpus: u8) -> NodeSpec {
+        NodeSpec {
+            name: name.into(),
+            cpu_milli,
+            memory_mib: 1000,
+            gpus,
+            gpu_model: Some(0),
+            ..NodeSpec::default()
+        }
+    }
+
+    #[test]
+    fn a_failure_names_every_resource_short_on_the_closest_nodes() {
+        // Node a has the GPU but not the CPU, node b the CPU but no free GPU, node c
+        // neither: the pod fails for "cpu or gpu" (c, short of both, is not closest).
+        let mut cluster = Cluster::new(vec![
+            node("a", 1000, 1),
+            node("b", 8000, 1),
+            node("c", 1000, 1),
+        ]);
+        let filler = PodRequest {
+            cpu_milli: 0,
+            memory_mib: 0,
+            num_gpu: 1,
+            gpu_milli: 1000,
+            ..PodRequest::default()
+        };
+        for (id, node) in [1usize, 2].into_iter().enumerate() {
+            let binding = nephele_placement::Binding {
+                node,
+                gpus: vec![(0, 1000)],
+                mig: None,
+            };
+            cluster.reserve(id as u64, &filler, &binding).unwrap();
+        }
+        let pod = PodRequest {
+            cpu_milli: 4000,
+            memory_mib: 10,
+            num_gpu: 1,
+            gpu_milli: 500,
+            ..PodRequest::default()
+        };
+        assert_eq!(failure_kind(&cluster, &pod), "shared gpu: cpu or gpu");
+        // Typed to another model, with more memory than any node has: on every node
+        // two resources are short at least.
+        let typed = PodRequest {
+            gpu_models: vec![7],
+            memory_mib: 5000,
+            num_gpu: 2,
+            gpu_milli: 1000,
+            cpu_milli: 0,
+            ..PodRequest::default()
+        };
+        assert_eq!(
+            failure_kind(&cluster, &typed),
+            "2 gpus, typed: memory+gpu model"
+        );
+    }
 }

@@ -12,7 +12,8 @@ use std::time::Instant;
 use nephele_placement::TypicalPods;
 use serde::Serialize;
 
-use crate::inflation::{by_level, mean_sd, run_inflation, PolicySummary, StudyPolicy};
+use crate::inflation::{by_level, mean_sd, run_inflation, Failures, PolicySummary, StudyPolicy};
+use crate::plot::{svg_bars, BarGroup};
 use crate::trace::Trace;
 
 /// The FGD authors' unallocated GPU % at 100% arrived (mean of their 10 seeds), per
@@ -68,23 +69,23 @@ pub struct PodListResult {
     pub curves: Vec<(String, Vec<(u32, f64)>)>,
 }
 
-/// Runs every policy over `seeds` seeds (42, 43, …) on `trace`, the runs spread over
+/// Runs every policy over `seeds` (the paper's are 42..52) on `trace`, the runs spread over
 /// `threads` threads; `done` is called after each run with (runs done, runs in all).
 pub fn run_pod_list(
     name: &str,
     file: &str,
     trace: &Trace,
     policies: &[StudyPolicy],
-    seeds: u64,
+    seeds: std::ops::Range<u64>,
     threads: usize,
     done: &(dyn Fn(usize, usize) + Sync),
 ) -> PodListResult {
-    let typical = TypicalPods::from_pods(&trace.pods, 0.95);
+    let typical = TypicalPods::from_pods(&trace.pods, 0.95).with_supply(&trace.nodes);
     let runs: Vec<(usize, u64)> = (0..policies.len())
-        .flat_map(|p| (0..seeds).map(move |s| (p, 42 + s)))
+        .flat_map(|p| seeds.clone().map(move |s| (p, s)))
         .collect();
     // (policy index, seed) → (levels, failures, seconds)
-    type RunResult = (Vec<(u32, f64, f64, f64)>, BTreeMap<&'static str, u64>, f64);
+    type RunResult = (Vec<(u32, f64, f64, f64)>, Failures, f64);
     let results: Mutex<BTreeMap<(usize, u64), RunResult>> = Mutex::new(BTreeMap::new());
     let next = AtomicUsize::new(0);
     let finished = AtomicUsize::new(0);
@@ -107,6 +108,12 @@ pub fn run_pod_list(
         }
     });
     let results = results.into_inner().unwrap_or_else(|p| p.into_inner());
+    let gpu_capacity: f64 = trace
+        .nodes
+        .iter()
+        .map(|n| f64::from(n.gpus) * f64::from(nephele_placement::MILLI_PER_GPU))
+        .sum::<f64>()
+        .max(1.0);
     let mut csv = String::new();
     let mut summaries = Vec::new();
     let mut curves = Vec::new();
@@ -114,12 +121,14 @@ pub fn run_pod_list(
         let mut at_100 = Vec::new();
         let mut ratio_100 = Vec::new();
         let mut curve: BTreeMap<u32, Vec<f64>> = BTreeMap::new();
-        let mut failed: BTreeMap<&'static str, u64> = BTreeMap::new();
+        let mut failed = Failures::new();
         let mut seconds = 0.0;
         for ((_, seed), (levels, failures, secs)) in results.range((index, 0)..(index, u64::MAX)) {
             seconds += secs;
-            for (reason, count) in failures {
-                *failed.entry(reason).or_default() += count;
+            for (kind, count) in failures {
+                let entry = failed.entry(kind.clone()).or_default();
+                entry.pods += count.pods;
+                entry.gpu_milli += count.gpu_milli;
             }
             for (level, used, frag, ratio) in levels {
                 csv += &format!(
@@ -135,17 +144,26 @@ pub fn run_pod_list(
             }
         }
         let (mean, sd) = mean_sd(&at_100);
-        let n = seeds.max(1) as f64;
+        let n = (seeds.end - seeds.start).max(1) as f64;
         summaries.push(PolicySummary {
             name: policy.name().into(),
             unallocated_gpu_share_at_100: mean,
             unallocated_gpu_share_at_100_sd: sd,
             fragmentation_ratio_at_100: mean_sd(&ratio_100).0,
-            seeds,
+            seeds: seeds.end - seeds.start,
             seconds_per_run: seconds / n,
             failed_pods_before_100: failed
                 .iter()
-                .map(|(reason, count)| (*reason, *count as f64 / n))
+                .map(|(kind, count)| (kind.clone(), count.pods as f64 / n))
+                .collect(),
+            failed_gpu_pct_before_100: failed
+                .iter()
+                .map(|(kind, count)| {
+                    (
+                        kind.clone(),
+                        count.gpu_milli as f64 / n / gpu_capacity * 100.0,
+                    )
+                })
                 .collect(),
         });
         curves.push((
@@ -166,6 +184,90 @@ pub fn run_pod_list(
     }
 }
 
+/// The FGD paper's three studies, each over the default list and its variants: the
+/// file stem of its figure, its title, and its pod lists in the order they are drawn.
+pub const STUDIES: [(&str, &str, [&str; 5]); 3] = [
+    (
+        "sharing",
+        "GPU sharing: share of GPU pods that ask for part of a GPU",
+        [
+            "default",
+            "gpushare40",
+            "gpushare60",
+            "gpushare80",
+            "gpushare100",
+        ],
+    ),
+    (
+        "constraints",
+        "GPU-type constraints: share of GPU pods that name GPU models",
+        [
+            "default",
+            "gpuspec10",
+            "gpuspec20",
+            "gpuspec25",
+            "gpuspec33",
+        ],
+    ),
+    (
+        "cpu",
+        "CPU-only load: CPU-only pods beside the GPU pods",
+        ["cpu050", "cpu100", "default", "cpu200", "cpu250"],
+    ),
+];
+
+/// One bar chart per study whose lists ran (at least two of them): unallocated GPU %
+/// at 100% arrived per list and policy (mean ± sd over the seeds), with the FGD
+/// authors' figure as the last bar. Returns (`inflation-study-<study>.svg`, SVG).
+pub fn study_svgs(lists: &[PodListResult]) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (stem, title, names) in STUDIES {
+        let ran: Vec<&PodListResult> = names
+            .iter()
+            .filter_map(|name| lists.iter().find(|l| l.name == *name))
+            .collect();
+        if ran.len() < 2 {
+            continue;
+        }
+        let mut series: Vec<String> = ran[0].policies.iter().map(|p| p.name.clone()).collect();
+        series.push("fgd (authors)".into());
+        let groups: Vec<BarGroup> = ran
+            .iter()
+            .map(|list| BarGroup {
+                label: list.name.clone(),
+                bars: series
+                    .iter()
+                    .map(|name| {
+                        if name == "fgd (authors)" {
+                            return list
+                                .authors_unallocated_pct
+                                .as_ref()
+                                .and_then(|a| a.get("fgd"))
+                                .map(|v| (*v, 0.0));
+                        }
+                        list.policies.iter().find(|p| &p.name == name).map(|p| {
+                            (
+                                p.unallocated_gpu_share_at_100 * 100.0,
+                                p.unallocated_gpu_share_at_100_sd * 100.0,
+                            )
+                        })
+                    })
+                    .collect(),
+            })
+            .collect();
+        out.push((
+            format!("inflation-study-{stem}.svg"),
+            svg_bars(
+                title,
+                "unallocated GPU at 100% arrived (% of capacity)",
+                &series,
+                &groups,
+            ),
+        ));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -176,5 +278,48 @@ mod tests {
         assert_eq!(authors_figures("gpuspec33").unwrap()["fgd"], 12.16);
         assert_eq!(authors_figures("default").unwrap()["gpu-clustering"], 8.35);
         assert!(authors_figures("mine").is_none());
+    }
+
+    fn result(name: &str, ours: f64) -> PodListResult {
+        PodListResult {
+            name: name.into(),
+            file: format!("{name}.csv"),
+            nodes: 1,
+            pods: 1,
+            typical_pod_classes: 1,
+            policies: vec![PolicySummary {
+                name: "ours".into(),
+                unallocated_gpu_share_at_100: ours,
+                unallocated_gpu_share_at_100_sd: 0.001,
+                fragmentation_ratio_at_100: 0.0,
+                seeds: 1,
+                seconds_per_run: 0.0,
+                failed_pods_before_100: BTreeMap::new(),
+                failed_gpu_pct_before_100: BTreeMap::new(),
+            }],
+            authors_unallocated_pct: authors_figures(name),
+            csv: String::new(),
+            curves: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_study_figure_is_drawn_when_two_of_its_lists_ran() {
+        let lists = vec![
+            result("default", 0.046),
+            result("gpuspec33", 0.06),
+            result("cpu050", 0.05),
+        ];
+        let figures = study_svgs(&lists);
+        let names: Vec<&str> = figures.iter().map(|(n, _)| n.as_str()).collect();
+        // Sharing ran only default, constraints default and gpuspec33, CPU default and
+        // cpu050.
+        assert_eq!(
+            names,
+            ["inflation-study-constraints.svg", "inflation-study-cpu.svg"]
+        );
+        let (_, constraints) = &figures[0];
+        assert!(constraints.contains("ours: 6.00 ± 0.10"));
+        assert!(constraints.contains("fgd (authors): 12.16"));
     }
 }

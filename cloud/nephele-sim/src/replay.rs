@@ -418,7 +418,7 @@ pub fn run_replay(
     }
     let stride = options.node_stride.max(1);
     let nodes: Vec<_> = trace.nodes.iter().step_by(stride).cloned().collect();
-    let typical = TypicalPods::from_pods(&trace.pods, 0.95);
+    let typical = TypicalPods::from_pods(&trace.pods, 0.95).with_supply(&trace.nodes);
     let mut report = replay_jobs(&jobs, nodes, &zones, &typical, options, progress)?;
     report.pods_in_trace = trace.pods.len();
     report.excluded_never_ran = excluded;

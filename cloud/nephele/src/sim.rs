@@ -11,7 +11,7 @@ use nephele_sim::autoscale_trace::ServiceOptions;
 use nephele_sim::autoscale_tune::tune_ours;
 use nephele_sim::carbon::{run_shift, ShiftConfig};
 use nephele_sim::inflation::StudyPolicy;
-use nephele_sim::inflation_study::run_pod_list;
+use nephele_sim::inflation_study::{run_pod_list, study_svgs};
 use nephele_sim::plot::svg_plot;
 use nephele_sim::replay::{run_replay, ReplayConfig, ReplayOptions};
 use nephele_sim::trace::{all_pod_lists, load_openb_with, pod_list_name, pod_list_path};
@@ -159,6 +159,10 @@ pub struct InflationArgs {
     /// Seeds to run (results are mean and spread over them).
     #[arg(long, default_value_t = 5)]
     pub seeds: u64,
+    /// The first seed (the paper's runs are 42..=51): seeds apart from the reported ones
+    /// are for choosing a policy's parameters.
+    #[arg(long, default_value_t = 42)]
+    pub first_seed: u64,
     /// Policies, comma-separated (default: all).
     #[arg(
         long,
@@ -419,7 +423,7 @@ fn run_inflation_command(args: InflationArgs) -> Result<()> {
             &file.display().to_string(),
             &trace,
             &policies,
-            args.seeds,
+            args.first_seed..args.first_seed + args.seeds,
             threads,
             &progress,
         );
@@ -437,9 +441,13 @@ fn run_inflation_command(args: InflationArgs) -> Result<()> {
     let summary = serde_json::json!({
         "trace": "alibaba-gpu-v2023 openb (GPU node list; the pod lists named)",
         "seeds": args.seeds,
+        "first_seed": args.first_seed,
         "elapsed_s": started.elapsed().as_secs_f64(),
         "pod_lists": lists,
     });
+    for (file, svg) in study_svgs(&lists) {
+        std::fs::write(args.out.join(file), svg)?;
+    }
     std::fs::write(
         args.out.join("inflation.json"),
         serde_json::to_vec_pretty(&summary)?,
@@ -473,10 +481,14 @@ fn run_inflation_command(args: InflationArgs) -> Result<()> {
                 s.fragmentation_ratio_at_100 * 100.0,
                 s.seconds_per_run
             );
-            let reasons: Vec<String> = s
-                .failed_pods_before_100
+            let mut kinds: Vec<(&String, &f64)> = s.failed_gpu_pct_before_100.iter().collect();
+            kinds.sort_by(|a, b| b.1.total_cmp(a.1).then(a.0.cmp(b.0)));
+            let reasons: Vec<String> = kinds
                 .iter()
-                .map(|(reason, n)| format!("{n:.1} {reason}"))
+                .map(|(kind, pct)| {
+                    let pods = s.failed_pods_before_100.get(*kind).copied().unwrap_or(0.0);
+                    format!("{pods:.1} {kind} ({pct:.2}% gpu)")
+                })
                 .collect();
             failures.push(format!(
                 "  {:<15} {}",
@@ -484,17 +496,17 @@ fn run_inflation_command(args: InflationArgs) -> Result<()> {
                 if reasons.is_empty() {
                     "none".into()
                 } else {
-                    reasons.join(", ")
+                    reasons.join("; ")
                 }
             ));
         }
-        println!("pods that found no node before demand reached 100% (per run, by the reason most nodes gave):");
+        println!("pods that found no node before demand reached 100%, per run: the kind of pod, what was short on the nodes closest to taking it, and their GPU demand:");
         for line in failures {
             println!("{line}");
         }
     }
     println!(
-        "\nwrote {}/inflation.json and inflation-<list>.{{csv,svg}} ({:.0} s)",
+        "\nwrote {}/inflation.json, inflation-<list>.{{csv,svg}} and a bar chart per study run (inflation-study-<sharing|constraints|cpu>.svg) ({:.0} s)",
         args.out.display(),
         started.elapsed().as_secs_f64()
     );

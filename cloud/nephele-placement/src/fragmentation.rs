@@ -22,6 +22,13 @@ pub struct TypicalPod {
     pub share: f64,
 }
 
+impl TypicalPod {
+    /// Whether the class can run on a node of this GPU model (any, when it names none).
+    pub fn accepts(&self, model: Option<GpuModel>) -> bool {
+        self.gpu_models.is_empty() || model.is_some_and(|m| self.gpu_models.contains(&m))
+    }
+}
+
 /// The target workload: the most common pod shapes covering `threshold` of the pods.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct TypicalPods {
@@ -138,10 +145,7 @@ impl TypicalPods {
         let idle: u64 = gpu_left.iter().map(|g| u64::from(*g)).sum();
         let mut total = 0.0;
         for class in &self.classes {
-            let model_ok = class.gpu_models.is_empty()
-                || spec
-                    .gpu_model
-                    .is_some_and(|m| class.gpu_models.contains(&m));
+            let model_ok = class.accepts(spec.gpu_model);
             let fitting = gpu_left.iter().filter(|g| **g >= class.gpu_milli).count();
             let can_host = class.num_gpu > 0
                 && model_ok
@@ -185,10 +189,7 @@ impl TypicalPods {
         let idle: u64 = gpu_left.iter().map(|g| u64::from(*g)).sum();
         let mut total = 0.0;
         for class in &self.classes {
-            let model_ok = class.gpu_models.is_empty()
-                || spec
-                    .gpu_model
-                    .is_some_and(|m| class.gpu_models.contains(&m));
+            let model_ok = class.accepts(spec.gpu_model);
             if class.num_gpu == 0 || class.gpu_milli == 0 || !model_ok {
                 total += class.share * idle as f64;
                 continue;
@@ -222,10 +223,7 @@ impl TypicalPods {
             return deltas;
         }
         for class in &self.classes {
-            let model_ok = class.gpu_models.is_empty()
-                || spec
-                    .gpu_model
-                    .is_some_and(|m| class.gpu_models.contains(&m));
+            let model_ok = class.accepts(spec.gpu_model);
             let foreign = class.num_gpu == 0 || class.gpu_milli == 0 || !model_ok;
             let before_use = (!foreign).then(|| GpuUse::of(class, gpu_left));
             let usable_before =

@@ -630,6 +630,7 @@ fn build_graph(
             graph.planning()
         ),
     });
+    let synthetic = validation.is_none();
     let (rows, description) = match validation {
         Some(given) if !given.rows.is_empty() || given.typed_rows.is_empty() => {
             return Err(format!(
@@ -666,9 +667,16 @@ fn build_graph(
             (rows, description)
         }
     };
-    let variants =
-        nephele_runtime::graph_variants::build_graph_variants(name, &bytes, &graph, &rows)
-            .map_err(|e| e.to_string())?;
+    let variants = {
+        let bindings: Vec<(String, String)> = state
+            .iter()
+            .map(|b| (b.input.clone(), b.output.clone()))
+            .collect();
+        nephele_runtime::graph_variants::build_graph_variants(
+            name, &bytes, &graph, &rows, &bindings, synthetic,
+        )
+        .map_err(|e| e.to_string())?
+    };
     progress(BuildProgress {
         done: 2,
         total: 2,

@@ -520,8 +520,7 @@ impl Cluster {
             };
         }
         let fits = |gpu: usize| !spec.is_mig(gpu as u8) && state.gpu_left[gpu] >= pod.gpu_milli;
-        let fitting = (0..state.gpu_left.len()).filter(|g| fits(*g)).count();
-        if fitting < usize::from(pod.num_gpu) {
+        if self.fitting_gpus(node, pod) < usize::from(pod.num_gpu) {
             return Err(Reason::InsufficientGpu);
         }
         if pod.same_nvlink && pod.num_gpu > 1 && !spec.nvlink_domain.is_empty() {
@@ -536,6 +535,15 @@ impl Cluster {
             }
         }
         Ok(())
+    }
+
+    /// Non-MIG GPUs of `node` with room for one of `pod`'s GPUs.
+    fn fitting_gpus(&self, node: usize, pod: &PodRequest) -> usize {
+        let spec = &self.nodes[node];
+        let left = &self.state[node].gpu_left;
+        (0..left.len())
+            .filter(|g| !spec.is_mig(*g as u8) && left[*g] >= pod.gpu_milli)
+            .count()
     }
 
     /// Every resource of `node` that is too short for `pod` now: CPU, memory, the GPU
@@ -559,10 +567,7 @@ impl Cluster {
             } else if !pod.accepts_model(spec.gpu_model) {
                 short.push(Reason::GpuModelMismatch);
             } else {
-                let fitting = (0..state.gpu_left.len())
-                    .filter(|g| !spec.is_mig(*g as u8) && state.gpu_left[*g] >= pod.gpu_milli)
-                    .count();
-                if fitting < usize::from(pod.num_gpu) {
+                if self.fitting_gpus(node, pod) < usize::from(pod.num_gpu) {
                     short.push(Reason::InsufficientGpu);
                 }
             }

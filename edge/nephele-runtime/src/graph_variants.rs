@@ -60,14 +60,20 @@ pub fn synthetic_rows(model: &GraphModel, count: usize) -> Vec<HashMap<String, N
         .collect()
 }
 
-/// Every float output of one answer, in the model's output order, as one vector (what
-/// the cosine rule compares).
-fn flat_outputs(model: &GraphModel, answer: &HashMap<String, NamedTensor>) -> Vec<f32> {
+/// The names of the model's float outputs, in its output order (what agreement compares).
+fn float_outputs(model: &GraphModel) -> impl Iterator<Item = &str> {
     model
         .outputs()
         .iter()
         .filter(|d| d.dtype == "f32" || d.dtype == "f16")
-        .filter_map(|d| answer.get(&d.name))
+        .map(|d| d.name.as_str())
+}
+
+/// Every float output of one answer, in the model's output order, as one vector (what
+/// the cosine rule compares).
+fn flat_outputs(model: &GraphModel, answer: &HashMap<String, NamedTensor>) -> Vec<f32> {
+    float_outputs(model)
+        .filter_map(|name| answer.get(name))
         .flat_map(|t| t.data.iter().map(|v| *v as f32))
         .collect()
 }
@@ -228,12 +234,7 @@ fn session_stream(
     rows: &[HashMap<String, NamedTensor>],
     state: &[(String, String)],
 ) -> Result<Vec<Vec<f32>>, RuntimeError> {
-    let floats: Vec<&str> = model
-        .outputs()
-        .iter()
-        .filter(|d| d.dtype == "f32" || d.dtype == "f16")
-        .map(|d| d.name.as_str())
-        .collect();
+    let floats: Vec<&str> = float_outputs(model).collect();
     let mut streams: Vec<Vec<f32>> = vec![Vec::new(); floats.len()];
     let mut carried: HashMap<String, NamedTensor> = state
         .iter()

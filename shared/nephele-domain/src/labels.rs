@@ -82,11 +82,18 @@ impl Selector {
     }
 
     pub fn matches(&self, labels: &Labels) -> bool {
+        self.matches_by(|key| labels.get(key).map(String::as_str))
+    }
+
+    /// Whether the labels `label` looks up by key match: the same as [`Self::matches`]
+    /// without a map of them built first (a fleet's selector is evaluated on every
+    /// device, whose labels are partly derived from its record).
+    pub fn matches_by<'a>(&self, label: impl Fn(&str) -> Option<&'a str>) -> bool {
         self.terms.iter().all(|term| match term {
-            Term::Equals(k, v) => labels.get(k) == Some(v),
-            Term::NotEquals(k, v) => labels.get(k) != Some(v),
-            Term::Exists(k) => labels.contains_key(k),
-            Term::NotExists(k) => !labels.contains_key(k),
+            Term::Equals(k, v) => label(k) == Some(v.as_str()),
+            Term::NotEquals(k, v) => label(k) != Some(v.as_str()),
+            Term::Exists(k) => label(k).is_some(),
+            Term::NotExists(k) => label(k).is_none(),
         })
     }
 }

@@ -269,7 +269,7 @@ impl Catalog {
                 .deployments
                 .get(&deployment.name)
                 .and_then(|entry| entry.selector.as_ref())
-                .is_some_and(|selector| selector.matches(&device_labels(device))),
+                .is_some_and(|selector| selector.matches_by(|key| device_label(device, key))),
             AgentRole::Pool => {
                 deployment.offload
                     && pool_work.is_some_and(|work| work.deployments.contains(&deployment.name))
@@ -421,6 +421,18 @@ fn is_split(model: &ModelEntry, variant: &str) -> bool {
 }
 
 /// A device's labels plus the implicit ones every device has.
+/// One of [`device_labels`], looked up without building the map: what a selector
+/// reads when it is matched against every device of a fleet.
+pub fn device_label<'a>(device: &'a DeviceRecord, key: &str) -> Option<&'a str> {
+    match key {
+        "nephele.io/role" => Some(device.role.as_str()),
+        "nephele.io/region" => Some(&device.region),
+        "nephele.io/profile" if !device.profile_name.is_empty() => Some(&device.profile_name),
+        "nephele.io/name" => Some(&device.name),
+        _ => device.labels.get(key).map(String::as_str),
+    }
+}
+
 pub fn device_labels(device: &DeviceRecord) -> Labels {
     let mut labels = device.labels.clone();
     labels.insert("nephele.io/role".into(), device.role.to_string());

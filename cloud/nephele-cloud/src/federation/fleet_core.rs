@@ -113,6 +113,18 @@ pub struct SessionInfo {
     pub local_endpoint: String,
     pub role: AgentRole,
     pub region: String,
+    /// What the last desired state sent on this session said ([`desired_fingerprint`]):
+    /// a change that leaves a device's state as it was sends it nothing.
+    pub sent: Option<[u8; 16]>,
+}
+
+/// The content of a desired state (its assignments and jobs, not its generation) in
+/// 16 bytes of SHA-256; `None` when it cannot be encoded (it is then always sent, and
+/// the session's writer reports why it cannot go).
+pub(super) fn desired_fingerprint(desired: &DesiredState) -> Option<[u8; 16]> {
+    let bytes = nephele_proto::encode_payload(&(&desired.assignments, &desired.jobs)).ok()?;
+    let digest = ring::digest::digest(&ring::digest::SHA256, &bytes);
+    digest.as_ref()[..16].try_into().ok()
 }
 
 #[derive(Debug, Clone)]
@@ -517,13 +529,37 @@ impl FleetCore {
     }
 
     /// The message sending `device` its desired state now, if it is connected.
-    pub(super) fn send_desired(&self, device: &DeviceRecord) -> Option<Effect> {
-        let session = self.sessions.get(&device.name)?;
+    /// The connected device `name`'s desired state, unless it says what the last one
+    /// sent on its session said: a change elsewhere in the fleet (another device's
+    /// deployment, a new generation) costs this device no message, no reconcile and
+    /// no report.
+    pub(super) fn send_desired(&mut self, name: &str) -> Option<Effect> {
+        let device = self.records.devices.get(name)?;
+        let session = self.sessions.get(name)?;
+        let desired = self.desired_for(device);
+        let fingerprint = desired_fingerprint(&desired);
+        if fingerprint.is_some() && session.sent == fingerprint {
+            return None;
+        }
+        let id = session.id;
+        self.note_sent(name, fingerprint);
         Some(Effect::Send {
-            device: device.name.clone(),
-            session: session.id,
-            message: CloudMessage::DesiredState(self.desired_for(device)),
+            device: name.to_string(),
+            session: id,
+            message: CloudMessage::DesiredState(desired),
         })
+    }
+
+    /// Records what the last desired state sent on `name`'s session said (undone with
+    /// the command when its writes cannot be committed, as the send then is not made).
+    fn note_sent(&mut self, name: &str, fingerprint: Option<[u8; 16]>) {
+        let Some(session) = self.sessions.get_mut(name) else {
+            return;
+        };
+        let before = session.clone();
+        session.sent = fingerprint;
+        self.journal
+            .push(Undo::Session(name.to_string(), Some(before)));
     }
 
     /// A new generation of desired states begins.
@@ -531,13 +567,14 @@ impl FleetCore {
         self.generation += 1;
     }
 
-    /// Every connected agent's desired state after a change (a new generation).
+    /// After a change (a new generation), the desired state of every connected agent
+    /// whose state it changed.
     pub(super) fn broadcast(&mut self) -> Vec<Effect> {
         self.bump_generation();
-        self.sessions
-            .keys()
-            .filter_map(|name| self.records.devices.get(name))
-            .filter_map(|device| self.send_desired(device))
+        let names: Vec<String> = self.sessions.keys().cloned().collect();
+        names
+            .iter()
+            .filter_map(|name| self.send_desired(name))
             .collect()
     }
 
@@ -772,6 +809,7 @@ impl FleetCore {
                 local_endpoint: hello.local_endpoint.clone(),
                 role: device.role,
                 region: device.region.clone(),
+                sent: None,
             }),
         );
         let mut effects = vec![Effect::Register {
@@ -800,6 +838,7 @@ impl FleetCore {
         }
         tracing::info!(device = %device.name, role = %device.role, profile = %hello.profile_name, "agent connected");
         let desired = self.desired_for(&device);
+        self.note_sent(&device.name, desired_fingerprint(&desired));
         let welcome = Welcome {
             agent_id: device.name.clone(),
             region: device.region.clone(),
@@ -895,7 +934,7 @@ impl FleetCore {
         }
         self.generation += 1;
         tracing::info!(device = %name, bandwidth_bps = link.bandwidth_bps, rtt_us = link.rtt_us, "link or measured compute time moved; split cuts re-planned");
-        self.send_desired(device)
+        self.send_desired(name)
     }
 
     /// A pool agent relays its provider's interruption notice (spot reclaim).
@@ -951,14 +990,11 @@ impl FleetCore {
         } else {
             self.pool_work.insert(agent.to_string(), work);
         }
-        let Some(device) = self.records.devices.get(agent) else {
-            return Vec::new();
-        };
-        if !self.sessions.contains_key(agent) {
+        if !self.records.devices.contains_key(agent) || !self.sessions.contains_key(agent) {
             return Vec::new();
         }
         self.generation += 1;
-        self.send_desired(device).into_iter().collect()
+        self.send_desired(agent).into_iter().collect()
     }
 
     /// An enrolled agent, on its mutual-TLS session, asks for a certificate for a new

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use nephele_domain::{AgentRole, Selector};
 use nephele_proto::DeploymentPhase;
 
-use super::fleet::device_labels;
+use super::fleet::device_label;
 use super::fleet_core::{Effect, FleetCore, Output};
 use super::fleet_store::{Record, Write};
 use super::rollout::{Change, DeviceFigures, Rollout, RuntimeSpec};
@@ -260,7 +260,9 @@ impl FleetCore {
         self.records
             .devices
             .values()
-            .filter(|d| d.role == AgentRole::Edge && selector.matches(&device_labels(d)))
+            .filter(|d| {
+                d.role == AgentRole::Edge && selector.matches_by(|key| device_label(d, key))
+            })
             .map(|d| d.name.clone())
             .collect()
     }
@@ -311,7 +313,8 @@ impl FleetCore {
             .collect()
     }
 
-    /// Sends the connected ones of `devices` their desired state (a new generation).
+    /// Sends the connected ones of `devices` their desired state (a new generation) where
+    /// it changed.
     fn send_to(&mut self, devices: &[String]) -> Vec<Effect> {
         if devices.is_empty() {
             return Vec::new();
@@ -319,8 +322,7 @@ impl FleetCore {
         self.bump_generation();
         devices
             .iter()
-            .filter_map(|name| self.records.devices.get(name))
-            .filter_map(|device| self.send_desired(device))
+            .filter_map(|name| self.send_desired(name))
             .collect()
     }
 

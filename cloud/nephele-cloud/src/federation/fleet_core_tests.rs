@@ -902,3 +902,52 @@ fn a_selector_that_matches_no_device_is_accepted_with_a_warning_and_the_count() 
     assert_eq!(some.desired_devices, 1);
     assert!(some.warnings.is_empty(), "{:?}", some.warnings);
 }
+
+/// A new deployment sends its desired state to the devices it selects and to no other:
+/// what a change leaves as it was costs a device no message (at 50,000 agents, every
+/// deployment went to all of them).
+#[test]
+fn a_change_sends_a_desired_state_only_to_the_devices_whose_state_it_changed() {
+    let mut shell = Shell::new();
+    for name in ["cam-1", "cam-2"] {
+        shell.token().expect("token");
+        shell.join(shell.tokens.len() - 1, name).expect("join");
+        shell.connect(name).expect("connect");
+    }
+    let sent_to = |shell: &mut Shell, name: &str, selector: &str| -> Vec<String> {
+        let output = shell.core.create_deployment(
+            shell.now_unix,
+            spec(name, "m", selector, "auto"),
+            "default",
+        );
+        let told: Vec<String> = output
+            .effects
+            .iter()
+            .filter_map(|effect| match effect {
+                Effect::Send {
+                    device,
+                    message: CloudMessage::DesiredState(_),
+                    ..
+                } => Some(device.clone()),
+                _ => None,
+            })
+            .collect();
+        shell.run(output).expect("committed").expect("accepted");
+        told
+    };
+    assert_eq!(
+        sent_to(&mut shell, "d1", "nephele.io/name=cam-1"),
+        ["cam-1"]
+    );
+    assert!(sent_to(&mut shell, "d2", "site=south").is_empty());
+    assert_eq!(sent_to(&mut shell, "d3", "site=north"), ["cam-1", "cam-2"]);
+    // A reconnect starts a new session from the state its welcome carried; changes
+    // still reach the device after it.
+    shell.disconnect("cam-2");
+    shell.connect("cam-2").expect("reconnect");
+    assert_eq!(
+        sent_to(&mut shell, "d4", "nephele.io/name=cam-2"),
+        ["cam-2"]
+    );
+    shell.check_sessions_and_desired();
+}

@@ -314,3 +314,46 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    /// A selector matched key by key on a device ([`device_label`]) answers as on the
+    /// device's whole label map ([`device_labels`]), derived labels included (a device
+    /// label named like a derived one is overridden by it).
+    #[test]
+    fn selectors_match_a_device_key_by_key_as_on_its_label_map(
+        terms in proptest::collection::vec((0u8..4, 0u8..7, 0u8..3), 1..4),
+        own in proptest::collection::vec((0u8..7, 0u8..3), 0..4),
+        pool in any::<bool>(),
+        no_profile in any::<bool>(),
+    ) {
+        let keys = ["site", "tier", "nephele.io/role", "nephele.io/region",
+            "nephele.io/profile", "nephele.io/name", "zone"];
+        let values = ["eu", "edge", "x"];
+        let labels: Vec<(&str, &str)> = own
+            .iter()
+            .map(|&(k, v)| (keys[k as usize], values[v as usize]))
+            .collect();
+        let role = if pool { AgentRole::Pool } else { AgentRole::Edge };
+        let mut record = device("x", role, &labels);
+        if no_profile {
+            record.profile_name.clear();
+        }
+        let text: Vec<String> = terms
+            .iter()
+            .map(|&(op, k, v)| {
+                let (key, value) = (keys[k as usize], values[v as usize]);
+                match op {
+                    0 => format!("{key}={value}"),
+                    1 => format!("{key}!={value}"),
+                    2 => key.to_string(),
+                    _ => format!("!{key}"),
+                }
+            })
+            .collect();
+        let selector = nephele_domain::Selector::parse(&text.join(",")).expect("valid selector");
+        prop_assert_eq!(
+            selector.matches_by(|key| device_label(&record, key)),
+            selector.matches(&device_labels(&record))
+        );
+    }
+}

@@ -28,6 +28,10 @@ pub struct CloudConfig {
     pub api_rate_per_s: f64,
     pub api_rate_burst: u32,
     pub heartbeat_interval_ms: u32,
+    /// Threads of the QUIC gateway (TLS handshakes, packets, every agent session and
+    /// model chunk), apart from the thread the scheduling actors run on; 0 means one
+    /// per core.
+    pub gateway_threads: usize,
     #[serde(rename = "region")]
     pub regions: Vec<RegionConfig>,
     /// Tenants that jobs are charged to; none configured means one tenant, `default`,
@@ -431,6 +435,7 @@ impl Default for CloudConfig {
             api_rate_per_s: 50.0,
             api_rate_burst: 200,
             heartbeat_interval_ms: 1000,
+            gateway_threads: 0,
             regions: vec![RegionConfig {
                 name: "default".into(),
                 carbon_zone: None,
@@ -614,6 +619,9 @@ impl CloudConfig {
         }
         if self.heartbeat_interval_ms < 100 {
             return Err("heartbeat_interval_ms must be at least 100".into());
+        }
+        if self.gateway_threads > 1024 {
+            return Err("gateway_threads must be at most 1024 (0: one per core)".into());
         }
         let [first_port, last_port] = self.scheduler.rendezvous_ports;
         if first_port == 0 || last_port < first_port {

@@ -101,7 +101,7 @@ impl Drop for JoinPlace<'_> {
 pub async fn run(endpoint: quinn::Endpoint, gateway: Arc<Gateway>) {
     while let Some(incoming) = endpoint.accept().await {
         let gateway = gateway.clone();
-        actix_rt::spawn(async move {
+        tokio::spawn(async move {
             let remote = incoming.remote_address();
             match incoming.await {
                 Ok(connection) => gateway.handle_connection(connection).await,
@@ -281,7 +281,7 @@ impl Gateway {
 
         let writer_connection = connection.clone();
         let writer_context = context.clone();
-        let writer = actix_rt::spawn(async move {
+        let writer = tokio::spawn(async move {
             while let Some(message) = rx.recv().await {
                 let message = *message;
                 let refused = matches!(message, CloudMessage::Refused(_));
@@ -304,11 +304,11 @@ impl Gateway {
         let acceptor_connection = connection.clone();
         let acceptor_gateway = self.clone();
         let acceptor_context = context.clone();
-        let acceptor = actix_rt::spawn(async move {
+        let acceptor = tokio::spawn(async move {
             while let Ok((send, recv)) = acceptor_connection.accept_bi().await {
                 let gateway = acceptor_gateway.clone();
                 let context = acceptor_context.clone();
-                actix_rt::spawn(
+                tokio::spawn(
                     async move { gateway.handle_request_stream(send, recv, context).await },
                 );
             }

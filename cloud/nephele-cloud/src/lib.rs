@@ -151,7 +151,31 @@ pub fn run_cli(args: CloudArgs) -> Result<()> {
         print!("{}", toml::to_string_pretty(&config)?);
         return Ok(());
     }
-    actix_rt::System::new().block_on(serve(config, args.ready_file))
+    let quic_runtime = gateway_runtime(config.gateway_threads)?;
+    let served = actix_rt::System::new().block_on(serve(
+        config,
+        args.ready_file,
+        quic_runtime.handle().clone(),
+    ));
+    quic_runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    served
+}
+
+/// The QUIC gateway's runtime: threads of its own, so TLS handshakes, packets and
+/// model chunks for thousands of agents run beside the scheduling actors' thread
+/// rather than on it (on one thread, a reconnect storm's handshakes starved every
+/// session: README, fleet scale).
+fn gateway_runtime(threads: usize) -> Result<tokio::runtime::Runtime> {
+    let threads = match threads {
+        0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
+        n => n,
+    };
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .thread_name("quic-gateway")
+        .enable_all()
+        .build()
+        .context("cannot start the QUIC gateway's threads")
 }
 
 #[cfg(unix)]
@@ -406,7 +430,13 @@ fn api_identity(
 }
 
 /// Runs the control plane inside an actix system until the API server stops.
-pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<()> {
+/// Serves until the API server stops. `quic_runtime` is the runtime the QUIC gateway runs
+/// on (its endpoint, every agent's session); the caller owns and shuts it down.
+pub async fn serve(
+    config: CloudConfig,
+    ready_file: Option<PathBuf>,
+    quic_runtime: tokio::runtime::Handle,
+) -> Result<()> {
     config
         .validate()
         .map_err(|e| anyhow::anyhow!("invalid config: {e}"))?;
@@ -499,8 +529,21 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
 
     let (server_cert, server_key) = ca.issue_server(&config.server_names)?;
     let quic_config = nephele_net::server_config(ca.cert_der(), &server_cert, &server_key)?;
-    let endpoint = quinn::Endpoint::server(quic_config, config.quic_listen)
-        .with_context(|| format!("cannot bind QUIC gateway on {} (UDP)", config.quic_listen))?;
+    // Made inside the gateway's runtime, so quinn drives the endpoint and every
+    // connection on its threads.
+    let udp = nephele_net::udp::bind(
+        config.quic_listen,
+        nephele_net::udp::MANY_CONNECTIONS_BUFFER,
+    )
+    .with_context(|| format!("cannot bind QUIC gateway on {} (UDP)", config.quic_listen))?;
+    if !udp.granted() {
+        tracing::warn!(listen = %config.quic_listen, "{}", udp.advice());
+    }
+    let endpoint = {
+        let _inside = quic_runtime.enter();
+        nephele_net::udp::endpoint(udp.socket, Some(quic_config))
+    }
+    .with_context(|| format!("cannot start the QUIC gateway on {}", config.quic_listen))?;
     let quic_addr = endpoint.local_addr()?;
 
     let metrics = nephele_telemetry::Registry::new();
@@ -617,7 +660,7 @@ pub async fn serve(config: CloudConfig, ready_file: Option<PathBuf>) -> Result<(
         tracer: tracer.clone(),
     });
     let api_tracer = tracer;
-    actix_rt::spawn(gateway::run(endpoint.clone(), gateway));
+    quic_runtime.spawn(gateway::run(endpoint.clone(), gateway));
 
     resume_pushes(&pushes, &federation, &blob_dir).await;
     let state = actix_web::web::Data::new(api::ApiState {

@@ -11,6 +11,7 @@ pub mod link;
 pub mod pki;
 pub mod tls;
 pub mod token;
+pub mod udp;
 
 pub use framing::{read_frame, write_frame, FrameReader, NetError};
 pub use pki::{fingerprint, ClusterCa, PkiError};

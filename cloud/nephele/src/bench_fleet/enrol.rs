@@ -90,8 +90,14 @@ pub fn source_address(index: usize) -> IpAddr {
 
 /// A client endpoint bound to `source` (port chosen by the system).
 pub fn endpoint_from(source: IpAddr) -> Result<quinn::Endpoint> {
-    quinn::Endpoint::client(SocketAddr::new(source, 0))
-        .with_context(|| format!("cannot bind a UDP socket on {source}"))
+    // Each carries a thousand simulated agents: the buffers a control plane's has.
+    let udp = nephele_net::udp::bind(
+        SocketAddr::new(source, 0),
+        nephele_net::udp::MANY_CONNECTIONS_BUFFER,
+    )
+    .with_context(|| format!("cannot bind a UDP socket on {source}"))?;
+    nephele_net::udp::endpoint(udp.socket, None)
+        .with_context(|| format!("cannot start a QUIC endpoint on {source}"))
 }
 
 /// Enrols one agent named `name` with `token`, over `endpoint`.

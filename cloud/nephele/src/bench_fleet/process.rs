@@ -84,9 +84,34 @@ pub fn cores_between(before: &Sample, after: &Sample) -> f64 {
     (after.cpu_s - before.cpu_s).max(0.0) / wall
 }
 
+/// UDP datagrams the kernel dropped because a socket's receive buffer was full, on
+/// the whole machine since boot (`RcvbufErrors` of `/proc/net/snmp`); `None` off Linux.
+pub fn udp_receive_buffer_drops() -> Option<u64> {
+    rcvbuf_errors(&std::fs::read_to_string("/proc/net/snmp").ok()?)
+}
+
+/// `RcvbufErrors` of `/proc/net/snmp`'s `Udp:` lines (a header line, then values).
+fn rcvbuf_errors(snmp: &str) -> Option<u64> {
+    let mut udp = snmp.lines().filter(|l| l.starts_with("Udp:"));
+    let (names, values) = (udp.next()?, udp.next()?);
+    let column = names.split_whitespace().position(|n| n == "RcvbufErrors")?;
+    values.split_whitespace().nth(column)?.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn udp_drops_are_read_by_their_column_name() {
+        let snmp = "Ip: Forwarding DefaultTTL\nIp: 1 64\n\
+            Udp: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors SndbufErrors\n\
+            Udp: 46096168 5206 6909380 53005734 6909377 0\n\
+            UdpLite: InDatagrams NoPorts\nUdpLite: 0 0\n";
+        assert_eq!(rcvbuf_errors(snmp), Some(6_909_377));
+        assert_eq!(rcvbuf_errors("Udp: InDatagrams\nUdp: 1\n"), None);
+        assert_eq!(rcvbuf_errors(""), None);
+    }
 
     #[test]
     fn cpu_time_is_read_after_a_command_name_with_spaces_and_parentheses() {

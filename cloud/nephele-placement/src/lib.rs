@@ -24,6 +24,7 @@ pub mod model;
 pub mod policy;
 pub mod queue;
 pub mod rng;
+pub mod workload;
 
 pub use cluster::{Binding, Cluster, ReserveError};
 pub use fragmentation::TypicalPods;

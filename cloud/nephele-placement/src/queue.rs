@@ -42,7 +42,7 @@ use crate::cluster::{Binding, Cluster};
 use crate::fairness::dominant_share;
 use crate::fragmentation::TypicalPods;
 use crate::gang::{place_gang, GangRequest, Topology};
-use crate::model::PodRequest;
+use crate::model::{NodeSpec, PodRequest};
 use crate::policy::{place, Policy, Unschedulable};
 use crate::rng::Rng;
 
@@ -313,11 +313,18 @@ pub struct Counts {
     pub finished: usize,
 }
 
+/// Pods a learning queue needs before it plans with their typical pods, and how many
+/// more before it makes them again.
+pub const LEARN_MIN_PODS: usize = 100;
+
 #[derive(Debug, Clone)]
 pub struct Queue {
     config: QueueConfig,
     tenants: Vec<Tenant>,
     typical: TypicalPods,
+    /// The pods submitted lately, when the queue learns its target workload from them
+    /// ([`Queue::learn_workload`]).
+    recent: crate::workload::RecentPods,
     jobs: BTreeMap<JobId, Entry>,
     /// The pending and the terminating jobs, kept with every state change
     /// ([`Queue::reindex`]) so a pass does not scan the running ones: a region holds
@@ -361,6 +368,7 @@ impl Queue {
             config,
             tenants,
             typical,
+            recent: crate::workload::RecentPods::default(),
             jobs: BTreeMap::new(),
             pending: BTreeSet::new(),
             terminating: BTreeSet::new(),
@@ -389,6 +397,31 @@ impl Queue {
         self.usage.push(Resources::default());
         self.reservation_dirty = true;
         self.tenants.len() - 1
+    }
+
+    /// From now on, keeps the last `capacity` pods submitted and plans with the typical
+    /// pods made of them once [`Queue::refresh_workload`] finds enough (until then, with
+    /// the typical pods it was made with).
+    pub fn learn_workload(&mut self, capacity: usize) {
+        self.recent = crate::workload::RecentPods::new(capacity);
+    }
+
+    /// Plans with the typical pods of the recent submissions against `nodes`' GPU
+    /// supply, once [`LEARN_MIN_PODS`] are kept and as many more arrived since the
+    /// last time; says whether it changed them.
+    pub fn refresh_workload(&mut self, nodes: &[NodeSpec]) -> bool {
+        match self.recent.rebuild(nodes, LEARN_MIN_PODS, LEARN_MIN_PODS) {
+            Some(typical) => {
+                self.typical = typical;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The typical pods the fragmentation-aware policies plan with now.
+    pub fn typical(&self) -> &TypicalPods {
+        &self.typical
     }
 
     /// Changes a tenant's weight and quota. What it holds stays where it is, even over
@@ -435,6 +468,9 @@ impl Queue {
             job,
         };
         self.pending.insert(entry.job.id);
+        for member in &entry.job.members {
+            self.recent.observe(member);
+        }
         self.jobs.insert(entry.job.id, entry);
         Ok(())
     }

@@ -221,6 +221,12 @@ pub fn node_spec(region: &str, pool: &PoolConfig) -> Result<(NodeSpec, Option<St
     ))
 }
 
+/// The submitted pods (job members and serving replicas) a region learns its target
+/// workload from: its fragmentation-aware policies plan for the typical pods of the
+/// latest this many, with the GPU models typed pods ask for weighed against the pools'
+/// supply (`nephele_placement::workload`).
+pub const RECENT_PODS: usize = 2000;
+
 /// The workload mix the fragmentation-aware scorer plans for until the region has seen
 /// its own: mostly single GPUs and halves, some 2-, 4- and 8-GPU jobs.
 fn default_typical() -> TypicalPods {
@@ -413,15 +419,19 @@ impl RegionScheduler {
             aging_seconds: (config.aging_s > 0).then_some(config.aging_s),
             seed: 0,
         };
+        let tenant_names = tenant_list.iter().map(|t| t.name.clone()).collect();
+        let mut queue = Queue::new(queue_config, tenant_list, default_typical());
+        // Until it has seen RECENT_PODS' worth of its own, and then from its latest.
+        queue.learn_workload(RECENT_PODS);
         Ok(RegionScheduler {
             region: region.name.clone(),
             carbon_zone: region.carbon_zone.clone(),
             grid: GridSeries::default(),
             templates: Cluster::new(templates),
             cluster,
-            tenants: tenant_list.iter().map(|t| t.name.clone()).collect(),
+            tenants: tenant_names,
             serving_tenant,
-            queue: Queue::new(queue_config, tenant_list, default_typical()),
+            queue,
             slots,
             pools,
             gpu_models,
@@ -1311,6 +1321,8 @@ impl RegionScheduler {
         // Holds released, nodes changed: records beyond the queue's effects may have
         // changed.
         self.touched_all |= events.len() > before;
+        // Every slot counts as supply, launched or not: what the pools can give.
+        self.queue.refresh_workload(&self.cluster.nodes);
         let effects = self.queue.tick(&mut self.cluster, now);
         for effect in effects {
             match &effect {

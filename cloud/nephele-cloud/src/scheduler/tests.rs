@@ -904,3 +904,28 @@ fn tenants_made_and_changed_at_run_time_take_effect_at_once() {
         .is_err());
     assert!(s.accounting_holds());
 }
+
+/// The region plans for the pods it is asked to place: once it has seen enough of its
+/// own, the typical pods its fragmentation-aware policy scores against are made of
+/// them, and a GPU model that typed jobs ask for is weighed against the pools' supply.
+#[test]
+fn the_target_workload_is_learned_from_the_jobs_submitted() {
+    let mut s = scheduler(2);
+    let l4 = s
+        .gpu_models
+        .iter()
+        .position(|m| m == "NVIDIA L4")
+        .expect("the L4 pool's model") as nephele_placement::GpuModel;
+    assert_eq!(s.queue.typical().pressure_of(Some(l4)), 0.0);
+    for k in 0..nephele_placement::queue::LEARN_MIN_PODS {
+        let body =
+            serde_json::json!({"name": format!("t{k}"), "gpus": 1, "gpu_models": ["NVIDIA L4"]});
+        s.submit("alpha", spec(body), 0).expect("accepted");
+        if k + 1 < nephele_placement::queue::LEARN_MIN_PODS {
+            s.tick(1);
+            assert_eq!(s.queue.typical().pressure_of(Some(l4)), 0.0, "after {k}");
+        }
+    }
+    s.tick(2);
+    assert!(s.queue.typical().pressure_of(Some(l4)) > 0.0);
+}

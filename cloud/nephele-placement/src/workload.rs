@@ -1,0 +1,121 @@
+//! The target workload a live region's fragmentation-aware policies plan for, learned
+//! from the pods it is asked to place. FGD scores a placement by the fragmentation it
+//! causes for "typical pods"; the paper (and `nephele sim`) take a trace's whole pod
+//! list, known in advance. A region knows only what it has been asked so far, so it
+//! keeps its most recent pods and, every so often, makes the typical pods of them
+//! against its GPU supply ([`TypicalPods::with_supply`]): then `ours` also sees which
+//! GPU models typed pods need more of than the pools have, and leaves them to those
+//! pods.
+
+use std::collections::VecDeque;
+
+use crate::{NodeSpec, PodRequest, TypicalPods};
+
+/// Pod classes kept: those that make up 95% of the recent pods, as `nephele sim` keeps
+/// of a trace.
+pub const COVERAGE: f64 = 0.95;
+
+/// The most recent pods a region was asked to place, oldest first.
+#[derive(Debug, Clone, Default)]
+pub struct RecentPods {
+    pods: VecDeque<PodRequest>,
+    capacity: usize,
+    since_rebuilt: usize,
+}
+
+impl RecentPods {
+    /// Keeps the last `capacity` pods (0: none, never rebuilds).
+    pub fn new(capacity: usize) -> RecentPods {
+        RecentPods {
+            pods: VecDeque::with_capacity(capacity.min(4096)),
+            capacity,
+            since_rebuilt: 0,
+        }
+    }
+
+    pub fn observe(&mut self, pod: &PodRequest) {
+        if self.capacity == 0 {
+            return;
+        }
+        if self.pods.len() == self.capacity {
+            self.pods.pop_front();
+        }
+        self.pods.push_back(pod.clone());
+        self.since_rebuilt += 1;
+    }
+
+    pub fn len(&self) -> usize {
+        self.pods.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pods.is_empty()
+    }
+
+    /// The typical pods of the recent ones against `nodes`' GPU supply, once at least
+    /// `min` are kept and `every` arrived since the last rebuild; `None` otherwise
+    /// (what the caller plans with stays).
+    pub fn rebuild(&mut self, nodes: &[NodeSpec], min: usize, every: usize) -> Option<TypicalPods> {
+        if self.pods.len() < min.max(1) || self.since_rebuilt < every.max(1) {
+            return None;
+        }
+        self.since_rebuilt = 0;
+        Some(TypicalPods::from_pods(self.pods.make_contiguous(), COVERAGE).with_supply(nodes))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(gpus: u8, milli: u32, models: Vec<crate::GpuModel>) -> PodRequest {
+        PodRequest {
+            cpu_milli: 4000,
+            memory_mib: 16_000,
+            num_gpu: gpus,
+            gpu_milli: milli,
+            gpu_models: models,
+            ..PodRequest::default()
+        }
+    }
+
+    fn node(gpus: u8, model: crate::GpuModel) -> NodeSpec {
+        NodeSpec {
+            cpu_milli: 64_000,
+            memory_mib: 256_000,
+            gpus,
+            gpu_model: Some(model),
+            ..NodeSpec::default()
+        }
+    }
+
+    #[test]
+    fn rebuilds_only_after_enough_pods_and_keeps_the_latest() {
+        let mut recent = RecentPods::new(4);
+        let nodes = [node(8, 0), node(2, 1)];
+        for _ in 0..3 {
+            recent.observe(&pod(1, 1000, vec![]));
+        }
+        assert!(recent.rebuild(&nodes, 4, 2).is_none(), "3 of the 4 needed");
+        recent.observe(&pod(1, 1000, vec![]));
+        assert!(recent.rebuild(&nodes, 4, 2).is_some());
+        assert!(recent.rebuild(&nodes, 4, 2).is_none(), "nothing new since");
+        // Typed pods push the untyped ones out of the window: model 1 (2 GPUs) is now
+        // wanted by every pod, so it is under pressure and model 0 is not.
+        for _ in 0..4 {
+            recent.observe(&pod(1, 1000, vec![1]));
+        }
+        assert_eq!(recent.len(), 4);
+        let typical = recent.rebuild(&nodes, 4, 2).expect("rebuilt");
+        assert!(typical.pressure_of(Some(1)) > typical.pressure_of(Some(0)));
+        assert!(typical.pressure_of(Some(1)) > 0.0);
+    }
+
+    #[test]
+    fn a_window_of_nothing_learns_nothing() {
+        let mut off = RecentPods::new(0);
+        off.observe(&pod(1, 1000, vec![]));
+        assert!(off.is_empty());
+        assert!(off.rebuild(&[node(8, 0)], 0, 0).is_none());
+    }
+}

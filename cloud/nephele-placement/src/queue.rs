@@ -316,6 +316,9 @@ pub struct Counts {
 /// Pods a learning queue needs before it plans with their typical pods, and how many
 /// more before it makes them again.
 pub const LEARN_MIN_PODS: usize = 100;
+/// Seconds between two makings of a learning queue's typical pods: each makes the
+/// placement index score its nodes afresh.
+pub const LEARN_PERIOD_S: u64 = 60;
 
 #[derive(Debug, Clone)]
 pub struct Queue {
@@ -407,10 +410,14 @@ impl Queue {
     }
 
     /// Plans with the typical pods of the recent submissions against `nodes`' GPU
-    /// supply, once [`LEARN_MIN_PODS`] are kept and as many more arrived since the
-    /// last time; says whether it changed them.
-    pub fn refresh_workload(&mut self, nodes: &[NodeSpec]) -> bool {
-        match self.recent.rebuild(nodes, LEARN_MIN_PODS, LEARN_MIN_PODS) {
+    /// supply at `now` (seconds), once [`LEARN_MIN_PODS`] are kept, as many more
+    /// arrived since the last time and [`LEARN_PERIOD_S`] passed; says whether it
+    /// changed them.
+    pub fn refresh_workload(&mut self, nodes: &[NodeSpec], now: u64) -> bool {
+        match self
+            .recent
+            .rebuild(nodes, now, LEARN_MIN_PODS, LEARN_MIN_PODS, LEARN_PERIOD_S)
+        {
             Some(typical) => {
                 self.typical = typical;
                 true

@@ -21,6 +21,8 @@ pub struct RecentPods {
     pods: VecDeque<PodRequest>,
     capacity: usize,
     since_rebuilt: usize,
+    /// When the last rebuild was, on the caller's clock (seconds).
+    rebuilt_at: Option<u64>,
 }
 
 impl RecentPods {
@@ -30,6 +32,7 @@ impl RecentPods {
             pods: VecDeque::with_capacity(capacity.min(4096)),
             capacity,
             since_rebuilt: 0,
+            rebuilt_at: None,
         }
     }
 
@@ -52,14 +55,27 @@ impl RecentPods {
         self.pods.is_empty()
     }
 
-    /// The typical pods of the recent ones against `nodes`' GPU supply, once at least
-    /// `min` are kept and `every` arrived since the last rebuild; `None` otherwise
-    /// (what the caller plans with stays).
-    pub fn rebuild(&mut self, nodes: &[NodeSpec], min: usize, every: usize) -> Option<TypicalPods> {
-        if self.pods.len() < min.max(1) || self.since_rebuilt < every.max(1) {
+    /// The typical pods of the recent ones against `nodes`' GPU supply at `now`
+    /// (seconds), once at least `min` are kept, `every` arrived since the last rebuild
+    /// and `period` seconds passed since it; `None` otherwise (what the caller plans
+    /// with stays). The period bounds how often a busy region's placement index is
+    /// rescored for new typical pods.
+    pub fn rebuild(
+        &mut self,
+        nodes: &[NodeSpec],
+        now: u64,
+        min: usize,
+        every: usize,
+        period: u64,
+    ) -> Option<TypicalPods> {
+        let rested = self
+            .rebuilt_at
+            .is_none_or(|at| now >= at.saturating_add(period));
+        if self.pods.len() < min.max(1) || self.since_rebuilt < every.max(1) || !rested {
             return None;
         }
         self.since_rebuilt = 0;
+        self.rebuilt_at = Some(now);
         Some(TypicalPods::from_pods(self.pods.make_contiguous(), COVERAGE).with_supply(nodes))
     }
 }
@@ -96,17 +112,27 @@ mod tests {
         for _ in 0..3 {
             recent.observe(&pod(1, 1000, vec![]));
         }
-        assert!(recent.rebuild(&nodes, 4, 2).is_none(), "3 of the 4 needed");
+        assert!(
+            recent.rebuild(&nodes, 0, 4, 2, 60).is_none(),
+            "3 of the 4 needed"
+        );
         recent.observe(&pod(1, 1000, vec![]));
-        assert!(recent.rebuild(&nodes, 4, 2).is_some());
-        assert!(recent.rebuild(&nodes, 4, 2).is_none(), "nothing new since");
+        assert!(recent.rebuild(&nodes, 0, 4, 2, 60).is_some());
+        assert!(
+            recent.rebuild(&nodes, 100, 4, 2, 60).is_none(),
+            "nothing new since"
+        );
         // Typed pods push the untyped ones out of the window: model 1 (2 GPUs) is now
         // wanted by every pod, so it is under pressure and model 0 is not.
         for _ in 0..4 {
             recent.observe(&pod(1, 1000, vec![1]));
         }
         assert_eq!(recent.len(), 4);
-        let typical = recent.rebuild(&nodes, 4, 2).expect("rebuilt");
+        assert!(
+            recent.rebuild(&nodes, 59, 4, 2, 60).is_none(),
+            "within the period"
+        );
+        let typical = recent.rebuild(&nodes, 60, 4, 2, 60).expect("rebuilt");
         assert!(typical.pressure_of(Some(1)) > typical.pressure_of(Some(0)));
         assert!(typical.pressure_of(Some(1)) > 0.0);
     }
@@ -116,6 +142,6 @@ mod tests {
         let mut off = RecentPods::new(0);
         off.observe(&pod(1, 1000, vec![]));
         assert!(off.is_empty());
-        assert!(off.rebuild(&[node(8, 0)], 0, 0).is_none());
+        assert!(off.rebuild(&[node(8, 0)], 0, 0, 0, 0).is_none());
     }
 }

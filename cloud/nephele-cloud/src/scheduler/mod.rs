@@ -1322,7 +1322,7 @@ impl RegionScheduler {
         // changed.
         self.touched_all |= events.len() > before;
         // Every slot counts as supply, launched or not: what the pools can give.
-        self.queue.refresh_workload(&self.cluster.nodes);
+        self.queue.refresh_workload(&self.cluster.nodes, now);
         let effects = self.queue.tick(&mut self.cluster, now);
         for effect in effects {
             match &effect {

@@ -160,10 +160,8 @@ impl GraphModel {
             model: name.to_string(),
             cause,
         };
-        let mut reader = bytes;
-        let mut model = tract_onnx::onnx()
-            .model_for_read(&mut reader)
-            .map_err(|e| load(format!("{e:#}")))?;
+        let mut model =
+            crate::fuse_activations::read_for_running(bytes).map_err(|e| load(format!("{e:#}")))?;
         let max_dims = max_dims(&model);
         if model.inputs.is_empty() {
             return Err(unsupported(

@@ -28,6 +28,7 @@ pub mod candle_bert;
 pub mod candle_bert;
 pub mod cut_choice;
 pub mod fold_if;
+pub mod fuse_activations;
 pub mod graph_model;
 pub mod graph_variants;
 pub mod input_spec;
@@ -211,10 +212,8 @@ impl Model {
             model: name.to_string(),
             cause,
         };
-        let mut reader = bytes;
-        let mut inference = tract_onnx::onnx()
-            .model_for_read(&mut reader)
-            .map_err(|e| load(format!("{e:#}")))?;
+        let mut inference =
+            fuse_activations::read_for_running(bytes).map_err(|e| load(format!("{e:#}")))?;
         if let Some(row_shape) = row_shape {
             let batch = inference.symbols.sym("N");
             let mut dims: Vec<TDim> = vec![batch.into()];

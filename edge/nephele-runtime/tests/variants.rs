@@ -196,7 +196,6 @@ fn a_batch_of_any_size_gives_the_rows_that_batch_one_gives_in_order() {
 }
 
 /// The registry models, when `shared/models/registry/prepare.sh` has fetched them.
-#[cfg(any(feature = "candle", feature = "onnxruntime"))]
 fn registry_dir(model: &str) -> Option<std::path::PathBuf> {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../target/models")
@@ -219,7 +218,6 @@ fn registry_dir(model: &str) -> Option<std::path::PathBuf> {
 }
 
 /// (row length, rows, reference rows) of a `nephele-validation/1` file.
-#[cfg(any(feature = "candle", feature = "onnxruntime"))]
 fn validation_file(dir: &std::path::Path) -> (usize, Vec<Vec<f32>>, Vec<Vec<f32>>) {
     let meta: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("validation.json")).expect("read"))
@@ -249,6 +247,56 @@ fn validation_file(dir: &std::path::Path) -> (usize, Vec<Vec<f32>>, Vec<Vec<f32>
         .map(<[f32]>::to_vec)
         .collect();
     (row, rows, reference)
+}
+
+/// PaddleOCR's classifier and detector write hard-swish out in four nodes; the runtime
+/// runs it as tract's one `HardSwish` (`fuse_activations`), and still answers what
+/// onnxruntime answers on the files' validation rows, within their tolerance.
+#[test]
+fn ppocr_runs_hard_swish_fused_and_answers_as_onnxruntime_does() {
+    for (name, row_shape, fused) in [
+        ("ppocr-cls", [3usize, 48, 192], 18),
+        ("ppocr-det", [3, 640, 640], 24),
+    ] {
+        let Some(dir) = registry_dir(name) else {
+            continue;
+        };
+        let bytes = std::fs::read(dir.join("model.onnx")).expect("read the model");
+        let model = Model::load_onnx_with_shape(name, &bytes, Some(&row_shape)).expect("loads");
+        let ops = model.op_profile(1).expect("profiles");
+        let count = |op: &str| {
+            ops.iter()
+                .filter(|o| o.op == op)
+                .map(|o| o.nodes)
+                .sum::<usize>()
+        };
+        assert_eq!(count("HardSwish"), fused, "{name}: {ops:?}");
+        assert!(
+            !ops.iter().any(|o| o.op.contains("Add+Max+Min")),
+            "{name}: a written-out hard-swish is left: {ops:?}"
+        );
+        let meta: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("validation.json")).expect("read"))
+                .expect("json");
+        let tolerance = meta["tolerance"].as_f64().expect("tolerance") as f32;
+        let (row_len, rows, reference) = validation_file(&dir);
+        let mut worst = 0f32;
+        for (row, want) in rows.iter().zip(&reference) {
+            let mut shape = vec![1];
+            shape.extend_from_slice(&row_shape);
+            assert_eq!(row.len(), row_len);
+            let (_, got) = model.infer(&shape, row).expect("runs");
+            assert_eq!(got.len(), want.len(), "{name}");
+            for (g, w) in got.iter().zip(want) {
+                worst = worst.max((g - w).abs());
+            }
+        }
+        assert!(
+            worst <= tolerance,
+            "{name}: max |tract − onnxruntime| {worst:.2e} above {tolerance:.0e}"
+        );
+        eprintln!("{name}: {fused} hard-swish fused, max |tract − onnxruntime| {worst:.2e}");
+    }
 }
 
 /// Three implementations of all-MiniLM-L6-v2 agree: candle from the safetensors, tract

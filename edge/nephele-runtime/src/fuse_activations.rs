@@ -22,14 +22,18 @@ use tract_onnx::pb::{tensor_proto::DataType, GraphProto, ModelProto, NodeProto, 
 use tract_onnx::prelude::*;
 use tract_onnx::tract_core::internal::TractErrorContext as _;
 
-/// Parses an ONNX file as the runtime runs it: hard-swish patterns fused first. Fails
-/// as tract's own `model_for_read` would on a file it cannot read.
+use crate::onnx_edit::{count_uses, float_values, graph_constants, is_onnx_domain};
+
+/// Parses an ONNX file as the runtime runs it: scales and shifts folded into the
+/// convolutions next to them ([`crate::fold_affine`]) and hard-swish patterns fused
+/// first. Fails as tract's own `model_for_read` would on a file it cannot read.
 pub(crate) fn read_for_running(bytes: &[u8]) -> TractResult<InferenceModel> {
     let onnx = tract_onnx::onnx();
     let mut reader = bytes;
     let mut proto = onnx
         .proto_model_for_read(&mut reader)
         .context("Reading proto model")?;
+    crate::fold_affine::fold_affine_into_convs(&mut proto);
     fuse_hard_swish(&mut proto);
     onnx.model_for_proto_model(&proto)
         .context("Translating proto model to model")
@@ -104,26 +108,9 @@ struct GraphView<'a> {
 impl<'a> GraphView<'a> {
     fn new(graph: &'a GraphProto, opset: i64) -> GraphView<'a> {
         let mut producer = HashMap::new();
-        let mut constants: HashMap<&str, &TensorProto> = HashMap::new();
         for (index, node) in graph.node.iter().enumerate() {
             for output in &node.output {
                 producer.insert(output.as_str(), index);
-            }
-            if node.op_type == "Constant" && is_onnx_domain(node) && node.output.len() == 1 {
-                if let Some(tensor) = node
-                    .attribute
-                    .iter()
-                    .find(|a| a.name == "value")
-                    .and_then(|a| a.t.as_ref())
-                {
-                    constants.insert(node.output[0].as_str(), tensor);
-                }
-            }
-        }
-        let inputs: HashSet<&str> = graph.input.iter().map(|i| i.name.as_str()).collect();
-        for tensor in &graph.initializer {
-            if !inputs.contains(tensor.name.as_str()) {
-                constants.insert(tensor.name.as_str(), tensor);
             }
         }
         let mut uses = HashMap::new();
@@ -133,7 +120,7 @@ impl<'a> GraphView<'a> {
             producer,
             uses,
             outputs: graph.output.iter().map(|o| o.name.as_str()).collect(),
-            constants,
+            constants: graph_constants(graph),
             opset,
         }
     }
@@ -264,23 +251,6 @@ impl<'a> GraphView<'a> {
     }
 }
 
-/// Counts how many times each value is read, in this graph and in the subgraphs of its
-/// nodes (a body may read a value of the graph around it).
-fn count_uses<'a>(graph: &'a GraphProto, uses: &mut HashMap<&'a str, usize>) {
-    for node in &graph.node {
-        for input in &node.input {
-            if !input.is_empty() {
-                *uses.entry(input.as_str()).or_default() += 1;
-            }
-        }
-        for attribute in &node.attribute {
-            for subgraph in attribute.g.iter().chain(attribute.graphs.iter()) {
-                count_uses(subgraph, uses);
-            }
-        }
-    }
-}
-
 /// The version of the default (`ai.onnx`) operator set the model imports.
 fn onnx_opset(model: &ModelProto) -> i64 {
     model
@@ -288,10 +258,6 @@ fn onnx_opset(model: &ModelProto) -> i64 {
         .iter()
         .find(|o| o.domain.is_empty() || o.domain == "ai.onnx")
         .map_or(0, |o| o.version)
-}
-
-fn is_onnx_domain(node: &NodeProto) -> bool {
-    node.domain.is_empty() || node.domain == "ai.onnx"
 }
 
 fn float_attr(node: &NodeProto, name: &str) -> Option<f32> {
@@ -303,7 +269,7 @@ fn scalar_f32(tensor: &TensorProto) -> Option<f32> {
     if tensor.data_type != DataType::Float as i32 || tensor.dims.iter().product::<i64>() != 1 {
         return None;
     }
-    match crate::onnx_edit::float_values(tensor).ok()?.as_slice() {
+    match float_values(tensor).ok()?.as_slice() {
         [value] => Some(*value),
         _ => None,
     }
@@ -316,70 +282,11 @@ fn close(value: f32, want: f32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proptest::prelude::*;
-    use prost::Message;
-    use tract_onnx::pb::{
-        attribute_proto::AttributeType, type_proto, AttributeProto, OperatorSetIdProto,
-        TensorShapeProto, TypeProto, ValueInfoProto,
+    use crate::test_graphs::{
+        assert_close, constant, model as graph_model, node, op_types, run as run_graph, scalar,
+        value_info, with_floats,
     };
-
-    fn scalar(name: &str, value: f32) -> TensorProto {
-        TensorProto {
-            name: name.into(),
-            data_type: DataType::Float as i32,
-            float_data: vec![value],
-            ..TensorProto::default()
-        }
-    }
-
-    fn node(op: &str, inputs: &[&str], output: &str) -> NodeProto {
-        NodeProto {
-            name: output.into(),
-            op_type: op.into(),
-            input: inputs.iter().map(|s| s.to_string()).collect(),
-            output: vec![output.into()],
-            ..NodeProto::default()
-        }
-    }
-
-    fn with_floats(mut node: NodeProto, attributes: &[(&str, f32)]) -> NodeProto {
-        node.attribute = attributes
-            .iter()
-            .map(|(name, value)| AttributeProto {
-                name: name.to_string(),
-                r#type: AttributeType::Float as i32,
-                f: *value,
-                ..AttributeProto::default()
-            })
-            .collect();
-        node
-    }
-
-    fn value_info(name: &str, len: i64) -> ValueInfoProto {
-        ValueInfoProto {
-            name: name.into(),
-            r#type: Some(TypeProto {
-                value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                    elem_type: DataType::Float as i32,
-                    shape: Some(TensorShapeProto {
-                        dim: [1, len]
-                            .into_iter()
-                            .map(|d| tract_onnx::pb::tensor_shape_proto::Dimension {
-                                value: Some(
-                                    tract_onnx::pb::tensor_shape_proto::dimension::Value::DimValue(
-                                        d,
-                                    ),
-                                ),
-                                ..Default::default()
-                            })
-                            .collect(),
-                    }),
-                })),
-                ..TypeProto::default()
-            }),
-            ..ValueInfoProto::default()
-        }
-    }
+    use proptest::prelude::*;
 
     const LEN: usize = 16;
 
@@ -388,24 +295,14 @@ mod tests {
         model
     }
 
-    /// A model `x → nodes → outputs`, with `constants` as initializers, opset 11.
+    /// A model `x [1, LEN] → nodes → outputs`, with scalar `constants` as initializers.
     fn model(nodes: Vec<NodeProto>, constants: &[(&str, f32)], outputs: &[&str]) -> ModelProto {
-        ModelProto {
-            ir_version: 7,
-            opset_import: vec![OperatorSetIdProto {
-                domain: String::new(),
-                version: 11,
-            }],
-            graph: Some(GraphProto {
-                name: "g".into(),
-                node: nodes,
-                initializer: constants.iter().map(|(n, v)| scalar(n, *v)).collect(),
-                input: vec![value_info("x", LEN as i64)],
-                output: outputs.iter().map(|o| value_info(o, LEN as i64)).collect(),
-                ..GraphProto::default()
-            }),
-            ..ModelProto::default()
-        }
+        let initializers = constants.iter().map(|(n, v)| scalar(n, *v)).collect();
+        graph_model(&[1, LEN as i64], nodes, initializers, outputs)
+    }
+
+    fn run(model: &ModelProto, xs: &[f32]) -> Vec<f32> {
+        run_graph(model, &[1, xs.len()], xs)
     }
 
     /// Paddle's form: (x · clip(x + 3, 0, 6)) / 6.
@@ -420,31 +317,6 @@ mod tests {
             &[("three", 3.0), ("zero", 0.0), ("six", 6.0)],
             &["y"],
         )
-    }
-
-    fn op_types(model: &ModelProto) -> Vec<String> {
-        let graph = model.graph.as_ref().expect("graph");
-        graph.node.iter().map(|n| n.op_type.clone()).collect()
-    }
-
-    /// Runs a model's first output on `xs` with tract.
-    fn run(model: &ModelProto, xs: &[f32]) -> Vec<f32> {
-        let bytes = model.encode_to_vec();
-        let plan = tract_onnx::onnx()
-            .model_for_read(&mut bytes.as_slice())
-            .and_then(|m| m.into_optimized())
-            .and_then(|m| m.into_runnable())
-            .expect("model loads");
-        let input = tract_ndarray::Array2::from_shape_vec((1, xs.len()), xs.to_vec())
-            .expect("shape")
-            .into_tensor();
-        let out = plan.run(tvec!(input.into())).expect("runs");
-        out[0]
-            .to_plain_array_view::<f32>()
-            .expect("f32")
-            .iter()
-            .copied()
-            .collect()
     }
 
     fn fused(mut model: ModelProto) -> (usize, ModelProto) {
@@ -508,12 +380,7 @@ mod tests {
             assert_eq!(count, 1, "{case}");
             assert_eq!(op_types(&rewritten), ["HardSwish"], "{case}");
             let got = run(&rewritten, &xs);
-            for (g, w) in got.iter().zip(&want) {
-                assert!(
-                    (g - w).abs() <= 1e-6 * w.abs().max(1.0),
-                    "{case}: {g} vs {w}"
-                );
-            }
+            assert_close(&got, &want, 1e-6, case);
         }
     }
 
@@ -627,30 +494,18 @@ mod tests {
     fn a_constant_that_is_also_a_graph_input_is_not_taken_for_a_constant() {
         let mut overridable = paddle();
         let graph = overridable.graph.as_mut().expect("graph");
-        graph.input.push(value_info("three", 1));
+        graph.input.push(value_info("three", Some(&[1])));
         let (count, _) = fused(overridable);
         assert_eq!(count, 0);
     }
 
     #[test]
     fn constant_nodes_count_as_constants_and_every_pattern_of_a_chain_is_fused() {
-        let constant = |name: &str, value: f32| NodeProto {
-            name: name.into(),
-            op_type: "Constant".into(),
-            output: vec![name.into()],
-            attribute: vec![AttributeProto {
-                name: "value".into(),
-                r#type: AttributeType::Tensor as i32,
-                t: Some(scalar("", value)),
-                ..AttributeProto::default()
-            }],
-            ..NodeProto::default()
-        };
         let original = model(
             vec![
-                constant("three", 3.0),
-                constant("zero", 0.0),
-                constant("six", 6.0),
+                constant("three", scalar("", 3.0)),
+                constant("zero", scalar("", 0.0)),
+                constant("six", scalar("", 6.0)),
                 node("Add", &["x", "three"], "a1"),
                 node("Clip", &["a1", "zero", "six"], "c1"),
                 node("Mul", &["x", "c1"], "m1"),
@@ -672,9 +527,7 @@ mod tests {
             ["Constant", "Constant", "Constant", "HardSwish", "HardSwish"]
         );
         let got = run(&rewritten, &xs);
-        for (g, w) in got.iter().zip(&want) {
-            assert!((g - w).abs() <= 1e-6 * w.abs().max(1.0), "{g} vs {w}");
-        }
+        assert_close(&got, &want, 1e-6, "a chain of two");
     }
 
     proptest! {

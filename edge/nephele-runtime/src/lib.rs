@@ -27,6 +27,7 @@ pub mod candle_bert;
 #[path = "candle_off.rs"]
 pub mod candle_bert;
 pub mod cut_choice;
+pub mod fold_affine;
 pub mod fold_if;
 pub mod fuse_activations;
 pub mod graph_model;
@@ -40,6 +41,8 @@ pub mod op_profile;
 pub mod ort_backend;
 pub mod plan_cache;
 pub mod synthetic;
+#[cfg(test)]
+mod test_graphs;
 pub mod variants;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -301,7 +301,8 @@ impl OnnxGraph {
         // first: its statistics then travel inside int8 weights instead of as f32, and
         // the runtime has one node less. Outputs change only by float rounding, and the
         // variant is measured against the full model anyway.
-        let folded = fold_batch_norms(self.graph().clone());
+        let mut folded = self.graph().clone();
+        crate::fold_affine::fold_in_graph(&mut folded);
         let graph = &folded;
         let axes = channel_axes(graph);
         let mut report = QuantizationReport {
@@ -424,154 +425,6 @@ impl OnnxGraph {
             report,
         ))
     }
-}
-
-/// Folds `BatchNormalization(Conv(x, W, B))` into `Conv(x, W', B')` where the Conv's
-/// output feeds only that BatchNormalization and every parameter is an initializer:
-/// with `k = scale / sqrt(var + eps)` per output channel, `W' = W · k` and
-/// `B' = (B − mean) · k + bias`.
-fn fold_batch_norms(mut graph: GraphProto) -> GraphProto {
-    let mut initializers: HashMap<String, TensorProto> = graph
-        .initializer
-        .iter()
-        .map(|t| (t.name.clone(), t.clone()))
-        .collect();
-    let mut uses: HashMap<String, usize> = HashMap::new();
-    for node in &graph.node {
-        for input in &node.input {
-            *uses.entry(input.clone()).or_default() += 1;
-        }
-    }
-    for output in &graph.output {
-        *uses.entry(output.name.clone()).or_default() += 1;
-    }
-    let producer: HashMap<String, usize> = graph
-        .node
-        .iter()
-        .enumerate()
-        .flat_map(|(i, n)| n.output.iter().map(move |o| (o.clone(), i)))
-        .collect();
-    let mut removed = HashSet::new();
-    for bn_idx in 0..graph.node.len() {
-        let bn = &graph.node[bn_idx];
-        if bn.op_type != "BatchNormalization" || bn.input.len() != 5 || bn.output.len() != 1 {
-            continue;
-        }
-        let Some(&conv_idx) = producer.get(&bn.input[0]) else {
-            continue;
-        };
-        let conv = &graph.node[conv_idx];
-        if conv.op_type != "Conv" || uses.get(&bn.input[0]) != Some(&1) || conv.input.len() < 2 {
-            continue;
-        }
-        let param = |name: &String| initializers.get(name).and_then(|t| float_values(t).ok());
-        let (Some(weights), Some(scale), Some(bias), Some(mean), Some(var)) = (
-            param(&conv.input[1]),
-            param(&bn.input[1]),
-            param(&bn.input[2]),
-            param(&bn.input[3]),
-            param(&bn.input[4]),
-        ) else {
-            continue;
-        };
-        let channels = scale.len();
-        if [bias.len(), mean.len(), var.len()]
-            .iter()
-            .any(|n| *n != channels)
-            || channels == 0
-            || weights.len() % channels != 0
-            || initializers
-                .get(&conv.input[1])
-                .and_then(|t| t.dims.first())
-                .is_none_or(|d| *d as usize != channels)
-        {
-            continue;
-        }
-        let conv_bias = match conv.input.get(2).filter(|b| !b.is_empty()) {
-            Some(name) => match param(name) {
-                Some(b) if b.len() == channels => b,
-                _ => continue,
-            },
-            None => vec![0.0; channels],
-        };
-        let epsilon = bn
-            .attribute
-            .iter()
-            .find(|a| a.name == "epsilon")
-            .map_or(1e-5, |a| a.f);
-        let k: Vec<f32> = (0..channels)
-            .map(|c| scale[c] / (var[c] + epsilon).sqrt())
-            .collect();
-        if k.iter().any(|v| !v.is_finite()) {
-            continue;
-        }
-        let per_channel = weights.len() / channels;
-        let new_weights: Vec<u8> = weights
-            .iter()
-            .enumerate()
-            .flat_map(|(i, w)| (w * k[i / per_channel]).to_le_bytes())
-            .collect();
-        let new_bias: Vec<u8> = (0..channels)
-            .flat_map(|c| ((conv_bias[c] - mean[c]) * k[c] + bias[c]).to_le_bytes())
-            .collect();
-        let w_name = format!("{}:bnw", bn.output[0]);
-        let b_name = format!("{}:bnb", bn.output[0]);
-        let w_dims = initializers
-            .get(&conv.input[1])
-            .map(|t| t.dims.clone())
-            .unwrap_or_default();
-        initializers.insert(
-            w_name.clone(),
-            TensorProto {
-                name: w_name.clone(),
-                dims: w_dims,
-                data_type: DataType::Float as i32,
-                raw_data: new_weights,
-                ..TensorProto::default()
-            },
-        );
-        initializers.insert(
-            b_name.clone(),
-            TensorProto {
-                name: b_name.clone(),
-                dims: vec![channels as i64],
-                data_type: DataType::Float as i32,
-                raw_data: new_bias,
-                ..TensorProto::default()
-            },
-        );
-        let bn_output = bn.output[0].clone();
-        let conv = &mut graph.node[conv_idx];
-        conv.input.truncate(1);
-        conv.input.push(w_name);
-        conv.input.push(b_name);
-        conv.output = vec![bn_output];
-        removed.insert(bn_idx);
-    }
-    if removed.is_empty() {
-        return graph;
-    }
-    graph.node = graph
-        .node
-        .into_iter()
-        .enumerate()
-        .filter(|(i, _)| !removed.contains(i))
-        .map(|(_, n)| n)
-        .collect();
-    let used: HashSet<&str> = graph
-        .node
-        .iter()
-        .flat_map(|n| n.input.iter().map(String::as_str))
-        .chain(graph.output.iter().map(|o| o.name.as_str()))
-        .collect();
-    let mut kept: Vec<TensorProto> = initializers
-        .into_values()
-        .filter(|t| used.contains(t.name.as_str()))
-        .collect();
-    // Deterministic file bytes: initializers in name order.
-    kept.sort_by(|a, b| a.name.cmp(&b.name));
-    graph.initializer = kept;
-    graph
 }
 
 /// Renames every internal tensor and node to a short id and drops doc strings: the int8
@@ -841,6 +694,53 @@ fn channel_axes(graph: &GraphProto) -> HashMap<&str, Option<usize>> {
         .into_iter()
         .filter_map(|(name, role)| role.map(|axis| (name, axis)))
         .collect()
+}
+
+/// The graph's constants by name: its initializers (except those also listed as graph
+/// inputs, which a caller may override) and the tensors of its `Constant` nodes.
+pub(crate) fn graph_constants(graph: &GraphProto) -> HashMap<&str, &TensorProto> {
+    let mut constants: HashMap<&str, &TensorProto> = HashMap::new();
+    for node in &graph.node {
+        if node.op_type == "Constant" && is_onnx_domain(node) && node.output.len() == 1 {
+            if let Some(tensor) = node
+                .attribute
+                .iter()
+                .find(|a| a.name == "value")
+                .and_then(|a| a.t.as_ref())
+            {
+                constants.insert(node.output[0].as_str(), tensor);
+            }
+        }
+    }
+    let inputs: HashSet<&str> = graph.input.iter().map(|i| i.name.as_str()).collect();
+    for tensor in &graph.initializer {
+        if !inputs.contains(tensor.name.as_str()) {
+            constants.insert(tensor.name.as_str(), tensor);
+        }
+    }
+    constants
+}
+
+/// Counts how many times each value is read by a node, in this graph and in the
+/// subgraphs of its nodes (a body may read a value of the graph around it).
+pub(crate) fn count_uses<'a>(graph: &'a GraphProto, uses: &mut HashMap<&'a str, usize>) {
+    for node in &graph.node {
+        for input in &node.input {
+            if !input.is_empty() {
+                *uses.entry(input.as_str()).or_default() += 1;
+            }
+        }
+        for attribute in &node.attribute {
+            for subgraph in attribute.g.iter().chain(attribute.graphs.iter()) {
+                count_uses(subgraph, uses);
+            }
+        }
+    }
+}
+
+/// Whether a node is of the default ONNX operator set.
+pub(crate) fn is_onnx_domain(node: &NodeProto) -> bool {
+    node.domain.is_empty() || node.domain == "ai.onnx"
 }
 
 /// The f32 values of a float initializer, from `raw_data` (little endian) or

@@ -30,6 +30,7 @@ pub mod cut_choice;
 pub mod fold_affine;
 pub mod fold_if;
 pub mod fuse_activations;
+mod graph_index;
 pub mod graph_model;
 pub mod graph_variants;
 pub mod input_spec;

@@ -696,53 +696,6 @@ fn channel_axes(graph: &GraphProto) -> HashMap<&str, Option<usize>> {
         .collect()
 }
 
-/// The graph's constants by name: its initializers (except those also listed as graph
-/// inputs, which a caller may override) and the tensors of its `Constant` nodes.
-pub(crate) fn graph_constants(graph: &GraphProto) -> HashMap<&str, &TensorProto> {
-    let mut constants: HashMap<&str, &TensorProto> = HashMap::new();
-    for node in &graph.node {
-        if node.op_type == "Constant" && is_onnx_domain(node) && node.output.len() == 1 {
-            if let Some(tensor) = node
-                .attribute
-                .iter()
-                .find(|a| a.name == "value")
-                .and_then(|a| a.t.as_ref())
-            {
-                constants.insert(node.output[0].as_str(), tensor);
-            }
-        }
-    }
-    let inputs: HashSet<&str> = graph.input.iter().map(|i| i.name.as_str()).collect();
-    for tensor in &graph.initializer {
-        if !inputs.contains(tensor.name.as_str()) {
-            constants.insert(tensor.name.as_str(), tensor);
-        }
-    }
-    constants
-}
-
-/// Counts how many times each value is read by a node, in this graph and in the
-/// subgraphs of its nodes (a body may read a value of the graph around it).
-pub(crate) fn count_uses<'a>(graph: &'a GraphProto, uses: &mut HashMap<&'a str, usize>) {
-    for node in &graph.node {
-        for input in &node.input {
-            if !input.is_empty() {
-                *uses.entry(input.as_str()).or_default() += 1;
-            }
-        }
-        for attribute in &node.attribute {
-            for subgraph in attribute.g.iter().chain(attribute.graphs.iter()) {
-                count_uses(subgraph, uses);
-            }
-        }
-    }
-}
-
-/// Whether a node is of the default ONNX operator set.
-pub(crate) fn is_onnx_domain(node: &NodeProto) -> bool {
-    node.domain.is_empty() || node.domain == "ai.onnx"
-}
-
 /// The f32 values of a float initializer, from `raw_data` (little endian) or
 /// `float_data`.
 pub(crate) fn float_values(tensor: &TensorProto) -> Result<Vec<f32>, String> {

@@ -164,6 +164,18 @@ pub fn run(model: &ModelProto, input_dims: &[usize], xs: &[f32]) -> Vec<f32> {
         .collect()
 }
 
+/// Asserts that `rewrite` changes none of `cases` (it reports 0 and the nodes stay).
+pub fn assert_left_alone(
+    cases: Vec<(&str, ModelProto)>,
+    rewrite: impl Fn(&mut ModelProto) -> usize,
+) {
+    for (case, mut model) in cases {
+        let before = op_types(&model);
+        assert_eq!(rewrite(&mut model), 0, "{case}");
+        assert_eq!(op_types(&model), before, "{case}");
+    }
+}
+
 /// Asserts two outputs agree to `tolerance`, relative to magnitudes above 1.
 pub fn assert_close(got: &[f32], want: &[f32], tolerance: f32, case: &str) {
     assert_eq!(got.len(), want.len(), "{case}: lengths");

@@ -1,0 +1,90 @@
+//! Who writes and who reads each value of an ONNX graph, and which values are
+//! constants: what the graph rewrites (`fold_affine`, `fuse_activations`) match on.
+
+use std::collections::{HashMap, HashSet};
+
+use tract_onnx::pb::{GraphProto, NodeProto, TensorProto};
+
+/// An index of one graph (not its subgraphs, though their reads are counted).
+pub(crate) struct GraphIndex<'a> {
+    /// The node writing each value, by index.
+    pub producer: HashMap<&'a str, usize>,
+    /// How many times each value is read by a node.
+    pub uses: HashMap<&'a str, usize>,
+    /// The graph's outputs.
+    pub outputs: HashSet<&'a str>,
+    /// See [`graph_constants`].
+    pub constants: HashMap<&'a str, &'a TensorProto>,
+}
+
+impl<'a> GraphIndex<'a> {
+    pub fn new(graph: &'a GraphProto) -> GraphIndex<'a> {
+        let mut producer = HashMap::new();
+        for (index, node) in graph.node.iter().enumerate() {
+            for output in &node.output {
+                producer.insert(output.as_str(), index);
+            }
+        }
+        let mut uses = HashMap::new();
+        count_uses(graph, &mut uses);
+        GraphIndex {
+            producer,
+            uses,
+            outputs: graph.output.iter().map(|o| o.name.as_str()).collect(),
+            constants: graph_constants(graph),
+        }
+    }
+
+    /// Whether `value` is read exactly once (by the node at hand) and is not an output
+    /// of the graph: a rewrite may then absorb the node writing it.
+    pub fn read_once(&self, value: &str) -> bool {
+        !self.outputs.contains(value) && self.uses.get(value).copied() == Some(1)
+    }
+}
+
+/// The graph's constants by name: its initializers (except those also listed as graph
+/// inputs, which a caller may override) and the tensors of its `Constant` nodes.
+pub(crate) fn graph_constants(graph: &GraphProto) -> HashMap<&str, &TensorProto> {
+    let mut constants: HashMap<&str, &TensorProto> = HashMap::new();
+    for node in &graph.node {
+        if node.op_type == "Constant" && is_onnx_domain(node) && node.output.len() == 1 {
+            if let Some(tensor) = node
+                .attribute
+                .iter()
+                .find(|a| a.name == "value")
+                .and_then(|a| a.t.as_ref())
+            {
+                constants.insert(node.output[0].as_str(), tensor);
+            }
+        }
+    }
+    let inputs: HashSet<&str> = graph.input.iter().map(|i| i.name.as_str()).collect();
+    for tensor in &graph.initializer {
+        if !inputs.contains(tensor.name.as_str()) {
+            constants.insert(tensor.name.as_str(), tensor);
+        }
+    }
+    constants
+}
+
+/// Counts how many times each value is read by a node, in this graph and in the
+/// subgraphs of its nodes (a body may read a value of the graph around it).
+pub(crate) fn count_uses<'a>(graph: &'a GraphProto, uses: &mut HashMap<&'a str, usize>) {
+    for node in &graph.node {
+        for input in &node.input {
+            if !input.is_empty() {
+                *uses.entry(input.as_str()).or_default() += 1;
+            }
+        }
+        for attribute in &node.attribute {
+            for subgraph in attribute.g.iter().chain(attribute.graphs.iter()) {
+                count_uses(subgraph, uses);
+            }
+        }
+    }
+}
+
+/// Whether a node is of the default ONNX operator set.
+pub(crate) fn is_onnx_domain(node: &NodeProto) -> bool {
+    node.domain.is_empty() || node.domain == "ai.onnx"
+}

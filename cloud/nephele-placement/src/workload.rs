@@ -15,6 +15,37 @@ use crate::{NodeSpec, PodRequest, TypicalPods};
 /// of a trace.
 pub const COVERAGE: f64 = 0.95;
 
+/// The submitted pods (job members and serving replicas) a region learns its target
+/// workload from: its fragmentation-aware policies plan for the typical pods of the
+/// latest this many, with the GPU models typed pods ask for weighed against the pools'
+/// supply.
+pub const RECENT_PODS: usize = 2000;
+
+/// The workload mix the fragmentation-aware scorer plans for until a region has seen
+/// its own: mostly single GPUs and halves, some 2-, 4- and 8-GPU jobs.
+pub fn starting_mix() -> TypicalPods {
+    let mut pods = Vec::new();
+    for (count, cpu, gpus, milli) in [
+        (40, 4000, 1, 1000),
+        (20, 2000, 1, 500),
+        (10, 1000, 1, 250),
+        (15, 8000, 2, 1000),
+        (10, 16000, 4, 1000),
+        (5, 32000, 8, 1000),
+    ] {
+        for _ in 0..count {
+            pods.push(PodRequest {
+                cpu_milli: cpu,
+                memory_mib: cpu * 4,
+                num_gpu: gpus,
+                gpu_milli: milli,
+                ..PodRequest::default()
+            });
+        }
+    }
+    TypicalPods::from_pods(&pods, 1.0)
+}
+
 /// The most recent pods a region was asked to place, oldest first.
 #[derive(Debug, Clone, Default)]
 pub struct RecentPods {

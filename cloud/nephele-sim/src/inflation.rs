@@ -9,7 +9,9 @@
 
 use std::collections::BTreeMap;
 
+use nephele_placement::queue::LEARN_MIN_PODS;
 use nephele_placement::rng::Rng;
+use nephele_placement::workload::{self, RecentPods};
 use nephele_placement::{place, Cluster, Policy, TypicalPods};
 use serde::Serialize;
 
@@ -49,6 +51,36 @@ impl StudyPolicy {
             return Some(StudyPolicy::GpuClustering);
         }
         Policy::parse(name).map(StudyPolicy::Core)
+    }
+}
+
+/// What the fragmentation-aware policies (FGD, ours) plan for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Planning {
+    /// The typical pods of the whole pod list, known in advance, as the paper does.
+    #[default]
+    WholeList,
+    /// What a running region does: a fixed starting mix, then the typical pods of the
+    /// latest [`workload::RECENT_PODS`] arrived, made again after every
+    /// [`LEARN_MIN_PODS`] more (a region also waits a minute between makings; the
+    /// simulation has no clock, so this remakes them at least as often).
+    Learned,
+}
+
+impl Planning {
+    pub fn name(self) -> &'static str {
+        match self {
+            Planning::WholeList => "whole-list",
+            Planning::Learned => "learned",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Planning> {
+        match name {
+            "whole-list" => Some(Planning::WholeList),
+            "learned" => Some(Planning::Learned),
+            _ => None,
+        }
     }
 }
 
@@ -123,12 +155,14 @@ pub fn failure_kind(cluster: &Cluster, pod: &nephele_placement::PodRequest) -> S
 }
 
 /// One run: (arrived %, allocated %, fragmentation % of capacity, fragmentation / idle)
-/// after every pod.
+/// after every pod. Fragmentation is always measured against `typical` (the whole
+/// list's); `planning` says what the policies plan with.
 pub fn run_inflation(
     trace: &Trace,
     typical: &TypicalPods,
     policy: StudyPolicy,
     seed: u64,
+    planning: Planning,
 ) -> (Series, Failures) {
     let mut failures = Failures::new();
     let mut rng = Rng::new(seed);
@@ -160,14 +194,31 @@ pub fn run_inflation(
     let mut arrived = 0.0;
     let mut used = 0.0;
     let mut series = Vec::with_capacity(pods.len());
+    let mut recent = RecentPods::new(match planning {
+        Planning::WholeList => 0,
+        Planning::Learned => workload::RECENT_PODS,
+    });
+    let mut learned = workload::starting_mix();
     for (id, pod) in pods.iter().enumerate() {
         arrived += pod.gpu_total() as f64;
+        let plan_with = match planning {
+            Planning::WholeList => typical,
+            Planning::Learned => {
+                recent.observe(pod);
+                if let Some(made) =
+                    recent.rebuild(&trace.nodes, 0, LEARN_MIN_PODS, LEARN_MIN_PODS, 0)
+                {
+                    learned = made;
+                }
+                &learned
+            }
+        };
         let placed = match (policy, clustering.as_ref()) {
             (StudyPolicy::Core(policy), _) => {
-                place(&cluster, pod, policy, typical, &priority, &mut rng)
+                place(&cluster, pod, policy, plan_with, &priority, &mut rng)
             }
             (StudyPolicy::GpuClustering, Some(clustering)) => {
-                clustering.place(&cluster, pod, typical)
+                clustering.place(&cluster, pod, plan_with)
             }
             (StudyPolicy::GpuClustering, None) => unreachable!("made above for this policy"),
         };
@@ -282,6 +333,65 @@ mod tests {
             gpu_model: Some(0),
             ..NodeSpec::default()
         }
+    }
+
+    /// 40 nodes of 8 GPUs and a list of whole, half and quarter GPUs.
+    fn small_trace() -> Trace {
+        let nodes = (0..40).map(|i| node(&format!("n{i}"), 96_000, 8)).collect();
+        let pods: Vec<PodRequest> = (0..600)
+            .map(|i| PodRequest {
+                cpu_milli: 2000,
+                memory_mib: 10,
+                num_gpu: 1,
+                gpu_milli: [1000, 500, 250][i % 3],
+                ..PodRequest::default()
+            })
+            .collect();
+        Trace {
+            nodes,
+            meta: Vec::new(),
+            models: vec!["G".into()],
+            pods,
+        }
+    }
+
+    #[test]
+    fn planning_changes_where_pods_go_never_which_pods_arrive() {
+        let trace = small_trace();
+        let typical = TypicalPods::from_pods(&trace.pods, 0.95).with_supply(&trace.nodes);
+        for policy in [Policy::Fgd, Policy::Ours] {
+            let (whole, _) = run_inflation(
+                &trace,
+                &typical,
+                StudyPolicy::Core(policy),
+                42,
+                Planning::WholeList,
+            );
+            let (learned, _) = run_inflation(
+                &trace,
+                &typical,
+                StudyPolicy::Core(policy),
+                42,
+                Planning::Learned,
+            );
+            assert_eq!(
+                whole.len(),
+                learned.len(),
+                "{policy:?}: the same pods arrive"
+            );
+            for (w, l) in whole.iter().zip(&learned) {
+                assert_eq!(w.0, l.0, "{policy:?}: arrived % differs");
+                assert!(l.1 <= l.0 + 1e-9 && l.1 <= 100.0, "{policy:?}: {l:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn planning_names_parse_back() {
+        for planning in [Planning::WholeList, Planning::Learned] {
+            assert_eq!(Planning::parse(planning.name()), Some(planning));
+        }
+        assert_eq!(Planning::parse("oracle"), None);
     }
 
     #[test]

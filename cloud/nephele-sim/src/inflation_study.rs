@@ -12,7 +12,9 @@ use std::time::Instant;
 use nephele_placement::TypicalPods;
 use serde::Serialize;
 
-use crate::inflation::{by_level, mean_sd, run_inflation, Failures, PolicySummary, StudyPolicy};
+use crate::inflation::{
+    by_level, mean_sd, run_inflation, Failures, Planning, PolicySummary, StudyPolicy,
+};
 use crate::plot::{svg_bars, BarGroup};
 use crate::trace::Trace;
 
@@ -56,6 +58,8 @@ pub struct PodListResult {
     pub nodes: usize,
     pub pods: usize,
     pub typical_pod_classes: usize,
+    /// What FGD and ours planned with: `whole-list` or `learned` ([`Planning`]).
+    pub planning: &'static str,
     pub policies: Vec<PolicySummary>,
     /// The FGD authors' unallocated GPU % at 100% for this list (`null` for a list
     /// they did not publish).
@@ -69,17 +73,33 @@ pub struct PodListResult {
     pub curves: Vec<(String, Vec<(u32, f64)>)>,
 }
 
-/// Runs every policy over `seeds` (the paper's are 42..52) on `trace`, the runs spread over
-/// `threads` threads; `done` is called after each run with (runs done, runs in all).
+/// What a study runs on each pod list.
+#[derive(Debug, Clone)]
+pub struct StudyRuns {
+    pub policies: Vec<StudyPolicy>,
+    /// The paper's are 42..52.
+    pub seeds: std::ops::Range<u64>,
+    /// Runs at once.
+    pub threads: usize,
+    pub planning: Planning,
+}
+
+/// Runs every policy over every seed of `runs` on `trace`, spread over its threads;
+/// `done` is called after each run with (runs done, runs in all).
 pub fn run_pod_list(
     name: &str,
     file: &str,
     trace: &Trace,
-    policies: &[StudyPolicy],
-    seeds: std::ops::Range<u64>,
-    threads: usize,
+    study: &StudyRuns,
     done: &(dyn Fn(usize, usize) + Sync),
 ) -> PodListResult {
+    let StudyRuns {
+        policies,
+        seeds,
+        threads,
+        planning,
+    } = study;
+    let (threads, planning) = (*threads, *planning);
     let typical = TypicalPods::from_pods(&trace.pods, 0.95).with_supply(&trace.nodes);
     let runs: Vec<(usize, u64)> = (0..policies.len())
         .flat_map(|p| seeds.clone().map(move |s| (p, s)))
@@ -97,7 +117,8 @@ pub fn run_pod_list(
                     return;
                 };
                 let started = Instant::now();
-                let (series, failures) = run_inflation(trace, &typical, policies[policy], seed);
+                let (series, failures) =
+                    run_inflation(trace, &typical, policies[policy], seed, planning);
                 let levels = by_level(&series);
                 results.lock().unwrap_or_else(|p| p.into_inner()).insert(
                     (policy, seed),
@@ -177,6 +198,7 @@ pub fn run_pod_list(
         nodes: trace.nodes.len(),
         pods: trace.pods.len(),
         typical_pod_classes: typical.classes.len(),
+        planning: planning.name(),
         policies: summaries,
         authors_unallocated_pct: authors_figures(name),
         csv,
@@ -287,6 +309,7 @@ mod tests {
             nodes: 1,
             pods: 1,
             typical_pod_classes: 1,
+            planning: "whole-list",
             policies: vec![PolicySummary {
                 name: "ours".into(),
                 unallocated_gpu_share_at_100: ours,

@@ -10,8 +10,8 @@ use nephele_sim::autoscale_llm::SlowdownTarget;
 use nephele_sim::autoscale_trace::ServiceOptions;
 use nephele_sim::autoscale_tune::tune_ours;
 use nephele_sim::carbon::{run_shift, ShiftConfig};
-use nephele_sim::inflation::StudyPolicy;
-use nephele_sim::inflation_study::{run_pod_list, study_svgs};
+use nephele_sim::inflation::{Planning, StudyPolicy};
+use nephele_sim::inflation_study::{run_pod_list, study_svgs, StudyRuns};
 use nephele_sim::plot::svg_plot;
 use nephele_sim::replay::{run_replay, ReplayConfig, ReplayOptions};
 use nephele_sim::trace::{all_pod_lists, load_openb_with, pod_list_name, pod_list_path};
@@ -169,6 +169,11 @@ pub struct InflationArgs {
         default_value = "random,first-fit,best-fit,dot-product,gpu-clustering,gpu-packing,fgd,ours"
     )]
     pub policies: String,
+    /// What FGD and ours plan for: `whole-list` (the typical pods of the whole pod list,
+    /// known in advance, as the paper does) or `learned` (as a running region: a fixed
+    /// starting mix, then the latest 2,000 pods arrived, remade every 100).
+    #[arg(long, default_value = "whole-list", value_parser = ["whole-list", "learned"])]
+    pub planning: String,
     /// Where to write inflation.json and, per pod list, inflation-<list>.csv and .svg.
     #[arg(long, default_value = "sim-results")]
     pub out: PathBuf,
@@ -376,6 +381,8 @@ fn run_inflation_command(args: InflationArgs) -> Result<()> {
             })
         })
         .collect::<Result<_>>()?;
+    let planning = Planning::parse(&args.planning)
+        .with_context(|| format!("--planning {}: whole-list or learned", args.planning))?;
     if !args.data.join("alibaba-gpu-v2023").is_dir() {
         anyhow::bail!(
             "{} has no alibaba-gpu-v2023/ (the openb traces); pass --data with the folder that holds them, e.g. ../shared/data",
@@ -402,6 +409,12 @@ fn run_inflation_command(args: InflationArgs) -> Result<()> {
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
         .max(1);
+    let study = StudyRuns {
+        policies,
+        seeds: args.first_seed..args.first_seed + args.seeds,
+        threads,
+        planning,
+    };
     std::fs::create_dir_all(&args.out)?;
     let started = Instant::now();
     let mut lists = Vec::new();
@@ -422,9 +435,7 @@ fn run_inflation_command(args: InflationArgs) -> Result<()> {
             &name,
             &file.display().to_string(),
             &trace,
-            &policies,
-            args.first_seed..args.first_seed + args.seeds,
-            threads,
+            &study,
             &progress,
         );
         std::fs::write(
@@ -442,6 +453,7 @@ fn run_inflation_command(args: InflationArgs) -> Result<()> {
         "trace": "alibaba-gpu-v2023 openb (GPU node list; the pod lists named)",
         "seeds": args.seeds,
         "first_seed": args.first_seed,
+        "planning": planning.name(),
         "elapsed_s": started.elapsed().as_secs_f64(),
         "pod_lists": lists,
     });
@@ -458,8 +470,8 @@ fn run_inflation_command(args: InflationArgs) -> Result<()> {
     }
     for list in &lists {
         println!(
-            "\n{} ({} pods on {} nodes): unallocated GPU at 100% arrived, {} seed(s)",
-            list.name, list.pods, list.nodes, args.seeds
+            "\n{} ({} pods on {} nodes): unallocated GPU at 100% arrived, {} seed(s), planning for the {}",
+            list.name, list.pods, list.nodes, args.seeds, list.planning
         );
         println!(
             "{:<15} {:>10} {:>8} {:>12} {:>18} {:>8}",

@@ -34,6 +34,7 @@ use nephele_placement::grid::{
     HOUR_S,
 };
 use nephele_placement::queue::{JobState, Quota, Tenant, WhyPending};
+use nephele_placement::workload;
 use nephele_placement::{
     Binding, CapacityType, Cluster, Effect, Job, JobId, MigPartition, MigProfile, NodeSpec,
     PodRequest, Policy, PriorityClass, Queue, QueueConfig, Reason, Topology, TypicalPods,
@@ -221,37 +222,6 @@ pub fn node_spec(region: &str, pool: &PoolConfig) -> Result<(NodeSpec, Option<St
     ))
 }
 
-/// The submitted pods (job members and serving replicas) a region learns its target
-/// workload from: its fragmentation-aware policies plan for the typical pods of the
-/// latest this many, with the GPU models typed pods ask for weighed against the pools'
-/// supply (`nephele_placement::workload`).
-pub const RECENT_PODS: usize = 2000;
-
-/// The workload mix the fragmentation-aware scorer plans for until the region has seen
-/// its own: mostly single GPUs and halves, some 2-, 4- and 8-GPU jobs.
-fn default_typical() -> TypicalPods {
-    let mut pods = Vec::new();
-    for (count, cpu, gpus, milli) in [
-        (40, 4000, 1, 1000),
-        (20, 2000, 1, 500),
-        (10, 1000, 1, 250),
-        (15, 8000, 2, 1000),
-        (10, 16000, 4, 1000),
-        (5, 32000, 8, 1000),
-    ] {
-        for _ in 0..count {
-            pods.push(PodRequest {
-                cpu_milli: cpu,
-                memory_mib: cpu * 4,
-                num_gpu: gpus,
-                gpu_milli: milli,
-                ..PodRequest::default()
-            });
-        }
-    }
-    TypicalPods::from_pods(&pods, 1.0)
-}
-
 /// Settings of a region's scheduler that come from the control plane's config.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -420,9 +390,9 @@ impl RegionScheduler {
             seed: 0,
         };
         let tenant_names = tenant_list.iter().map(|t| t.name.clone()).collect();
-        let mut queue = Queue::new(queue_config, tenant_list, default_typical());
-        // Until it has seen RECENT_PODS' worth of its own, and then from its latest.
-        queue.learn_workload(RECENT_PODS);
+        let mut queue = Queue::new(queue_config, tenant_list, workload::starting_mix());
+        // Until it has seen enough of its own, and then from its latest RECENT_PODS.
+        queue.learn_workload(workload::RECENT_PODS);
         Ok(RegionScheduler {
             region: region.name.clone(),
             carbon_zone: region.carbon_zone.clone(),

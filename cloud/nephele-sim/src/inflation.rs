@@ -360,20 +360,9 @@ mod tests {
         let trace = small_trace();
         let typical = TypicalPods::from_pods(&trace.pods, 0.95).with_supply(&trace.nodes);
         for policy in [Policy::Fgd, Policy::Ours] {
-            let (whole, _) = run_inflation(
-                &trace,
-                &typical,
-                StudyPolicy::Core(policy),
-                42,
-                Planning::WholeList,
-            );
-            let (learned, _) = run_inflation(
-                &trace,
-                &typical,
-                StudyPolicy::Core(policy),
-                42,
-                Planning::Learned,
-            );
+            let [whole, learned] = [Planning::WholeList, Planning::Learned].map(|planning| {
+                run_inflation(&trace, &typical, StudyPolicy::Core(policy), 42, planning).0
+            });
             assert_eq!(
                 whole.len(),
                 learned.len(),

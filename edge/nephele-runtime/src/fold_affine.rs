@@ -56,6 +56,8 @@ struct Fold {
     conv: usize,
     absorbed: usize,
     weights: Vec<f32>,
+    /// The weights' dims, as the convolution's constant gives them.
+    weight_dims: Vec<i64>,
     bias: Vec<f32>,
     /// A fold before the convolution: what it reads instead.
     new_input: Option<String>,
@@ -155,6 +157,7 @@ impl<'a> Consts<'a> {
             conv: conv_index,
             absorbed: index,
             weights,
+            weight_dims: dims,
             bias,
             new_input: None,
             new_output: Some(node.output[0].clone()),
@@ -208,6 +211,7 @@ impl<'a> Consts<'a> {
             conv: index,
             absorbed: node_index,
             weights,
+            weight_dims: dims,
             bias,
             new_input: Some(data.to_string()),
             new_output: None,
@@ -308,13 +312,6 @@ fn apply(graph: &mut GraphProto, fold: Fold, serial: usize, replaced: &mut HashS
             .unwrap_or_default()
     };
     let (w_name, b_name) = (fresh("w"), fresh("b"));
-    let w_dims = conv
-        .input
-        .get(1)
-        .and_then(|w| graph.initializer.iter().find(|t| &t.name == w))
-        .map(|t| t.dims.clone())
-        .or_else(|| weight_dims_from_constant(graph, conv))
-        .unwrap_or_default();
     let channels = fold.bias.len() as i64;
     replaced.extend(conv.input.iter().skip(1).cloned());
     let tensor = |name: &str, dims: Vec<i64>, values: &[f32]| TensorProto {
@@ -326,7 +323,7 @@ fn apply(graph: &mut GraphProto, fold: Fold, serial: usize, replaced: &mut HashS
     };
     graph
         .initializer
-        .push(tensor(&w_name, w_dims, &fold.weights));
+        .push(tensor(&w_name, fold.weight_dims, &fold.weights));
     graph
         .initializer
         .push(tensor(&b_name, vec![channels], &fold.bias));
@@ -341,18 +338,6 @@ fn apply(graph: &mut GraphProto, fold: Fold, serial: usize, replaced: &mut HashS
     }
     let absorbed = graph.node.remove(fold.absorbed);
     replaced.extend(absorbed.input);
-}
-
-/// The dims of a convolution's weights given by a `Constant` node.
-fn weight_dims_from_constant(graph: &GraphProto, conv: &NodeProto) -> Option<Vec<i64>> {
-    let name = conv.input.get(1)?;
-    graph
-        .node
-        .iter()
-        .find(|n| n.op_type == "Constant" && n.output.first() == Some(name))
-        .and_then(|n| n.attribute.iter().find(|a| a.name == "value"))
-        .and_then(|a| a.t.as_ref())
-        .map(|t| t.dims.clone())
 }
 
 /// Drops the initializers among `replaced` (the folded convolutions' old weights, the

@@ -148,6 +148,7 @@ impl TypicalPods {
             let model_ok = class.accepts(spec.gpu_model);
             let fitting = gpu_left.iter().filter(|g| **g >= class.gpu_milli).count();
             let can_host = class.num_gpu > 0
+                && class.gpu_milli > 0
                 && model_ok
                 && fitting >= usize::from(class.num_gpu)
                 && cpu_left >= class.cpu_milli;
@@ -201,14 +202,14 @@ impl TypicalPods {
         total
     }
 
-    /// [`TypicalPods::stream_fragmentation`] before a placement less after it, for
-    /// each of `choices` (the GPUs and milli a pod would take on this node), with the
-    /// node's CPU and memory going from `cpu_left`/`memory_left` to
-    /// `cpu_after`/`memory_after`. The same figures as computing the measure twice, in
-    /// one pass over the node's GPUs per class: placement scores every state a node
-    /// group reaches, so this is on its hot path.
+    /// Both measures before a placement less after it ([`Changes`]), for each of
+    /// `choices` (the GPUs and milli a pod would take on this node, each GPU once), with
+    /// the node's CPU and memory going from `cpu_left`/`memory_left` to
+    /// `cpu_after`/`memory_after` (FGD's measure ignores memory). The same figures as
+    /// computing each measure twice, in one pass over the node's GPUs per class:
+    /// placement scores every state a node group reaches, so this is on its hot path.
     #[allow(clippy::too_many_arguments)]
-    pub fn stream_fragmentation_changes(
+    pub fn fragmentation_changes(
         &self,
         spec: &NodeSpec,
         gpu_left: &[u32],
@@ -217,32 +218,45 @@ impl TypicalPods {
         cpu_after: u64,
         memory_after: Option<u64>,
         choices: &[&[(u8, u32)]],
-    ) -> Vec<f64> {
-        let mut deltas = vec![0.0; choices.len()];
+    ) -> Vec<Changes> {
+        let mut changes = vec![Changes::default(); choices.len()];
         if gpu_left.is_empty() {
-            return deltas;
+            return changes;
         }
+        let idle: u64 = gpu_left.iter().map(|g| u64::from(*g)).sum();
+        // Idle GPU falls by what the pod takes, for every class.
+        let taken: Vec<u64> = choices
+            .iter()
+            .map(|choice| choice.iter().map(|(_, milli)| u64::from(*milli)).sum())
+            .collect();
         for class in &self.classes {
             let model_ok = class.accepts(spec.gpu_model);
-            let foreign = class.num_gpu == 0 || class.gpu_milli == 0 || !model_ok;
-            let before_use = (!foreign).then(|| GpuUse::of(class, gpu_left));
-            let usable_before =
-                before_use.map_or(0, |u| capped(class, u.usable(class), cpu_left, memory_left));
-            for (delta, choice) in deltas.iter_mut().zip(choices) {
-                // Idle GPU falls by what the pod takes, for every class.
-                let taken: u64 = choice.iter().map(|(_, milli)| u64::from(*milli)).sum();
-                let usable_after = before_use.map_or(0, |mut u| {
-                    for (gpu, milli) in choice.iter() {
-                        let old = gpu_left.get(usize::from(*gpu)).copied().unwrap_or(0);
-                        u.replace(class, old, old.saturating_sub(*milli));
-                    }
-                    capped(class, u.usable(class), cpu_after, memory_after)
-                });
+            if class.num_gpu == 0 || class.gpu_milli == 0 || !model_ok {
+                // All idle GPU is a fragment before and after, in both measures.
+                for (change, taken) in changes.iter_mut().zip(&taken) {
+                    change.stream += class.share * *taken as f64;
+                    change.one_pod += class.share * *taken as f64;
+                }
+                continue;
+            }
+            let before = GpuUse::of(class, gpu_left);
+            let usable_before = capped(class, before.usable(class), cpu_left, memory_left);
+            let one_pod_before = before.one_pod_fragment(class, idle, cpu_left);
+            for ((change, choice), taken) in changes.iter_mut().zip(choices).zip(&taken) {
+                let mut after = before;
+                for (gpu, milli) in choice.iter() {
+                    let old = gpu_left.get(usize::from(*gpu)).copied().unwrap_or(0);
+                    after.replace(class, old, old.saturating_sub(*milli));
+                }
+                let usable_after = capped(class, after.usable(class), cpu_after, memory_after);
                 // fragment = idle - usable, before less after.
-                *delta += class.share * (taken as f64 - usable_before as f64 + usable_after as f64);
+                change.stream +=
+                    class.share * (*taken as f64 - usable_before as f64 + usable_after as f64);
+                let one_pod_after = after.one_pod_fragment(class, idle - taken, cpu_after);
+                change.one_pod += class.share * (one_pod_before as f64 - one_pod_after as f64);
             }
         }
-        deltas
+        changes
     }
 
     pub fn state_fragmentation(&self, spec: &NodeSpec, state: &NodeState) -> f64 {
@@ -253,6 +267,16 @@ impl TypicalPods {
     }
 }
 
+/// How much a placement lowers a node's fragmentation (before less after, milli-GPU
+/// weighted by the classes' shares), in each measure.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Changes {
+    /// [`TypicalPods::stream_fragmentation`]'s change.
+    pub stream: f64,
+    /// [`TypicalPods::node_fragmentation`]'s (FGD's) change.
+    pub one_pod: f64,
+}
+
 /// What one class could take of a node's GPUs, kept as sums that a change of one
 /// GPU updates without a pass over the others.
 #[derive(Debug, Clone, Copy)]
@@ -260,13 +284,19 @@ struct GpuUse {
     /// 1-GPU classes: Σ whole multiples of the share per GPU. Others: Σ left on the
     /// GPUs with room for one of the pod's GPUs.
     sum: u64,
-    /// GPUs with room for one of the pod's GPUs (multi-GPU classes).
+    /// GPUs with room for one of the pod's GPUs.
     fitting: u32,
+    /// Σ left on the GPUs with room for one of the pod's GPUs.
+    fitting_left: u64,
 }
 
 impl GpuUse {
     fn of(class: &TypicalPod, gpu_left: &[u32]) -> GpuUse {
-        let mut use_ = GpuUse { sum: 0, fitting: 0 };
+        let mut use_ = GpuUse {
+            sum: 0,
+            fitting: 0,
+            fitting_left: 0,
+        };
         for left in gpu_left {
             use_.add(class, *left);
         }
@@ -285,13 +315,32 @@ impl GpuUse {
 
     fn add(&mut self, class: &TypicalPod, left: u32) {
         self.sum += Self::contribution(class, left);
-        self.fitting += u32::from(left >= class.gpu_milli);
+        if left >= class.gpu_milli {
+            self.fitting += 1;
+            self.fitting_left += u64::from(left);
+        }
     }
 
     fn replace(&mut self, class: &TypicalPod, old: u32, new: u32) {
         self.sum = self.sum - Self::contribution(class, old) + Self::contribution(class, new);
-        self.fitting =
-            self.fitting - u32::from(old >= class.gpu_milli) + u32::from(new >= class.gpu_milli);
+        if old >= class.gpu_milli {
+            self.fitting -= 1;
+            self.fitting_left -= u64::from(old);
+        }
+        if new >= class.gpu_milli {
+            self.fitting += 1;
+            self.fitting_left += u64::from(new);
+        }
+    }
+
+    /// FGD's fragment for a GPU class of this node's model: the GPUs too small for one
+    /// of its pods when one more fits (GPUs and CPU), all `idle` GPU otherwise.
+    fn one_pod_fragment(self, class: &TypicalPod, idle: u64, cpu_left: u64) -> u64 {
+        if self.fitting >= u32::from(class.num_gpu) && cpu_left >= class.cpu_milli {
+            idle - self.fitting_left
+        } else {
+            idle
+        }
     }
 
     /// GPU milli the class could take, GPUs alone considered.
@@ -407,7 +456,7 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// The one-pass changes are the measure before less the measure after.
+        /// The one-pass changes are each measure before less the measure after.
         #[test]
         fn changes_agree_with_the_measure_computed_twice(
             classes in proptest::collection::vec((0u64..8, 0u8..4, 1u32..=10, 0u64..6, proptest::option::of(0u16..2)), 1..8),
@@ -449,17 +498,20 @@ mod tests {
             let cpu_after = cpu_left.saturating_sub(cpu_taken * 1000);
             let memory = with_memory.then_some(memory_left);
             let memory_after = memory.map(|m| m.saturating_sub(memory_taken));
-            let twice = typical.stream_fragmentation(&spec, cpu_left, memory, &gpu_left)
+            let stream = typical.stream_fragmentation(&spec, cpu_left, memory, &gpu_left)
                 - typical.stream_fragmentation(&spec, cpu_after, memory_after, &left_after);
-            let once = typical.stream_fragmentation_changes(
+            let one_pod = typical.node_fragmentation(&spec, cpu_left, &gpu_left)
+                - typical.node_fragmentation(&spec, cpu_after, &left_after);
+            let once = typical.fragmentation_changes(
                 &spec, &gpu_left, cpu_left, memory, cpu_after, memory_after, &[&choice, &[]],
             );
-            proptest::prop_assert!((once[0] - twice).abs() < 1e-6, "{} vs {}", once[0], twice);
+            proptest::prop_assert!((once[0].stream - stream).abs() < 1e-6, "{:?} vs {}", once[0], stream);
+            proptest::prop_assert!((once[0].one_pod - one_pod).abs() < 1e-6, "{:?} vs {}", once[0], one_pod);
             // Taking nothing, with the same CPU and memory, changes nothing.
-            let same = typical.stream_fragmentation_changes(
+            let same = typical.fragmentation_changes(
                 &spec, &gpu_left, cpu_left, memory, cpu_left, memory, &[&[]],
             );
-            proptest::prop_assert!(same[0].abs() < 1e-9);
+            proptest::prop_assert!(same[0].stream.abs() < 1e-9 && same[0].one_pod.abs() < 1e-9);
         }
     }
 

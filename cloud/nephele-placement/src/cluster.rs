@@ -6,6 +6,13 @@
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+/// Hash maps of the placement path: keys are node states and pod shapes hashed on
+/// every decision, where SipHash cost a fifth of a decision's instructions; foldhash
+/// is several times faster and still seeded per map.
+pub(crate) type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+pub(crate) type FastSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
 
 use crate::fragmentation::TypicalPods;
 use crate::policy::Objective;
@@ -124,10 +131,13 @@ struct ShapeIndex {
     synced: u64,
     /// (score reversed, representative rank, group): the first entry is the choice.
     order: BTreeSet<(std::cmp::Reverse<Score>, u32, GroupId)>,
-    /// What `order` holds for each group: its generation, and the score and rank
-    /// (`None` when the group cannot take the shape).
-    entries: HashMap<GroupId, (u64, Option<(Score, u32)>)>,
+    /// What `order` holds for each group slot; `None` for slots not seen.
+    entries: Vec<Option<IndexEntry>>,
 }
+
+/// A group's generation when it was scored, and its score and representative rank
+/// (`None` when the group cannot take the shape).
+type IndexEntry = (u64, Option<(Score, u32)>);
 
 /// Interned (pod shape, objective) pairs and their indexes, valid for one target
 /// workload.
@@ -135,7 +145,8 @@ struct ShapeIndex {
 struct ShapeTable {
     typical: Option<TypicalPods>,
     objectives: Vec<Objective>,
-    ids: HashMap<(PodRequest, usize), u32>,
+    /// Per objective (the index in `objectives`): each pod shape's index id.
+    ids: Vec<FastMap<PodRequest, u32>>,
     indexes: Vec<ShapeIndex>,
 }
 
@@ -159,8 +170,9 @@ pub struct Cluster {
     /// Read freely; change only through the methods, which keep `groups` in step.
     pub state: Vec<NodeState>,
     reservations: BTreeMap<u64, (PodRequest, Binding)>,
-    /// Tie-break rank of each node (lower wins); by default the node index.
-    rank: Vec<u32>,
+    /// Tie-break rank of each node (lower wins); by default the node index. Shared by
+    /// copies of the cluster, so [`Cluster::is_own_priority`] recognises it by address.
+    rank: Arc<[u32]>,
     /// Static class of each node (see `GroupKey::class`).
     class: Vec<u32>,
     /// The highest node price per GPU (or per node without GPUs), micro-USD/h, for
@@ -168,7 +180,9 @@ pub struct Cluster {
     pub(crate) max_price_per_gpu: f64,
     /// Nodes by state: slots, the slot of each live key, free slots.
     groups: Vec<Option<Group>>,
-    by_key: HashMap<GroupKey, GroupId>,
+    /// The slot of each node's group.
+    group_of: Vec<GroupId>,
+    by_key: FastMap<GroupKey, GroupId>,
     free_slots: Vec<GroupId>,
     generations: u64,
     log: ChangeLog,
@@ -208,7 +222,8 @@ impl Cluster {
             class,
             max_price_per_gpu,
             groups: Vec::new(),
-            by_key: HashMap::new(),
+            group_of: Vec::new(),
+            by_key: FastMap::default(),
             free_slots: Vec::new(),
             generations: 0,
             log: ChangeLog::default(),
@@ -235,6 +250,7 @@ impl Cluster {
     /// Regroups every node from scratch; every index starts over.
     fn rebuild_groups(&mut self) {
         self.groups.clear();
+        self.group_of = vec![0; self.nodes.len()];
         self.by_key.clear();
         self.free_slots.clear();
         self.log = ChangeLog::default();
@@ -279,6 +295,7 @@ impl Cluster {
         if let Some(group) = self.groups[id as usize].as_mut() {
             group.members.insert(member);
         }
+        self.group_of[node] = id;
         self.log_change(id);
     }
 
@@ -292,36 +309,60 @@ impl Cluster {
         }
     }
 
-    /// Moves `node` to the group of its current state; `old` is its key before the change.
-    fn regroup(&mut self, node: usize, old: GroupKey) {
+    /// Moves `node` from its group to the group of its current state.
+    fn regroup(&mut self, node: usize) {
         let member = (self.rank[node], node);
-        if let Some(&id) = self.by_key.get(&old) {
-            let mut emptied = false;
-            if let Some(group) = self.groups[id as usize].as_mut() {
-                group.members.remove(&member);
-                emptied = group.members.is_empty();
-            }
-            if emptied {
-                self.groups[id as usize] = None;
-                self.by_key.remove(&old);
-                self.free_slots.push(id);
-            }
-            self.log_change(id);
+        let id = self.group_of[node];
+        let mut emptied = false;
+        if let Some(group) = self.groups[id as usize].as_mut() {
+            group.members.remove(&member);
+            emptied = group.members.is_empty();
         }
+        if emptied {
+            if let Some(group) = self.groups[id as usize].take() {
+                self.by_key.remove(&group.key);
+            }
+            self.free_slots.push(id);
+        }
+        self.log_change(id);
         let key = self.key(node);
         self.join_group(node, key);
     }
 
+    /// The slot of `node`'s group: nodes in one slot are in the same state now.
+    pub(crate) fn group_of(&self, node: usize) -> usize {
+        self.group_of[node] as usize
+    }
+
+    /// How many group slots there are (live or free): a bound for [`Cluster::group_of`].
+    pub(crate) fn group_slots(&self) -> usize {
+        self.groups.len()
+    }
+
     /// Sets the tie-break priority (a rank per node, lower wins).
     pub fn set_priority(&mut self, rank: &[u32]) {
-        if rank.len() == self.nodes.len() && rank != self.rank.as_slice() {
-            self.rank = rank.to_vec();
+        if rank.len() == self.nodes.len() && !self.is_own_priority(rank) {
+            self.rank = rank.into();
             self.rebuild_groups();
         }
     }
 
     pub fn priority(&self) -> &[u32] {
         &self.rank
+    }
+
+    /// The tie-break order as a handle shared with this cluster and its copies: a
+    /// caller that places on a `&mut` copy (a gang) while holding the order passes
+    /// this, and the placement path recognises it without comparing every rank.
+    pub fn shared_priority(&self) -> Arc<[u32]> {
+        Arc::clone(&self.rank)
+    }
+
+    /// Whether `priority` is this cluster's own order (its index then applies): the
+    /// same slice as [`Cluster::priority`] or [`Cluster::shared_priority`] in O(1),
+    /// an equal one by comparing (O(nodes)).
+    pub fn is_own_priority(&self, priority: &[u32]) -> bool {
+        std::ptr::eq(priority, &*self.rank) || priority == &*self.rank
     }
 
     /// Distinct node states, each with its members in (rank, node) order.
@@ -350,20 +391,19 @@ impl Cluster {
             Some(idx) => idx,
             None => {
                 shapes.objectives.push(objective.clone());
+                shapes.ids.push(FastMap::default());
                 shapes.objectives.len() - 1
             }
         };
-        let next = shapes.ids.len() as u32;
-        let id = *shapes
-            .ids
-            .entry((pod.clone(), objective_id))
-            .or_insert(next);
-        if id as usize == shapes.indexes.len() {
-            shapes.indexes.push(ShapeIndex {
-                synced: u64::MAX,
-                ..ShapeIndex::default()
-            });
+        if let Some(id) = shapes.ids[objective_id].get(pod) {
+            return *id;
         }
+        let id = shapes.indexes.len() as u32;
+        shapes.ids[objective_id].insert(pod.clone(), id);
+        shapes.indexes.push(ShapeIndex {
+            synced: u64::MAX,
+            ..ShapeIndex::default()
+        });
         id
     }
 
@@ -380,18 +420,22 @@ impl Cluster {
         let index = shapes.indexes.get_mut(shape as usize)?;
         let mut update = |index: &mut ShapeIndex, id: GroupId| {
             let live = self.groups.get(id as usize).and_then(Option::as_ref);
-            let previous = index.entries.get(&id).copied();
+            let slot = id as usize;
+            if index.entries.len() <= slot {
+                index.entries.resize(slot + 1, None);
+            }
+            let previous = index.entries[slot];
             if let Some((_, Some((old_score, old_rank)))) = previous {
                 index
                     .order
                     .remove(&(std::cmp::Reverse(old_score), old_rank, id));
             }
             let Some(group) = live else {
-                index.entries.remove(&id);
+                index.entries[slot] = None;
                 return;
             };
             let Some((rank, node)) = group.first() else {
-                index.entries.remove(&id);
+                index.entries[slot] = None;
                 return;
             };
             let scored = match previous {
@@ -403,9 +447,7 @@ impl Cluster {
             if let Some(value) = scored {
                 index.order.insert((std::cmp::Reverse(value), rank, id));
             }
-            index
-                .entries
-                .insert(id, (group.generation, scored.map(|value| (value, rank))));
+            index.entries[slot] = Some((group.generation, scored.map(|value| (value, rank))));
         };
         if index.synced < self.log.base || index.synced > self.log.end() {
             // New, or too far behind the log: rescan every slot. Scores of groups it
@@ -434,9 +476,8 @@ impl Cluster {
     /// copies that must keep work off some nodes).
     pub fn set_available(&mut self, node: usize, up: bool) {
         if node < self.nodes.len() && self.state[node].up != up {
-            let old = self.key(node);
             self.state[node].up = up;
-            self.regroup(node, old);
+            self.regroup(node);
         }
     }
 
@@ -470,8 +511,9 @@ impl Cluster {
         Ok(())
     }
 
-    /// [`Cluster::check`] without anti-affinity: what depends on the node's own state.
-    fn check_resources(&self, node: usize, pod: &PodRequest) -> Result<(), Reason> {
+    /// [`Cluster::check`] without anti-affinity: what depends on the node's own state
+    /// (the same for every node of a group).
+    pub(crate) fn check_resources(&self, node: usize, pod: &PodRequest) -> Result<(), Reason> {
         let spec = &self.nodes[node];
         let state = &self.state[node];
         if !state.up {
@@ -625,7 +667,6 @@ impl Cluster {
         checked.map_err(ReserveError::DoesNotFit)?;
         self.validate_gpus(pod, binding)
             .map_err(ReserveError::DoesNotFit)?;
-        let old = self.key(binding.node);
         let state = &mut self.state[binding.node];
         state.cpu_left -= pod.cpu_milli;
         state.memory_left -= pod.memory_mib;
@@ -635,7 +676,7 @@ impl Cluster {
         if let Some(partition) = binding.mig {
             state.mig_free[usize::from(partition)] -= 1;
         }
-        self.regroup(binding.node, old);
+        self.regroup(binding.node);
         self.reservations.insert(id, (pod.clone(), binding.clone()));
         Ok(())
     }
@@ -690,7 +731,6 @@ impl Cluster {
         let Some((pod, binding)) = self.reservations.remove(&id) else {
             return false;
         };
-        let old = self.key(binding.node);
         let state = &mut self.state[binding.node];
         state.cpu_left += pod.cpu_milli;
         state.memory_left += pod.memory_mib;
@@ -700,7 +740,7 @@ impl Cluster {
         if let Some(partition) = binding.mig {
             state.mig_free[usize::from(partition)] += 1;
         }
-        self.regroup(binding.node, old);
+        self.regroup(binding.node);
         true
     }
 
@@ -741,6 +781,7 @@ impl Cluster {
             && (0..self.nodes.len()).all(|node| {
                 self.by_key
                     .get(&self.key(node))
+                    .filter(|id| **id == self.group_of[node])
                     .and_then(|id| self.groups.get(*id as usize)?.as_ref())
                     .is_some_and(|group| group.members.contains(&(self.rank[node], node)))
             });

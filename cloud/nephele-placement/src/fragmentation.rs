@@ -225,24 +225,24 @@ impl TypicalPods {
         }
         let idle: u64 = gpu_left.iter().map(|g| u64::from(*g)).sum();
         // Idle GPU falls by what the pod takes, for every class.
-        let taken: Vec<u64> = choices
-            .iter()
-            .map(|choice| choice.iter().map(|(_, milli)| u64::from(*milli)).sum())
-            .collect();
+        let taken =
+            |choice: &[(u8, u32)]| -> u64 { choice.iter().map(|(_, m)| u64::from(*m)).sum() };
         for class in &self.classes {
             let model_ok = class.accepts(spec.gpu_model);
             if class.num_gpu == 0 || class.gpu_milli == 0 || !model_ok {
                 // All idle GPU is a fragment before and after, in both measures.
-                for (change, taken) in changes.iter_mut().zip(&taken) {
-                    change.stream += class.share * *taken as f64;
-                    change.one_pod += class.share * *taken as f64;
+                for (change, choice) in changes.iter_mut().zip(choices) {
+                    let taken = taken(choice) as f64;
+                    change.stream += class.share * taken;
+                    change.one_pod += class.share * taken;
                 }
                 continue;
             }
             let before = GpuUse::of(class, gpu_left);
             let usable_before = capped(class, before.usable(class), cpu_left, memory_left);
             let one_pod_before = before.one_pod_fragment(class, idle, cpu_left);
-            for ((change, choice), taken) in changes.iter_mut().zip(choices).zip(&taken) {
+            for (change, choice) in changes.iter_mut().zip(choices) {
+                let taken = taken(choice);
                 let mut after = before;
                 for (gpu, milli) in choice.iter() {
                     let old = gpu_left.get(usize::from(*gpu)).copied().unwrap_or(0);
@@ -251,7 +251,7 @@ impl TypicalPods {
                 let usable_after = capped(class, after.usable(class), cpu_after, memory_after);
                 // fragment = idle - usable, before less after.
                 change.stream +=
-                    class.share * (*taken as f64 - usable_before as f64 + usable_after as f64);
+                    class.share * (taken as f64 - usable_before as f64 + usable_after as f64);
                 let one_pod_after = after.one_pod_fragment(class, idle - taken, cpu_after);
                 change.one_pod += class.share * (one_pod_before as f64 - one_pod_after as f64);
             }

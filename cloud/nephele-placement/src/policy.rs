@@ -37,9 +37,9 @@
 //! on the sliver left, sigmoid scoring, counting a fresh GPU as fully usable by every
 //! share; see the README's placement section.)
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
-use crate::cluster::{Binding, Cluster, GroupKey, NodeState, Score};
+use crate::cluster::{Binding, Cluster, FastMap, FastSet, NodeState, Score};
 use crate::fragmentation::TypicalPods;
 use crate::model::{
     CapacityType, NodeSpec, PodRequest, Reason, Spread, TaintEffect, MILLI_PER_GPU,
@@ -175,38 +175,41 @@ fn best_fit_gpus(spec: &NodeSpec, state: &NodeState, pod: &PodRequest) -> Choice
             })
             .unwrap_or_default();
     }
-    let fitting = fitting_gpus(spec, state, pod);
     let need = usize::from(pod.num_gpu);
+    let fits = |g: &usize| !spec.is_mig(*g as u8) && state.gpu_left[*g] >= pod.gpu_milli;
     if pod.gpu_milli >= MILLI_PER_GPU || pod.num_gpu > 1 {
-        let pool: Vec<usize> = if pod.same_nvlink && need > 1 && !spec.nvlink_domain.is_empty() {
+        let gpus: Vec<(u8, u32)> = if pod.same_nvlink && need > 1 && !spec.nvlink_domain.is_empty()
+        {
             let mut domains: BTreeMap<u8, Vec<usize>> = BTreeMap::new();
-            for gpu in &fitting {
+            for gpu in (0..state.gpu_left.len()).filter(fits) {
                 domains
-                    .entry(spec.nvlink_domain_of(*gpu as u8))
+                    .entry(spec.nvlink_domain_of(gpu as u8))
                     .or_default()
-                    .push(*gpu);
+                    .push(gpu);
             }
             domains
                 .into_values()
                 .filter(|gpus| gpus.len() >= need)
                 .min_by_key(|gpus| (gpus.len(), gpus[0]))
                 .unwrap_or_default()
+                .into_iter()
+                .take(need)
+                .map(|g| (g as u8, pod.gpu_milli))
+                .collect()
         } else {
-            fitting
+            (0..state.gpu_left.len())
+                .filter(fits)
+                .take(need)
+                .map(|g| (g as u8, pod.gpu_milli))
+                .collect()
         };
-        if pool.len() < need {
+        if gpus.len() < need {
             return Choice::default();
         }
-        return Choice {
-            gpus: pool[..need]
-                .iter()
-                .map(|g| (*g as u8, pod.gpu_milli))
-                .collect(),
-            mig: None,
-        };
+        return Choice { gpus, mig: None };
     }
-    fitting
-        .into_iter()
+    (0..state.gpu_left.len())
+        .filter(fits)
         .min_by_key(|g| (state.gpu_left[*g], *g))
         .map(|g| Choice {
             gpus: vec![(g as u8, pod.gpu_milli)],
@@ -498,8 +501,8 @@ fn score_node(
 }
 
 /// Members of `spread.job` per domain at `spread.level`.
-fn spread_counts(cluster: &Cluster, spread: &Spread) -> HashMap<u64, u32> {
-    let mut counts = HashMap::new();
+fn spread_counts(cluster: &Cluster, spread: &Spread) -> FastMap<u64, u32> {
+    let mut counts = FastMap::default();
     for (_, (pod, binding)) in cluster.reservations() {
         if pod.spread.is_some_and(|s| s.job == spread.job) {
             let domain = cluster.nodes[binding.node].domain(spread.level, binding.node);
@@ -545,16 +548,33 @@ pub fn place_with(
 ) -> Result<Placement, Unschedulable> {
     let policy = objective.policy;
     if policy != Policy::Random
-        && priority == cluster.priority()
+        && cluster.is_own_priority(priority)
         && pod.spread.is_none()
         && pod.anti_affinity.is_none()
     {
         return place_grouped(cluster, pod, objective, typical);
     }
+    // Nodes of one group are in one state: check and score each group once. What
+    // differs between them is anti-affinity (nodes already running a member of the
+    // pod's group), spread (their domain) and rank.
+    let blocked: FastSet<usize> = pod.anti_affinity.map_or_else(FastSet::default, |group| {
+        cluster
+            .reservations()
+            .filter(|(_, (other, _))| other.anti_affinity == Some(group))
+            .map(|(_, (_, binding))| binding.node)
+            .collect()
+    });
+    let mut verdicts: Vec<Option<Result<(), Reason>>> = vec![None; cluster.group_slots()];
     let mut rejected: BTreeMap<Reason, u32> = BTreeMap::new();
     let mut feasible = Vec::new();
     for node in 0..cluster.nodes.len() {
-        match cluster.check(node, pod) {
+        let verdict = *verdicts[cluster.group_of(node)]
+            .get_or_insert_with(|| cluster.check_resources(node, pod));
+        let verdict = verdict.and_then(|()| match blocked.contains(&node) {
+            true => Err(Reason::AntiAffinity),
+            false => Ok(()),
+        });
+        match verdict {
             Ok(()) => feasible.push(node),
             Err(reason) => *rejected.entry(reason).or_default() += 1,
         }
@@ -587,38 +607,37 @@ pub fn place_with(
             },
         });
     }
-    let spread = pod
-        .spread
-        .map(|spread| (spread, spread_counts(cluster, &spread)));
-    // Nodes in identical states score identically: score each state once.
-    let mut memo: HashMap<GroupKey, (Score, Choice)> = HashMap::new();
-    let mut best: Option<(Score, u32, usize, Choice)> = None;
+    let spread = pod.spread.map(|spread| {
+        let counts = spread_counts(cluster, &spread);
+        let total = f64::from(counts.values().sum::<u32>());
+        (spread, counts, total)
+    });
+    let mut memo: Vec<Option<(Score, Choice)>> = vec![None; cluster.group_slots()];
+    let mut best: Option<(Score, u32, usize)> = None;
     for &node in &feasible {
-        let (mut score, choice) = memo
-            .entry(cluster.key(node))
-            .or_insert_with(|| score_node(cluster, node, pod, objective, typical))
-            .clone();
-        if let Some((spread, counts)) = &spread {
+        let (mut score, _) = *memo[cluster.group_of(node)]
+            .get_or_insert_with(|| score_node(cluster, node, pod, objective, typical));
+        if let Some((spread, counts, total)) = &spread {
             let domain = cluster.nodes[node].domain(spread.level, node);
             let here = f64::from(counts.get(&domain).copied().unwrap_or(0));
-            let total = f64::from(counts.values().sum::<u32>());
             let points = 100.0 * (1.0 - here / (total + 1.0));
             score += (objective.weights.spread * points * 1000.0).round() as i64;
         }
         let rank = priority.get(node).copied().unwrap_or(node as u32);
         let better = match &best {
             None => true,
-            Some((best_score, best_rank, _, _)) => {
+            Some((best_score, best_rank, _)) => {
                 score > *best_score || (score == *best_score && rank < *best_rank)
             }
         };
         if better {
-            best = Some((score, rank, node, choice));
+            best = Some((score, rank, node));
         }
     }
-    let Some((_, _, node, choice)) = best else {
+    let Some((_, _, node)) = best else {
         return Err(Unschedulable { rejected });
     };
+    let (_, choice) = memo[cluster.group_of(node)].take().unwrap_or_default();
     // BestFit normalises scores min-max over feasible nodes in the paper; that does not
     // change the order, so the argmax above is the same node.
     Ok(Placement {
@@ -640,11 +659,22 @@ fn place_grouped(
     typical: &TypicalPods,
 ) -> Result<Placement, Unschedulable> {
     let shape = cluster.shape_id(pod, objective, typical);
+    // The GPU choice of the best node scored during this call: the index's choice is
+    // that node whenever it was scored now (the usual case, a state just reached), so
+    // it need not be scored a second time.
+    let rank = cluster.priority();
+    let mut best_scored: Option<(Score, u32, usize, Choice)> = None;
     let best = cluster.best_for_shape(shape, |node| {
-        cluster
-            .check(node, pod)
-            .ok()
-            .map(|()| score_node(cluster, node, pod, objective, typical).0)
+        cluster.check(node, pod).ok().map(|()| {
+            let (score, choice) = score_node(cluster, node, pod, objective, typical);
+            let better = best_scored
+                .as_ref()
+                .is_none_or(|(s, r, _, _)| score > *s || (score == *s && rank[node] < *r));
+            if better {
+                best_scored = Some((score, rank[node], node, choice));
+            }
+            score
+        })
     });
     let Some((_, node)) = best else {
         let mut rejected: BTreeMap<Reason, u32> = BTreeMap::new();
@@ -657,7 +687,10 @@ fn place_grouped(
         }
         return Err(Unschedulable { rejected });
     };
-    let (_, choice) = score_node(cluster, node, pod, objective, typical);
+    let choice = match best_scored {
+        Some((_, _, scored, choice)) if scored == node => choice,
+        _ => score_node(cluster, node, pod, objective, typical).1,
+    };
     Ok(Placement {
         binding: Binding {
             node,

@@ -305,6 +305,17 @@ proptest! {
                     let grouped = place(&cluster, pod, policy, &typical, &rank, &mut rng);
                     let by_node = place(&cluster, pod, policy, &typical, &doubled, &mut rng);
                     prop_assert_eq!(&grouped, &by_node);
+                    // The node-by-node loop checks each state once: its reasons are
+                    // still those of checking every node.
+                    if let Err(why) = &by_node {
+                        let mut each = std::collections::BTreeMap::new();
+                        for node in 0..nodes.len() {
+                            if let Err(reason) = cluster.check(node, pod) {
+                                *each.entry(reason).or_insert(0u32) += 1;
+                            }
+                        }
+                        prop_assert_eq!(&why.rejected, &each);
+                    }
                     if let Ok(placement) = grouped {
                         cluster.reserve(id as u64, pod, &placement.binding).unwrap();
                     } else {

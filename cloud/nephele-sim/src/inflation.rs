@@ -180,8 +180,8 @@ pub fn run_inflation(
         total += pod.gpu_total() as f64;
         pods.push(pod);
     }
-    let priority = rng.permutation(trace.nodes.len());
-    cluster.set_priority(&priority);
+    cluster.set_priority(&rng.permutation(trace.nodes.len()));
+    let priority = cluster.shared_priority();
     let mut clustering = (policy == StudyPolicy::GpuClustering)
         .then(|| GpuClustering::new(trace.nodes.len(), &priority));
     let mut node_frag: Vec<f64> = cluster

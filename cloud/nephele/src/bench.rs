@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 use nephele_placement::Policy;
-use nephele_sim::bench::placement;
+use nephele_sim::bench::placement_rounds;
 
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum BenchCommand {
@@ -28,6 +28,10 @@ pub struct PlacementArgs {
     /// Decisions to time per kind of request (each keeps its reservation).
     #[arg(long, default_value_t = 2000)]
     pub decisions: usize,
+    /// Identical rounds per kind; the median is reported with the range (one round
+    /// lasts milliseconds, so one is at the mercy of whatever else the machine runs).
+    #[arg(long, default_value_t = 5)]
+    pub rounds: usize,
     #[arg(long, default_value = "fgd")]
     pub policy: String,
     #[arg(long, default_value_t = 42)]
@@ -47,24 +51,33 @@ pub fn run(command: BenchCommand) -> Result<()> {
     let policy = Policy::parse(&args.policy).ok_or_else(|| {
         anyhow::anyhow!("unknown policy {:?} (try fgd, ours, best-fit)", args.policy)
     })?;
-    if args.nodes == 0 || args.decisions == 0 {
-        anyhow::bail!("--nodes and --decisions must be at least 1");
+    if args.nodes == 0 || args.decisions == 0 || args.rounds == 0 {
+        anyhow::bail!("--nodes, --decisions and --rounds must be at least 1");
     }
-    let report = placement(args.nodes, args.decisions, policy, args.seed);
+    let report = placement_rounds(args.nodes, args.decisions, args.rounds, policy, args.seed);
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         println!(
-            "{} nodes ({} distinct states), policy {}, cluster {:.0}% allocated, 1 thread:",
+            "{} nodes ({} distinct states), policy {}, cluster {:.0}% allocated, 1 thread, median of {} rounds:",
             report.nodes,
             report.distinct_node_states,
             report.policy,
-            report.gpu_allocated_before * 100.0
+            report.gpu_allocated_before * 100.0,
+            args.rounds
         );
         for r in &report.results {
             println!(
-                "  {:<20} {:>10.0} decisions/s {:>10.0} pods/s  ({:.1} µs each, first {:.0} µs, {}/{} placed)",
-                r.kind, r.placements_per_sec, r.pods_per_sec, r.mean_us, r.first_decision_us, r.placed, r.decisions
+                "  {:<20} {:>10.0} decisions/s ({:.0}–{:.0}) {:>10.0} pods/s  ({:.1} µs each, first {:.0} µs, {}/{} placed)",
+                r.kind,
+                r.placements_per_sec,
+                r.placements_per_sec_min,
+                r.placements_per_sec_max,
+                r.pods_per_sec,
+                r.mean_us,
+                r.first_decision_us,
+                r.placed,
+                r.decisions
             );
         }
     }

@@ -546,13 +546,40 @@ pub fn place_with(
     priority: &[u32],
     rng: &mut Rng,
 ) -> Result<Placement, Unschedulable> {
+    place_explained(cluster, pod, objective, typical, priority, rng, true)
+}
+
+/// [`place`] for a caller that only needs to know whether and where: a refusal on the
+/// indexed path comes back without its reasons (`Unschedulable::default()`), sparing the
+/// scan of every group that explains it.
+pub(crate) fn try_place(
+    cluster: &Cluster,
+    pod: &PodRequest,
+    policy: Policy,
+    typical: &TypicalPods,
+    priority: &[u32],
+    rng: &mut Rng,
+) -> Option<Placement> {
+    let objective = Objective::packing(policy);
+    place_explained(cluster, pod, &objective, typical, priority, rng, false).ok()
+}
+
+fn place_explained(
+    cluster: &Cluster,
+    pod: &PodRequest,
+    objective: &Objective,
+    typical: &TypicalPods,
+    priority: &[u32],
+    rng: &mut Rng,
+    explain: bool,
+) -> Result<Placement, Unschedulable> {
     let policy = objective.policy;
     if policy != Policy::Random
         && cluster.is_own_priority(priority)
         && pod.spread.is_none()
         && pod.anti_affinity.is_none()
     {
-        return place_grouped(cluster, pod, objective, typical);
+        return place_grouped(cluster, pod, objective, typical, explain);
     }
     // Nodes of one group are in one state: check and score each group once. What
     // differs between them is anti-affinity (nodes already running a member of the
@@ -657,6 +684,7 @@ fn place_grouped(
     pod: &PodRequest,
     objective: &Objective,
     typical: &TypicalPods,
+    explain: bool,
 ) -> Result<Placement, Unschedulable> {
     let shape = cluster.shape_id(pod, objective, typical);
     // The GPU choice of the best node scored during this call: the index's choice is
@@ -677,6 +705,9 @@ fn place_grouped(
         })
     });
     let Some((_, node)) = best else {
+        if !explain {
+            return Err(Unschedulable::default());
+        }
         let mut rejected: BTreeMap<Reason, u32> = BTreeMap::new();
         for group in cluster.groups() {
             if let Some((_, node)) = group.first() {

@@ -439,4 +439,56 @@ proptest! {
         }
         prop_assert!(cluster.accounting_holds());
     }
+
+    /// A same-node gang of members that sum exactly (whole GPUs or none) lands whole on
+    /// one node whenever some node holds all of them, hard or soft, whatever the policy
+    /// prefers for one member; a hard one fails only when no node does.
+    #[test]
+    fn a_same_node_gang_lands_whole_whenever_one_node_holds_it(
+        nodes in prop::collection::vec(node_strategy(), 1..8),
+        member in pod_strategy(),
+        count in 2usize..6,
+        filler in prop::collection::vec(pod_strategy(), 0..20),
+        hard in proptest::bool::ANY,
+        policy_idx in 0usize..6,
+    ) {
+        let member = PodRequest {
+            gpu_milli: if member.num_gpu > 0 { 1000 } else { 0 },
+            mig_profile: None,
+            same_nvlink: false,
+            ..member
+        };
+        let nodes = named(nodes);
+        let mut cluster = Cluster::new(nodes.clone());
+        let typical = TypicalPods::default();
+        let priority = cluster.shared_priority();
+        let mut rng = Rng::new(5);
+        for (id, pod) in filler.iter().enumerate() {
+            if let Ok(p) = place(&cluster, pod, Policy::FirstFit, &typical, &priority, &mut rng) {
+                cluster.reserve(1_000 + id as u64, pod, &p.binding).unwrap();
+            }
+        }
+        let holds_all = (0..nodes.len()).any(|node| {
+            let mut scratch = cluster.clone();
+            (0..count).all(|i| {
+                place_on(&scratch, node, &member, Policy::FirstFit, &typical)
+                    .is_ok_and(|p| scratch.reserve(5_000 + i as u64, &member, &p.binding).is_ok())
+            })
+        });
+        let gang = GangRequest {
+            first_id: 0,
+            members: vec![member; count],
+            topology: Topology::SameNode { hard },
+        };
+        let policy = DETERMINISTIC[policy_idx];
+        match place_gang(&mut cluster, &gang, policy, &typical, &priority, &mut rng) {
+            Ok(bindings) => {
+                if holds_all || hard {
+                    prop_assert!(bindings.iter().all(|b| b.node == bindings[0].node), "{:?}", bindings);
+                }
+            }
+            Err(why) => prop_assert!(!holds_all, "{policy:?} refused a gang one node holds: {why}"),
+        }
+        prop_assert!(cluster.accounting_holds());
+    }
 }

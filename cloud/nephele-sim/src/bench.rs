@@ -86,6 +86,9 @@ pub struct KindResult {
     pub mean_us: f64,
     pub first_decision_us: f64,
     pub gpu_allocated_after: f64,
+    /// Gangs placed with every member on one node, as their same-node preference asks
+    /// (the gang kind only).
+    pub gangs_on_one_node: Option<usize>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -110,6 +113,7 @@ const KINDS: [&str; 4] = [
 /// One round of one kind: what was placed and how long it took.
 struct Round {
     placed: usize,
+    together: usize,
     members: usize,
     seconds: f64,
     first_us: f64,
@@ -127,6 +131,7 @@ fn run_kind(setup: &Setup, kind: &str, cluster: &Cluster, rng: &mut Rng) -> Roun
     let mut working = cluster.clone();
     let (policy, typical, priority) = (setup.policy, setup.typical, setup.priority);
     let mut placed = 0usize;
+    let mut together = 0usize;
     let mut members = 0usize;
     let mut first_us = 0.0;
     let started = Instant::now();
@@ -139,7 +144,12 @@ fn run_kind(setup: &Setup, kind: &str, cluster: &Cluster, rng: &mut Rng) -> Roun
                 members: vec![pod(8_000, 1, 1000); 8],
                 topology: Topology::SameNode { hard: false },
             };
-            let ok = place_gang(&mut working, &gang, policy, typical, priority, rng).is_ok();
+            let placed = place_gang(&mut working, &gang, policy, typical, priority, rng);
+            let ok = placed.is_ok();
+            let one_node = |bindings: &Vec<nephele_placement::Binding>| {
+                bindings.windows(2).all(|pair| pair[0].node == pair[1].node)
+            };
+            together += usize::from(placed.as_ref().is_ok_and(one_node));
             members += 8 * usize::from(ok);
             ok
         } else {
@@ -170,6 +180,7 @@ fn run_kind(setup: &Setup, kind: &str, cluster: &Cluster, rng: &mut Rng) -> Roun
     let capacity = working.total_gpu_milli().max(1);
     Round {
         placed,
+        together,
         members,
         seconds,
         first_us,
@@ -242,6 +253,7 @@ pub fn placement_rounds(
             mean_us: median.seconds * 1e6 / decisions.max(1) as f64,
             first_decision_us: median.first_us,
             gpu_allocated_after: median.allocated_after,
+            gangs_on_one_node: (kind == "gang_8x1_gpu").then_some(median.together),
         });
     }
     PlacementBench {

@@ -144,10 +144,13 @@ pub(crate) struct Choice {
 }
 
 /// Non-MIG GPUs of the node with room for one of the pod's GPUs.
-fn fitting_gpus(spec: &NodeSpec, state: &NodeState, pod: &PodRequest) -> Vec<usize> {
+fn fitting_gpus<'a>(
+    spec: &'a NodeSpec,
+    state: &'a NodeState,
+    pod: &'a PodRequest,
+) -> impl Iterator<Item = usize> + 'a {
     (0..state.gpu_left.len())
         .filter(|g| !spec.is_mig(*g as u8) && state.gpu_left[*g] >= pod.gpu_milli)
-        .collect()
 }
 
 /// GPUs for a pod on a node:
@@ -176,12 +179,11 @@ fn best_fit_gpus(spec: &NodeSpec, state: &NodeState, pod: &PodRequest) -> Choice
             .unwrap_or_default();
     }
     let need = usize::from(pod.num_gpu);
-    let fits = |g: &usize| !spec.is_mig(*g as u8) && state.gpu_left[*g] >= pod.gpu_milli;
     if pod.gpu_milli >= MILLI_PER_GPU || pod.num_gpu > 1 {
         let gpus: Vec<(u8, u32)> = if pod.same_nvlink && need > 1 && !spec.nvlink_domain.is_empty()
         {
             let mut domains: BTreeMap<u8, Vec<usize>> = BTreeMap::new();
-            for gpu in (0..state.gpu_left.len()).filter(fits) {
+            for gpu in fitting_gpus(spec, state, pod) {
                 domains
                     .entry(spec.nvlink_domain_of(gpu as u8))
                     .or_default()
@@ -197,8 +199,7 @@ fn best_fit_gpus(spec: &NodeSpec, state: &NodeState, pod: &PodRequest) -> Choice
                 .map(|g| (g as u8, pod.gpu_milli))
                 .collect()
         } else {
-            (0..state.gpu_left.len())
-                .filter(fits)
+            fitting_gpus(spec, state, pod)
                 .take(need)
                 .map(|g| (g as u8, pod.gpu_milli))
                 .collect()
@@ -208,8 +209,7 @@ fn best_fit_gpus(spec: &NodeSpec, state: &NodeState, pod: &PodRequest) -> Choice
         }
         return Choice { gpus, mig: None };
     }
-    (0..state.gpu_left.len())
-        .filter(fits)
+    fitting_gpus(spec, state, pod)
         .min_by_key(|g| (state.gpu_left[*g], *g))
         .map(|g| Choice {
             gpus: vec![(g as u8, pod.gpu_milli)],
@@ -231,7 +231,6 @@ fn after(gpu_left: &[u32], gpus: &[(u8, u32)]) -> Vec<u32> {
 fn candidate_gpus(spec: &NodeSpec, state: &NodeState, pod: &PodRequest) -> Vec<Choice> {
     if pod.num_gpu == 1 && pod.gpu_milli < MILLI_PER_GPU && pod.mig_profile.is_none() {
         fitting_gpus(spec, state, pod)
-            .into_iter()
             .map(|g| Choice {
                 gpus: vec![(g as u8, pod.gpu_milli)],
                 mig: None,
@@ -615,7 +614,7 @@ fn place_explained(
         let state = &cluster.state[node];
         let choice =
             if pod.num_gpu == 1 && pod.gpu_milli < MILLI_PER_GPU && pod.mig_profile.is_none() {
-                let fitting = fitting_gpus(spec, state, pod);
+                let fitting: Vec<usize> = fitting_gpus(spec, state, pod).collect();
                 Choice {
                     gpus: vec![(
                         fitting[rng.below(fitting.len() as u64) as usize] as u8,

@@ -13,14 +13,15 @@
 //! exactly ([`whole_gang`]: alike but for CPU, memory and whole GPUs), so the gang goes
 //! where it fits whole, not where its first member fits best (a packing policy's
 //! choice for one GPU is often a node with little else free); otherwise it is the
-//! first member's node.
+//! first member's node, and a hard gang the first member's node cannot hold whole is
+//! then tried on the other nodes that might, in the policy's order for that member.
 
 use std::collections::BTreeMap;
 
 use crate::cluster::{Binding, Cluster};
 use crate::fragmentation::TypicalPods;
 use crate::model::{PodRequest, Reason, MILLI_PER_GPU};
-use crate::policy::{place, place_on, try_place, Policy, Unschedulable};
+use crate::policy::{place, place_on, ranked_nodes, try_place, Policy, Unschedulable};
 use crate::rng::Rng;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,9 +81,32 @@ pub fn place_gang(
         }
         _ => None,
     };
+    let placed = reserve_members(cluster, gang, policy, typical, priority, rng, whole);
+    match (placed, gang.topology, whole) {
+        // Members that cannot be summed went where the first of them fitted best, and
+        // the rest did not fit there; another node may hold them all.
+        (Err(why), Topology::SameNode { hard: true }, None) if gang.members.len() > 1 => {
+            place_whole_elsewhere(cluster, gang, policy, typical, priority, rng).ok_or(why)
+        }
+        (placed, _, _) => placed,
+    }
+}
+
+/// Reserves the members one after another, each on `anchor` when given (else on the
+/// first member's node for a same-node gang, where the policy puts it otherwise);
+/// releases what it reserved when one fails.
+fn reserve_members(
+    cluster: &mut Cluster,
+    gang: &GangRequest,
+    policy: Policy,
+    typical: &TypicalPods,
+    priority: &[u32],
+    rng: &mut Rng,
+    anchor: Option<usize>,
+) -> Result<Vec<Binding>, Unschedulable> {
     let mut bindings: Vec<Binding> = Vec::with_capacity(gang.members.len());
     for (offset, member) in gang.members.iter().enumerate() {
-        let anchor = whole.or_else(|| bindings.first().map(|b| b.node));
+        let anchor = anchor.or_else(|| bindings.first().map(|b| b.node));
         let placement = match (gang.topology, anchor) {
             (Topology::SameNode { hard }, Some(node)) => {
                 match place_on(cluster, node, member, policy, typical) {
@@ -112,6 +136,56 @@ pub fn place_gang(
         }
     }
     Ok(bindings)
+}
+
+/// A hard same-node gang whose members cannot be summed, refused where its first member
+/// went: tried on each node that could hold it, best first for that member under the
+/// policy, until one takes every member. Nodes in one state take the gang alike, so one
+/// of each group is tried (every node when a member's anti-affinity or spread tells
+/// nodes apart, or the caller ranks them otherwise), and only where the members' CPU,
+/// memory and GPU share together fit: O(groups) checks, on a refusal only.
+fn place_whole_elsewhere(
+    cluster: &mut Cluster,
+    gang: &GangRequest,
+    policy: Policy,
+    typical: &TypicalPods,
+    priority: &[u32],
+    rng: &mut Rng,
+) -> Option<Vec<Binding>> {
+    let first = gang.members.first()?;
+    let cpu: u64 = gang.members.iter().map(|m| m.cpu_milli).sum();
+    let memory: u64 = gang.members.iter().map(|m| m.memory_mib).sum();
+    let gpu_milli: u64 = gang
+        .members
+        .iter()
+        .filter(|m| m.mig_profile.is_none())
+        .map(|m| u64::from(m.num_gpu) * u64::from(m.gpu_milli))
+        .sum();
+    let roomy = |node: &usize| {
+        let state = &cluster.state[*node];
+        state.up
+            && state.cpu_left >= cpu
+            && state.memory_left >= memory
+            && state.gpu_left.iter().map(|g| u64::from(*g)).sum::<u64>() >= gpu_milli
+    };
+    let node_by_node = !cluster.is_own_priority(priority)
+        || gang
+            .members
+            .iter()
+            .any(|m| m.anti_affinity.is_some() || m.spread.is_some());
+    let candidates: Vec<usize> = if node_by_node {
+        (0..cluster.nodes.len()).filter(roomy).collect()
+    } else {
+        cluster
+            .groups()
+            .filter_map(|group| group.first().map(|(_, node)| node))
+            .filter(roomy)
+            .collect()
+    };
+    let order = ranked_nodes(cluster, candidates, first, policy, typical, priority);
+    order.into_iter().find_map(|node| {
+        reserve_members(cluster, gang, policy, typical, priority, rng, Some(node)).ok()
+    })
 }
 
 /// One request standing for all of a same-node gang's members together, when summing
@@ -246,6 +320,42 @@ mod tests {
             let placed = place(&mut cluster, &gang(9, false), policy).unwrap();
             assert_eq!(placed.len(), 9, "{policy:?}");
             assert!(placed.iter().any(|b| b.node == 0) && placed.iter().any(|b| b.node == 1));
+        }
+    }
+
+    #[test]
+    fn a_hard_gang_of_unlike_members_goes_where_all_fit_not_where_the_first_fits_best() {
+        // Half a GPU first: packing policies put it on the fuller node, whose two free
+        // GPUs cannot then take the second member's three; the empty node takes both.
+        let mut half = gpu_pod();
+        half.gpu_milli = 500;
+        let mut three = gpu_pod();
+        three.num_gpu = 3;
+        let gang = GangRequest {
+            first_id: 1,
+            members: vec![half, three],
+            topology: Topology::SameNode { hard: true },
+        };
+        for policy in Policy::DETERMINISTIC {
+            let mut roomy = cluster(6);
+            let placed =
+                place(&mut roomy, &gang, policy).unwrap_or_else(|why| panic!("{policy:?}: {why}"));
+            assert!(placed.iter().all(|b| b.node == 1), "{policy:?}: {placed:?}");
+            assert!(roomy.accounting_holds());
+            // With the empty node also partly taken, no node holds both: refused, and
+            // nothing is left behind.
+            let mut cluster = cluster(6);
+            let blocker = Binding {
+                node: 1,
+                gpus: (0..6).map(|g| (g, 1000)).collect(),
+                mig: None,
+            };
+            let mut six = gpu_pod();
+            six.num_gpu = 6;
+            cluster.reserve(50, &six, &blocker).unwrap();
+            assert!(place(&mut cluster, &gang, policy).is_err(), "{policy:?}");
+            assert!(cluster.reservation(1).is_none() && cluster.reservation(2).is_none());
+            assert!(cluster.accounting_holds());
         }
     }
 

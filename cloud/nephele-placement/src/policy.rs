@@ -730,6 +730,36 @@ fn place_grouped(
     })
 }
 
+/// The nodes of `candidates` that take `pod`, best first under `policy` alone (ties:
+/// lower `priority`, then lower index; random ranks as first fit): where a same-node
+/// gang tries to go when the node its policy chose for the first member cannot hold the
+/// rest.
+pub(crate) fn ranked_nodes(
+    cluster: &Cluster,
+    candidates: impl IntoIterator<Item = usize>,
+    pod: &PodRequest,
+    policy: Policy,
+    typical: &TypicalPods,
+    priority: &[u32],
+) -> Vec<usize> {
+    let policy = if policy == Policy::Random {
+        Policy::FirstFit
+    } else {
+        policy
+    };
+    let objective = Objective::packing(policy);
+    let mut scored: Vec<(Score, u32, usize)> = candidates
+        .into_iter()
+        .filter(|&node| node < cluster.nodes.len() && cluster.check(node, pod).is_ok())
+        .map(|node| {
+            let (score, _) = score_node(cluster, node, pod, &objective, typical);
+            (score, priority.get(node).copied().unwrap_or(u32::MAX), node)
+        })
+        .collect();
+    scored.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+    scored.into_iter().map(|(_, _, node)| node).collect()
+}
+
 /// Places one pod on one given node (a gang member that must join its anchor): the
 /// node's own filter answer and best GPU choice under `policy`.
 pub fn place_on(

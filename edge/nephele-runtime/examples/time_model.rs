@@ -1,6 +1,8 @@
 //! Times one ONNX model at batch 1 with the runtime's protocol (`bench::measure`), in
 //! whatever profile this example is built with: how the README compares the `dist`
-//! profile's size-oriented code with the release build's on the same models.
+//! profile's size-oriented code with the release build's on the same models. It prints
+//! the load (parse, analyse, optimise, plan) time too, which the parser's opt-level
+//! decides.
 //!
 //! `cargo run --release -p nephele-runtime --no-default-features --example time_model -- MODEL.onnx [ROW_SHAPE]`
 //! (and the same with `--profile dist`); `ROW_SHAPE` fixes symbolic dimensions, e.g.
@@ -24,8 +26,10 @@ fn main() {
             .collect()
     });
     let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("cannot read {path}: {e}"));
+    let started = std::time::Instant::now();
     let model = nephele_runtime::Model::load_onnx_with_shape(&path, &bytes, row_shape.as_deref())
         .unwrap_or_else(|e| panic!("cannot load {path}: {e}"));
+    let load_ms = started.elapsed().as_secs_f64() * 1e3;
     let row_len: usize = model.input().shape[1..]
         .iter()
         .map(|d| (*d).max(1) as usize)
@@ -40,7 +44,7 @@ fn main() {
     let stats = nephele_runtime::bench::measure(&model, &rows, 1, 20, Duration::from_secs(3), 30)
         .unwrap_or_else(|e| panic!("cannot run {path}: {e}"));
     println!(
-        "{path}: batch 1, {} runs, p50 {:.3} ms, mean {:.3} ms, p99 {:.3} ms",
+        "{path}: loaded in {load_ms:.1} ms; batch 1, {} runs, p50 {:.3} ms, mean {:.3} ms, p99 {:.3} ms",
         stats.runs, stats.p50_ms, stats.mean_ms, stats.p99_ms
     );
 }

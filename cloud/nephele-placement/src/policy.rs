@@ -730,6 +730,16 @@ fn place_grouped(
     })
 }
 
+/// `policy`, but first fit for random: where a node is already chosen, or the choice
+/// must be repeatable, chance has nothing to pick.
+fn without_chance(policy: Policy) -> Policy {
+    if policy == Policy::Random {
+        Policy::FirstFit
+    } else {
+        policy
+    }
+}
+
 /// The nodes of `candidates` that take `pod`, best first under `policy` alone (ties:
 /// lower `priority`, then lower index; random ranks as first fit): where a same-node
 /// gang tries to go when the node its policy chose for the first member cannot hold the
@@ -742,11 +752,7 @@ pub(crate) fn ranked_nodes(
     typical: &TypicalPods,
     priority: &[u32],
 ) -> Vec<usize> {
-    let policy = if policy == Policy::Random {
-        Policy::FirstFit
-    } else {
-        policy
-    };
+    let policy = without_chance(policy);
     let objective = Objective::packing(policy);
     let mut scored: Vec<(Score, u32, usize)> = candidates
         .into_iter()
@@ -777,11 +783,7 @@ pub fn place_on(
             rejected: BTreeMap::from([(reason, 1)]),
         });
     }
-    let policy = if policy == Policy::Random {
-        Policy::FirstFit
-    } else {
-        policy
-    };
+    let policy = without_chance(policy);
     let (_, choice) = packing_score(cluster, node, pod, policy, typical);
     Ok(Placement {
         binding: Binding {

@@ -212,6 +212,41 @@ fn oracle_fits(cluster: &Cluster, pod: &PodRequest) -> bool {
         })
 }
 
+/// Reserves what of `filler` first fit places: a cluster part taken before a test.
+fn fill(
+    cluster: &mut Cluster,
+    filler: &[PodRequest],
+    typical: &TypicalPods,
+    priority: &[u32],
+    rng: &mut Rng,
+) {
+    for (id, pod) in filler.iter().enumerate() {
+        if let Ok(p) = place(cluster, pod, Policy::FirstFit, typical, priority, rng) {
+            cluster.reserve(1_000 + id as u64, pod, &p.binding).unwrap();
+        }
+    }
+}
+
+/// Oracle for same-node gangs: some node takes every member, one after another, each
+/// with `policy`'s GPU choice on that node (tried on a copy).
+fn one_node_holds(
+    cluster: &Cluster,
+    members: &[PodRequest],
+    policy: Policy,
+    typical: &TypicalPods,
+) -> bool {
+    (0..cluster.nodes.len()).any(|node| {
+        let mut scratch = cluster.clone();
+        members.iter().enumerate().all(|(i, member)| {
+            place_on(&scratch, node, member, policy, typical).is_ok_and(|p| {
+                scratch
+                    .reserve(5_000 + i as u64, member, &p.binding)
+                    .is_ok()
+            })
+        })
+    })
+}
+
 const DETERMINISTIC: [Policy; 6] = Policy::DETERMINISTIC;
 
 proptest! {
@@ -414,11 +449,7 @@ proptest! {
         let typical = TypicalPods::default();
         let priority: Vec<u32> = (0..nodes.len() as u32).collect();
         let mut rng = Rng::new(3);
-        for (id, pod) in filler.iter().enumerate() {
-            if let Ok(p) = place(&cluster, pod, Policy::FirstFit, &typical, &priority, &mut rng) {
-                cluster.reserve(1_000 + id as u64, pod, &p.binding).unwrap();
-            }
-        }
+        fill(&mut cluster, &filler, &typical, &priority, &mut rng);
         let before: Vec<(u64, u64, Vec<u32>)> = cluster.state.iter().map(|s| (s.cpu_left, s.memory_left, s.gpu_left.clone())).collect();
         let reservations_before = cluster.reservations().count();
         let topology = if same_node { Topology::SameNode { hard } } else { Topology::Any };
@@ -463,21 +494,12 @@ proptest! {
         let typical = TypicalPods::default();
         let priority = cluster.shared_priority();
         let mut rng = Rng::new(5);
-        for (id, pod) in filler.iter().enumerate() {
-            if let Ok(p) = place(&cluster, pod, Policy::FirstFit, &typical, &priority, &mut rng) {
-                cluster.reserve(1_000 + id as u64, pod, &p.binding).unwrap();
-            }
-        }
-        let holds_all = (0..nodes.len()).any(|node| {
-            let mut scratch = cluster.clone();
-            (0..count).all(|i| {
-                place_on(&scratch, node, &member, Policy::FirstFit, &typical)
-                    .is_ok_and(|p| scratch.reserve(5_000 + i as u64, &member, &p.binding).is_ok())
-            })
-        });
+        fill(&mut cluster, &filler, &typical, &priority, &mut rng);
+        let members = vec![member; count];
+        let holds_all = one_node_holds(&cluster, &members, Policy::FirstFit, &typical);
         let gang = GangRequest {
             first_id: 0,
-            members: vec![member; count],
+            members,
             topology: Topology::SameNode { hard },
         };
         let policy = DETERMINISTIC[policy_idx];
@@ -514,19 +536,9 @@ proptest! {
         let typical = TypicalPods::default();
         let priority = cluster.shared_priority();
         let mut rng = Rng::new(7);
-        for (id, pod) in filler.iter().enumerate() {
-            if let Ok(p) = place(&cluster, pod, Policy::FirstFit, &typical, &priority, &mut rng) {
-                cluster.reserve(1_000 + id as u64, pod, &p.binding).unwrap();
-            }
-        }
+        fill(&mut cluster, &filler, &typical, &priority, &mut rng);
         let policy = DETERMINISTIC[policy_idx];
-        let holds_all = (0..nodes.len()).any(|node| {
-            let mut scratch = cluster.clone();
-            members.iter().enumerate().all(|(i, member)| {
-                place_on(&scratch, node, member, policy, &typical)
-                    .is_ok_and(|p| scratch.reserve(5_000 + i as u64, member, &p.binding).is_ok())
-            })
-        });
+        let holds_all = one_node_holds(&cluster, &members, policy, &typical);
         let gang = GangRequest {
             first_id: 0,
             members: members.clone(),

@@ -13,8 +13,9 @@
 //! exactly ([`whole_gang`]: alike but for CPU, memory and whole GPUs), so the gang goes
 //! where it fits whole, not where its first member fits best (a packing policy's
 //! choice for one GPU is often a node with little else free); otherwise it is the
-//! first member's node, and a hard gang the first member's node cannot hold whole is
-//! then tried on the other nodes that might, in the policy's order for that member.
+//! first member's node, and a gang the first member's node cannot hold whole is then
+//! tried on the other nodes that might, in the policy's order for that member; a soft
+//! one spills member by member only when none of them holds it.
 
 use std::collections::BTreeMap;
 
@@ -65,32 +66,44 @@ pub fn place_gang(
             })
         };
     }
-    let whole = match (gang.topology, whole_gang(&gang.members)) {
+    let args = (policy, typical, priority);
+    let topology = gang.topology;
+    match (topology, whole_gang(&gang.members)) {
         (Topology::SameNode { hard: true }, Some(whole)) => {
             // No node holds them all: the reasons are the whole gang's.
-            Some(
-                place(cluster, &whole, policy, typical, priority, rng)?
-                    .binding
-                    .node,
-            )
+            let node = place(cluster, &whole, policy, typical, priority, rng)?
+                .binding
+                .node;
+            reserve_members(cluster, gang, topology, args, rng, Some(node))
         }
         // A preference: where it fits whole if anywhere (no reasons needed), else as
         // the first member goes.
         (Topology::SameNode { hard: false }, Some(whole)) => {
-            try_place(cluster, &whole, policy, typical, priority, rng).map(|p| p.binding.node)
+            let node =
+                try_place(cluster, &whole, policy, typical, priority, rng).map(|p| p.binding.node);
+            reserve_members(cluster, gang, topology, args, rng, node)
         }
-        _ => None,
-    };
-    let placed = reserve_members(cluster, gang, policy, typical, priority, rng, whole);
-    match (placed, gang.topology, whole) {
-        // Members that cannot be summed went where the first of them fitted best, and
-        // the rest did not fit there; another node may hold them all.
-        (Err(why), Topology::SameNode { hard: true }, None) if gang.members.len() > 1 => {
-            place_whole_elsewhere(cluster, gang, policy, typical, priority, rng).ok_or(why)
+        // Members that cannot be summed go where the first of them fits best; when the
+        // rest do not fit there, another node may hold them all. A preference spills
+        // member by member only when no node does.
+        (Topology::SameNode { hard }, None) if gang.members.len() > 1 => {
+            let one_node = Topology::SameNode { hard: true };
+            reserve_members(cluster, gang, one_node, args, rng, None)
+                .or_else(|why| place_whole_elsewhere(cluster, gang, args, rng).ok_or(why))
+                .or_else(|why| {
+                    if hard {
+                        Err(why)
+                    } else {
+                        reserve_members(cluster, gang, topology, args, rng, None)
+                    }
+                })
         }
-        (placed, _, _) => placed,
+        _ => reserve_members(cluster, gang, topology, args, rng, None),
     }
 }
+
+/// What every placement of a member takes besides the cluster and the random source.
+type Args<'a> = (Policy, &'a TypicalPods, &'a [u32]);
 
 /// Reserves the members one after another, each on `anchor` when given (else on the
 /// first member's node for a same-node gang, where the policy puts it otherwise);
@@ -98,16 +111,15 @@ pub fn place_gang(
 fn reserve_members(
     cluster: &mut Cluster,
     gang: &GangRequest,
-    policy: Policy,
-    typical: &TypicalPods,
-    priority: &[u32],
+    topology: Topology,
+    (policy, typical, priority): Args,
     rng: &mut Rng,
     anchor: Option<usize>,
 ) -> Result<Vec<Binding>, Unschedulable> {
     let mut bindings: Vec<Binding> = Vec::with_capacity(gang.members.len());
     for (offset, member) in gang.members.iter().enumerate() {
         let anchor = anchor.or_else(|| bindings.first().map(|b| b.node));
-        let placement = match (gang.topology, anchor) {
+        let placement = match (topology, anchor) {
             (Topology::SameNode { hard }, Some(node)) => {
                 match place_on(cluster, node, member, policy, typical) {
                     Err(why) if hard => Err(why),
@@ -138,20 +150,19 @@ fn reserve_members(
     Ok(bindings)
 }
 
-/// A hard same-node gang whose members cannot be summed, refused where its first member
-/// went: tried on each node that could hold it, best first for that member under the
-/// policy, until one takes every member. Nodes in one state take the gang alike, so one
+/// A same-node gang whose members cannot be summed, not held by the node its first
+/// member went to: tried whole on each node that could hold it, best first for that
+/// member under the policy, until one takes every member. Nodes in one state take the gang alike, so one
 /// of each group is tried (every node when a member's anti-affinity or spread tells
 /// nodes apart, or the caller ranks them otherwise), and only where the members' CPU,
-/// memory and GPU share together fit: O(groups) checks, on a refusal only.
+/// memory and GPU share together fit: O(groups) checks, only when the first node fails.
 fn place_whole_elsewhere(
     cluster: &mut Cluster,
     gang: &GangRequest,
-    policy: Policy,
-    typical: &TypicalPods,
-    priority: &[u32],
+    args: Args,
     rng: &mut Rng,
 ) -> Option<Vec<Binding>> {
+    let (policy, typical, priority) = args;
     let first = gang.members.first()?;
     let cpu: u64 = gang.members.iter().map(|m| m.cpu_milli).sum();
     let memory: u64 = gang.members.iter().map(|m| m.memory_mib).sum();
@@ -183,9 +194,10 @@ fn place_whole_elsewhere(
             .collect()
     };
     let order = ranked_nodes(cluster, candidates, first, policy, typical, priority);
-    order.into_iter().find_map(|node| {
-        reserve_members(cluster, gang, policy, typical, priority, rng, Some(node)).ok()
-    })
+    let hard = Topology::SameNode { hard: true };
+    order
+        .into_iter()
+        .find_map(|node| reserve_members(cluster, gang, hard, args, rng, Some(node)).ok())
 }
 
 /// One request standing for all of a same-node gang's members together, when summing
@@ -323,20 +335,25 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_hard_gang_of_unlike_members_goes_where_all_fit_not_where_the_first_fits_best() {
-        // Half a GPU first: packing policies put it on the fuller node, whose two free
-        // GPUs cannot then take the second member's three; the empty node takes both.
+    /// Half a GPU, then three whole ones: packing policies put the half on the fuller
+    /// node, whose two free GPUs cannot then take the second member's three.
+    fn unlike_gang(hard: bool) -> GangRequest {
         let mut half = gpu_pod();
         half.gpu_milli = 500;
         let mut three = gpu_pod();
         three.num_gpu = 3;
-        let gang = GangRequest {
+        GangRequest {
             first_id: 1,
             members: vec![half, three],
-            topology: Topology::SameNode { hard: true },
-        };
+            topology: Topology::SameNode { hard },
+        }
+    }
+
+    #[test]
+    fn a_hard_gang_of_unlike_members_goes_where_all_fit_not_where_the_first_fits_best() {
+        let gang = unlike_gang(true);
         for policy in Policy::DETERMINISTIC {
+            // The empty node takes both.
             let mut roomy = cluster(6);
             let placed =
                 place(&mut roomy, &gang, policy).unwrap_or_else(|why| panic!("{policy:?}: {why}"));
@@ -356,6 +373,48 @@ mod tests {
             assert!(place(&mut cluster, &gang, policy).is_err(), "{policy:?}");
             assert!(cluster.reservation(1).is_none() && cluster.reservation(2).is_none());
             assert!(cluster.accounting_holds());
+        }
+    }
+
+    #[test]
+    fn a_soft_gang_of_unlike_members_spills_only_when_no_node_holds_it() {
+        let gang = unlike_gang(false);
+        for policy in Policy::DETERMINISTIC {
+            let mut roomy = cluster(6);
+            let placed =
+                place(&mut roomy, &gang, policy).unwrap_or_else(|why| panic!("{policy:?}: {why}"));
+            assert!(placed.iter().all(|b| b.node == 1), "{policy:?}: {placed:?}");
+            assert!(roomy.accounting_holds());
+            // Node 0 with 7 GPUs taken, node 1 with 6: neither takes both members, so
+            // they are placed apart rather than refused.
+            let mut tight = cluster(7);
+            let mut six = gpu_pod();
+            six.num_gpu = 6;
+            let blocker = Binding {
+                node: 1,
+                gpus: (0..6).map(|g| (g, 1000)).collect(),
+                mig: None,
+            };
+            tight.reserve(50, &six, &blocker).unwrap();
+            assert!(
+                place(&mut tight, &gang, policy).is_err(),
+                "{policy:?}: three GPUs fit nowhere"
+            );
+            // Three GPUs free on each node: the half and the three go apart.
+            let mut apart = cluster(5);
+            let mut five = gpu_pod();
+            five.num_gpu = 5;
+            let blocker = Binding {
+                node: 1,
+                gpus: (0..5).map(|g| (g, 1000)).collect(),
+                mig: None,
+            };
+            apart.reserve(50, &five, &blocker).unwrap();
+            let placed =
+                place(&mut apart, &gang, policy).unwrap_or_else(|why| panic!("{policy:?}: {why}"));
+            assert_eq!(placed.len(), 2);
+            assert_ne!(placed[0].node, placed[1].node, "{policy:?}");
+            assert!(apart.accounting_holds());
         }
     }
 

@@ -521,15 +521,17 @@ proptest! {
     // random clusters: 64 cases missed the old behaviour, 2,000 find it in 0.2 s.
     #![proptest_config(ProptestConfig::with_cases(2000))]
 
-    /// A hard same-node gang of any members (shares of a GPU, MIG slices, NVLink sets,
-    /// each different) lands on one node whenever some node takes them all one after
-    /// another, wherever the policy would put the first of them alone.
+    /// A same-node gang of any members (shares of a GPU, MIG slices, NVLink sets, each
+    /// different) lands on one node whenever some node takes them all one after
+    /// another, wherever the policy would put the first of them alone, hard or soft;
+    /// a hard one is refused only when no node does.
     #[test]
-    fn a_hard_same_node_gang_fails_only_when_no_node_holds_it(
+    fn a_same_node_gang_of_any_members_lands_whole_whenever_one_node_holds_it(
         nodes in prop::collection::vec(node_strategy(), 1..8),
         members in prop::collection::vec(pod_strategy(), 2..6),
         filler in prop::collection::vec(pod_strategy(), 0..20),
         policy_idx in 0usize..6,
+        hard in proptest::bool::ANY,
     ) {
         let nodes = named(nodes);
         let mut cluster = Cluster::new(nodes.clone());
@@ -542,12 +544,14 @@ proptest! {
         let gang = GangRequest {
             first_id: 0,
             members: members.clone(),
-            topology: Topology::SameNode { hard: true },
+            topology: Topology::SameNode { hard },
         };
         match place_gang(&mut cluster, &gang, policy, &typical, &priority, &mut rng) {
             Ok(bindings) => {
                 prop_assert_eq!(bindings.len(), members.len());
-                prop_assert!(bindings.iter().all(|b| b.node == bindings[0].node), "{:?}", bindings);
+                if holds_all || hard {
+                    prop_assert!(bindings.iter().all(|b| b.node == bindings[0].node), "{:?}", bindings);
+                }
             }
             Err(why) => prop_assert!(!holds_all, "{policy:?} refused a gang one node holds: {why}"),
         }

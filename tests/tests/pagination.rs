@@ -1,11 +1,13 @@
 //! Lists are paged on request (`?limit=N`, then the `Link: <…>; rel="next"` header's
 //! `after`), on a real control plane: following the links gives every item once, in
 //! key order, with the whole list's size in `X-Total-Count`, also while items come
-//! and go between pages; a bad `limit` is a problem naming the field.
+//! and go between pages; a bad `limit` is a problem naming the field. A deployment's
+//! row per device is a paged list of its own, and its status can be asked without
+//! them (the counts only).
 
 #![allow(clippy::unwrap_used)]
 
-use nephele_e2e::{Cloud, Http};
+use nephele_e2e::{join, Cloud, Http, MODEL_ONNX};
 use serde_json::{json, Value};
 
 /// Every page of `path` at `limit` per page: the items, and the pages' count.
@@ -98,4 +100,64 @@ fn lists_are_paged_by_key_with_next_links() {
         assert_eq!(status, 400, "{body}");
         assert_eq!(body["field"], "limit", "{body}");
     }
+}
+
+#[test]
+fn a_deployments_devices_are_paged_and_its_status_comes_without_them_on_request() {
+    let cloud = Cloud::start("deployment-rows").unwrap();
+    // Five enrolled devices, none connected: rows, and counted offline.
+    let mut names: Vec<String> = (0..5).map(|i| format!("cam-{i}")).collect();
+    for name in &names {
+        let token = cloud.join_token("eu-west", 600).unwrap();
+        let (ok, output) = join(&cloud, &cloud.dir.join(name), name, &token, &[]).unwrap();
+        assert!(ok, "{output}");
+    }
+    names.sort();
+    let (status, body) = cloud.put_model("digits-mlp", MODEL_ONNX).unwrap();
+    assert_eq!(status, 201, "{body}");
+    cloud
+        .post(
+            "/v1/deployments",
+            &json!({"name": "digits", "model": "digits-mlp", "offload": false}),
+        )
+        .unwrap();
+
+    let whole = cloud.get("/v1/deployments/digits").unwrap();
+    assert_eq!(whole["devices"].as_array().unwrap().len(), 5, "{whole}");
+    assert_eq!(whole["device_phases"], json!({"offline": 5}), "{whole}");
+    let counts = cloud.get("/v1/deployments/digits?devices=false").unwrap();
+    assert_eq!(counts["devices"], json!([]), "{counts}");
+    for field in [
+        "desired_devices",
+        "ready_devices",
+        "device_phases",
+        "warnings",
+        "model",
+    ] {
+        assert_eq!(counts[field], whole[field], "{field}");
+    }
+    let listed = cloud.get("/v1/deployments?devices=false").unwrap();
+    assert_eq!(listed[0]["devices"], json!([]), "{listed}");
+    assert_eq!(listed[0]["device_phases"], whole["device_phases"]);
+
+    let (rows, pages) = follow(&cloud, "/v1/deployments/digits/devices", 2, |_| {});
+    let seen: Vec<&str> = rows.iter().map(|r| r["device"].as_str().unwrap()).collect();
+    assert_eq!(seen, names, "every device once, in name order");
+    assert_eq!(pages, 3);
+    assert_eq!(
+        Value::Array(rows),
+        whole["devices"],
+        "the same rows as the status's"
+    );
+
+    let http = Http::new(Some(cloud.token.clone()));
+    let (status, _, body) = http
+        .get_full(&format!("{}/v1/deployments/digits?devices=some", cloud.api))
+        .unwrap();
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["field"], "devices", "{body}");
+    let (status, _, body) = http
+        .get_full(&format!("{}/v1/deployments/nope/devices", cloud.api))
+        .unwrap();
+    assert_eq!(status, 404, "{body}");
 }

@@ -589,6 +589,7 @@ async fn get_rollout(
         GetDeployment {
             name: name.clone(),
             scope: principal.scope().map(str::to_string),
+            rows: false,
         }
     )?;
     match status.rollout {
@@ -629,11 +630,13 @@ async fn list_deployments(
     state: web::Data<ApiState>,
 ) -> Result<HttpResponse, ApiError> {
     let principal = authorize(&request, &state).await?;
+    let rows = with_device_rows(&request)?;
     let statuses = forward!(
         state,
         "list_deployments",
         ListDeployments {
             scope: principal.scope().map(str::to_string),
+            rows,
         }
     )?;
     page::answer(&request, statuses, |d| d.name.clone())
@@ -645,14 +648,57 @@ async fn get_deployment(
     name: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let principal = authorize(&request, &state).await?;
+    let rows = with_device_rows(&request)?;
     Ok(HttpResponse::Ok().json(forward!(
         state,
         "get_deployment",
         GetDeployment {
             name: name.into_inner(),
             scope: principal.scope().map(str::to_string),
+            rows,
         }
     )?))
+}
+
+/// `GET /v1/deployments/{name}/devices`: its device rows, paged by device name (a
+/// fleet's thousands of rows a page at a time).
+async fn deployment_devices(
+    request: HttpRequest,
+    state: web::Data<ApiState>,
+    name: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let principal = authorize(&request, &state).await?;
+    let status = forward!(
+        state,
+        "deployment_devices",
+        GetDeployment {
+            name: name.into_inner(),
+            scope: principal.scope().map(str::to_string),
+            rows: true,
+        }
+    )?;
+    page::answer(&request, status.devices, |row| row.device.clone())
+}
+
+/// `?devices=false` asks a deployment's status without its row per device: the
+/// counts only, which is what a fleet of thousands wants to poll.
+fn with_device_rows(request: &HttpRequest) -> Result<bool, ApiError> {
+    let query = request.query_string();
+    let value = query
+        .split('&')
+        .filter_map(|pair| pair.split_once('=').or(Some((pair, ""))))
+        .find(|(key, _)| *key == "devices")
+        .map(|(_, value)| value);
+    match value {
+        None | Some("true") => Ok(true),
+        Some("false") => Ok(false),
+        Some(other) => Err(ApiError::Invalid {
+            field: "devices".into(),
+            message: format!(
+                "devices={other:?}: give true (a row per device, the default) or false (the counts only)"
+            ),
+        }),
+    }
 }
 
 async fn delete_deployment(
@@ -1215,6 +1261,7 @@ async fn deployment_replicas(
             GetDeployment {
                 name: name.to_string(),
                 scope: Some(tenant.to_string()),
+                rows: false,
             }
         )?;
     }
@@ -1356,6 +1403,10 @@ pub fn routes(config: &mut web::ServiceConfig) {
                 .route(web::get().to(get_deployment))
                 .route(web::put().to(update_deployment))
                 .route(web::delete().to(delete_deployment)),
+        )
+        .service(
+            resource("/v1/deployments/{name}/devices", "GET")
+                .route(web::get().to(deployment_devices)),
         )
         .service(
             resource("/v1/deployments/{name}/rollout", "GET").route(web::get().to(get_rollout)),

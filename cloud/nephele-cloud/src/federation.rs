@@ -881,12 +881,16 @@ impl Handler<ActOnRollout> for FederationActor {
 #[rtype(result = "Result<Vec<DeploymentStatus>, ApiError>")]
 pub struct ListDeployments {
     pub scope: Option<String>,
+    /// Each with a row per device (else the counts only).
+    pub rows: bool,
 }
 
 impl Handler<ListDeployments> for FederationActor {
     type Result = Result<Vec<DeploymentStatus>, ApiError>;
     fn handle(&mut self, message: ListDeployments, _: &mut Self::Context) -> Self::Result {
-        Ok(self.core.deployment_statuses_for(message.scope.as_deref()))
+        Ok(self
+            .core
+            .deployment_statuses_for(message.scope.as_deref(), message.rows))
     }
 }
 
@@ -895,13 +899,15 @@ impl Handler<ListDeployments> for FederationActor {
 pub struct GetDeployment {
     pub name: String,
     pub scope: Option<String>,
+    /// With a row per device (else the counts only).
+    pub rows: bool,
 }
 
 impl Handler<GetDeployment> for FederationActor {
     type Result = Result<DeploymentStatus, ApiError>;
     fn handle(&mut self, message: GetDeployment, _: &mut Self::Context) -> Self::Result {
         self.core
-            .deployment_status_for(&message.name, message.scope.as_deref())
+            .deployment_status_for(&message.name, message.scope.as_deref(), message.rows)
     }
 }
 

@@ -511,9 +511,17 @@ pub enum DeployCommand {
     /// Change a deployment (model version, selector, SLO, …): what devices run is
     /// rolled out in gated steps (`nephele rollout status NAME --watch`).
     Update(crate::rollout::UpdateArgs),
+    /// One line per deployment: devices ready of those selected, and what the others do.
     List,
+    /// A deployment's status and its devices, the first 50 by name unless asked for more.
     Status {
         name: String,
+        /// Show this many devices' rows (the counts cover them all).
+        #[arg(long, default_value_t = 50, conflicts_with = "all")]
+        devices: usize,
+        /// Show every device's row (fetched a page of 1,000 at a time).
+        #[arg(long)]
+        all: bool,
     },
     /// Its cloud replicas per region, and what each region's autoscaler decided.
     Replicas {
@@ -1032,7 +1040,89 @@ pub fn model(args: ApiArgs, command: ModelCommand) -> Result<()> {
     Ok(())
 }
 
+/// Up to `wanted` of a deployment's device rows, in name order, a page at a time.
+fn deployment_rows(
+    api: &Api,
+    name: &str,
+    wanted: usize,
+) -> Result<Vec<nephele_api::DeviceDeploymentStatus>> {
+    let mut rows: Vec<nephele_api::DeviceDeploymentStatus> = Vec::new();
+    while rows.len() < wanted {
+        let limit = (wanted - rows.len()).min(1000);
+        let after = rows
+            .last()
+            .map(|r| format!("&after={}", query_value(&r.device)))
+            .unwrap_or_default();
+        let page: Vec<nephele_api::DeviceDeploymentStatus> = api.get_as(&format!(
+            "/v1/deployments/{name}/devices?limit={limit}{after}"
+        ))?;
+        if page.len() > limit {
+            // Not paged (a standby's copy answers lists whole): the whole list.
+            rows = page;
+            rows.truncate(wanted);
+            break;
+        }
+        let last = page.len() < limit;
+        rows.extend(page);
+        if last {
+            break;
+        }
+    }
+    Ok(rows)
+}
+
+/// `nephele deploy list`: one line per deployment, from the counts (no row per device).
+fn print_deployment_list(deployments: &[DeploymentStatus]) {
+    if deployments.is_empty() {
+        println!("no deployments; `nephele deploy create NAME --model MODEL` makes one");
+        return;
+    }
+    println!(
+        "{:<20} {:<30} {:<20} {:>13} {:<36} ROLLOUT",
+        "DEPLOYMENT", "MODEL", "SELECTOR", "READY", "NOT READY"
+    );
+    for d in deployments {
+        let not_ready: Vec<String> = d
+            .device_phases
+            .iter()
+            .flatten()
+            .filter(|(phase, n)| phase.as_str() != "ready" && **n > 0)
+            .map(|(phase, n)| format!("{n} {phase}"))
+            .collect();
+        let rollout = d.rollout.as_ref().map_or_else(
+            || "-".to_string(),
+            |r| format!("{} {}", r.number, num(Some(r.state)).replace('_', " ")),
+        );
+        println!(
+            "{:<20} {:<30} {:<20} {:>13} {:<36} {}",
+            d.name,
+            d.model,
+            if d.selector.is_empty() {
+                "-"
+            } else {
+                d.selector.as_str()
+            },
+            format!("{}/{}", num(d.ready_devices), d.desired_devices),
+            if not_ready.is_empty() {
+                "-".to_string()
+            } else {
+                not_ready.join(", ")
+            },
+            rollout
+        );
+    }
+}
+
+/// Rows a deployment's table shows after a change (`deploy status` fetches its own).
+const ROWS_SHOWN: usize = 50;
+
 pub(crate) fn print_deployment(d: &DeploymentStatus) {
+    print_deployment_rows(d, ROWS_SHOWN)
+}
+
+/// A deployment's status, with at most `max_rows` of its device rows and a line
+/// saying how many edge devices the table leaves out.
+fn print_deployment_rows(d: &DeploymentStatus, max_rows: usize) {
     println!(
         "deployment {} (model {}, selector {:?}, SLO {} ms): {}/{} devices ready",
         d.name,
@@ -1056,6 +1146,15 @@ pub(crate) fn print_deployment(d: &DeploymentStatus) {
     for warning in &d.warnings {
         println!("  warning: {warning}");
     }
+    // The fleet at a glance, when some of it is not ready (a table may show a page).
+    let phases = d.device_phases.iter().flatten();
+    if phases
+        .clone()
+        .any(|(phase, n)| phase.as_str() != "ready" && *n > 0)
+    {
+        let counts: Vec<String> = phases.map(|(phase, n)| format!("{n} {phase}")).collect();
+        println!("  edge devices: {}", counts.join(", "));
+    }
     println!(
         "  {:<14} {:<5} {:<22} {:<12} {:<16} {:<22} {:>8} {:>9} {:>10} {:>8} {:>8}",
         "DEVICE",
@@ -1070,7 +1169,7 @@ pub(crate) fn print_deployment(d: &DeploymentStatus) {
         "P50 MS",
         "P99 MS"
     );
-    for row in &d.devices {
+    for row in d.devices.iter().take(max_rows) {
         println!(
             "  {:<14} {:<5} {:<22} {:<12} {:<16} {:<22} {:>8} {:>9} {:>10} {:>8} {:>8}",
             row.device,
@@ -1089,6 +1188,21 @@ pub(crate) fn print_deployment(d: &DeploymentStatus) {
             num(row.service_ms),
             num(row.p50_ms),
             num(row.p99_ms)
+        );
+    }
+    let shown = d
+        .devices
+        .iter()
+        .take(max_rows)
+        .filter(|r| r.role == "edge")
+        .count();
+    let edge_total: usize = d.device_phases.iter().flatten().map(|(_, n)| n).sum();
+    if edge_total > shown {
+        let more = edge_total - shown;
+        println!(
+            "  … {more} more edge device{} (nephele deploy status {} --devices N, or --all)",
+            if more == 1 { "" } else { "s" },
+            d.name
         );
     }
 }
@@ -1176,14 +1290,19 @@ pub fn deploy(args: ApiArgs, command: DeployCommand) -> Result<()> {
             });
         }
         DeployCommand::List => {
-            let deployments: Vec<DeploymentStatus> = api.get_as("/v1/deployments")?;
+            let deployments: Vec<DeploymentStatus> = api.get_as("/v1/deployments?devices=false")?;
             show(args.json, &deployments, |deployments| {
-                deployments.iter().for_each(print_deployment)
+                print_deployment_list(deployments)
             });
         }
-        DeployCommand::Status { name } => {
-            let status: DeploymentStatus = api.get_as(&format!("/v1/deployments/{name}"))?;
-            show(args.json, &status, print_deployment);
+        DeployCommand::Status { name, devices, all } => {
+            let mut status: DeploymentStatus =
+                api.get_as(&format!("/v1/deployments/{name}?devices=false"))?;
+            let wanted = if all { usize::MAX } else { devices };
+            status.devices = deployment_rows(&api, &name, wanted)?;
+            show(args.json, &status, |status| {
+                print_deployment_rows(status, usize::MAX)
+            });
         }
         DeployCommand::Delete { name } => {
             api.delete(&format!("/v1/deployments/{name}"))?;

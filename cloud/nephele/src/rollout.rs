@@ -74,7 +74,7 @@ pub enum RolloutCommand {
 pub fn update(args: &ApiArgs, update: UpdateArgs) -> Result<()> {
     let api = args.client();
     let name = update.name.clone();
-    let current: DeploymentStatus = api.get_as(&format!("/v1/deployments/{name}"))?;
+    let current: DeploymentStatus = api.get_as(&format!("/v1/deployments/{name}?devices=false"))?;
     let given = update.steps.is_some()
         || update.min_requests.is_some()
         || update.min_step_s.is_some()

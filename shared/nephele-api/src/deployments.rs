@@ -1,6 +1,8 @@
 //! Deployments (`/v1/deployments`): a model version run on the devices a selector
 //! picks, with cloud replicas where it may offload.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::rollouts::{RolloutSettings, RolloutView};
@@ -132,6 +134,14 @@ pub struct DeploymentStatus {
     pub desired_devices: usize,
     /// `null` in an answer from a standby's copy.
     pub ready_devices: Option<usize>,
+    /// Its edge devices counted by what they do: `ready`, `downloading`, `pending`,
+    /// `failed`, or `offline` (not connected now, whatever it last reported). `null`
+    /// in an answer from a standby's copy.
+    #[serde(default)]
+    pub device_phases: Option<BTreeMap<String, usize>>,
+    /// A row per device that runs it (edge devices and pool agents), in name order;
+    /// empty when asked with `?devices=false`, and paged at
+    /// `/v1/deployments/{name}/devices`.
     pub devices: Vec<DeviceDeploymentStatus>,
     /// What the deployment's author should know: a selector that matches no device.
     pub warnings: Vec<String>,

@@ -10,8 +10,8 @@ use serde_json::{json, Map, Value};
 
 use super::{GridPushBody, InterruptBody, TokenRequest};
 use crate::federation::{
-    ApiTokenSpec, ApiTokenView, DeploymentSpec, DeploymentStatus, DeviceView, JoinTokenView,
-    ModelView, RegionView, RolloutView, TenantView,
+    ApiTokenSpec, ApiTokenView, DeploymentSpec, DeploymentStatus, DeviceDeploymentStatus,
+    DeviceView, JoinTokenView, ModelView, RegionView, RolloutView, TenantView,
 };
 use crate::scheduler::{GridPushView, GridView, JobSpec, JobView, NodeView, ReplicaSetView};
 use crate::store::AuditRecord;
@@ -256,6 +256,15 @@ fn routes(s: &mut Schemas) -> Vec<Route> {
             "developer",
             Body::None,
             Answer::Empty(204),
+        ),
+        route(
+            "get",
+            "/v1/deployments/{name}/devices",
+            "listDeploymentDevices",
+            "A deployment's row per device (edge devices and pool agents), in name order.",
+            "viewer",
+            Body::None,
+            Answer::Json(200, s.list::<DeviceDeploymentStatus>()),
         ),
         route(
             "get",
@@ -604,6 +613,17 @@ fn routes(s: &mut Schemas) -> Vec<Route> {
             Answer::Json(200, audit),
         )
     });
+    // A deployment's status with or without its row per device.
+    for route in routes
+        .iter_mut()
+        .filter(|r| r.id == "listDeployments" || r.id == "getDeployment")
+    {
+        route.query.push(q(
+            "devices",
+            json!({"type": "boolean", "default": true}),
+            "false: the counts per phase only, without a row per device",
+        ));
+    }
     // Lists that take `limit` and `after` (`api::page`).
     for route in routes.iter_mut().filter(|r| PAGED.contains(&r.id)) {
         route.query.push(q(
@@ -621,11 +641,12 @@ fn routes(s: &mut Schemas) -> Vec<Route> {
 }
 
 /// The operations whose lists are paged.
-const PAGED: [&str; 6] = [
+const PAGED: [&str; 7] = [
     "listJoinTokens",
     "listDevices",
     "listModels",
     "listDeployments",
+    "listDeploymentDevices",
     "listJobs",
     "listApiTokens",
 ];
@@ -797,7 +818,7 @@ mod tests {
                 .values()
                 .map(|p| p.as_object().unwrap().len())
                 .sum::<usize>(),
-            39
+            40
         );
         assert!(components.contains_key("DeploymentSpecInput"));
         assert!(components.contains_key("DeploymentStatus"));

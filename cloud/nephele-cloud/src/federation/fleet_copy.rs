@@ -30,6 +30,7 @@ pub enum CopyRead {
     Model(String),
     Deployments,
     Deployment(String),
+    DeploymentDevices(String),
     Rollout(String),
     JoinTokens,
     Regions,
@@ -56,6 +57,9 @@ impl CopyRead {
             ["models", model] => CopyRead::Model(name(model)?),
             ["deployments"] => CopyRead::Deployments,
             ["deployments", deployment] => CopyRead::Deployment(name(deployment)?),
+            ["deployments", deployment, "devices"] => {
+                CopyRead::DeploymentDevices(name(deployment)?)
+            }
             ["deployments", deployment, "rollout"] => CopyRead::Rollout(name(deployment)?),
             ["tokens"] => CopyRead::JoinTokens,
             ["regions"] => CopyRead::Regions,
@@ -74,6 +78,7 @@ impl CopyRead {
             CopyRead::Model(m) => format!("/v1/models/{m}"),
             CopyRead::Deployments => "/v1/deployments".into(),
             CopyRead::Deployment(d) => format!("/v1/deployments/{d}"),
+            CopyRead::DeploymentDevices(d) => format!("/v1/deployments/{d}/devices"),
             CopyRead::Rollout(d) => format!("/v1/deployments/{d}/rollout"),
             CopyRead::JoinTokens => "/v1/tokens".into(),
             CopyRead::Regions => "/v1/regions".into(),
@@ -145,24 +150,31 @@ impl FleetCopy {
             CopyRead::Models => json(core.model_views_for(scope)),
             CopyRead::Model(name) => json(core.model_view_for(name, scope)?),
             CopyRead::Deployments => {
-                let mut deployments = json(core.deployment_statuses_for(scope))?;
+                let mut deployments = json(core.deployment_statuses_for(scope, true))?;
                 for deployment in array(&mut deployments) {
                     deployment_unknown(deployment);
                 }
                 Ok(deployments)
             }
             CopyRead::Deployment(name) => {
-                let mut deployment = json(core.deployment_status_for(name, scope)?)?;
+                let mut deployment = json(core.deployment_status_for(name, scope, true)?)?;
                 deployment_unknown(&mut deployment);
                 Ok(deployment)
             }
-            CopyRead::Rollout(name) => match core.deployment_status_for(name, scope)?.rollout {
-                // Everything a rollout holds is in its record: nothing live to hide.
-                Some(rollout) => json(rollout),
-                None => Err(ApiError::NotFound(format!(
-                    "deployment {name} has never been rolled out"
-                ))),
-            },
+            CopyRead::DeploymentDevices(name) => {
+                let mut deployment = json(core.deployment_status_for(name, scope, true)?)?;
+                deployment_unknown(&mut deployment);
+                Ok(deployment["devices"].take())
+            }
+            CopyRead::Rollout(name) => {
+                match core.deployment_status_for(name, scope, false)?.rollout {
+                    // Everything a rollout holds is in its record: nothing live to hide.
+                    Some(rollout) => json(rollout),
+                    None => Err(ApiError::NotFound(format!(
+                        "deployment {name} has never been rolled out"
+                    ))),
+                }
+            }
             CopyRead::JoinTokens => json(core.join_tokens()),
             CopyRead::Regions => {
                 let mut regions = json(core.region_views())?;
@@ -192,7 +204,7 @@ fn unknown(object: &mut Value, fields: &[&str]) {
 }
 
 fn deployment_unknown(deployment: &mut Value) {
-    unknown(deployment, &["ready_devices"]);
+    unknown(deployment, &["ready_devices", "device_phases"]);
     if let Some(rows) = deployment.get_mut("devices") {
         for row in array(rows) {
             unknown(row, &ROW_LIVE);
@@ -303,6 +315,16 @@ mod tests {
         assert_eq!(deployment["devices"][0]["device"], "cam-1");
         assert_eq!(deployment["devices"][0]["phase"], "unknown");
         assert_eq!(deployment["devices"][0]["ready"], Value::Null);
+        assert_eq!(deployment["device_phases"], Value::Null);
+        // The rows alone, as the leader pages them; a copy answers them whole.
+        let rows = copy
+            .answer(&CopyRead::DeploymentDevices("d".into()), None)
+            .expect("rows");
+        assert_eq!(rows, deployment["devices"]);
+        assert_eq!(
+            CopyRead::parse("GET", "/v1/deployments/d/devices"),
+            Some(CopyRead::DeploymentDevices("d".into()))
+        );
 
         let models = copy.answer(&CopyRead::Models, None).expect("models");
         assert_eq!(models[0]["name"], "m");

@@ -373,23 +373,29 @@ impl FleetCore {
         }
     }
 
-    /// The deployments `scope` sees.
-    pub fn deployment_statuses_for(&self, scope: Option<&str>) -> Vec<DeploymentStatus> {
+    /// The deployments `scope` sees, each with its device rows when `rows`.
+    pub fn deployment_statuses_for(
+        &self,
+        scope: Option<&str>,
+        rows: bool,
+    ) -> Vec<DeploymentStatus> {
         self.catalog
             .deployments()
             .filter(|d| visible(scope, &d.tenant))
-            .map(|d| self.status_of(d))
+            .map(|d| self.status_with(d, rows))
             .collect()
     }
 
-    /// A deployment `scope` sees; another tenant's is not found.
+    /// A deployment `scope` sees, with its device rows when `rows`; another tenant's
+    /// is not found.
     pub fn deployment_status_for(
         &self,
         name: &str,
         scope: Option<&str>,
+        rows: bool,
     ) -> Result<DeploymentStatus, ApiError> {
         self.owned_deployment(name, scope)?;
-        self.deployment_status(name)
+        self.deployment_status_with(name, rows)
     }
 }
 

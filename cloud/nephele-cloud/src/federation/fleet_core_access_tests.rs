@@ -238,7 +238,7 @@ fn model_and_deployment_names_belong_to_their_tenant() {
         core.owned_deployment("d", Some("team-b")),
         Err(ApiError::NotFound(_))
     ));
-    assert_eq!(core.deployment_statuses_for(Some("team-b")).len(), 0);
+    assert_eq!(core.deployment_statuses_for(Some("team-b"), true).len(), 0);
     let tenants = core.tenant_views(Some("team-a"));
     assert_eq!(tenants.len(), 1);
     assert_eq!((tenants[0].models, tenants[0].deployments), (1, 1));

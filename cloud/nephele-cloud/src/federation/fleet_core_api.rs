@@ -2,6 +2,8 @@
 //! deployments, API tokens, regions, usage. Same contract as `fleet_core.rs`: the time comes
 //! in as an argument, writes and effects go out in the [`Output`].
 
+use std::collections::BTreeMap;
+
 use nephele_domain::{AgentRole, FirmwareProfile};
 use nephele_proto::{
     CloudMessage, DeploymentPhase, ErrorCode, ErrorFrame, ModelManifest, ModelVariant, TensorSpec,
@@ -456,11 +458,20 @@ impl FleetCore {
     }
 
     pub fn deployment_status(&self, name: &str) -> Result<DeploymentStatus, ApiError> {
+        self.deployment_status_with(name, true)
+    }
+
+    /// [`Self::deployment_status`], with its device rows only when `rows`.
+    pub fn deployment_status_with(
+        &self,
+        name: &str,
+        rows: bool,
+    ) -> Result<DeploymentStatus, ApiError> {
         let record = self
             .catalog
             .deployment(name)
             .ok_or_else(|| ApiError::NotFound(format!("no deployment named {name}")))?;
-        Ok(self.status_of(record))
+        Ok(self.status_with(record, rows))
     }
 
     pub fn deployment_statuses(&self) -> Vec<DeploymentStatus> {
@@ -471,7 +482,20 @@ impl FleetCore {
     }
 
     pub(super) fn status_of(&self, deployment: &DeploymentRecord) -> DeploymentStatus {
-        let mut rows = Vec::new();
+        self.status_with(deployment, true)
+    }
+
+    /// A deployment's status, with a row per device when `rows` (else only the counts:
+    /// one pass over the fleet without building a row per device, for fleets of
+    /// thousands).
+    pub(super) fn status_with(
+        &self,
+        deployment: &DeploymentRecord,
+        rows: bool,
+    ) -> DeploymentStatus {
+        let mut table = Vec::new();
+        let mut phases: BTreeMap<String, usize> = BTreeMap::new();
+        let (mut desired, mut ready) = (0, 0);
         for device in self.records.devices.values().filter(|d| {
             self.catalog
                 .runs_on(d, deployment, self.pool_work_of(&d.name))
@@ -482,16 +506,28 @@ impl FleetCore {
                     .iter()
                     .find(|d| d.deployment == deployment.name)
             });
-            let phase = match telemetry.map(|t| &t.phase) {
-                None => "pending".to_string(),
-                Some(DeploymentPhase::Pending) => "pending".into(),
-                Some(DeploymentPhase::Downloading) => "downloading".into(),
-                Some(DeploymentPhase::Ready) => "ready".into(),
-                Some(DeploymentPhase::Failed(reason)) => format!("failed: {reason}"),
-            };
             let online = self.sessions.contains_key(&device.name);
+            let (kind, reason) = match telemetry.map(|t| &t.phase) {
+                None | Some(DeploymentPhase::Pending) => ("pending", None),
+                Some(DeploymentPhase::Downloading) => ("downloading", None),
+                Some(DeploymentPhase::Ready) => ("ready", None),
+                Some(DeploymentPhase::Failed(reason)) => ("failed", Some(reason)),
+            };
+            if device.role == AgentRole::Edge {
+                desired += 1;
+                ready += usize::from(online && kind == "ready");
+                let counted = if online { kind } else { "offline" };
+                *phases.entry(counted.to_string()).or_default() += 1;
+            }
+            if !rows {
+                continue;
+            }
+            let phase = match reason {
+                Some(reason) => format!("failed: {reason}"),
+                None => kind.to_string(),
+            };
             let model_key = deployment.for_device(&device.name).model.clone();
-            rows.push(DeviceDeploymentStatus {
+            table.push(DeviceDeploymentStatus {
                 model: self
                     .catalog
                     .model(&model_key)
@@ -519,11 +555,8 @@ impl FleetCore {
                 p99_ms: Some(telemetry.map(|t| t.p99_us as f64 / 1000.0).unwrap_or(0.0)),
             });
         }
-        let edge_rows = rows
-            .iter()
-            .filter(|r| r.role == AgentRole::Edge.to_string());
         let mut warnings = Vec::new();
-        if edge_rows.clone().next().is_none() {
+        if desired == 0 {
             let edge_devices = self
                 .records
                 .devices
@@ -554,9 +587,10 @@ impl FleetCore {
             hard_example_threshold: deployment.hard_example_threshold,
             replicas: deployment.replicas.clone(),
             rollout_settings: deployment.rollout_settings.clone(),
-            desired_devices: edge_rows.clone().count(),
-            ready_devices: Some(edge_rows.filter(|r| r.ready == Some(true)).count()),
-            devices: rows,
+            desired_devices: desired,
+            ready_devices: Some(ready),
+            device_phases: Some(phases),
+            devices: table,
             warnings,
             rollout: self.rollout_view(deployment),
         }

@@ -951,3 +951,57 @@ fn a_change_sends_a_desired_state_only_to_the_devices_whose_state_it_changed() {
     );
     shell.check_sessions_and_desired();
 }
+
+/// A deployment's status counts its edge devices by phase (a disconnected one as
+/// offline, whatever it last said), with or without a row per device, and the counts
+/// agree with the rows.
+#[test]
+fn a_status_counts_its_devices_by_phase_with_or_without_rows() {
+    let mut shell = Shell::new();
+    for name in ["cam-1", "cam-2", "cam-3"] {
+        shell.token().expect("token");
+        shell.join(shell.tokens.len() - 1, name).expect("join");
+        shell.connect(name).expect("connect");
+    }
+    shell.deploy("d", "site=north");
+    for name in ["cam-1", "cam-2"] {
+        let sha = shell.sent_digest(name, "d").expect("told what to run");
+        shell.report(name, "d", sha, 0, 1);
+    }
+    shell.disconnect("cam-2");
+    let full = shell
+        .core
+        .deployment_status_with("d", true)
+        .expect("status");
+    let counts = shell
+        .core
+        .deployment_status_with("d", false)
+        .expect("status");
+    let phases = |pairs: &[(&str, usize)]| {
+        Some(
+            pairs
+                .iter()
+                .map(|(phase, n)| (phase.to_string(), *n))
+                .collect::<BTreeMap<_, _>>(),
+        )
+    };
+    let want = phases(&[("offline", 1), ("pending", 1), ("ready", 1)]);
+    assert_eq!(full.device_phases, want);
+    assert_eq!((full.desired_devices, full.ready_devices), (3, Some(1)));
+    assert_eq!(full.devices.len(), 3);
+    assert!(counts.devices.is_empty());
+    assert_eq!(
+        nephele_api::DeploymentStatus {
+            devices: Vec::new(),
+            ..full.clone()
+        },
+        counts,
+        "the counts alone are the full status without its rows"
+    );
+    let ready_rows = full
+        .devices
+        .iter()
+        .filter(|r| r.ready == Some(true))
+        .count();
+    assert_eq!(Some(ready_rows), full.ready_devices);
+}

@@ -683,12 +683,12 @@ async fn deployment_devices(
 /// `?devices=false` asks a deployment's status without its row per device: the
 /// counts only, which is what a fleet of thousands wants to poll.
 fn with_device_rows(request: &HttpRequest) -> Result<bool, ApiError> {
-    let query = request.query_string();
-    let value = query
-        .split('&')
-        .filter_map(|pair| pair.split_once('=').or(Some((pair, ""))))
-        .find(|(key, _)| *key == "devices")
-        .map(|(_, value)| value);
+    let pairs = web::Query::<Vec<(String, String)>>::from_query(request.query_string())
+        .map_err(|e| ApiError::BadRequest(format!("bad query: {e}")))?;
+    let value = pairs
+        .iter()
+        .find(|(key, _)| key == "devices")
+        .map(|(_, value)| value.as_str());
     match value {
         None | Some("true") => Ok(true),
         Some("false") => Ok(false),

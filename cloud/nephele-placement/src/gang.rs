@@ -349,6 +349,20 @@ mod tests {
         }
     }
 
+    /// `cluster(used)` with `gpus` whole GPUs of node 1 taken too.
+    fn cluster_with_node_1_using(used: u64, gpus: u8) -> Cluster {
+        let mut cluster = cluster(used);
+        let mut pod = gpu_pod();
+        pod.num_gpu = gpus;
+        let binding = Binding {
+            node: 1,
+            gpus: (0..gpus).map(|g| (g, 1000)).collect(),
+            mig: None,
+        };
+        cluster.reserve(50, &pod, &binding).unwrap();
+        cluster
+    }
+
     #[test]
     fn a_hard_gang_of_unlike_members_goes_where_all_fit_not_where_the_first_fits_best() {
         let gang = unlike_gang(true);
@@ -361,15 +375,7 @@ mod tests {
             assert!(roomy.accounting_holds());
             // With the empty node also partly taken, no node holds both: refused, and
             // nothing is left behind.
-            let mut cluster = cluster(6);
-            let blocker = Binding {
-                node: 1,
-                gpus: (0..6).map(|g| (g, 1000)).collect(),
-                mig: None,
-            };
-            let mut six = gpu_pod();
-            six.num_gpu = 6;
-            cluster.reserve(50, &six, &blocker).unwrap();
+            let mut cluster = cluster_with_node_1_using(6, 6);
             assert!(place(&mut cluster, &gang, policy).is_err(), "{policy:?}");
             assert!(cluster.reservation(1).is_none() && cluster.reservation(2).is_none());
             assert!(cluster.accounting_holds());
@@ -385,31 +391,13 @@ mod tests {
                 place(&mut roomy, &gang, policy).unwrap_or_else(|why| panic!("{policy:?}: {why}"));
             assert!(placed.iter().all(|b| b.node == 1), "{policy:?}: {placed:?}");
             assert!(roomy.accounting_holds());
-            // Node 0 with 7 GPUs taken, node 1 with 6: neither takes both members, so
-            // they are placed apart rather than refused.
-            let mut tight = cluster(7);
-            let mut six = gpu_pod();
-            six.num_gpu = 6;
-            let blocker = Binding {
-                node: 1,
-                gpus: (0..6).map(|g| (g, 1000)).collect(),
-                mig: None,
-            };
-            tight.reserve(50, &six, &blocker).unwrap();
-            assert!(
-                place(&mut tight, &gang, policy).is_err(),
-                "{policy:?}: three GPUs fit nowhere"
-            );
-            // Three GPUs free on each node: the half and the three go apart.
-            let mut apart = cluster(5);
-            let mut five = gpu_pod();
-            five.num_gpu = 5;
-            let blocker = Binding {
-                node: 1,
-                gpus: (0..5).map(|g| (g, 1000)).collect(),
-                mig: None,
-            };
-            apart.reserve(50, &five, &blocker).unwrap();
+            // One GPU free on node 0, two on node 1: three GPUs fit nowhere, refused.
+            let mut tight = cluster_with_node_1_using(7, 6);
+            assert!(place(&mut tight, &gang, policy).is_err(), "{policy:?}");
+            assert!(tight.accounting_holds());
+            // Three free on each node: neither takes both, so they go apart rather
+            // than be refused.
+            let mut apart = cluster_with_node_1_using(5, 5);
             let placed =
                 place(&mut apart, &gang, policy).unwrap_or_else(|why| panic!("{policy:?}: {why}"));
             assert_eq!(placed.len(), 2);

@@ -41,6 +41,7 @@ pub mod op_profile;
 #[cfg(feature = "onnxruntime")]
 pub mod ort_backend;
 pub mod plan_cache;
+mod planned;
 pub mod synthetic;
 #[cfg(test)]
 mod test_graphs;
@@ -86,7 +87,7 @@ pub const BATCH_PLANS: [usize; 7] = [1, 2, 4, 8, 16, 32, 64];
 /// Time [`Model::tune_batches`] spends measuring batch sizes, beyond the first.
 pub const TUNE_BUDGET: std::time::Duration = std::time::Duration::from_secs(2);
 
-type PlanSlot = std::sync::OnceLock<Option<Arc<TypedRunnableModel>>>;
+type PlanSlot = std::sync::OnceLock<Option<Arc<planned::Planned>>>;
 
 /// A loaded, optimised model, cheap to clone and safe to share between threads.
 #[derive(Clone)]
@@ -297,7 +298,8 @@ impl Model {
         let row_len = concrete.iter().product();
         let plan = plan_for(&inference, &concrete, 1).map_err(|e| load(format!("{e:#}")))?;
         let plans: [PlanSlot; BATCH_PLANS.len()] = Default::default();
-        let _ = plans[0].set(Some(plan));
+        let plan = planned::Planned::new(plan).map_err(|e| load(format!("{e:#}")))?;
+        let _ = plans[0].set(Some(Arc::new(plan)));
         Ok(Model {
             name: name.to_string(),
             inference: Arc::new(inference),
@@ -498,7 +500,7 @@ impl Model {
 
     /// The plan for `BATCH_PLANS[index]`, built on first use; `None` when this size
     /// cannot be planned (then the batch runs row by row on the batch-1 plan).
-    fn plan(&self, index: usize) -> Option<Arc<TypedRunnableModel>> {
+    fn plan(&self, index: usize) -> Option<Arc<planned::Planned>> {
         let slot = self.plans.get(index)?;
         slot.get_or_init(|| {
             let size = *BATCH_PLANS.get(index)?;
@@ -509,9 +511,9 @@ impl Model {
                 .map(|d| (*d).max(1) as usize)
                 .collect();
             match catch_unwind(AssertUnwindSafe(|| {
-                plan_for(&self.inference, &concrete, size)
+                plan_for(&self.inference, &concrete, size).and_then(planned::Planned::new)
             })) {
-                Ok(Ok(plan)) => Some(plan),
+                Ok(Ok(plan)) => Some(Arc::new(plan)),
                 _ => None,
             }
         })
@@ -525,7 +527,7 @@ impl Model {
         index: usize,
         chunk: &[f32],
         row_shape: &[usize],
-        single: &Arc<TypedRunnableModel>,
+        single: &planned::Planned,
         out_shape: &mut Vec<usize>,
         out: &mut Vec<f32>,
     ) -> Result<(), RuntimeError> {
@@ -607,7 +609,7 @@ impl Model {
 
     fn run_plan(
         &self,
-        plan: &Arc<TypedRunnableModel>,
+        plan: &planned::Planned,
         shape: &[usize],
         chunk: &[f32],
         out_shape: &mut Vec<usize>,

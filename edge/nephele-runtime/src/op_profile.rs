@@ -38,7 +38,9 @@ impl Model {
         }
         let plan = self
             .plan(0)
-            .ok_or_else(|| fail("the batch-1 plan is missing".into()))?;
+            .ok_or_else(|| fail("the batch-1 plan is missing".into()))?
+            .plan()
+            .clone();
         let mut shape = vec![1usize];
         shape.extend(self.input.shape[1..].iter().map(|d| (*d).max(1) as usize));
         let input = Tensor::zero::<f32>(&shape).map_err(|e| fail(format!("{e:#}")))?;

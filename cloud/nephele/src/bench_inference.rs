@@ -62,6 +62,12 @@ pub struct InferenceArgs {
     /// Only these models (repeat or comma-separate), e.g. ppocr-cls. Default: all.
     #[arg(long = "model", value_delimiter = ',')]
     pub models_only: Vec<String>,
+    /// Rounds of the runtime comparison: tract and the in-process onnxruntime backend
+    /// are timed in turn, `--seconds` each, this many times, and each round's two p50s
+    /// make one ratio, so a slow spell of a shared machine falls on both sides. The
+    /// table shows the median round (and the ratios' range).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=50))]
+    pub rounds: u32,
     #[arg(long)]
     pub json: bool,
 }
@@ -120,6 +126,32 @@ fn onnxruntime_backend(
                 skipped.push(format!("onnxruntime backend: {error}"));
             }
             Ok(None)
+        }
+    }
+}
+
+/// The round whose p50 is the median of `rounds`' (the lower middle of an even count).
+fn median_round(mut rounds: Vec<LatencyStats>) -> Option<LatencyStats> {
+    rounds.sort_by(|a, b| a.p50_ms.total_cmp(&b.p50_ms));
+    let middle = rounds.len().saturating_sub(1) / 2;
+    rounds.into_iter().nth(middle)
+}
+
+/// The median of `values` and their range, as `1.39 (1.30–1.45)`; `-` for none.
+fn median_and_range(values: &[f64]) -> String {
+    let mut sorted: Vec<f64> = values.iter().copied().filter(|v| v.is_finite()).collect();
+    sorted.sort_by(f64::total_cmp);
+    match sorted.as_slice() {
+        [] => "-".into(),
+        [one] => format!("{one:.2}"),
+        many => {
+            let n = many.len();
+            let median = if n % 2 == 1 {
+                many[n / 2]
+            } else {
+                (many[n / 2 - 1] + many[n / 2]) / 2.0
+            };
+            format!("{median:.2} ({:.2}–{:.2})", many[0], many[n - 1])
         }
     }
 }
@@ -227,6 +259,9 @@ pub struct RuntimeRow {
     pub candle: Option<LatencyStats>,
     /// The runtime's onnxruntime backend (feature `onnxruntime`, `ORT_DYLIB_PATH`).
     pub onnxruntime_backend: Option<LatencyStats>,
+    /// tract's p50 ÷ the onnxruntime backend's, round by round (`--rounds`; each
+    /// round times both, one after the other), in round order.
+    pub tract_vs_onnxruntime_backend: Vec<f64>,
     /// The faster of tract and candle here: what nephele would run.
     pub chosen: String,
     pub onnxruntime: Option<Value>,
@@ -602,12 +637,27 @@ pub fn run(args: InferenceArgs) -> Result<()> {
             loaded.push((model.name.to_string(), tract, profile));
             continue;
         }
+        let ort_backend = onnxruntime_backend(model, args.json, &mut skipped)?;
+        // (tract, the onnxruntime backend, their ratios round by round) per batch size.
         let mut stats = Vec::new();
         for &batch in &model.batches {
-            stats.push(
-                measure(&tract, &model.validation.rows, batch, 5, duration, 5)
-                    .map_err(|e| anyhow::anyhow!("{e}"))?,
-            );
+            let (mut tracts, mut backends) = (Vec::new(), Vec::new());
+            for _ in 0..args.rounds {
+                let rows = &model.validation.rows;
+                tracts.push(
+                    measure(&tract, rows, batch, 5, duration, 5)
+                        .map_err(|e| anyhow::anyhow!("{e}"))?,
+                );
+                if let Some(backend) = &ort_backend {
+                    backends.extend(measure(backend, rows, batch, 5, duration, 5).ok());
+                }
+            }
+            let ratios: Vec<f64> = tracts
+                .iter()
+                .zip(&backends)
+                .map(|(t, o)| t.p50_ms / o.p50_ms)
+                .collect();
+            stats.push((median_round(tracts), median_round(backends), ratios));
         }
         let candle = model.candle_dir.as_ref().and_then(|dir| {
             progress(args.json, &format!("{}: candle", model.name));
@@ -617,7 +667,6 @@ pub fn run(args: InferenceArgs) -> Result<()> {
                 .map_err(|e| progress(args.json, &format!("candle: {e}")))
                 .ok()
         });
-        let ort_backend = onnxruntime_backend(model, args.json, &mut skipped)?;
         progress(args.json, &format!("{}: onnxruntime", model.name));
         let ort = match onnxruntime(&args, model) {
             Ok(value) => Some(value),
@@ -628,7 +677,8 @@ pub fn run(args: InferenceArgs) -> Result<()> {
                 None
             }
         };
-        for stat in stats {
+        for (stat, backend_stat, ratios) in stats {
+            let Some(stat) = stat else { continue };
             let ort_row = ort.as_ref().and_then(|v| {
                 v["results"]
                     .as_array()?
@@ -641,9 +691,6 @@ pub fn run(args: InferenceArgs) -> Result<()> {
                     .map_err(|e| progress(args.json, &format!("candle: {e}")))
                     .ok()
             });
-            let backend_stat = ort_backend
-                .as_ref()
-                .and_then(|m| measure(m, &model.validation.rows, stat.batch, 5, duration, 5).ok());
             let (chosen, chosen_stat) = [("candle", candle_stat), ("onnxruntime", backend_stat)]
                 .into_iter()
                 .filter_map(|(name, s)| s.map(|s| (name, s)))
@@ -668,6 +715,7 @@ pub fn run(args: InferenceArgs) -> Result<()> {
                 tract: stat,
                 candle: candle_stat,
                 onnxruntime_backend: backend_stat,
+                tract_vs_onnxruntime_backend: ratios,
                 chosen: chosen.to_string(),
                 onnxruntime: ort_row,
                 p50_ratio,
@@ -1014,7 +1062,7 @@ pub(crate) fn machine() -> String {
 }
 
 fn write_csv(out: &Path, report: &Report) -> Result<()> {
-    let mut runtime = String::from("model,batch,tract_p50_ms,tract_p99_ms,tract_items_per_s,candle_p50_ms,chosen,ort_p50_ms,ort_p99_ms,ort_items_per_s,p50_ratio\n");
+    let mut runtime = String::from("model,batch,tract_p50_ms,tract_p99_ms,tract_items_per_s,candle_p50_ms,chosen,ort_p50_ms,ort_p99_ms,ort_items_per_s,p50_ratio,ort_backend_p50_ms,tract_vs_ort_backend_per_round\n");
     for r in &report.runtime {
         let ort = |key: &str| {
             r.onnxruntime
@@ -1023,7 +1071,7 @@ fn write_csv(out: &Path, report: &Report) -> Result<()> {
                 .map_or(String::new(), |v| format!("{v:.4}"))
         };
         runtime.push_str(&format!(
-            "{},{},{:.4},{:.4},{:.1},{},{},{},{},{},{}\n",
+            "{},{},{:.4},{:.4},{:.1},{},{},{},{},{},{},{},{}\n",
             r.model,
             r.batch,
             r.tract.p50_ms,
@@ -1035,7 +1083,14 @@ fn write_csv(out: &Path, report: &Report) -> Result<()> {
             ort("p50_ms"),
             ort("p99_ms"),
             ort("items_per_s"),
-            r.p50_ratio.map_or(String::new(), |v| format!("{v:.3}"))
+            r.p50_ratio.map_or(String::new(), |v| format!("{v:.3}")),
+            r.onnxruntime_backend
+                .map_or(String::new(), |c| format!("{:.4}", c.p50_ms)),
+            r.tract_vs_onnxruntime_backend
+                .iter()
+                .map(|v| format!("{v:.3}"))
+                .collect::<Vec<_>>()
+                .join(" ")
         ));
     }
     std::fs::write(out.join("inference-runtime.csv"), runtime)?;
@@ -1086,7 +1141,7 @@ fn print_tables(report: &Report) {
     if !report.runtime.is_empty() {
         println!("\nRuntime: tract (and candle where it applies) vs onnxruntime, 1 thread each");
         println!(
-            "  {:<18} {:>5} {:>10} {:>11} {:>12} {:>10} {:>10} {:>10} {:>11} {:>8}",
+            "  {:<18} {:>5} {:>10} {:>11} {:>12} {:>10} {:>10} {:>10} {:>11} {:>8}  TRACT ÷ ORT-BE",
             "MODEL",
             "BATCH",
             "TRACT P50",
@@ -1096,13 +1151,13 @@ fn print_tables(report: &Report) {
             "TRACT /S",
             "ORT /S",
             "CHOSEN",
-            "P50 ×"
+            "P50 ×",
         );
-        println!("  (ORT-BE: the onnxruntime backend in this process, with `--features onnxruntime`; ORT: onnxruntime from Python)");
+        println!("  (ORT-BE: the onnxruntime backend in this process, with `--features onnxruntime`; ORT: onnxruntime from Python; P50 ×: chosen ÷ ORT; TRACT ÷ ORT-BE: p50s of each round, median (range))");
         for r in &report.runtime {
             let ort = |key: &str| r.onnxruntime.as_ref().and_then(|v| v[key].as_f64());
             println!(
-                "  {:<18} {:>5} {:>8.3}ms {:>9}ms {:>10}ms {:>8}ms {:>10.1} {:>10} {:>11} {:>8}",
+                "  {:<18} {:>5} {:>8.3}ms {:>9}ms {:>10}ms {:>8}ms {:>10.1} {:>10} {:>11} {:>8}  {}",
                 r.model,
                 r.batch,
                 r.tract.p50_ms,
@@ -1112,7 +1167,8 @@ fn print_tables(report: &Report) {
                 r.tract.items_per_s,
                 opt(ort("items_per_s"), 1),
                 r.chosen,
-                opt(r.p50_ratio, 2)
+                opt(r.p50_ratio, 2),
+                median_and_range(&r.tract_vs_onnxruntime_backend)
             );
         }
     }
@@ -1251,5 +1307,36 @@ fn print_tables(report: &Report) {
     );
     for s in &report.skipped {
         println!("  skipped: {s}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stats(p50_ms: f64) -> LatencyStats {
+        LatencyStats {
+            batch: 1,
+            runs: 10,
+            p50_ms,
+            p99_ms: p50_ms * 2.0,
+            mean_ms: p50_ms,
+            items_per_s: 1000.0 / p50_ms,
+        }
+    }
+
+    #[test]
+    fn the_median_round_is_a_round_that_ran_and_the_ratios_show_their_range() {
+        assert_eq!(median_round(Vec::new()), None);
+        let p50 = |rounds: &[f64]| {
+            median_round(rounds.iter().copied().map(stats).collect()).map(|s| s.p50_ms)
+        };
+        assert_eq!(p50(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(p50(&[4.0, 1.0, 3.0, 2.0]), Some(2.0), "the lower middle");
+        assert_eq!(median_and_range(&[]), "-");
+        assert_eq!(median_and_range(&[f64::NAN]), "-");
+        assert_eq!(median_and_range(&[1.5]), "1.50");
+        assert_eq!(median_and_range(&[2.0, 1.0, 1.4]), "1.40 (1.00–2.00)");
+        assert_eq!(median_and_range(&[1.0, 2.0, 1.2, 1.4]), "1.30 (1.00–2.00)");
     }
 }

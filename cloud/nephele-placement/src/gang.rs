@@ -363,16 +363,20 @@ mod tests {
         cluster
     }
 
+    /// Node 0 with 6 GPUs taken, node 1 empty: the empty node takes the whole gang.
+    fn lands_on_the_empty_node(gang: &GangRequest, policy: Policy) {
+        let mut roomy = cluster(6);
+        let placed =
+            place(&mut roomy, gang, policy).unwrap_or_else(|why| panic!("{policy:?}: {why}"));
+        assert!(placed.iter().all(|b| b.node == 1), "{policy:?}: {placed:?}");
+        assert!(roomy.accounting_holds());
+    }
+
     #[test]
     fn a_hard_gang_of_unlike_members_goes_where_all_fit_not_where_the_first_fits_best() {
         let gang = unlike_gang(true);
         for policy in Policy::DETERMINISTIC {
-            // The empty node takes both.
-            let mut roomy = cluster(6);
-            let placed =
-                place(&mut roomy, &gang, policy).unwrap_or_else(|why| panic!("{policy:?}: {why}"));
-            assert!(placed.iter().all(|b| b.node == 1), "{policy:?}: {placed:?}");
-            assert!(roomy.accounting_holds());
+            lands_on_the_empty_node(&gang, policy);
             // With the empty node also partly taken, no node holds both: refused, and
             // nothing is left behind.
             let mut cluster = cluster_with_node_1_using(6, 6);
@@ -386,11 +390,7 @@ mod tests {
     fn a_soft_gang_of_unlike_members_spills_only_when_no_node_holds_it() {
         let gang = unlike_gang(false);
         for policy in Policy::DETERMINISTIC {
-            let mut roomy = cluster(6);
-            let placed =
-                place(&mut roomy, &gang, policy).unwrap_or_else(|why| panic!("{policy:?}: {why}"));
-            assert!(placed.iter().all(|b| b.node == 1), "{policy:?}: {placed:?}");
-            assert!(roomy.accounting_holds());
+            lands_on_the_empty_node(&gang, policy);
             // One GPU free on node 0, two on node 1: three GPUs fit nowhere, refused.
             let mut tight = cluster_with_node_1_using(7, 6);
             assert!(place(&mut tight, &gang, policy).is_err(), "{policy:?}");

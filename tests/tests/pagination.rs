@@ -3,7 +3,8 @@
 //! key order, with the whole list's size in `X-Total-Count`, also while items come
 //! and go between pages; a bad `limit` is a problem naming the field. A deployment's
 //! row per device is a paged list of its own, and its status can be asked without
-//! them (the counts only).
+//! them (the counts and totals only). The device list is read from its cursor, regions
+//! count their devices by health, and `GET /v1/jobs?state=` keeps one state's jobs.
 
 #![allow(clippy::unwrap_used)]
 
@@ -92,6 +93,23 @@ fn lists_are_paged_by_key_with_next_links() {
     let names: Vec<&str> = items.iter().map(|j| j["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["job-a", "job-b", "job-c", "job-d", "job-e"]);
 
+    // `?state=` keeps a list's jobs in one state; every job is in one of them.
+    let all = cloud.get("/v1/jobs").unwrap();
+    let mut in_some_state = 0;
+    for state in nephele_cloud::api::JOB_STATES {
+        let listed = cloud.get(&format!("/v1/jobs?state={state}")).unwrap();
+        for job in listed.as_array().unwrap() {
+            assert_eq!(job["state"], state, "{job}");
+        }
+        in_some_state += listed.as_array().unwrap().len();
+    }
+    assert_eq!(in_some_state, all.as_array().unwrap().len(), "{all}");
+    let (status, _, body) = http
+        .get_full(&format!("{}/v1/jobs?state=sleeping", cloud.api))
+        .unwrap();
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["field"], "state", "{body}");
+
     // A bad limit names the field.
     for bad in ["0", "1001", "many"] {
         let (status, _, body) = http
@@ -122,15 +140,38 @@ fn a_deployments_devices_are_paged_and_its_status_comes_without_them_on_request(
         )
         .unwrap();
 
+    // The device list is paged from the cursor too; the region counts them by health.
+    let (devices, pages) = follow(&cloud, "/v1/devices", 2, |_| {});
+    let listed: Vec<String> = devices
+        .iter()
+        .map(|d| d["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!((listed, pages), (names.clone(), 3));
+    let regions = cloud.get("/v1/regions").unwrap();
+    let region = regions
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "eu-west")
+        .unwrap();
+    assert_eq!(region["health"], json!({"offline": 5}), "{region}");
+
     let whole = cloud.get("/v1/deployments/digits").unwrap();
     assert_eq!(whole["devices"].as_array().unwrap().len(), 5, "{whole}");
     assert_eq!(whole["device_phases"], json!({"offline": 5}), "{whole}");
+    assert_eq!(
+        whole["totals"],
+        json!({"served_local": 0, "served_offloaded": 0, "failed": 0,
+               "worst_p99_ms": 0.0, "variants": {}}),
+        "{whole}"
+    );
     let counts = cloud.get("/v1/deployments/digits?devices=false").unwrap();
     assert_eq!(counts["devices"], json!([]), "{counts}");
     for field in [
         "desired_devices",
         "ready_devices",
         "device_phases",
+        "totals",
         "warnings",
         "model",
     ] {

@@ -401,8 +401,16 @@ async fn list_devices(
     state: web::Data<ApiState>,
 ) -> Result<HttpResponse, ApiError> {
     authorize(&request, &state).await?;
-    let devices = forward!(state, "list_devices", ListDevices)?;
-    page::answer(&request, devices, |d| d.name.clone())
+    let page = page::Page::parse(request.query_string())?;
+    let (devices, total) = forward!(
+        state,
+        "list_devices",
+        ListDevices {
+            after: page.after.clone(),
+            limit: page.fetch(),
+        }
+    )?;
+    page::answer_fetched(&request, &page, devices, total, |d| d.name.clone())
 }
 
 async fn delete_device(
@@ -799,14 +807,29 @@ pub struct JobQuery {
     pub _limit: Option<String>,
     #[serde(default, rename = "after")]
     pub _after: Option<String>,
+    /// `GET /v1/jobs?state=`: only the jobs in that state ([`JOB_STATES`]).
+    pub state: Option<String>,
 }
+
+/// What `GET /v1/jobs?state=` takes: a job's states as [`JobView::state`] names them.
+pub const JOB_STATES: [&str; 9] = [
+    "deferred",
+    "pending",
+    "running",
+    "terminating",
+    "backoff",
+    "recovering",
+    "succeeded",
+    "failed",
+    "finished",
+];
 
 fn parse_query(request: &HttpRequest) -> Result<JobQuery, ApiError> {
     web::Query::<JobQuery>::from_query(request.query_string())
         .map(web::Query::into_inner)
         .map_err(|e| {
             ApiError::BadRequest(format!(
-                "bad query ({e}); accepted: region, tenant, stale (and limit, after on lists)"
+                "bad query ({e}); accepted: region, tenant, stale (and limit, after, state on lists)"
             ))
         })
 }
@@ -936,7 +959,7 @@ async fn get_grid(
     Ok(HttpResponse::Ok().json(view))
 }
 
-/// `GET /v1/jobs[?region=&tenant=]`: the caller's tenant's jobs; admins see every
+/// `GET /v1/jobs[?region=&tenant=&state=]`: the caller's tenant's jobs; admins see every
 /// tenant's unless they name one.
 async fn list_jobs(
     request: HttpRequest,
@@ -944,25 +967,41 @@ async fn list_jobs(
 ) -> Result<HttpResponse, ApiError> {
     let principal = authorize(&request, &state).await?;
     let query = parse_query(&request)?;
+    if let Some(wanted) = query.state.as_deref() {
+        if !JOB_STATES.contains(&wanted) {
+            return Err(ApiError::Invalid {
+                field: "state".into(),
+                message: format!("state={wanted:?}: give one of {}", JOB_STATES.join(", ")),
+            });
+        }
+    }
     let tenant = match query.tenant.as_deref() {
         None if principal.is_admin() => None,
         requested => Some(acting_tenant(&principal, requested)?),
     };
-    let mut jobs: Vec<JobView> = Vec::new();
+    // Each region builds only its page's views (a count is a page of one); their pages
+    // merged in key order hold the whole list's page.
+    let page = page::Page::parse(request.query_string())?;
+    let window = page.is_paged().then(|| (page.after.clone(), page.fetch()));
+    let (mut jobs, mut total) = (Vec::<JobView>::new(), 0);
     for (_, actor) in regions_to_search(&state, query.region.as_deref())? {
-        jobs.extend(
-            actor
-                .send(ListJobs {
-                    tenant: tenant.clone(),
-                })
-                .await
-                .map_err(mailbox)?,
-        );
+        let (views, matching) = actor
+            .send(ListJobs {
+                tenant: tenant.clone(),
+                state: query.state.clone(),
+                page: window.clone(),
+            })
+            .await
+            .map_err(mailbox)?;
+        jobs.extend(views);
+        total += matching;
     }
     count(&state, "list_jobs", true);
-    page::answer(&request, jobs, |j| {
-        format!("{}/{}/{}", j.region, j.tenant, j.name)
-    })
+    let key = |j: &JobView| format!("{}/{}/{}", j.region, j.tenant, j.name);
+    if page.is_paged() {
+        jobs.sort_by_cached_key(key);
+    }
+    page::answer_fetched(&request, &page, jobs, total, key)
 }
 
 /// Finds the caller's job `name` in the named region or, without one, in the only
@@ -1112,9 +1151,7 @@ async fn job_logs(
     let job_query = JobQuery {
         region: query.region.clone(),
         tenant: query.tenant.clone(),
-        _stale: None,
-        _limit: None,
-        _after: None,
+        ..JobQuery::default()
     };
     let (actor, tenant, view) = find_job(&state, &principal, &job_query, &name).await?;
     let max_bytes = query

@@ -21,6 +21,7 @@ mod fleet_core_api;
 mod fleet_core_rollouts;
 mod fleet_core_tenants;
 pub mod fleet_store;
+mod profiles;
 pub mod rollout;
 pub mod usage;
 mod views;
@@ -675,14 +676,21 @@ impl Handler<ListJoinTokens> for FederationActor {
     }
 }
 
+/// At most `limit` devices in name order after `after`, and how many are enrolled
+/// (only the views asked for are built: a page of a large fleet costs a page).
 #[derive(Message)]
-#[rtype(result = "Result<Vec<DeviceView>, ApiError>")]
-pub struct ListDevices;
+#[rtype(result = "Result<(Vec<DeviceView>, usize), ApiError>")]
+pub struct ListDevices {
+    pub after: Option<String>,
+    pub limit: usize,
+}
 
 impl Handler<ListDevices> for FederationActor {
-    type Result = Result<Vec<DeviceView>, ApiError>;
-    fn handle(&mut self, _: ListDevices, _: &mut Self::Context) -> Self::Result {
-        let mut views = self.core.device_views(self.now_ms());
+    type Result = Result<(Vec<DeviceView>, usize), ApiError>;
+    fn handle(&mut self, message: ListDevices, _: &mut Self::Context) -> Self::Result {
+        let mut views =
+            self.core
+                .device_views_after(self.now_ms(), message.after.as_deref(), message.limit);
         for view in &mut views {
             view.address = self
                 .connections
@@ -690,7 +698,7 @@ impl Handler<ListDevices> for FederationActor {
                 .filter(|c| Some(c.id) == view.session)
                 .map(|c| c.connection.remote_address().to_string());
         }
-        Ok(views)
+        Ok((views, self.core.records.devices.len()))
     }
 }
 
@@ -935,6 +943,6 @@ pub struct ListRegions;
 impl Handler<ListRegions> for FederationActor {
     type Result = Result<Vec<RegionView>, ApiError>;
     fn handle(&mut self, _: ListRegions, _: &mut Self::Context) -> Self::Result {
-        Ok(self.core.region_views())
+        Ok(self.core.region_views(self.now_ms()))
     }
 }

@@ -1422,17 +1422,30 @@ impl Handler<DeleteJob> for RegionActor {
     }
 }
 
-/// Jobs of one tenant, or of all (`None`, admins).
+/// Jobs of one tenant, or of all (`None`, admins), in one state or all, a page of them
+/// or all ([`RegionScheduler::list_page`]); and how many there are.
 #[derive(Message)]
-#[rtype(result = "Vec<JobView>")]
+#[rtype(result = "(Vec<JobView>, usize)")]
 pub struct ListJobs {
     pub tenant: Option<String>,
+    pub state: Option<String>,
+    /// A key to start after and how many to return, in key order.
+    pub page: Option<(Option<String>, usize)>,
 }
 
 impl Handler<ListJobs> for RegionActor {
-    type Result = Vec<JobView>;
+    type Result = MessageResult<ListJobs>;
     fn handle(&mut self, message: ListJobs, _: &mut Self::Context) -> Self::Result {
-        self.scheduler.list(message.tenant.as_deref())
+        MessageResult(
+            self.scheduler.list_page(
+                message.tenant.as_deref(),
+                message.state.as_deref(),
+                message
+                    .page
+                    .as_ref()
+                    .map(|(after, fetch)| (after.as_deref(), *fetch)),
+            ),
+        )
     }
 }
 

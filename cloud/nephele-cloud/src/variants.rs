@@ -38,6 +38,11 @@ pub type Caps = Result<DeviceCaps, String>;
 /// The runtime's capabilities on a device described by `profile_toml`.
 pub fn device_caps(profile_toml: &str) -> Result<DeviceCaps, String> {
     let profile = FirmwareProfile::from_toml(profile_toml, None).map_err(|e| e.to_string())?;
+    caps_of(&profile)
+}
+
+/// The runtime's capabilities on a device described by `profile`.
+pub fn caps_of(profile: &FirmwareProfile) -> Result<DeviceCaps, String> {
     let cpu = profile
         .accelerators
         .iter()

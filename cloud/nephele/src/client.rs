@@ -1406,6 +1406,9 @@ pub enum JobCommand {
         region: Option<String>,
         #[arg(long)]
         tenant: Option<String>,
+        /// Only the jobs in this state.
+        #[arg(long, value_parser = nephele_cloud::api::JOB_STATES)]
+        state: Option<String>,
     },
     /// One job: placement, or why it is not placed.
     Get {
@@ -1992,8 +1995,17 @@ pub fn job(args: ApiArgs, command: JobCommand) -> Result<()> {
             let job: JobView = api.post_as("/v1/jobs", &spec)?;
             show(args.json, &job, print_job);
         }
-        JobCommand::List { region, tenant } => {
-            let jobs: Vec<JobView> = api.get_as(&format!("/v1/jobs{}", query(&region, &tenant)))?;
+        JobCommand::List {
+            region,
+            tenant,
+            state,
+        } => {
+            let mut path = format!("/v1/jobs{}", query(&region, &tenant));
+            if let Some(state) = state {
+                path.push(if path.contains('?') { '&' } else { '?' });
+                path.push_str(&format!("state={state}"));
+            }
+            let jobs: Vec<JobView> = api.get_as(&path)?;
             show(args.json, &jobs, |jobs| {
                 println!(
                     "{:<10} {:<20} {:<10} {:<12} {:>8} {:>7}  NODES / WHY",

@@ -115,6 +115,18 @@ pub struct DeviceDeploymentStatus {
     pub current: Option<bool>,
 }
 
+/// A deployment's device rows summed.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct DeploymentTotals {
+    pub served_local: u64,
+    pub served_offloaded: u64,
+    pub failed: u64,
+    /// The highest p99 any device reported, ms.
+    pub worst_p99_ms: f64,
+    /// How many devices run each variant (those that reported none are left out).
+    pub variants: BTreeMap<String, usize>,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct DeploymentStatus {
     pub name: String,
@@ -139,6 +151,10 @@ pub struct DeploymentStatus {
     /// in an answer from a standby's copy.
     #[serde(default)]
     pub device_phases: Option<BTreeMap<String, usize>>,
+    /// Its rows summed (edge devices and pool agents alike), so a fleet's figures need
+    /// no rows: `null` in an answer from a standby's copy.
+    #[serde(default)]
+    pub totals: Option<DeploymentTotals>,
     /// A row per device that runs it (edge devices and pool agents), in name order;
     /// empty when asked with `?devices=false`, and paged at
     /// `/v1/deployments/{name}/devices`.

@@ -71,6 +71,22 @@ pub struct DeviceView {
     pub local_endpoint: Option<String>,
     /// Deployments it runs (`null` from a standby's copy).
     pub deployments: Option<usize>,
+    /// What it runs, as its last heartbeat said, by deployment name (`null` from a
+    /// standby's copy).
+    #[serde(default)]
+    pub running: Option<Vec<DeviceRunning>>,
+}
+
+/// A deployment on a device, as the device's last heartbeat reported it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct DeviceRunning {
+    pub deployment: String,
+    /// The variant it runs (empty before one loaded).
+    pub variant: String,
+    /// `ready`, `downloading`, `pending` or `failed: <why>`.
+    pub phase: String,
+    pub served_local: u64,
+    pub served_offloaded: u64,
 }
 
 /// What one deployment served on a device, all windows reported so far.
@@ -133,6 +149,10 @@ pub struct RegionView {
     pub devices: usize,
     /// Devices online now (`null` from a standby's copy).
     pub online: Option<usize>,
+    /// Its devices counted by health: `healthy`, `stale` (connected, heartbeats late)
+    /// and `offline`, as `GET /v1/devices` shows each (`null` from a standby's copy).
+    #[serde(default)]
+    pub health: Option<BTreeMap<String, usize>>,
 }
 
 /// `POST /v1/regions/{name}/nodes/{node}/interrupt`.

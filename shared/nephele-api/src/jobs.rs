@@ -294,8 +294,9 @@ pub struct JobView {
     pub uid: u64,
     pub region: String,
     /// `deferred` (waiting for a lower-carbon hour, not queued yet), `pending`,
-    /// `running` (placed; resources held) or `terminating` (preempted, within its grace
-    /// period).
+    /// `running` (placed; resources held), `terminating` (preempted, within its grace
+    /// period), `backoff` (failed, waiting to be retried), `recovering` (its node went,
+    /// its processes being found again), `succeeded`, `failed` or `finished`.
     pub state: String,
     pub priority: u32,
     pub preemptible: bool,

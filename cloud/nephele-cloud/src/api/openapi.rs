@@ -441,8 +441,14 @@ fn routes(s: &mut Schemas) -> Vec<Route> {
     });
     let jobs = s.list::<JobView>();
     let job = s.out::<JobView>();
+    let mut list_query = job_query();
+    list_query.push(q(
+        "state",
+        json!({"type": "string", "enum": super::JOB_STATES}),
+        "only the jobs in this state",
+    ));
     routes.push(Route {
-        query: job_query(),
+        query: list_query,
         ..route(
             "get",
             "/v1/jobs",

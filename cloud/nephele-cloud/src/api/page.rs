@@ -48,8 +48,34 @@ impl Page {
         Ok(page)
     }
 
-    fn is_paged(&self) -> bool {
+    /// Whether a page was asked for (else the list is answered whole).
+    pub fn is_paged(&self) -> bool {
         self.limit.is_some() || self.after.is_some()
+    }
+
+    /// How many items to fetch for this page when the list is read in key order from
+    /// `after` on: one more than the page holds, which says whether a next page exists
+    /// (everything when the list is not paged).
+    pub fn fetch(&self) -> usize {
+        if self.is_paged() {
+            self.limit.unwrap_or(MAX_LIMIT) + 1
+        } else {
+            usize::MAX
+        }
+    }
+
+    /// The page of `items` read in key order from `after` on (at most
+    /// [`Page::fetch`] of them) and, when more follow, the key to ask the next page
+    /// after.
+    pub fn window<T>(
+        &self,
+        mut items: Vec<T>,
+        key: impl Fn(&T) -> String,
+    ) -> (Vec<T>, Option<String>) {
+        let limit = self.fetch().saturating_sub(1);
+        let next = (items.len() > limit).then(|| key(&items[limit - 1]));
+        items.truncate(limit);
+        (items, next)
     }
 
     /// The page of `items` (keyed by `key`) and, when more follow, the key to ask
@@ -63,7 +89,7 @@ impl Page {
         if !self.is_paged() {
             return (items, None, total);
         }
-        items.sort_by_key(|item| key(item));
+        items.sort_by_cached_key(|item| key(item));
         if let Some(after) = &self.after {
             items.retain(|item| key(item).as_str() > after.as_str());
         }
@@ -83,6 +109,30 @@ pub fn answer<T: Serialize>(
 ) -> Result<HttpResponse, ApiError> {
     let page = Page::parse(request.query_string())?;
     let (items, next, total) = page.select(items, key);
+    respond(request, &page, items, next, total)
+}
+
+/// The answer to a list request whose items the caller read itself in key order:
+/// `items` are those after `page.after`, at most [`Page::fetch`] of them; `total` is
+/// the whole list's length.
+pub fn answer_fetched<T: Serialize>(
+    request: &HttpRequest,
+    page: &Page,
+    items: Vec<T>,
+    total: usize,
+    key: impl Fn(&T) -> String,
+) -> Result<HttpResponse, ApiError> {
+    let (items, next) = page.window(items, key);
+    respond(request, page, items, next, total)
+}
+
+fn respond<T: Serialize>(
+    request: &HttpRequest,
+    page: &Page,
+    items: Vec<T>,
+    next: Option<String>,
+    total: usize,
+) -> Result<HttpResponse, ApiError> {
     let mut response = HttpResponse::Ok();
     response.insert_header(("x-total-count", total.to_string()));
     if let Some(next) = next {
@@ -199,6 +249,28 @@ mod tests {
             }
             let expected: Vec<String> = keys.into_iter().collect();
             prop_assert_eq!(seen, expected);
+        }
+
+        /// A page read by its caller in key order from `after` on, `fetch()` items,
+        /// is the page `select` makes of the whole list.
+        #[test]
+        fn a_window_read_from_the_cursor_is_the_selected_page(
+            keys in proptest::collection::btree_set("[a-z]{1,6}", 0..60),
+            limit in proptest::option::of(1usize..8),
+            after in proptest::option::of("[a-z]{1,3}"),
+        ) {
+            let page = Page { limit, after: after.clone() };
+            let whole: Vec<String> = keys.iter().cloned().collect();
+            let read: Vec<String> = keys
+                .iter()
+                .filter(|k| after.as_ref().is_none_or(|a| k.as_str() > a.as_str()))
+                .take(page.fetch())
+                .cloned()
+                .collect();
+            let (items, next) = page.window(read, |s| s.clone());
+            let (want, want_next, _) = page.select(whole, |s| s.clone());
+            prop_assert_eq!(items, want);
+            prop_assert_eq!(next, want_next);
         }
 
         #[test]

@@ -87,7 +87,7 @@ impl CopyRead {
 }
 
 /// Device fields only the leader knows.
-const DEVICE_LIVE: [&str; 9] = [
+const DEVICE_LIVE: [&str; 10] = [
     "online",
     "last_heartbeat_ms_ago",
     "connected_for_s",
@@ -97,6 +97,7 @@ const DEVICE_LIVE: [&str; 9] = [
     "link",
     "local_endpoint",
     "deployments",
+    "running",
 ];
 /// A deployment's per-device fields only the leader knows.
 const ROW_LIVE: [&str; 11] = [
@@ -177,9 +178,9 @@ impl FleetCopy {
             }
             CopyRead::JoinTokens => json(core.join_tokens()),
             CopyRead::Regions => {
-                let mut regions = json(core.region_views())?;
+                let mut regions = json(core.region_views(0))?;
                 for region in array(&mut regions) {
-                    unknown(region, &["online"]);
+                    unknown(region, &["online", "health"]);
                 }
                 Ok(regions)
             }
@@ -204,7 +205,7 @@ fn unknown(object: &mut Value, fields: &[&str]) {
 }
 
 fn deployment_unknown(deployment: &mut Value) {
-    unknown(deployment, &["ready_devices", "device_phases"]);
+    unknown(deployment, &["ready_devices", "device_phases", "totals"]);
     if let Some(rows) = deployment.get_mut("devices") {
         for row in array(rows) {
             unknown(row, &ROW_LIVE);

@@ -30,6 +30,7 @@ use super::authority::Authority;
 use super::builds::Build;
 use super::fleet::{self, Catalog};
 use super::fleet_store::{Record, Snapshot, Write};
+use super::profiles::ProfileCache;
 use super::usage::{Counting, UsageHour, UsageTotals, USAGE_RETENTION_HOURS};
 use super::{constant_time_eq, sha256_hex};
 use crate::config::CloudConfig;
@@ -37,7 +38,7 @@ use crate::scheduler::{PoolWork, ReplicaSpec};
 use crate::store::{
     ApiTokenRecord, AuditRecord, DeviceRecord, JoinTokenRecord, Table, TenantRecord,
 };
-use crate::variants::{device_caps, Caps};
+use crate::variants::Caps;
 
 /// What a command asks of the shell.
 #[derive(Debug)]
@@ -163,9 +164,10 @@ pub struct FleetCore {
     pub(super) authority: Box<dyn Authority + Send + Sync>,
     pub(super) records: Records,
     pub(super) catalog: Catalog,
-    /// Each device's capabilities, worked out from its profile when its record is
-    /// loaded or written (not per deployment on every broadcast).
-    caps: HashMap<String, Caps>,
+    /// Each device's capabilities and hardware, worked out from its profile when its
+    /// record is loaded or written (not per deployment on every broadcast, nor per
+    /// device on every read of the fleet).
+    pub(super) profiles: ProfileCache,
     pub(super) sessions: BTreeMap<String, SessionInfo>,
     pub(super) telemetry: HashMap<String, Telemetry>,
     /// Per device, the link bandwidth its split cuts were last planned for (bits/s).
@@ -231,16 +233,15 @@ impl FleetCore {
         for record in super::seeded_tenants(&config, &records.tenants, 0) {
             records.tenants.insert(record.tenant.name.clone(), record);
         }
-        let caps = records
-            .devices
-            .values()
-            .map(|d| (d.name.clone(), device_caps(&d.profile_toml)))
-            .collect();
+        let mut profiles = ProfileCache::default();
+        for device in records.devices.values() {
+            profiles.set(&device.name, &device.profile_toml);
+        }
         FleetCore {
             config,
             authority,
             records,
-            caps,
+            profiles,
             catalog: Catalog::load(deployments, models),
             sessions: BTreeMap::new(),
             telemetry: HashMap::new(),
@@ -421,18 +422,11 @@ impl FleetCore {
                     _ => None,
                 });
                 match self.records.devices.get(&key) {
-                    Some(now) => {
-                        let same_profile = before
-                            .as_ref()
-                            .is_some_and(|b| b.profile_toml == now.profile_toml);
-                        if !same_profile || !self.caps.contains_key(&key) {
-                            self.caps
-                                .insert(key.clone(), device_caps(&now.profile_toml));
-                        }
+                    Some(now) if !self.profiles.holds(&key, &now.profile_toml) => {
+                        self.profiles.set(&key, &now.profile_toml);
                     }
-                    None => {
-                        self.caps.remove(&key);
-                    }
+                    Some(_) => {}
+                    None => self.profiles.remove(&key),
                 }
                 before.map(Record::Device)
             }
@@ -510,7 +504,7 @@ impl FleetCore {
         let inputs = fleet::DeviceInputs {
             pool_work: self.pool_work.get(&device.name),
             pool,
-            caps: self.caps.get(&device.name),
+            caps: self.profiles.get(&device.name).map(|p| &p.caps),
             measured_full_us: Some(&self.measured_full_us),
             link: self.link_of(&device.name),
         };
@@ -522,7 +516,7 @@ impl FleetCore {
     fn pool_replica(&self, region: &str) -> Option<(&str, &Caps)> {
         self.sessions.keys().find_map(|name| {
             let device = self.records.devices.get(name)?;
-            let caps = self.caps.get(name)?;
+            let caps = &self.profiles.get(name)?.caps;
             (device.role == AgentRole::Pool && device.region == region)
                 .then_some((device.name.as_str(), caps))
         })

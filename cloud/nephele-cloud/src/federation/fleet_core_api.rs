@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use nephele_domain::{AgentRole, FirmwareProfile};
+use nephele_domain::AgentRole;
 use nephele_proto::{
     CloudMessage, DeploymentPhase, ErrorCode, ErrorFrame, ModelManifest, ModelVariant, TensorSpec,
     VariantKind,
@@ -177,54 +177,59 @@ impl FleetCore {
     /// Every enrolled device as the API shows it (`address` is the shell's to fill: it
     /// holds the connections).
     pub fn device_views(&self, now_ms: u64) -> Vec<DeviceView> {
+        self.device_views_after(now_ms, None, usize::MAX)
+    }
+
+    /// At most `limit` devices in name order, after `after` (a page of the fleet: only
+    /// the page's views are built), as [`FleetCore::device_views`] shows them.
+    pub fn device_views_after(
+        &self,
+        now_ms: u64,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Vec<DeviceView> {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let from = after.map_or(Unbounded, |a| Excluded(a.to_string()));
         self.records
             .devices
-            .values()
-            .map(|d| self.device_view(now_ms, d))
+            .range((from, Unbounded))
+            .take(limit)
+            .map(|(_, d)| self.device_view(now_ms, d))
             .collect()
     }
 
+    /// `healthy` (heartbeats on time), `stale` (connected, heartbeats late) or
+    /// `offline`.
+    fn health_of(&self, now_ms: u64, name: &str) -> &'static str {
+        let interval = 3 * u64::from(self.config.heartbeat_interval_ms);
+        let age = self
+            .telemetry
+            .get(name)
+            .map(|t| now_ms.saturating_sub(t.received_ms));
+        match (self.sessions.get(name), age) {
+            (None, _) => "offline",
+            (Some(_), Some(age)) if age <= interval => "healthy",
+            (Some(s), None) if now_ms.saturating_sub(s.connected_ms) <= interval => "healthy",
+            _ => "stale",
+        }
+    }
+
     fn device_view(&self, now_ms: u64, device: &DeviceRecord) -> DeviceView {
-        let profile = FirmwareProfile::from_toml(&device.profile_toml, None).ok();
+        let profile = self.profiles.get(&device.name);
         let session = self.sessions.get(&device.name);
         let telemetry = self.telemetry.get(&device.name);
-        let heartbeat_age = telemetry.map(|t| now_ms.saturating_sub(t.received_ms));
-        let interval = u64::from(self.config.heartbeat_interval_ms);
-        let health = match (session, heartbeat_age) {
-            (None, _) => "offline",
-            (Some(_), Some(age)) if age <= 3 * interval => "healthy",
-            (Some(s), None) if now_ms.saturating_sub(s.connected_ms) <= 3 * interval => "healthy",
-            _ => "stale",
-        };
         DeviceView {
             name: device.name.clone(),
             role: device.role.to_string(),
             region: device.region.clone(),
             profile: device.profile_name.clone(),
             labels: device_labels(device),
-            accelerators: profile
-                .as_ref()
-                .map(|p| {
-                    p.accelerators
-                        .iter()
-                        .map(|a| AcceleratorView {
-                            kind: format!("{:?}", a.kind).to_lowercase(),
-                            model: a.model.clone(),
-                            count: a.count,
-                            peak_int8_tops: a
-                                .peak_tops
-                                .get(&nephele_domain::Precision::Int8)
-                                .copied()
-                                .unwrap_or(0.0),
-                        })
-                        .collect()
-                })
-                .unwrap_or_default(),
-            cpu_cores: profile.as_ref().map(|p| p.device.cpu_cores).unwrap_or(0),
-            memory_mb: profile.as_ref().map(|p| p.device.memory_mb).unwrap_or(0),
+            accelerators: profile.map(|p| p.accelerators.clone()).unwrap_or_default(),
+            cpu_cores: profile.map_or(0, |p| p.cpu_cores),
+            memory_mb: profile.map_or(0, |p| p.memory_mb),
             online: Some(session.is_some()),
-            health: health.into(),
-            last_heartbeat_ms_ago: heartbeat_age,
+            health: self.health_of(now_ms, &device.name).into(),
+            last_heartbeat_ms_ago: telemetry.map(|t| now_ms.saturating_sub(t.received_ms)),
             connected_for_s: session.map(|s| now_ms.saturating_sub(s.connected_ms) / 1000),
             session: session.map(|s| s.id),
             address: None,
@@ -235,6 +240,23 @@ impl FleetCore {
                 telemetry
                     .map(|t| t.heartbeat.deployments.len())
                     .unwrap_or(0),
+            ),
+            running: Some(
+                telemetry
+                    .map(|t| {
+                        t.heartbeat
+                            .deployments
+                            .iter()
+                            .map(|d| DeviceRunning {
+                                deployment: d.deployment.clone(),
+                                variant: d.variant.clone(),
+                                phase: phase_text(&d.phase),
+                                served_local: d.served_local,
+                                served_offloaded: d.served_offloaded,
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default(),
             ),
         }
     }
@@ -495,6 +517,7 @@ impl FleetCore {
     ) -> DeploymentStatus {
         let mut table = Vec::new();
         let mut phases: BTreeMap<String, usize> = BTreeMap::new();
+        let mut totals = DeploymentTotals::default();
         let (mut desired, mut ready) = (0, 0);
         for device in self.records.devices.values().filter(|d| {
             self.catalog
@@ -518,6 +541,16 @@ impl FleetCore {
                 ready += usize::from(online && kind == "ready");
                 let counted = if online { kind } else { "offline" };
                 *phases.entry(counted.to_string()).or_default() += 1;
+            }
+            if let Some(t) = telemetry {
+                totals.served_local = totals.served_local.saturating_add(t.served_local);
+                totals.served_offloaded =
+                    totals.served_offloaded.saturating_add(t.served_offloaded);
+                totals.failed = totals.failed.saturating_add(t.failed);
+                totals.worst_p99_ms = totals.worst_p99_ms.max(t.p99_us as f64 / 1000.0);
+                if !t.variant.is_empty() {
+                    *totals.variants.entry(t.variant.clone()).or_default() += 1;
+                }
             }
             if !rows {
                 continue;
@@ -590,6 +623,7 @@ impl FleetCore {
             desired_devices: desired,
             ready_devices: Some(ready),
             device_phases: Some(phases),
+            totals: Some(totals),
             devices: table,
             warnings,
             rollout: self.rollout_view(deployment),
@@ -600,7 +634,7 @@ impl FleetCore {
     // Regions
     // ------------------------------------------------------------------------------
 
-    pub fn region_views(&self) -> Vec<RegionView> {
+    pub fn region_views(&self, now_ms: u64) -> Vec<RegionView> {
         self.config
             .regions
             .iter()
@@ -622,6 +656,12 @@ impl FleetCore {
                             .filter(|d| self.sessions.contains_key(&d.name))
                             .count(),
                     ),
+                    health: Some(in_region.iter().fold(BTreeMap::new(), |mut counts, d| {
+                        *counts
+                            .entry(self.health_of(now_ms, &d.name).to_string())
+                            .or_default() += 1;
+                        counts
+                    })),
                 }
             })
             .collect()

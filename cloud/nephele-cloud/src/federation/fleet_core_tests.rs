@@ -313,6 +313,7 @@ impl Shell {
             nephele_proto::DeploymentTelemetry::idle(d, nephele_proto::DeploymentPhase::Ready);
         row.served_local = requests;
         row.p99_us = p99_ms * 1000;
+        row.variant = "full".into();
         row.model_sha256 = sha;
         let heartbeat = nephele_proto::Heartbeat {
             seq: 1,
@@ -376,8 +377,14 @@ impl Shell {
             "usage per deployment and hour"
         );
         assert_eq!(
-            self.core.caps, fresh.caps,
-            "capabilities worked out from profiles"
+            self.core.profiles.written(),
+            fresh.profiles.written(),
+            "capabilities and hardware worked out from profiles"
+        );
+        assert_eq!(
+            self.core.profiles.distinct(),
+            fresh.profiles.distinct(),
+            "profiles no device announces are forgotten"
         );
         let names = |core: &FleetCore| {
             core.catalog
@@ -964,9 +971,9 @@ fn a_status_counts_its_devices_by_phase_with_or_without_rows() {
         shell.connect(name).expect("connect");
     }
     shell.deploy("d", "site=north");
-    for name in ["cam-1", "cam-2"] {
+    for (name, requests, p99_ms) in [("cam-1", 7, 3), ("cam-2", 5, 9)] {
         let sha = shell.sent_digest(name, "d").expect("told what to run");
-        shell.report(name, "d", sha, 0, 1);
+        shell.report(name, "d", sha, requests, p99_ms);
     }
     shell.disconnect("cam-2");
     let full = shell
@@ -1004,4 +1011,80 @@ fn a_status_counts_its_devices_by_phase_with_or_without_rows() {
         .filter(|r| r.ready == Some(true))
         .count();
     assert_eq!(Some(ready_rows), full.ready_devices);
+    // The totals are the rows summed: what a fleet's dashboard shows without rows.
+    let totals = full.totals.expect("the leader knows its totals");
+    let sum = |f: fn(&nephele_api::DeviceDeploymentStatus) -> Option<u64>| {
+        full.devices.iter().filter_map(f).sum::<u64>()
+    };
+    assert_eq!(totals.served_local, sum(|r| r.served_local));
+    assert_eq!(totals.served_local, 12);
+    assert_eq!(totals.served_offloaded, sum(|r| r.served_offloaded));
+    assert_eq!(totals.failed, sum(|r| r.failed));
+    assert_eq!(totals.worst_p99_ms, 9.0);
+    assert_eq!(totals.variants, BTreeMap::from([("full".to_string(), 2)]));
+}
+
+#[test]
+fn a_page_of_devices_is_built_from_its_cursor_and_regions_count_devices_by_health() {
+    let mut shell = Shell::new();
+    for name in NAMES {
+        shell.token().expect("token");
+        shell.join(shell.tokens.len() - 1, name).expect("join");
+        shell.connect(name).expect("connect");
+    }
+    shell.deploy("d", "site=north");
+    shell.disconnect("cam-2");
+    // cam-3 says nothing for four heartbeat intervals: late, so stale.
+    shell.now_ms += 4 * u64::from(shell.core.config.heartbeat_interval_ms);
+    let sha = shell.sent_digest("cam-1", "d").expect("told what to run");
+    shell.report("cam-1", "d", sha, 4, 2);
+    let now = shell.now_ms;
+
+    let all = shell.core.device_views(now);
+    let names: Vec<&str> = all.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(names, NAMES);
+    assert_eq!(shell.core.device_views_after(now, None, 2), all[..2]);
+    assert_eq!(
+        shell.core.device_views_after(now, Some("cam-2"), 10),
+        all[2..]
+    );
+    assert_eq!(
+        shell.core.device_views_after(now, Some("cam-1"), 1),
+        all[1..2]
+    );
+    assert!(shell
+        .core
+        .device_views_after(now, Some("cam-3"), 10)
+        .is_empty());
+
+    let health: Vec<&str> = all.iter().map(|d| d.health.as_str()).collect();
+    assert_eq!(health, ["healthy", "offline", "stale"]);
+    let regions = shell.core.region_views(now);
+    let region = regions
+        .iter()
+        .find(|r| r.name == all[0].region)
+        .expect("the devices' region");
+    assert_eq!(
+        region.health,
+        Some(BTreeMap::from([
+            ("healthy".to_string(), 1),
+            ("offline".to_string(), 1),
+            ("stale".to_string(), 1),
+        ]))
+    );
+    assert_eq!(region.online, Some(2));
+
+    // What a device runs, from its own heartbeat.
+    assert_eq!(
+        all[0].running,
+        Some(vec![nephele_api::DeviceRunning {
+            deployment: "d".into(),
+            variant: "full".into(),
+            phase: "ready".into(),
+            served_local: 4,
+            served_offloaded: 0,
+        }])
+    );
+    assert_eq!(all[2].running, Some(Vec::new()));
+    assert_eq!(all[0].cpu_cores > 0, all[2].cpu_cores > 0);
 }

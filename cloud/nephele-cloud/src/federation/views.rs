@@ -3,12 +3,25 @@
 
 pub use nephele_api::{
     AcceleratorView, ApiTokenSpec, ApiTokenView, BuildProgressView, CutView, DeploymentSpec,
-    DeploymentStatus, DeviceDeploymentStatus, DeviceView, JoinTokenView, LinkView, ModelView,
-    PoolView, RegionView, RolloutView, StateBindingView, TenantView, TensorView, VariantView,
+    DeploymentStatus, DeploymentTotals, DeviceDeploymentStatus, DeviceRunning, DeviceView,
+    JoinTokenView, LinkView, ModelView, PoolView, RegionView, RolloutView, StateBindingView,
+    TenantView, TensorView, VariantView,
 };
 
 use super::ModelState;
 use crate::store::{ModelRecord, VariantRecord};
+
+/// A deployment's phase on a device as the API writes it: `ready`, `downloading`,
+/// `pending` or `failed: <why>`.
+pub fn phase_text(phase: &nephele_proto::DeploymentPhase) -> String {
+    use nephele_proto::DeploymentPhase::*;
+    match phase {
+        Pending => "pending".into(),
+        Downloading => "downloading".into(),
+        Ready => "ready".into(),
+        Failed(reason) => format!("failed: {reason}"),
+    }
+}
 
 /// A model input or output as the API shows it.
 pub fn tensor_view(info: &nephele_runtime::TensorInfo) -> TensorView {

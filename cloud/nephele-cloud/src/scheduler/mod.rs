@@ -1544,16 +1544,54 @@ impl RegionScheduler {
     /// Jobs of `tenant`, or of every tenant for `None`, oldest first (serving
     /// replicas are shown with their deployments, not here).
     pub fn list(&self, tenant: Option<&str>) -> Vec<JobView> {
+        self.list_page(tenant, None, None).0
+    }
+
+    /// The jobs [`RegionScheduler::list`] shows, those in `state` only, and how many
+    /// there are. With `page` (a key to start after, and how many to return) they come
+    /// in key order (`region/tenant/name`, as the API pages them) and only the page's
+    /// views are built, so a page or a count of a long queue costs a page; without,
+    /// every one in submission order.
+    pub fn list_page(
+        &self,
+        tenant: Option<&str>,
+        state: Option<&str>,
+        page: Option<(Option<&str>, usize)>,
+    ) -> (Vec<JobView>, usize) {
         let only = tenant.map(|t| self.tenant_position(t));
-        self.jobs
+        let ids: Vec<(JobId, &JobMeta)> = self
+            .jobs
             .iter()
             .filter(|(_, m)| m.kind == JobKind::Batch)
             .filter(|(_, m)| match only {
                 None => true,
                 Some(index) => index == Some(m.tenant),
             })
-            .filter_map(|(id, _)| self.view_of(*id))
-            .collect()
+            .filter(|(id, m)| {
+                let shown = self.state_name(**id, m);
+                shown.is_some() && state.is_none_or(|wanted| shown == Some(wanted))
+            })
+            .map(|(id, m)| (*id, m))
+            .collect();
+        let total = ids.len();
+        if let Some((after, fetch)) = page {
+            let key =
+                |m: &JobMeta| format!("{}/{}/{}", self.region, self.tenants[m.tenant], m.name);
+            let mut keyed: Vec<(String, JobId)> = ids
+                .iter()
+                .map(|(id, m)| (key(m), *id))
+                .filter(|(k, _)| after.is_none_or(|a| k.as_str() > a))
+                .collect();
+            keyed.sort_unstable();
+            keyed.truncate(fetch);
+            let views = keyed
+                .iter()
+                .filter_map(|(_, id)| self.view_of(*id))
+                .collect();
+            return (views, total);
+        }
+        let views = ids.iter().filter_map(|(id, _)| self.view_of(*id)).collect();
+        (views, total)
     }
 
     /// Whether the cluster's books balance (every node: capacity = left + reserved).

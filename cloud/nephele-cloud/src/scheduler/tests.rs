@@ -771,6 +771,29 @@ proptest::proptest! {
             let alpha = s.list(Some("alpha"));
             proptest::prop_assert!(alpha.iter().all(|j| j.tenant == "alpha"));
             proptest::prop_assert_eq!(alpha.len() + s.list(Some("beta")).len(), jobs.len());
+            // One state's jobs, and pages of them in key order, as the API pages them.
+            let key = |j: &nephele_api::JobView| format!("{}/{}/{}", j.region, j.tenant, j.name);
+            for state in [None, Some("pending"), Some("running"), Some("deferred")] {
+                let mut want: Vec<nephele_api::JobView> = jobs
+                    .iter()
+                    .filter(|j| state.is_none_or(|wanted| j.state == wanted))
+                    .cloned()
+                    .collect();
+                let (all, total) = s.list_page(None, state, None);
+                proptest::prop_assert_eq!(&all, &want);
+                proptest::prop_assert_eq!(total, want.len());
+                want.sort_by_key(key);
+                let (mut after, mut walked) = (None::<String>, Vec::new());
+                loop {
+                    let (page, total) = s.list_page(None, state, Some((after.as_deref(), 3)));
+                    proptest::prop_assert_eq!(total, want.len());
+                    proptest::prop_assert!(page.len() <= 3);
+                    let Some(last) = page.last() else { break };
+                    after = Some(key(last));
+                    walked.extend(page);
+                }
+                proptest::prop_assert_eq!(walked, want);
+            }
         }
     }
 }

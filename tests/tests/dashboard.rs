@@ -5,7 +5,8 @@
 //! pending job, a measured grid signal. Every main view must render with that data
 //! (fleet, deployments and rollouts, GPU pools, jobs and why pending, cost and carbon
 //! per tenant), and a screenshot of the page and of each view is kept in
-//! `target/screenshots/`.
+//! `target/screenshots/`. The cards come from the control plane's counts and the long
+//! lists are paged: with one row a page, Next and Previous walk the devices.
 
 #![allow(clippy::unwrap_used)]
 
@@ -229,5 +230,80 @@ fn every_main_view_of_the_dashboard_renders_with_data_in_chromium() {
             png.len()
         );
     }
+
+    // The counts on the cards come from totals, not from rows.
+    let summary = browser
+        .eval("return document.getElementById('summary').textContent;")
+        .unwrap();
+    let summary = summary.as_str().unwrap();
+    assert!(summary.contains("2 / 2devices online"), "{summary}");
+    assert!(summary.contains("1 / 1jobs running / pending"), "{summary}");
+
+    // Long lists are paged: one row a page here, Next and Previous walk the devices.
+    browser
+        .goto(&format!("{}/#token={}&page_size=1", cloud.api, cloud.token))
+        .unwrap();
+    let pager = |id: &str| {
+        browser
+            .eval(&format!(
+                "return document.getElementById('{id}-pager').textContent;"
+            ))
+            .unwrap()
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    browser
+        .wait_for(
+            "the first page of one device",
+            "return document.getElementById('devices-pager').textContent.startsWith('1–1 of 2 devices');",
+            Duration::from_secs(30),
+        )
+        .unwrap();
+    let first = rows(&browser, "devices");
+    assert_eq!(first.len(), 1, "{first:?}");
+    assert!(
+        pager("jobs").starts_with("1–1 of 2 jobs"),
+        "{}",
+        pager("jobs")
+    );
+    assert!(
+        pager("deployment-devices").starts_with("1–1 of"),
+        "{}",
+        pager("deployment-devices")
+    );
+    browser
+        .eval("document.querySelector('#devices-pager button.next').click(); return null;")
+        .unwrap();
+    browser
+        .wait_for(
+            "the second page",
+            "return document.getElementById('devices-pager').textContent.startsWith('2–2 of 2 devices');",
+            Duration::from_secs(30),
+        )
+        .unwrap();
+    let second = rows(&browser, "devices");
+    assert_eq!(second.len(), 1, "{second:?}");
+    assert_ne!(
+        first[0].split('|').next(),
+        second[0].split('|').next(),
+        "the next page shows the other device"
+    );
+    let next_disabled = browser
+        .eval("return document.querySelector('#devices-pager button.next').disabled;")
+        .unwrap();
+    assert_eq!(next_disabled, true, "the last page has no next");
+    browser
+        .eval("document.querySelector('#devices-pager button.previous').click(); return null;")
+        .unwrap();
+    browser
+        .wait_for(
+            "back on the first page",
+            "return document.getElementById('devices-pager').textContent.startsWith('1–1 of 2 devices');",
+            Duration::from_secs(30),
+        )
+        .unwrap();
+    let name = |rows: &[String]| rows[0].split('|').next().unwrap().to_string();
+    assert_eq!(name(&rows(&browser, "devices")), name(&first));
     drop(edge);
 }

@@ -21,6 +21,7 @@
 //! Every figure comes from this run; nothing is assumed. The bench and the control
 //! plane share the machine's cores, which the report says.
 
+mod dashboard;
 mod enrol;
 mod jobs;
 mod offload;
@@ -81,6 +82,11 @@ pub struct FleetArgs {
     /// of concurrent submissions in one pass, so more clients give larger batches).
     #[arg(long, default_value_t = 96)]
     pub job_clients: usize,
+    /// Refreshes of the web dashboard timed at the end, with the fleet connected and
+    /// the jobs queued: the page's counts and pages against the whole lists it read
+    /// before it was paged, alternated (0: skip).
+    #[arg(long, default_value_t = 10)]
+    pub dashboard_rounds: usize,
     /// Where the control plane keeps its data and logs (default: a new temporary dir).
     #[arg(long)]
     pub dir: Option<PathBuf>,
@@ -146,6 +152,8 @@ pub struct FleetReport {
     /// Jobs placed per second through the REST API, end to end (0 without `--jobs`).
     pub jobs_placed_per_sec: f64,
     pub jobs: Option<jobs::JobsResult>,
+    /// One dashboard refresh with the whole fleet connected (without `--dashboard-rounds 0`).
+    pub dashboard: Option<dashboard::DashboardResult>,
     pub sessions_lost: usize,
     /// UDP datagrams dropped on this machine during the run because a socket's
     /// receive buffer was full (every process's sockets, the control plane's and the
@@ -524,6 +532,20 @@ pub fn run(args: FleetArgs) -> Result<()> {
         )?;
         report.jobs_placed_per_sec = result.jobs_placed_per_sec;
         report.jobs = Some(result);
+    }
+
+    // The dashboard.
+    if args.dashboard_rounds > 0 && children_alive(&mut children) {
+        say(&format!(
+            "timing {} dashboard refreshes each way (counts and pages, whole lists)",
+            args.dashboard_rounds
+        ));
+        report.dashboard = Some(dashboard::run(
+            &api,
+            REGION,
+            cloud_pid,
+            args.dashboard_rounds,
+        )?);
     }
 
     report.cloud_alive = children_alive(&mut children);
@@ -979,6 +1001,28 @@ fn print_table(r: &FleetReport) {
                     j.placed, j.jobs, j.placed_s, j.jobs_placed_per_sec, j.placed_at_submit,
                     j.clients, j.pool_nodes, j.submit_p50_ms, j.submit_p99_ms, j.errors,
                     j.cloud_cpu_cores, j.bench_cpu_cores
+                )
+            }),
+        ),
+        (
+            "dashboard refresh",
+            r.dashboard.as_ref().map_or("-".into(), |d| {
+                let way = |c: &dashboard::RefreshCost| {
+                    format!(
+                        "{} requests, {:.1} KB, {:.0} ms (max {:.0}), control plane {:.0} ms CPU",
+                        c.requests,
+                        c.bytes as f64 / 1000.0,
+                        c.wall_ms_p50,
+                        c.wall_ms_max,
+                        c.cloud_cpu_ms_mean
+                    )
+                };
+                format!(
+                    "counts and pages of {}: {}; whole lists: {} (median of {})",
+                    d.page_size,
+                    way(&d.now),
+                    way(&d.whole_lists),
+                    d.rounds
                 )
             }),
         ),

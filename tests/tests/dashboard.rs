@@ -253,13 +253,25 @@ fn every_main_view_of_the_dashboard_renders_with_data_in_chromium() {
             .unwrap()
             .to_string()
     };
-    browser
-        .wait_for(
-            "the first page of one device",
-            "return document.getElementById('devices-pager').textContent.startsWith('1–1 of 2 devices');",
-            Duration::from_secs(30),
-        )
-        .unwrap();
+    let devices_page = |what: &str, starts: &str| {
+        browser
+            .wait_for(
+                what,
+                &format!(
+                    "return document.getElementById('devices-pager').textContent.startsWith('{starts}');"
+                ),
+                Duration::from_secs(30),
+            )
+            .unwrap();
+    };
+    let click = |button: &str| {
+        browser
+            .eval(&format!(
+                "document.querySelector('#devices-pager button.{button}').click(); return null;"
+            ))
+            .unwrap();
+    };
+    devices_page("the first page of one device", "1–1 of 2 devices");
     let first = rows(&browser, "devices");
     assert_eq!(first.len(), 1, "{first:?}");
     assert!(
@@ -272,16 +284,8 @@ fn every_main_view_of_the_dashboard_renders_with_data_in_chromium() {
         "{}",
         pager("deployment-devices")
     );
-    browser
-        .eval("document.querySelector('#devices-pager button.next').click(); return null;")
-        .unwrap();
-    browser
-        .wait_for(
-            "the second page",
-            "return document.getElementById('devices-pager').textContent.startsWith('2–2 of 2 devices');",
-            Duration::from_secs(30),
-        )
-        .unwrap();
+    click("next");
+    devices_page("the second page", "2–2 of 2 devices");
     let second = rows(&browser, "devices");
     assert_eq!(second.len(), 1, "{second:?}");
     assert_ne!(
@@ -293,16 +297,8 @@ fn every_main_view_of_the_dashboard_renders_with_data_in_chromium() {
         .eval("return document.querySelector('#devices-pager button.next').disabled;")
         .unwrap();
     assert_eq!(next_disabled, true, "the last page has no next");
-    browser
-        .eval("document.querySelector('#devices-pager button.previous').click(); return null;")
-        .unwrap();
-    browser
-        .wait_for(
-            "back on the first page",
-            "return document.getElementById('devices-pager').textContent.startsWith('1–1 of 2 devices');",
-            Duration::from_secs(30),
-        )
-        .unwrap();
+    click("previous");
+    devices_page("back on the first page", "1–1 of 2 devices");
     let name = |rows: &[String]| rows[0].split('|').next().unwrap().to_string();
     assert_eq!(name(&rows(&browser, "devices")), name(&first));
     drop(edge);

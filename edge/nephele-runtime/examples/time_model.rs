@@ -44,7 +44,7 @@ fn main() {
     let stats = nephele_runtime::bench::measure(&model, &rows, 1, 20, Duration::from_secs(3), 30)
         .unwrap_or_else(|e| panic!("cannot run {path}: {e}"));
     println!(
-        "{path}: loaded in {load_ms:.1} ms; batch 1, {} runs, p50 {:.3} ms, mean {:.3} ms, p99 {:.3} ms",
+        "{path}: loaded in {load_ms:.1} ms; batch 1, {} runs, p50 {:.4} ms, mean {:.4} ms, p99 {:.4} ms",
         stats.runs, stats.p50_ms, stats.mean_ms, stats.p99_ms
     );
 }

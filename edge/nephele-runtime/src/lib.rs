@@ -527,41 +527,34 @@ impl Model {
         index: usize,
         chunk: &[f32],
         row_shape: &[usize],
-        single: &planned::Planned,
         out_shape: &mut Vec<usize>,
         out: &mut Vec<f32>,
     ) -> Result<(), RuntimeError> {
         let halve = index > 0 && self.halve[index].load(std::sync::atomic::Ordering::Relaxed);
         if halve {
             let middle = chunk.len() / 2;
-            self.run_chunk(
-                index - 1,
-                &chunk[..middle],
-                row_shape,
-                single,
-                out_shape,
-                out,
-            )?;
-            return self.run_chunk(
-                index - 1,
-                &chunk[middle..],
-                row_shape,
-                single,
-                out_shape,
-                out,
-            );
+            self.run_chunk(index - 1, &chunk[..middle], row_shape, out_shape, out)?;
+            return self.run_chunk(index - 1, &chunk[middle..], row_shape, out_shape, out);
         }
+        // Shapes on the stack (`TVec` holds four dimensions inline): nothing is
+        // allocated around the plan's own run.
+        let shape_of = |rows: usize| -> TVec<usize> {
+            let mut shape: TVec<usize> = tvec![rows];
+            shape.extend_from_slice(row_shape);
+            shape
+        };
         match self.plan(index) {
             Some(plan) => {
-                let mut shape = vec![BATCH_PLANS[index]];
-                shape.extend_from_slice(row_shape);
-                self.run_plan(&plan, &shape, chunk, out_shape, out)
+                self.run_plan(&plan, &shape_of(BATCH_PLANS[index]), chunk, out_shape, out)
             }
             None => {
-                let mut one_row_shape = vec![1usize];
-                one_row_shape.extend_from_slice(row_shape);
+                let single = self.plan(0).ok_or_else(|| RuntimeError::Run {
+                    model: self.name.clone(),
+                    cause: "the batch-1 plan is missing".into(),
+                })?;
+                let one_row_shape = shape_of(1);
                 for row in chunk.chunks(self.row_len) {
-                    self.run_plan(single, &one_row_shape, row, out_shape, out)?;
+                    self.run_plan(&single, &one_row_shape, row, out_shape, out)?;
                 }
                 Ok(())
             }
@@ -626,13 +619,16 @@ impl Model {
         let result = plan
             .run(tvec!(tensor.into()))
             .map_err(|e| run(format!("{e:#}")))?;
-        let view = result[0]
-            .to_plain_array_view::<f32>()
+        // A tract tensor in RAM is dense and in row-major order: its values are a
+        // slice, copied at once (an `ndarray` view walks them element by element).
+        let values = result[0]
+            .try_as_plain_ram()
+            .and_then(|plain| plain.as_slice::<f32>())
             .map_err(|e| run(format!("{e:#}")))?;
         if out_shape.is_empty() {
-            *out_shape = view.shape().to_vec();
+            out_shape.extend_from_slice(result[0].shape());
         }
-        out.extend(view.iter().copied());
+        out.extend_from_slice(values);
         Ok(())
     }
 
@@ -684,7 +680,7 @@ impl Model {
             model: self.name.clone(),
             cause,
         };
-        let row_shape: Vec<usize> = self.input.shape[1..].iter().map(|d| *d as usize).collect();
+        let row_shape: TVec<usize> = self.input.shape[1..].iter().map(|d| *d as usize).collect();
         let batch = if shape == row_shape.as_slice() {
             1
         } else if shape.len() == self.input.shape.len() && shape[1..] == row_shape[..] {
@@ -723,10 +719,6 @@ impl Model {
         let mut out_shape = Vec::new();
         let mut out = Vec::new();
         let mut done = 0;
-        let single = self.plan(0).ok_or_else(|| RuntimeError::Run {
-            model: self.name.clone(),
-            cause: "the batch-1 plan is missing".into(),
-        })?;
         while done < batch {
             // The largest planned size that fits what is left: 13 runs as 8 + 4 + 1.
             let (index, size) = BATCH_PLANS
@@ -737,7 +729,7 @@ impl Model {
                 .map(|(index, size)| (index, *size))
                 .unwrap_or((0, 1));
             let chunk = &data[done * self.row_len..(done + size) * self.row_len];
-            self.run_chunk(index, chunk, &row_shape, &single, &mut out_shape, &mut out)?;
+            self.run_chunk(index, chunk, &row_shape, &mut out_shape, &mut out)?;
             done += size;
         }
         if let Some(first) = out_shape.first_mut() {

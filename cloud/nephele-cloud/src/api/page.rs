@@ -93,9 +93,7 @@ impl Page {
         if let Some(after) = &self.after {
             items.retain(|item| key(item).as_str() > after.as_str());
         }
-        let limit = self.limit.unwrap_or(MAX_LIMIT);
-        let next = (items.len() > limit).then(|| key(&items[limit - 1]));
-        items.truncate(limit);
+        let (items, next) = self.window(items, key);
         (items, next, total)
     }
 }

@@ -5,6 +5,7 @@
 //! row per device is a paged list of its own, and its status can be asked without
 //! them (the counts and totals only). The device list is read from its cursor, regions
 //! count their devices by health, and `GET /v1/jobs?state=` keeps one state's jobs.
+//! The CLI's `device list` and `job list` read those lists a chunk at a time.
 
 #![allow(clippy::unwrap_used)]
 
@@ -92,6 +93,15 @@ fn lists_are_paged_by_key_with_next_links() {
     });
     let names: Vec<&str> = items.iter().map(|j| j["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["job-a", "job-b", "job-c", "job-d", "job-e"]);
+    // The CLI follows the links: what is left (job-a deleted), a chunk of 2 at a time.
+    let (ok, text) = cloud.cli_as(&cloud.token, &["job", "list", "--chunk-size", "2"]);
+    assert!(ok, "{text}");
+    let shown: Vec<&str> = text
+        .lines()
+        .skip(1)
+        .filter_map(|line| line.split_whitespace().nth(1))
+        .collect();
+    assert_eq!(shown, ["job-b", "job-c", "job-d", "job-e"], "{text}");
 
     // `?state=` keeps a list's jobs in one state; every job is in one of them.
     let all = cloud.get("/v1/jobs").unwrap();
@@ -147,6 +157,36 @@ fn a_deployments_devices_are_paged_and_its_status_comes_without_them_on_request(
         .map(|d| d["name"].as_str().unwrap().to_string())
         .collect();
     assert_eq!((listed, pages), (names.clone(), 3));
+    // The CLI reads the list the same way, a chunk per request, and says what a
+    // `--limit` leaves out.
+    let (ok, text) = cloud.cli_as(&cloud.token, &["device", "list", "--chunk-size", "2"]);
+    assert!(ok, "{text}");
+    let shown: Vec<&str> = text
+        .lines()
+        .skip(1)
+        .filter_map(|line| line.split_whitespace().next())
+        .collect();
+    assert_eq!(shown, names, "every device once, in name order: {text}");
+    let (ok, text) = cloud.cli_as(
+        &cloud.token,
+        &[
+            "device",
+            "list",
+            "--chunk-size",
+            "2",
+            "--limit",
+            "3",
+            "--json",
+        ],
+    );
+    assert!(ok, "{text}");
+    let first: Vec<Value> = serde_json::from_str(&text).unwrap();
+    let first: Vec<&str> = first.iter().map(|d| d["name"].as_str().unwrap()).collect();
+    assert_eq!(first, names[..3]);
+    let (ok, text) = cloud.cli_as(&cloud.token, &["device", "list", "--limit", "4"]);
+    assert!(ok && text.contains("4 of 5 devices shown"), "{text}");
+    let (ok, text) = cloud.cli_as(&cloud.token, &["device", "list", "--chunk-size", "0"]);
+    assert!(!ok && text.contains("chunk-size"), "{text}");
     let regions = cloud.get("/v1/regions").unwrap();
     let region = regions
         .as_array()

@@ -1,6 +1,7 @@
 //! A small blocking client of the REST API, and the CLI commands built on it.
 
 use anyhow::{bail, Context as _, Result};
+use clap::builder::TypedValueParser as _;
 use nephele_api::*;
 use serde_json::Value;
 
@@ -186,6 +187,15 @@ impl Api {
         what: &str,
         response: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
     ) -> Result<Value> {
+        Ok(self.finish_listed(what, response)?.value)
+    }
+
+    /// As `finish`, keeping what a paged list's answer says besides its items.
+    fn finish_listed(
+        &self,
+        what: &str,
+        response: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+    ) -> Result<Answer> {
         let mut response = response.map_err(|error| self.explain(what, error))?;
         let status = response.status().as_u16();
         let header = |name: &str| {
@@ -204,6 +214,8 @@ impl Api {
                 "note: answered from a standby's copy of the store, {age} ms old, without live state{why}"
             );
         }
+        let next = header("link").as_deref().and_then(next_link);
+        let total = header("x-total-count").and_then(|t| t.parse().ok());
         let text = response.body_mut().read_to_string().unwrap_or_default();
         let value: Value = if text.is_empty() {
             Value::Null
@@ -224,7 +236,40 @@ impl Api {
                 .unwrap_or_default();
             bail!("{what} failed ({status}): {message}{field}");
         }
-        Ok(value)
+        Ok(Answer { value, next, total })
+    }
+
+    /// Up to `wanted` items of the list at `path` (which may carry its own query), read
+    /// `chunk` at a time (`?limit=`) by following each page's `Link: rel="next"`, as
+    /// `kubectl` reads in chunks: each request costs the control plane a page, not the
+    /// whole fleet. A server that answers the list whole (a standby's copy) is taken as
+    /// it comes.
+    pub fn list_as<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        chunk: usize,
+        wanted: usize,
+    ) -> Result<Listing<T>> {
+        let chunk = chunk.clamp(1, 1000).min(wanted.max(1));
+        let separator = if path.contains('?') { '&' } else { '?' };
+        let mut next = Some(format!("{path}{separator}limit={chunk}"));
+        let mut listing = Listing {
+            items: Vec::new(),
+            total: None,
+        };
+        while let Some(page) = next.take() {
+            if listing.items.len() >= wanted {
+                break;
+            }
+            let what = format!("GET {page}");
+            let answer = self.finish_listed(&what, self.get_response(&page))?;
+            let items: Vec<T> = typed(&what, answer.value)?;
+            listing.total = answer.total.or(listing.total);
+            next = answer.next;
+            listing.items.extend(items);
+        }
+        listing.items.truncate(wanted);
+        Ok(listing)
     }
 
     /// GETs `path` as the API's type `T` (`nephele_api`).
@@ -338,17 +383,19 @@ impl Api {
     }
 
     pub fn get(&self, path: &str) -> Result<Value> {
+        self.finish(&format!("GET {path}"), self.get_response(path))
+    }
+
+    fn get_response(&self, path: &str) -> Result<ureq::http::Response<ureq::Body>, ureq::Error> {
         let query = match (self.stale, path.contains('?')) {
             (false, _) => "",
             (true, false) => "?stale",
             (true, true) => "&stale",
         };
-        let response = self
-            .agent
+        self.agent
             .get(format!("{}{path}{query}", self.base))
             .header("authorization", self.auth())
-            .call();
-        self.finish(&format!("GET {path}"), response)
+            .call()
     }
 
     pub fn post(&self, path: &str, body: &Value) -> Result<Value> {
@@ -411,10 +458,39 @@ pub enum TokenCommand {
     List,
 }
 
+/// How a long list is read and how much of it is shown.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ListArgs {
+    /// Show at most this many (the first, in key order); the table then says how many
+    /// the whole list holds.
+    #[arg(long, value_name = "N")]
+    pub limit: Option<usize>,
+    /// Items asked per request (1 to 1000): a fleet of 10,000 is read in pages, each
+    /// costing the control plane a page rather than the whole list.
+    #[arg(long, value_name = "N", default_value_t = 500,
+          value_parser = clap::value_parser!(u16).range(1..=1000).map(usize::from))]
+    pub chunk_size: usize,
+}
+
+impl ListArgs {
+    /// The items of the list at `path`, as these arguments ask.
+    pub fn read<T: serde::de::DeserializeOwned>(
+        &self,
+        api: &Api,
+        path: &str,
+    ) -> Result<Listing<T>> {
+        api.list_as(path, self.chunk_size, self.limit.unwrap_or(usize::MAX))
+    }
+}
+
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum DeviceCommand {
-    /// Every enrolled device: role, region, profile, health, address, memory.
-    List,
+    /// Every enrolled device: role, region, profile, health, address, memory (read a
+    /// page at a time, in name order).
+    List {
+        #[command(flatten)]
+        list: ListArgs,
+    },
     /// Remove a device; its certificate stops working at once.
     Delete { name: String },
     /// What a device reported serving, per deployment (each usage record counted once,
@@ -547,6 +623,54 @@ pub(crate) fn print(json: bool, value: &Value, table: impl FnOnce(&Value)) {
 
 /// An answer read as the API's type `T`; one that is not a `T` means this CLI and the
 /// control plane speak different versions of the API.
+/// An answer's body, with what a paged list's answer says besides its items.
+struct Answer {
+    value: Value,
+    /// The next page's path and query (`Link: <…>; rel="next"`), absent on the last.
+    next: Option<String>,
+    /// The whole list's size (`X-Total-Count`).
+    total: Option<usize>,
+}
+
+/// What [`Api::list_as`] read: the items, and how many the whole list holds when the
+/// server said.
+pub struct Listing<T> {
+    pub items: Vec<T>,
+    pub total: Option<usize>,
+}
+
+impl<T> Listing<T> {
+    /// A line saying the table shows part of the list, when it does.
+    pub fn left_out(&self, noun: &str) -> Option<String> {
+        self.total
+            .filter(|total| *total > self.items.len())
+            .map(|total| {
+                format!(
+                    "{} of {total} {noun} shown; --limit N shows more",
+                    self.items.len()
+                )
+            })
+    }
+}
+
+/// The target of a `Link` header's `rel="next"` entry.
+fn next_link(link: &str) -> Option<String> {
+    link.split(',').find_map(|entry| {
+        let (target, params) = entry.trim().split_once(';')?;
+        params
+            .split(';')
+            .any(|p| p.trim() == "rel=\"next\"")
+            .then(|| {
+                target
+                    .trim()
+                    .strip_prefix('<')?
+                    .strip_suffix('>')
+                    .map(str::to_string)
+            })
+            .flatten()
+    })
+}
+
 pub(crate) fn typed<T: serde::de::DeserializeOwned>(what: &str, value: Value) -> Result<T> {
     serde_json::from_value(value).with_context(|| {
         format!("{what}: the answer is not what this version of nephele expects; use a CLI of the control plane's version")
@@ -626,9 +750,9 @@ pub fn token(args: ApiArgs, command: TokenCommand) -> Result<()> {
 pub fn device(args: ApiArgs, command: DeviceCommand) -> Result<()> {
     let api = args.client();
     match command {
-        DeviceCommand::List => {
-            let devices: Vec<DeviceView> = api.get_as("/v1/devices")?;
-            show(args.json, &devices, |devices| {
+        DeviceCommand::List { list } => {
+            let listing = list.read::<DeviceView>(&api, "/v1/devices")?;
+            show(args.json, &listing.items, |devices| {
                 println!(
                     "{:<14} {:<5} {:<10} {:<22} {:<8} {:>6} {:>9} {:>8} {:>10}  ADDRESS",
                     "NAME",
@@ -665,6 +789,9 @@ pub fn device(args: ApiArgs, command: DeviceCommand) -> Result<()> {
                         link(d.link.map(|l| l.bandwidth_bps), 1e6),
                         text(d.address.as_deref())
                     );
+                }
+                if let Some(line) = listing.left_out("devices") {
+                    println!("{line}");
                 }
             });
         }
@@ -1046,29 +1173,9 @@ fn deployment_rows(
     name: &str,
     wanted: usize,
 ) -> Result<Vec<nephele_api::DeviceDeploymentStatus>> {
-    let mut rows: Vec<nephele_api::DeviceDeploymentStatus> = Vec::new();
-    while rows.len() < wanted {
-        let limit = (wanted - rows.len()).min(1000);
-        let after = rows
-            .last()
-            .map(|r| format!("&after={}", query_value(&r.device)))
-            .unwrap_or_default();
-        let page: Vec<nephele_api::DeviceDeploymentStatus> = api.get_as(&format!(
-            "/v1/deployments/{name}/devices?limit={limit}{after}"
-        ))?;
-        if page.len() > limit {
-            // Not paged (a standby's copy answers lists whole): the whole list.
-            rows = page;
-            rows.truncate(wanted);
-            break;
-        }
-        let last = page.len() < limit;
-        rows.extend(page);
-        if last {
-            break;
-        }
-    }
-    Ok(rows)
+    Ok(api
+        .list_as(&format!("/v1/deployments/{name}/devices"), 1000, wanted)?
+        .items)
 }
 
 /// `nephele deploy list`: one line per deployment, from the counts (no row per device).
@@ -1409,6 +1516,8 @@ pub enum JobCommand {
         /// Only the jobs in this state.
         #[arg(long, value_parser = nephele_cloud::api::JOB_STATES)]
         state: Option<String>,
+        #[command(flatten)]
+        list: ListArgs,
     },
     /// One job: placement, or why it is not placed.
     Get {
@@ -1999,14 +2108,15 @@ pub fn job(args: ApiArgs, command: JobCommand) -> Result<()> {
             region,
             tenant,
             state,
+            list,
         } => {
             let mut path = format!("/v1/jobs{}", query(&region, &tenant));
             if let Some(state) = state {
                 path.push(if path.contains('?') { '&' } else { '?' });
                 path.push_str(&format!("state={state}"));
             }
-            let jobs: Vec<JobView> = api.get_as(&path)?;
-            show(args.json, &jobs, |jobs| {
+            let listing = list.read::<JobView>(&api, &path)?;
+            show(args.json, &listing.items, |jobs| {
                 println!(
                     "{:<10} {:<20} {:<10} {:<12} {:>8} {:>7}  NODES / WHY",
                     "TENANT", "NAME", "REGION", "STATE", "PRIORITY", "MEMBERS"
@@ -2021,6 +2131,9 @@ pub fn job(args: ApiArgs, command: JobCommand) -> Result<()> {
                         "{:<10} {:<20} {:<10} {:<12} {:>8} {:>7}  {}",
                         j.tenant, j.name, j.region, j.state, j.priority, j.spec.members, detail
                     );
+                }
+                if let Some(line) = listing.left_out("jobs") {
+                    println!("{line}");
                 }
             });
         }
@@ -2186,6 +2299,20 @@ pub fn region(args: ApiArgs, command: RegionCommand) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_next_page_is_read_from_the_link_header() {
+        assert_eq!(
+            next_link("</v1/devices?limit=2&after=cam-1>; rel=\"next\"").as_deref(),
+            Some("/v1/devices?limit=2&after=cam-1")
+        );
+        assert_eq!(
+            next_link("</a>; rel=\"prev\", </b?after=x>; rel=\"next\"").as_deref(),
+            Some("/b?after=x")
+        );
+        assert_eq!(next_link("</a>; rel=\"prev\""), None);
+        assert_eq!(next_link("garbage"), None);
+    }
 
     #[test]
     fn deadlines_parse_relative_or_absolute() {

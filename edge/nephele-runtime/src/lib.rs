@@ -27,6 +27,7 @@ pub mod candle_bert;
 #[path = "candle_off.rs"]
 pub mod candle_bert;
 pub mod cut_choice;
+pub mod depthwise;
 pub mod fold_affine;
 pub mod fold_if;
 pub mod fuse_activations;
@@ -148,7 +149,7 @@ fn plan_for(
     inference
         .clone()
         .with_input_fact(0, f32::fact(&shape).into())
-        .and_then(|model| model.into_optimized())
+        .and_then(depthwise::optimized)
         .and_then(|model| model.into_runnable())
 }
 

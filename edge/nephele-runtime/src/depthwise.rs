@@ -13,11 +13,10 @@
 //! taps in the same order whatever the batch or the kernel that ran, up to the FMA's
 //! rounding.
 //!
-//! [`replace`] swaps every eligible `Conv` of a decluttered model (group = input =
-//! output channels, NCHW or CHW, OIHW kernel and bias constant, f32, two spatial axes,
-//! every dimension known) for [`Depthwise`] before tract's codegen lowers it;
-//! [`optimized`] is tract's `into_optimized` with that step, which every plan the
-//! runtime builds goes through.
+//! [`depthwise_for`] says which `Conv` nodes of a decluttered model it takes (group =
+//! input = output channels, NCHW or CHW, OIHW kernel and bias constant, f32, two
+//! spatial axes, every dimension known); [`crate::kernels::optimized`] swaps them in
+//! before tract's codegen lowers them.
 
 use std::sync::Arc;
 
@@ -25,6 +24,8 @@ use tract_onnx::prelude::*;
 use tract_onnx::tract_core::internal::*;
 use tract_onnx::tract_core::ops::cnn::{Conv, KernelFormat};
 use tract_onnx::tract_core::ops::nn::DataFormat;
+
+use crate::kernels::Weights;
 
 /// Where each output reads: sizes, strides, dilations and the padding before each axis
 /// (the padding after follows from the output size).
@@ -284,23 +285,6 @@ pub struct Depthwise {
     bias: Weights,
 }
 
-/// Constant `f32`s compared bit for bit (tract's operators must be `Eq`).
-#[derive(Debug, Clone)]
-struct Weights(Arc<[f32]>);
-
-impl PartialEq for Weights {
-    fn eq(&self, other: &Self) -> bool {
-        self.0.len() == other.0.len()
-            && self
-                .0
-                .iter()
-                .zip(other.0.iter())
-                .all(|(a, b)| a.to_bits() == b.to_bits())
-    }
-}
-
-impl Eq for Weights {}
-
 impl Op for Depthwise {
     fn name(&self) -> StaticName {
         "NepheleDepthwise".into()
@@ -384,7 +368,7 @@ impl TypedOp for Depthwise {
 }
 
 /// The [`Depthwise`] for a tract `Conv` node of `model`, when it is one this kernel runs.
-fn depthwise_for(model: &TypedModel, node: &TypedNode) -> TractResult<Option<Depthwise>> {
+pub fn depthwise_for(model: &TypedModel, node: &TypedNode) -> TractResult<Option<Depthwise>> {
     let Some(conv) = node.op_as::<Conv>() else {
         return Ok(None);
     };
@@ -471,149 +455,10 @@ fn depthwise_for(model: &TypedModel, node: &TypedNode) -> TractResult<Option<Dep
     }))
 }
 
-/// `model` typed, decluttered, its depthwise layers given to [`Depthwise`] (unless
-/// `NEPHELE_TRACT_DEPTHWISE=1` asks for tract's own, to compare the two), and optimised:
-/// what tract's `into_optimized` does, with that one substitution.
-pub fn optimized(model: InferenceModel) -> TractResult<TypedModel> {
-    let mut model = model.into_typed()?.into_decluttered()?;
-    if !tract_depthwise() {
-        replace(&mut model)?;
-    }
-    model.into_optimized()
-}
-
-/// Whether `NEPHELE_TRACT_DEPTHWISE=1` asks for tract's own depthwise operator.
-fn tract_depthwise() -> bool {
-    static ASKED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ASKED.get_or_init(|| std::env::var("NEPHELE_TRACT_DEPTHWISE").is_ok_and(|v| v == "1"))
-}
-
-/// Replaces every depthwise `Conv` of a decluttered `model` that [`Depthwise`] runs;
-/// how many it replaced.
-pub fn replace(model: &mut TypedModel) -> TractResult<usize> {
-    let mut replaced = 0;
-    for id in model.eval_order()? {
-        let node = model.node(id);
-        if let Some(op) = depthwise_for(model, node)? {
-            let patch = TypedModelPatch::replace_single_op(model, node, &node.inputs[..1], op)?;
-            patch.apply(model)?;
-            replaced += 1;
-        }
-    }
-    Ok(replaced)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_graphs::{assert_close, floats, model, node, pseudo_random, with_ints};
     use proptest::prelude::*;
-    use prost::Message;
-
-    /// Plans `bytes` for `shape` with tract's own depthwise operator or ours, runs it
-    /// on `xs`, and says how many layers ours took.
-    fn plan_and_run(bytes: &[u8], shape: &[usize], xs: &[f32], ours: bool) -> (Vec<f32>, usize) {
-        let mut typed = tract_onnx::onnx()
-            .model_for_read(&mut &bytes[..])
-            .and_then(|m| m.with_input_fact(0, f32::fact(shape).into()))
-            .and_then(|m| m.into_typed())
-            .and_then(|m| m.into_decluttered())
-            .expect("the model types");
-        let replaced = if ours {
-            replace(&mut typed).expect("replaced")
-        } else {
-            0
-        };
-        let plan = typed
-            .into_optimized()
-            .and_then(|m| m.into_runnable())
-            .expect("the model plans");
-        let input = Tensor::from_shape(shape, xs).expect("shape");
-        let out = plan.run(tvec!(input.into())).expect("runs");
-        let out = out[0].to_plain_array_view::<f32>().expect("f32");
-        (out.iter().copied().collect(), replaced)
-    }
-
-    /// ONNX depthwise layers (pads, strides, dilations, batch 1 and 2, an activation
-    /// after) planned with our operator answer what tract's own plan answers.
-    #[test]
-    fn depthwise_layers_of_an_onnx_graph_answer_as_tracts_own() {
-        // Name, kernel, strides, dilations, pads (top, left, bottom, right), batch.
-        type Case = (&'static str, [i64; 2], [i64; 2], [i64; 2], [i64; 4], usize);
-        let cases: [Case; 5] = [
-            ("3x3 same", [3, 3], [1, 1], [1, 1], [1, 1, 1, 1], 1),
-            ("3x3 stride 2", [3, 3], [2, 2], [1, 1], [1, 1, 1, 1], 1),
-            (
-                "5x5 stride (2,1), batch 2",
-                [5, 5],
-                [2, 1],
-                [1, 1],
-                [2, 2, 2, 2],
-                2,
-            ),
-            (
-                "3x3 dilated, unpadded",
-                [3, 3],
-                [1, 1],
-                [2, 2],
-                [0, 0, 0, 0],
-                1,
-            ),
-            ("3x5 uneven pads", [3, 5], [1, 2], [1, 1], [0, 2, 1, 1], 2),
-        ];
-        let (channels, h, w) = (6usize, 9usize, 21usize);
-        for (case, kernel, strides, dilations, pads, batch) in cases {
-            let taps = (kernel[0] * kernel[1]) as usize;
-            let conv = with_ints(
-                node("Conv", &["x", "k", "b"], "y"),
-                &[
-                    ("group", &[channels as i64][..]),
-                    ("kernel_shape", &kernel[..]),
-                    ("strides", &strides[..]),
-                    ("dilations", &dilations[..]),
-                    ("pads", &pads[..]),
-                ],
-            );
-            let graph = model(
-                &[batch as i64, channels as i64, h as i64, w as i64],
-                vec![conv, node("Relu", &["y"], "z")],
-                vec![
-                    floats(
-                        "k",
-                        &[channels as i64, 1, kernel[0], kernel[1]],
-                        &pseudo_random(channels * taps, 7, 1.0),
-                    ),
-                    floats("b", &[channels as i64], &pseudo_random(channels, 8, 0.5)),
-                ],
-                &["z"],
-            );
-            let bytes = graph.encode_to_vec();
-            let shape = [batch, channels, h, w];
-            let xs = pseudo_random(shape.iter().product(), 9, 2.0);
-            let (want, _) = plan_and_run(&bytes, &shape, &xs, false);
-            let (got, replaced) = plan_and_run(&bytes, &shape, &xs, true);
-            assert_eq!(replaced, 1, "{case}: the layer is ours");
-            assert_close(&got, &want, 1e-5, case);
-        }
-    }
-
-    /// A grouped convolution that is not depthwise (two channels a group) stays tract's.
-    #[test]
-    fn other_grouped_convolutions_are_left_to_tract() {
-        let conv = with_ints(
-            node("Conv", &["x", "k"], "y"),
-            &[("group", &[2][..]), ("kernel_shape", &[3, 3][..])],
-        );
-        let graph = model(
-            &[1, 4, 8, 8],
-            vec![conv],
-            vec![floats("k", &[4, 2, 3, 3], &pseudo_random(72, 3, 1.0))],
-            &["y"],
-        );
-        let xs = pseudo_random(256, 4, 1.0);
-        let (_, replaced) = plan_and_run(&graph.encode_to_vec(), &[1, 4, 8, 8], &xs, true);
-        assert_eq!(replaced, 0);
-    }
 
     /// The textbook loop: each output the bias plus every in-bounds tap.
     fn reference(geo: &Geometry, input: &[f32], weights: &[f32], bias: &[f32]) -> Vec<f32> {

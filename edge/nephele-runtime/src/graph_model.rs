@@ -236,7 +236,7 @@ impl GraphModel {
             Ok(())
         };
         let one_plan = asked_per_shape
-            .and_then(|()| crate::depthwise::optimized(model.clone()))
+            .and_then(|()| crate::kernels::optimized(model.clone()))
             .and_then(|typed| {
                 let plan = typed.clone().into_runnable()?;
                 if symbolic {
@@ -852,7 +852,7 @@ fn plan_for(
         let dt = zero_values(std::slice::from_ref(decl))?[0].datum_type();
         model = model.with_input_fact(index, InferenceFact::dt_shape(dt, shape.clone()))?;
     }
-    let typed = crate::depthwise::optimized(model)?;
+    let typed = crate::kernels::optimized(model)?;
     let plan = typed.clone().into_runnable()?;
     Ok((typed, plan))
 }

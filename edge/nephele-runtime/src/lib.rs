@@ -36,6 +36,7 @@ pub mod graph_model;
 pub mod graph_variants;
 pub mod input_spec;
 pub mod int8_compute;
+pub mod kernels;
 pub mod mixed_precision;
 pub mod onnx_edit;
 pub mod op_profile;
@@ -43,6 +44,7 @@ pub mod op_profile;
 pub mod ort_backend;
 pub mod plan_cache;
 mod planned;
+pub mod pointwise;
 pub mod synthetic;
 #[cfg(test)]
 mod test_graphs;
@@ -149,7 +151,7 @@ fn plan_for(
     inference
         .clone()
         .with_input_fact(0, f32::fact(&shape).into())
-        .and_then(depthwise::optimized)
+        .and_then(kernels::optimized)
         .and_then(|model| model.into_runnable())
 }
 

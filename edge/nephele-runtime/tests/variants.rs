@@ -255,9 +255,9 @@ fn validation_file(dir: &std::path::Path) -> (usize, Vec<Vec<f32>>, Vec<Vec<f32>
 /// what onnxruntime answers on the files' validation rows, within their tolerance.
 #[test]
 fn ppocr_runs_hard_swish_fused_and_answers_as_onnxruntime_does() {
-    for (name, row_shape, fused, depthwise) in [
-        ("ppocr-cls", [3usize, 48, 192], 18, 11),
-        ("ppocr-det", [3, 640, 640], 24, 14),
+    for (name, row_shape, fused, depthwise, pointwise) in [
+        ("ppocr-cls", [3usize, 48, 192], 18, 11, 41),
+        ("ppocr-det", [3, 640, 640], 24, 14, 42),
     ] {
         let Some(dir) = registry_dir(name) else {
             continue;
@@ -272,9 +272,11 @@ fn ppocr_runs_hard_swish_fused_and_answers_as_onnxruntime_does() {
                 .sum::<usize>()
         };
         assert_eq!(count("HardSwish"), fused, "{name}: {ops:?}");
-        // Its depthwise layers run on the runtime's own kernel (`depthwise.rs`).
+        // Its depthwise and 1×1 layers run on the runtime's own kernels
+        // (`depthwise.rs`, `pointwise.rs`).
         assert_eq!(count("NepheleDepthwise"), depthwise, "{name}: {ops:?}");
         assert_eq!(count("DepthWiseConv"), 0, "{name}: {ops:?}");
+        assert_eq!(count("NephelePointwise"), pointwise, "{name}: {ops:?}");
         assert!(
             !ops.iter().any(|o| o.op.contains("Add+Max+Min")),
             "{name}: a written-out hard-swish is left: {ops:?}"
@@ -308,7 +310,7 @@ fn ppocr_runs_hard_swish_fused_and_answers_as_onnxruntime_does() {
             "{name}: max |tract − onnxruntime| {worst:.2e} above {tolerance:.0e}"
         );
         eprintln!(
-            "{name}: {fused} hard-swish fused, {depthwise} depthwise layers, max |tract − onnxruntime| {worst:.2e}"
+            "{name}: {fused} hard-swish fused, {depthwise} depthwise and {pointwise} 1×1 layers ours, max |tract − onnxruntime| {worst:.2e}"
         );
     }
 }

@@ -1,0 +1,259 @@
+//! Where the runtime's own convolution kernels take over from tract's: every plan the
+//! runtime builds is optimised by [`optimized`], which is tract's `into_optimized` with
+//! one step between its declutter and its codegen: each depthwise convolution
+//! ([`crate::depthwise`]) and each 1×1 convolution ([`crate::pointwise`]) that those
+//! kernels run is swapped for their operator.
+//!
+//! `NEPHELE_TRACT_CONV` keeps tract's own operators, to compare the two on the same
+//! build: `all` (or `1`) for both, or `depthwise` or `pointwise` for one.
+
+use std::sync::{Arc, OnceLock};
+
+use tract_onnx::prelude::*;
+
+use crate::depthwise::depthwise_for;
+use crate::pointwise::pointwise_for;
+
+/// `model` typed, decluttered, the convolutions our kernels run given to them, and
+/// optimised.
+pub fn optimized(model: InferenceModel) -> TractResult<TypedModel> {
+    let kept = tracts_own();
+    let mut model = model.into_typed()?;
+    // Before the declutter, which turns 1×1 convolutions into general products.
+    if !kept.contains(&"pointwise") {
+        replace(&mut model, pointwise_for)?;
+    }
+    let mut model = model.into_decluttered()?;
+    if !kept.contains(&"depthwise") {
+        replace(&mut model, depthwise_for)?;
+    }
+    model.into_optimized()
+}
+
+/// The convolutions `NEPHELE_TRACT_CONV` leaves to tract.
+fn tracts_own() -> &'static [&'static str] {
+    static KEPT: OnceLock<Vec<&'static str>> = OnceLock::new();
+    KEPT.get_or_init(|| {
+        let asked = std::env::var("NEPHELE_TRACT_CONV").unwrap_or_default();
+        asked
+            .split(',')
+            .flat_map(|kind| match kind.trim() {
+                "1" | "all" => vec!["depthwise", "pointwise"],
+                "depthwise" => vec!["depthwise"],
+                "pointwise" => vec!["pointwise"],
+                _ => vec![],
+            })
+            .collect()
+    })
+}
+
+/// Replaces every node of `model` for which `ours` gives an operator, wired to the
+/// node's inputs the operator takes (the first [`OwnOp::INPUTS`]; it holds the
+/// constants among the others); how many.
+pub fn replace<O: OwnOp>(
+    model: &mut TypedModel,
+    ours: impl Fn(&TypedModel, &TypedNode) -> TractResult<Option<O>>,
+) -> TractResult<usize> {
+    let mut replaced = 0;
+    for id in model.eval_order()? {
+        let node = model.node(id);
+        if let Some(op) = ours(model, node)? {
+            let inputs = &node.inputs[..O::INPUTS.min(node.inputs.len())];
+            let patch = TypedModelPatch::replace_single_op(model, node, inputs, op)?;
+            patch.apply(model)?;
+            replaced += 1;
+        }
+    }
+    Ok(replaced)
+}
+
+/// One of our operators: how many of the replaced node's inputs it takes.
+pub trait OwnOp: TypedOp {
+    const INPUTS: usize;
+}
+
+impl OwnOp for crate::depthwise::Depthwise {
+    /// The image (kernel and bias are held).
+    const INPUTS: usize = 1;
+}
+
+impl OwnOp for crate::pointwise::Pointwise {
+    /// The image, the kernel (held, laid out for the kernel) and the bias.
+    const INPUTS: usize = 3;
+}
+
+/// Constant `f32`s an operator holds, compared bit for bit (tract's operators must be
+/// `Eq`).
+#[derive(Debug, Clone)]
+pub struct Weights(pub(crate) Arc<[f32]>);
+
+impl PartialEq for Weights {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.len() == other.0.len()
+            && self
+                .0
+                .iter()
+                .zip(other.0.iter())
+                .all(|(a, b)| a.to_bits() == b.to_bits())
+    }
+}
+
+impl Eq for Weights {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_graphs::{assert_close, floats, model, node, pseudo_random, with_ints};
+    use prost::Message;
+
+    /// Plans `bytes` for `shape` with tract's own operators or through [`optimized`],
+    /// runs it on `xs`; the output and the operators' names in the plan.
+    fn plan_and_run(
+        bytes: &[u8],
+        shape: &[usize],
+        xs: &[f32],
+        ours: bool,
+    ) -> (Vec<f32>, Vec<String>) {
+        let model = tract_onnx::onnx()
+            .model_for_read(&mut &bytes[..])
+            .and_then(|m| m.with_input_fact(0, f32::fact(shape).into()))
+            .expect("the model types");
+        let typed = if ours {
+            optimized(model)
+        } else {
+            model.into_optimized()
+        }
+        .expect("the model plans");
+        let ops = typed
+            .nodes()
+            .iter()
+            .map(|n| n.op.name().to_string())
+            .collect();
+        let plan = typed.into_runnable().expect("runnable");
+        let input = Tensor::from_shape(shape, xs).expect("shape");
+        let out = plan.run(tvec!(input.into())).expect("runs");
+        let out = out[0].to_plain_array_view::<f32>().expect("f32");
+        (out.iter().copied().collect(), ops)
+    }
+
+    fn count(ops: &[String], name: &str) -> usize {
+        ops.iter().filter(|op| op.as_str() == name).count()
+    }
+
+    /// Depthwise layers (pads, strides, dilations, batch 1 and 2), each followed by a
+    /// 1×1 layer and an activation, answer through our operators what tract's own plan
+    /// answers.
+    #[test]
+    fn convolutions_of_an_onnx_graph_answer_as_tracts_own() {
+        // Name, kernel, strides, dilations, pads (top, left, bottom, right), batch.
+        type Case = (&'static str, [i64; 2], [i64; 2], [i64; 2], [i64; 4], usize);
+        let cases: [Case; 5] = [
+            ("3x3 same", [3, 3], [1, 1], [1, 1], [1, 1, 1, 1], 1),
+            ("3x3 stride 2", [3, 3], [2, 2], [1, 1], [1, 1, 1, 1], 1),
+            (
+                "5x5 stride (2,1), batch 2",
+                [5, 5],
+                [2, 1],
+                [1, 1],
+                [2, 2, 2, 2],
+                2,
+            ),
+            (
+                "3x3 dilated, unpadded",
+                [3, 3],
+                [1, 1],
+                [2, 2],
+                [0, 0, 0, 0],
+                1,
+            ),
+            ("3x5 uneven pads", [3, 5], [1, 2], [1, 1], [0, 2, 1, 1], 2),
+        ];
+        let (channels, h, w, expanded) = (6usize, 9usize, 21usize, 13usize);
+        for (case, kernel, strides, dilations, pads, batch) in cases {
+            let taps = (kernel[0] * kernel[1]) as usize;
+            let depthwise = with_ints(
+                node("Conv", &["x", "k", "b"], "y"),
+                &[
+                    ("group", &[channels as i64][..]),
+                    ("kernel_shape", &kernel[..]),
+                    ("strides", &strides[..]),
+                    ("dilations", &dilations[..]),
+                    ("pads", &pads[..]),
+                ],
+            );
+            let pointwise = with_ints(
+                node("Conv", &["y", "k1", "b1"], "z"),
+                &[("kernel_shape", &[1, 1][..])],
+            );
+            let graph = model(
+                &[batch as i64, channels as i64, h as i64, w as i64],
+                vec![depthwise, pointwise, node("Relu", &["z"], "r")],
+                vec![
+                    floats(
+                        "k",
+                        &[channels as i64, 1, kernel[0], kernel[1]],
+                        &pseudo_random(channels * taps, 7, 1.0),
+                    ),
+                    floats("b", &[channels as i64], &pseudo_random(channels, 8, 0.5)),
+                    floats(
+                        "k1",
+                        &[expanded as i64, channels as i64, 1, 1],
+                        &pseudo_random(expanded * channels, 10, 1.0),
+                    ),
+                    floats("b1", &[expanded as i64], &pseudo_random(expanded, 11, 0.5)),
+                ],
+                &["r"],
+            );
+            let bytes = graph.encode_to_vec();
+            let shape = [batch, channels, h, w];
+            let xs = pseudo_random(shape.iter().product(), 9, 2.0);
+            let (want, theirs) = plan_and_run(&bytes, &shape, &xs, false);
+            let (got, ours) = plan_and_run(&bytes, &shape, &xs, true);
+            assert_eq!(count(&theirs, "NepheleDepthwise"), 0, "{case}");
+            assert_eq!(count(&ours, "NepheleDepthwise"), 1, "{case}: {ours:?}");
+            assert_eq!(count(&ours, "NephelePointwise"), 1, "{case}: {ours:?}");
+            assert_close(&got, &want, 1e-5, case);
+        }
+    }
+
+    /// Convolutions neither kernel runs stay tract's: a grouped one that is not
+    /// depthwise, a 1×1 with a stride, a 3×3.
+    #[test]
+    fn other_convolutions_are_left_to_tract() {
+        let cases = [
+            ("two channels a group", 2i64, [3i64, 3], [1i64, 1], 2usize),
+            ("1x1 strided", 1, [1, 1], [2, 2], 4),
+            ("3x3", 1, [3, 3], [1, 1], 4),
+        ];
+        for (case, group, kernel, strides, per_group) in cases {
+            let conv = with_ints(
+                node("Conv", &["x", "k"], "y"),
+                &[
+                    ("group", &[group][..]),
+                    ("kernel_shape", &kernel[..]),
+                    ("strides", &strides[..]),
+                ],
+            );
+            let taps = (kernel[0] * kernel[1]) as usize;
+            let graph = model(
+                &[1, 4, 8, 8],
+                vec![conv],
+                vec![floats(
+                    "k",
+                    &[4, per_group as i64, kernel[0], kernel[1]],
+                    &pseudo_random(4 * per_group * taps, 3, 1.0),
+                )],
+                &["y"],
+            );
+            let xs = pseudo_random(256, 4, 1.0);
+            let bytes = graph.encode_to_vec();
+            let (want, _) = plan_and_run(&bytes, &[1, 4, 8, 8], &xs, false);
+            let (got, ops) = plan_and_run(&bytes, &[1, 4, 8, 8], &xs, true);
+            assert!(
+                !ops.iter().any(|op| op.starts_with("Nephele")),
+                "{case}: {ops:?}"
+            );
+            assert_close(&got, &want, 1e-6, case);
+        }
+    }
+}

@@ -25,7 +25,7 @@ use tract_onnx::tract_core::internal::*;
 use tract_onnx::tract_core::ops::cnn::{Conv, KernelFormat};
 use tract_onnx::tract_core::ops::nn::DataFormat;
 
-use crate::kernels::Weights;
+use crate::kernels::{fma, Weights};
 
 /// Where each output reads: sizes, strides, dilations and the padding before each axis
 /// (the padding after follows from the output size).
@@ -262,15 +262,6 @@ fn block<'a, const FMA: bool, const B: usize>(
         out_row[ox + b * LANES..][..LANES].copy_from_slice(acc);
     }
     B
-}
-
-#[inline(always)]
-fn fma<const FMA: bool>(weight: f32, x: f32, acc: f32) -> f32 {
-    if FMA {
-        weight.mul_add(x, acc)
-    } else {
-        acc + weight * x
-    }
 }
 
 /// tract's operator for a depthwise layer run by [`run`], weights and bias held in it.

@@ -67,6 +67,17 @@ pub fn replace<O: OwnOp>(
     Ok(replaced)
 }
 
+/// `weight · x + acc`, fused into one instruction when `FMA` says the target has it
+/// (else `mul_add` would be a library call): multiply, then add.
+#[inline(always)]
+pub(crate) fn fma<const FMA: bool>(weight: f32, x: f32, acc: f32) -> f32 {
+    if FMA {
+        weight.mul_add(x, acc)
+    } else {
+        acc + weight * x
+    }
+}
+
 /// One of our operators: how many of the replaced node's inputs it takes.
 pub trait OwnOp: TypedOp {
     const INPUTS: usize;

@@ -19,7 +19,7 @@ use tract_onnx::tract_core::internal::*;
 use tract_onnx::tract_core::ops::cnn::{Conv, KernelFormat, PaddingSpec};
 use tract_onnx::tract_core::ops::nn::DataFormat;
 
-use crate::kernels::Weights;
+use crate::kernels::{fma, Weights};
 
 /// Output channels a block computes together.
 const ROWS: usize = 4;
@@ -70,24 +70,32 @@ pub fn run(
         }
         return output;
     }
+    let layer = Layer {
+        laid,
+        bias,
+        inputs,
+        outputs,
+        points,
+    };
     let images = input
         .chunks_exact(inputs * points)
         .zip(output.chunks_exact_mut(outputs * points));
     for (x, out) in images {
-        image(x, laid, bias, inputs, outputs, points, out);
+        image(x, &layer, out);
     }
     output
 }
 
-fn image(
-    x: &[f32],
-    laid: &[f32],
-    bias: &[f32],
+/// A layer's weights (as [`interleave`] lays them), bias and sizes.
+struct Layer<'a> {
+    laid: &'a [f32],
+    bias: &'a [f32],
     inputs: usize,
     outputs: usize,
     points: usize,
-    out: &mut [f32],
-) {
+}
+
+fn image(x: &[f32], layer: &Layer, out: &mut [f32]) {
     // The only `unsafe` here: calling the kernel built for CPU features the baseline
     // x86_64 target lacks, after checking at run time that this CPU has them.
     #[cfg(target_arch = "x86_64")]
@@ -95,66 +103,49 @@ fn image(
     {
         if std::arch::is_x86_feature_detected!("avx512f") {
             // SAFETY: the CPU has AVX-512F (and with it AVX2 and FMA), checked above.
-            return unsafe { image_avx512(x, laid, bias, inputs, outputs, points, out) };
+            return unsafe { image_avx512(x, layer, out) };
         }
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
         {
             // SAFETY: the CPU has AVX2 and FMA, checked above.
-            return unsafe { image_avx2(x, laid, bias, inputs, outputs, points, out) };
+            return unsafe { image_avx2(x, layer, out) };
         }
     }
     // NEON and its fused multiply-add are part of aarch64's baseline.
     #[cfg(target_arch = "aarch64")]
-    return image_of::<true>(x, laid, bias, inputs, outputs, points, out);
+    return image_of::<true>(x, layer, out);
     #[allow(unreachable_code)]
-    image_of::<false>(x, laid, bias, inputs, outputs, points, out)
+    image_of::<false>(x, layer, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
-fn image_avx512(
-    x: &[f32],
-    laid: &[f32],
-    bias: &[f32],
-    inputs: usize,
-    outputs: usize,
-    points: usize,
-    out: &mut [f32],
-) {
-    image_of::<true>(x, laid, bias, inputs, outputs, points, out)
+fn image_avx512(x: &[f32], layer: &Layer, out: &mut [f32]) {
+    image_of::<true>(x, layer, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn image_avx2(
-    x: &[f32],
-    laid: &[f32],
-    bias: &[f32],
-    inputs: usize,
-    outputs: usize,
-    points: usize,
-    out: &mut [f32],
-) {
-    image_of::<true>(x, laid, bias, inputs, outputs, points, out)
+fn image_avx2(x: &[f32], layer: &Layer, out: &mut [f32]) {
+    image_of::<true>(x, layer, out)
 }
 
 /// One image: blocks of [`WIDE`] points (then [`NARROW`] ones, the last overlapping
 /// the one before it, then single points when the row is shorter than that) for every
 /// block of [`ROWS`] output channels.
 #[inline(always)]
-fn image_of<const FMA: bool>(
-    x: &[f32],
-    laid: &[f32],
-    bias: &[f32],
-    inputs: usize,
-    outputs: usize,
-    points: usize,
-    out: &mut [f32],
-) {
+fn image_of<const FMA: bool>(x: &[f32], layer: &Layer, out: &mut [f32]) {
+    let Layer {
+        laid,
+        bias,
+        inputs,
+        outputs,
+        points,
+    } = *layer;
     let mut p = 0;
     while p + WIDE <= points {
         for block in 0..outputs.div_ceil(ROWS) {
-            tile::<FMA, WIDE>(x, laid, bias, inputs, outputs, points, block, p, out);
+            tile::<FMA, WIDE>(x, layer, block, p, out);
         }
         p += WIDE;
     }
@@ -162,7 +153,7 @@ fn image_of<const FMA: bool>(
         while p < points {
             let at = p.min(points - NARROW);
             for block in 0..outputs.div_ceil(ROWS) {
-                tile::<FMA, NARROW>(x, laid, bias, inputs, outputs, points, block, at, out);
+                tile::<FMA, NARROW>(x, layer, block, at, out);
             }
             p = at + NARROW;
         }
@@ -181,18 +172,20 @@ fn image_of<const FMA: bool>(
 
 /// Output channels `block * ROWS ..` (those that exist) at points `p..p + N`.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 fn tile<const FMA: bool, const N: usize>(
     x: &[f32],
-    laid: &[f32],
-    bias: &[f32],
-    inputs: usize,
-    outputs: usize,
-    points: usize,
+    layer: &Layer,
     block: usize,
     p: usize,
     out: &mut [f32],
 ) {
+    let Layer {
+        laid,
+        bias,
+        inputs,
+        outputs,
+        points,
+    } = *layer;
     let co = block * ROWS;
     let mut acc = [[0.0f32; N]; ROWS];
     for (r, acc) in acc.iter_mut().enumerate() {
@@ -212,15 +205,6 @@ fn tile<const FMA: bool, const N: usize>(
     }
     for (r, acc) in acc.iter().enumerate().take(outputs - co) {
         out[(co + r) * points + p..][..N].copy_from_slice(acc);
-    }
-}
-
-#[inline(always)]
-fn fma<const FMA: bool>(weight: f32, x: f32, acc: f32) -> f32 {
-    if FMA {
-        weight.mul_add(x, acc)
-    } else {
-        acc + weight * x
     }
 }
 
@@ -403,7 +387,8 @@ mod tests {
             let mut plain = vec![0.0; fast.len()];
             for (xi, oi) in x.chunks_exact((inputs * points).max(1)).zip(plain.chunks_exact_mut((outputs * points).max(1))) {
                 if points > 0 {
-                    image_of::<false>(xi, &laid, &b, inputs, outputs, points, oi);
+                    let layer = Layer { laid: &laid, bias: &b, inputs, outputs, points };
+                    image_of::<false>(xi, &layer, oi);
                 }
             }
             prop_assert_eq!(fast.len(), batch * outputs * points);

@@ -431,7 +431,7 @@ pub fn depthwise_for(model: &TypedModel, node: &TypedNode) -> TractResult<Option
     if sizes.contains(&0) {
         return Ok(None);
     }
-    let weights: Arc<[f32]> = kernel.try_as_plain_ram()?.as_slice::<f32>()?.into();
+    let weights = kernel.try_as_plain_ram()?.as_slice::<f32>()?.to_vec();
     let bias = bias.try_as_plain_ram()?.as_slice::<f32>()?;
     let bias: Arc<[f32]> = if bias.len() == channels {
         bias.into()
@@ -441,7 +441,7 @@ pub fn depthwise_for(model: &TypedModel, node: &TypedNode) -> TractResult<Option
     Ok(Some(Depthwise {
         geometry,
         batch_axis,
-        weights: Weights(weights),
+        weights: Weights::flushed(weights),
         bias: Weights(bias),
     }))
 }

@@ -1,20 +1,24 @@
-//! Where the runtime's own convolution kernels take over from tract's: every plan the
-//! runtime builds is optimised by [`optimized`], which is tract's `into_optimized` with
-//! one step between its declutter and its codegen: each depthwise convolution
-//! ([`crate::depthwise`]) and each 1×1 convolution ([`crate::pointwise`]) that those
-//! kernels run is swapped for their operator.
+//! Where the runtime's own kernels take over from tract's: every plan the runtime
+//! builds is optimised by [`optimized`], which is tract's `into_optimized` with the
+//! operators those kernels run swapped in: each 1×1 convolution
+//! ([`crate::pointwise`]) before tract's declutter, each depthwise convolution
+//! ([`crate::depthwise`]) and each product of an activation by constant weights
+//! ([`crate::dense`], with the bias added after it) between the declutter and the
+//! codegen.
 //!
 //! `NEPHELE_TRACT_CONV` keeps tract's own operators, to compare the two on the same
-//! build: `all` (or `1`) for both, or `depthwise` or `pointwise` for one.
+//! build: `all` (or `1`) for all three, or `depthwise`, `pointwise` or `dense` for one
+//! (comma-separated for several).
 
 use std::sync::{Arc, OnceLock};
 
 use tract_onnx::prelude::*;
 
+use crate::dense::replace_dense;
 use crate::depthwise::depthwise_for;
 use crate::pointwise::pointwise_for;
 
-/// `model` typed, decluttered, the convolutions our kernels run given to them, and
+/// `model` typed, decluttered, the layers our kernels run given to them, and
 /// optimised.
 pub fn optimized(model: InferenceModel) -> TractResult<TypedModel> {
     let kept = tracts_own();
@@ -27,10 +31,13 @@ pub fn optimized(model: InferenceModel) -> TractResult<TypedModel> {
     if !kept.contains(&"depthwise") {
         replace(&mut model, depthwise_for)?;
     }
+    if !kept.contains(&"dense") {
+        replace_dense(&mut model)?;
+    }
     model.into_optimized()
 }
 
-/// The convolutions `NEPHELE_TRACT_CONV` leaves to tract.
+/// The kinds of layer `NEPHELE_TRACT_CONV` leaves to tract.
 fn tracts_own() -> &'static [&'static str] {
     static KEPT: OnceLock<Vec<&'static str>> = OnceLock::new();
     KEPT.get_or_init(|| {
@@ -38,9 +45,10 @@ fn tracts_own() -> &'static [&'static str] {
         asked
             .split(',')
             .flat_map(|kind| match kind.trim() {
-                "1" | "all" => vec!["depthwise", "pointwise"],
+                "1" | "all" => vec!["depthwise", "pointwise", "dense"],
                 "depthwise" => vec!["depthwise"],
                 "pointwise" => vec!["pointwise"],
+                "dense" => vec!["dense"],
                 _ => vec![],
             })
             .collect()
@@ -98,6 +106,22 @@ impl OwnOp for crate::pointwise::Pointwise {
 #[derive(Debug, Clone)]
 pub struct Weights(pub(crate) Arc<[f32]>);
 
+impl Weights {
+    /// `values` with subnormal ones flushed to zero. Trained weights have some (the
+    /// digits MLP's first layer 97 of 8,192), and every vector multiply-add that meets
+    /// one takes a microcode assist on x86 CPUs: they made that layer ten times slower
+    /// at batch 6. Such a value (below 1.2e-38) times any activation adds nothing an
+    /// `f32` sum of normal terms can hold.
+    pub(crate) fn flushed(mut values: Vec<f32>) -> Weights {
+        for v in &mut values {
+            if v.is_subnormal() {
+                *v = 0.0;
+            }
+        }
+        Weights(values.into())
+    }
+}
+
 impl PartialEq for Weights {
     fn eq(&self, other: &Self) -> bool {
         self.0.len() == other.0.len()
@@ -116,6 +140,7 @@ mod tests {
     use super::*;
     use crate::test_graphs::{assert_close, floats, model, node, pseudo_random, with_ints};
     use prost::Message;
+    use tract_onnx::pb::NodeProto;
 
     /// Plans `bytes` for `shape` with tract's own operators or through [`optimized`],
     /// runs it on `xs`; the output and the operators' names in the plan.
@@ -224,6 +249,132 @@ mod tests {
             assert_eq!(count(&ours, "NepheleDepthwise"), 1, "{case}: {ours:?}");
             assert_eq!(count(&ours, "NephelePointwise"), 1, "{case}: {ours:?}");
             assert_close(&got, &want, 1e-5, case);
+        }
+    }
+
+    /// Products of an activation by constant weights (`MatMul`, `Gemm` with its
+    /// weights transposed; 2-D and 3-D activations; rows, shared dimension and columns
+    /// across the kernel's blocks) run on [`crate::dense`], absorbing a bias added over
+    /// the columns, and answer what tract's own plan answers.
+    #[test]
+    fn products_by_constant_weights_answer_as_tracts_own() {
+        // Name, input shape, nodes, weights' shape, bias's shape (if any), whether an
+        // `Add` is left (a bias that is not over the columns alone).
+        type Case = (
+            &'static str,
+            Vec<usize>,
+            Vec<NodeProto>,
+            Vec<i64>,
+            Option<Vec<i64>>,
+            bool,
+        );
+        let matmul_add = || {
+            vec![
+                node("MatMul", &["x", "w"], "y"),
+                node("Add", &["y", "b"], "z"),
+            ]
+        };
+        let cases: Vec<Case> = vec![
+            (
+                "MatMul + Add, [1, 5, 40]",
+                vec![1, 5, 40],
+                matmul_add(),
+                vec![40, 70],
+                Some(vec![70]),
+                false,
+            ),
+            (
+                "MatMul, [13, 200]",
+                vec![13, 200],
+                vec![node("MatMul", &["x", "w"], "z")],
+                vec![200, 130],
+                None,
+                false,
+            ),
+            (
+                "MatMul + Add, [2, 3, 7]",
+                vec![2, 3, 7],
+                matmul_add(),
+                vec![7, 64],
+                Some(vec![1, 64]),
+                false,
+            ),
+            (
+                "MatMul + Add of a bias per row",
+                vec![7, 33],
+                matmul_add(),
+                vec![33, 50],
+                Some(vec![7, 50]),
+                true,
+            ),
+            (
+                "Gemm with transB",
+                vec![7, 33],
+                vec![with_ints(
+                    node("Gemm", &["x", "w", "b"], "z"),
+                    &[("transB", &[1][..])],
+                )],
+                vec![50, 33],
+                Some(vec![50]),
+                false,
+            ),
+        ];
+        for (case, shape, nodes, w_shape, b_shape, add_left) in cases {
+            let volume = |dims: &[i64]| dims.iter().product::<i64>() as usize;
+            let mut initializers = vec![floats(
+                "w",
+                &w_shape,
+                &pseudo_random(volume(&w_shape), 5, 1.0),
+            )];
+            if let Some(b) = &b_shape {
+                initializers.push(floats("b", b, &pseudo_random(volume(b), 6, 1.0)));
+            }
+            let dims: Vec<i64> = shape.iter().map(|d| *d as i64).collect();
+            let graph = model(&dims, nodes, initializers, &["z"]);
+            let bytes = graph.encode_to_vec();
+            let xs = pseudo_random(shape.iter().product(), 7, 1.0);
+            let (want, _) = plan_and_run(&bytes, &shape, &xs, false);
+            let (got, ours) = plan_and_run(&bytes, &shape, &xs, true);
+            assert_eq!(count(&ours, "NepheleDense"), 1, "{case}: {ours:?}");
+            assert!(
+                !ours.iter().any(|op| op.contains("MatMul")),
+                "{case}: {ours:?}"
+            );
+            let adds = ours.iter().filter(|op| op.contains("Add")).count();
+            assert_eq!(adds > 0, add_left, "{case}: {ours:?}");
+            assert_close(&got, &want, 1e-5, case);
+        }
+    }
+
+    /// Products of two activations, and constants times an activation, stay tract's.
+    #[test]
+    fn other_products_are_left_to_tract() {
+        let cases = [
+            (
+                "activation by activation",
+                vec![
+                    node("Transpose", &["x"], "t"),
+                    node("MatMul", &["x", "t"], "z"),
+                ],
+                vec![],
+            ),
+            (
+                "constant by activation",
+                vec![node("MatMul", &["w", "x"], "z")],
+                vec![floats("w", &[3, 4], &pseudo_random(12, 3, 1.0))],
+            ),
+        ];
+        for (case, nodes, initializers) in cases {
+            let graph = model(&[4, 6], nodes, initializers, &["z"]);
+            let bytes = graph.encode_to_vec();
+            let xs = pseudo_random(24, 4, 1.0);
+            let (want, _) = plan_and_run(&bytes, &[4, 6], &xs, false);
+            let (got, ops) = plan_and_run(&bytes, &[4, 6], &xs, true);
+            assert!(
+                !ops.iter().any(|op| op.starts_with("Nephele")),
+                "{case}: {ops:?}"
+            );
+            assert_close(&got, &want, 1e-6, case);
         }
     }
 

@@ -27,6 +27,7 @@ pub mod candle_bert;
 #[path = "candle_off.rs"]
 pub mod candle_bert;
 pub mod cut_choice;
+pub mod dense;
 pub mod depthwise;
 pub mod fold_affine;
 pub mod fold_if;

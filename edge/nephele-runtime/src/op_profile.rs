@@ -105,10 +105,9 @@ mod tests {
         assert!((shares - 1.0).abs() < 1e-9, "shares add up: {shares}");
         assert!(ops.windows(2).all(|w| w[0].us_per_run >= w[1].us_per_run));
         assert!(ops.iter().all(|o| o.nodes >= 1 && o.us_per_run >= 0.0));
-        // An MLP: its dense layers are the product operators, and they lead.
-        assert!(
-            ops[0].op.to_lowercase().contains("mat") || ops[0].op.contains("EinSum"),
-            "{ops:?}"
-        );
+        // An MLP: its dense layers are the product operators (the runtime's own,
+        // `dense.rs`), and they lead.
+        assert_eq!(ops[0].op, "NepheleDense", "{ops:?}");
+        assert_eq!(ops[0].nodes, 3, "{ops:?}");
     }
 }

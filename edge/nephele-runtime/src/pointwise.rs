@@ -355,7 +355,7 @@ pub fn pointwise_for(model: &TypedModel, node: &TypedNode) -> TractResult<Option
         inputs,
         outputs,
         batch_axis,
-        laid: Weights(laid.into()),
+        laid: Weights::flushed(laid),
     }))
 }
 

@@ -315,6 +315,39 @@ fn ppocr_runs_hard_swish_fused_and_answers_as_onnxruntime_does() {
     }
 }
 
+/// all-MiniLM-L6-v2's projections and feed-forward layers (six layers of four
+/// projections and two feed-forward products) run on the runtime's own product kernel
+/// (`dense.rs`) with their biases, the attention's products stay tract's, and tract
+/// still answers the numpy forward the reference came from.
+#[test]
+fn minilm_runs_its_products_by_weights_on_the_dense_kernel() {
+    let Some(dir) = registry_dir("minilm") else {
+        return;
+    };
+    let (seq, rows, reference) = validation_file(&dir);
+    let onnx = std::fs::read(dir.join("model.onnx")).expect("onnx");
+    let model = Model::load_onnx_with_shape("minilm", &onnx, Some(&[seq])).expect("loads");
+    let ops = model.op_profile(1).expect("profiles");
+    let count = |op: &str| {
+        ops.iter()
+            .filter(|o| o.op == op)
+            .map(|o| o.nodes)
+            .sum::<usize>()
+    };
+    assert_eq!(count("NepheleDense"), 36, "{ops:?}");
+    assert_eq!(count("OptMatMul"), 12, "{ops:?}");
+    let mut worst = 0f32;
+    for (row, want) in rows.iter().zip(&reference) {
+        let (_, got) = model.infer(&[1, seq], row).expect("runs");
+        assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(want) {
+            worst = worst.max((g - w).abs());
+        }
+    }
+    assert!(worst <= 1e-4, "max |tract − numpy| {worst:.2e}");
+    eprintln!("minilm: 36 products ours, max |tract − numpy| {worst:.2e}");
+}
+
 /// Three implementations of all-MiniLM-L6-v2 agree: candle from the safetensors, tract
 /// on the ONNX graph built from them, and the numpy forward the reference came from.
 #[cfg(feature = "candle")]

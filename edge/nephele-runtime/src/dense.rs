@@ -125,8 +125,8 @@ fn product_of<const FMA: bool>(x: &[f32], layer: &Layer, rows: usize, out: &mut 
         depth,
         columns,
     } = *layer;
-    // One row is already laid out as a block of one.
-    let packed = if rows == 1 {
+    // One row is already laid out as a block of one (unless it has a value to flush).
+    let packed = if rows == 1 && !x.iter().any(|v| v.is_subnormal()) {
         std::borrow::Cow::Borrowed(x)
     } else {
         std::borrow::Cow::Owned(pack_rows(x, rows, depth))
@@ -168,7 +168,10 @@ fn product_of<const FMA: bool>(x: &[f32], layer: &Layer, rows: usize, out: &mut 
 
 /// `x` (`[rows, depth]`) block by block of [`ROWS`] rows, step by step along the shared
 /// dimension, the block's values of a step side by side (the last block, of fewer
-/// rows, as many as it has): so that the kernel reads both operands in order.
+/// rows, as many as it has): so that the kernel reads both operands in order. Subnormal
+/// values are flushed to zero on the way, as tract's matrix kernels do by setting the
+/// CPU's denormals-are-zero flag (see [`Weights::flushed`]): activations have them too
+/// (an attention's probabilities of far-off tokens).
 fn pack_rows(x: &[f32], rows: usize, depth: usize) -> Vec<f32> {
     let mut packed = vec![0.0f32; rows * depth];
     for (m, row) in x.chunks_exact(depth).enumerate() {
@@ -176,10 +179,17 @@ fn pack_rows(x: &[f32], rows: usize, depth: usize) -> Vec<f32> {
         let height = ROWS.min(rows - block * ROWS);
         let base = block * ROWS * depth;
         for (k, v) in row.iter().enumerate() {
-            packed[base + k * height + r] = *v;
+            packed[base + k * height + r] = flush(*v);
         }
     }
     packed
+}
+
+/// `v`, or zero when it is subnormal (or zero), without a branch.
+#[inline(always)]
+fn flush(v: f32) -> f32 {
+    let bits = v.to_bits();
+    f32::from_bits(if bits & 0x7f80_0000 == 0 { 0 } else { bits })
 }
 
 /// One slice of a panel: its steps (from the first or not: the accumulators then start
@@ -578,6 +588,37 @@ mod tests {
     use super::*;
     use crate::test_graphs::pseudo_random;
     use proptest::prelude::*;
+
+    /// Subnormal activations are taken as zero (as tract's kernels take them), on the
+    /// packed path and on the one-row path, and normal ones as they are.
+    #[test]
+    fn subnormal_activations_count_as_zero() {
+        let tiny = f32::MIN_POSITIVE / 4.0;
+        assert!(tiny.is_subnormal());
+        let (depth, columns) = (3, 5);
+        let w = pseudo_random(depth * columns, 1, 1.0);
+        let laid = panels(&w, depth, columns);
+        let layer = Layer {
+            laid: &laid,
+            bias: &[],
+            depth,
+            columns,
+        };
+        for rows in [1, 7] {
+            // One value of the first row, the others zero: the output is that value
+            // times its row of weights.
+            let mut x = vec![0.0; rows * depth];
+            x[1] = tiny;
+            assert!(run(&x, &layer).iter().all(|v| *v == 0.0), "{rows} rows");
+            x[1] = 1e-30;
+            let out = run(&x, &layer);
+            for (n, v) in out[..columns].iter().enumerate() {
+                assert_eq!(*v, 1e-30 * w[columns + n], "{rows} rows");
+            }
+        }
+        assert_eq!(flush(-tiny).to_bits(), 0);
+        assert_eq!(flush(-1.5), -1.5);
+    }
 
     proptest! {
         /// Every size (fewer rows than a block, a shared dimension across several

@@ -252,6 +252,15 @@ mod tests {
         }
     }
 
+    /// Subnormal weights are laid out as zeros, every other value as it is.
+    #[test]
+    fn weights_are_flushed_of_subnormals_only() {
+        let tiny = f32::MIN_POSITIVE / 2.0;
+        let values = vec![tiny, -tiny, f32::MIN_POSITIVE, -0.5, 0.0, 3.0];
+        let flushed = Weights::flushed(values);
+        assert_eq!(&*flushed.0, &[0.0, 0.0, f32::MIN_POSITIVE, -0.5, 0.0, 3.0]);
+    }
+
     /// Products of an activation by constant weights (`MatMul`, `Gemm` with its
     /// weights transposed; 2-D and 3-D activations; rows, shared dimension and columns
     /// across the kernel's blocks) run on [`crate::dense`], absorbing a bias added over

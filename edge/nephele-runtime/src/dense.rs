@@ -437,24 +437,13 @@ pub fn dense_for(
     let summed = of(&in_x, Role::Summed);
     let free = of(&in_x, Role::Free);
     let columns_axes = of(&in_w, Role::Columns);
-    let x_ok = in_x
-        .iter()
-        .map(|a| a.0)
-        .eq(free.iter().chain(&summed).copied());
+    let letters = |list: &[(char, Role)]| -> Vec<char> { list.iter().map(|a| a.0).collect() };
+    let x_ok = letters(&in_x) == [&free[..], &summed].concat();
     // The weights `[depth, columns]`, or `[columns, depth]` (a `Gemm` with `transB`,
     // PyTorch's `Linear`), laid out for the kernel either way.
-    let plain = in_w
-        .iter()
-        .map(|a| a.0)
-        .eq(summed.iter().chain(&columns_axes).copied());
-    let transposed = in_w
-        .iter()
-        .map(|a| a.0)
-        .eq(columns_axes.iter().chain(&summed).copied());
-    let out_ok = in_out
-        .iter()
-        .map(|a| a.0)
-        .eq(free.iter().chain(&columns_axes).copied());
+    let plain = letters(&in_w) == [&summed[..], &columns_axes].concat();
+    let transposed = letters(&in_w) == [&columns_axes[..], &summed].concat();
+    let out_ok = letters(&in_out) == [&free[..], &columns_axes].concat();
     if columns_axes.len() != 1 || !x_ok || !(plain || transposed) || !out_ok {
         return Ok(None);
     }

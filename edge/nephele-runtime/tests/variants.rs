@@ -249,6 +249,11 @@ fn validation_file(dir: &std::path::Path) -> (usize, Vec<Vec<f32>>, Vec<Vec<f32>
     (row, rows, reference)
 }
 
+/// How many nodes of a plan's profile run operator `op`.
+fn nodes_of(ops: &[nephele_runtime::op_profile::OpTime], op: &str) -> usize {
+    ops.iter().filter(|o| o.op == op).map(|o| o.nodes).sum()
+}
+
 /// PaddleOCR's classifier and detector write hard-swish out in four nodes; the runtime
 /// runs it as tract's one `HardSwish` (`fuse_activations`) and folds the scales and
 /// shifts next to convolutions into their weights (`fold_affine`), and still answers
@@ -265,12 +270,7 @@ fn ppocr_runs_hard_swish_fused_and_answers_as_onnxruntime_does() {
         let bytes = std::fs::read(dir.join("model.onnx")).expect("read the model");
         let model = Model::load_onnx_with_shape(name, &bytes, Some(&row_shape)).expect("loads");
         let ops = model.op_profile(1).expect("profiles");
-        let count = |op: &str| {
-            ops.iter()
-                .filter(|o| o.op == op)
-                .map(|o| o.nodes)
-                .sum::<usize>()
-        };
+        let count = |op: &str| nodes_of(&ops, op);
         assert_eq!(count("HardSwish"), fused, "{name}: {ops:?}");
         // Its depthwise and 1×1 layers run on the runtime's own kernels
         // (`depthwise.rs`, `pointwise.rs`).
@@ -328,12 +328,7 @@ fn minilm_runs_its_products_by_weights_on_the_dense_kernel() {
     let onnx = std::fs::read(dir.join("model.onnx")).expect("onnx");
     let model = Model::load_onnx_with_shape("minilm", &onnx, Some(&[seq])).expect("loads");
     let ops = model.op_profile(1).expect("profiles");
-    let count = |op: &str| {
-        ops.iter()
-            .filter(|o| o.op == op)
-            .map(|o| o.nodes)
-            .sum::<usize>()
-    };
+    let count = |op: &str| nodes_of(&ops, op);
     assert_eq!(count("NepheleDense"), 36, "{ops:?}");
     assert_eq!(count("OptMatMul"), 12, "{ops:?}");
     let mut worst = 0f32;

@@ -7,10 +7,12 @@
 //! 12 broadcasts per 12 multiply-adds, so it waits on loads. On MiniLM at 128 tokens its
 //! products took 30.9 ms of a 37.4 ms run and packing another 1.9 ms, against 20.3 ms
 //! for onnxruntime's (`nephele bench inference --only profile --model
-//! minilm-l6-seq128`). Here the activation's rows are read where they are: a block of
-//! [`ROWS`] rows × [`COLS`] columns is 24 vector accumulators, and every step along the
-//! shared dimension adds one row of the weights' panel (4 vector loads) times [`ROWS`]
-//! activation values (broadcast) into them, 24 multiply-adds for 10 loads. The weights
+//! minilm-l6-seq128`). Here the activation is packed once per run into blocks of
+//! [`ROWS`] rows laid out step by step (one copy of each value, against a multiply-add
+//! per value and column), a block of [`ROWS`] rows × [`COLS`] columns is 24 vector
+//! accumulators, and every step along the shared dimension adds one row of the weights'
+//! panel (4 vector loads) times [`ROWS`] activation values (broadcast) into them, 24
+//! multiply-adds for 10 loads. The weights
 //! are laid out once, when the model loads, as panels of [`COLS`] columns in the order
 //! the kernel reads them, and the panel is walked in slices of [`DEPTH`] steps that
 //! stay in the first-level cache while every row block uses them. The loops are safe

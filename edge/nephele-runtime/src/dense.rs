@@ -360,6 +360,10 @@ enum Role {
     Unit,
 }
 
+/// Weights already laid out for the kernel, by the address of the constant they come
+/// from (alive in the model while it is rewritten) and whether it was transposed.
+pub type LaidOut = std::collections::HashMap<(usize, bool), Weights>;
+
 /// An `EinSum` axis: its letter, its role, and its position in the activation, the
 /// weights and the output (where it is one of theirs).
 struct AxisUse {
@@ -372,9 +376,11 @@ struct AxisUse {
 /// weights, the summed axes last in the activation and first in the weights, in the
 /// same order, the columns last in both the weights and the output), when it is one
 /// this kernel runs; and the `Add` of a constant bias after it that it absorbs, if any.
+/// `laid_out` holds the weights laid out so far, by tensor.
 pub fn dense_for(
     model: &TypedModel,
     node: &TypedNode,
+    laid_out: &mut LaidOut,
 ) -> TractResult<Option<(Dense, Option<usize>)>> {
     let Some(einsum) = node.op_as::<EinSum>() else {
         return Ok(None);
@@ -470,24 +476,35 @@ pub fn dense_for(
             };
         }
     }
-    let values = weights.try_as_plain_ram()?;
-    let values = values.as_slice::<f32>()?;
-    let laid = if plain {
-        panels(values, depth, columns)
-    } else {
-        let mut by_depth = vec![0.0; values.len()];
-        for (n, row) in values.chunks_exact(depth).enumerate() {
-            for (k, v) in row.iter().enumerate() {
-                by_depth[k * columns + n] = *v;
-            }
+    // One layout per weight tensor: a constant several products share (one
+    // initializer read by 512 layers, as the rollout tests' slow model has) is laid out
+    // once and held by all of them.
+    let key = (Arc::as_ptr(&weights) as usize, plain);
+    let laid = match laid_out.get(&key) {
+        Some(laid) => laid.clone(),
+        None => {
+            let values = weights.try_as_plain_ram()?;
+            let values = values.as_slice::<f32>()?;
+            let laid = Weights::flushed(if plain {
+                panels(values, depth, columns)
+            } else {
+                let mut by_depth = vec![0.0; values.len()];
+                for (n, row) in values.chunks_exact(depth).enumerate() {
+                    for (k, v) in row.iter().enumerate() {
+                        by_depth[k * columns + n] = *v;
+                    }
+                }
+                panels(&by_depth, depth, columns)
+            });
+            laid_out.insert(key, laid.clone());
+            laid
         }
-        panels(&by_depth, depth, columns)
     };
     let mut op = Dense {
         depth,
         columns,
         dims,
-        laid: Weights::flushed(laid),
+        laid,
         bias: None,
     };
     if op.shape(x_shape)?.as_slice() != out_shape {
@@ -553,10 +570,11 @@ fn bias_after(
 /// Swaps every product [`dense_for`] takes for a [`Dense`] (and the `Add` of a bias it
 /// absorbs with it); how many.
 pub fn replace_dense(model: &mut TypedModel) -> TractResult<usize> {
+    let mut laid_out = LaidOut::new();
     let mut replaced = 0;
     for id in model.eval_order()? {
         let node = model.node(id);
-        let Some((op, absorbed)) = dense_for(model, node)? else {
+        let Some((op, absorbed)) = dense_for(model, node, &mut laid_out)? else {
             continue;
         };
         let mut patch = TypedModelPatch::default();
@@ -579,6 +597,39 @@ mod tests {
     use super::*;
     use crate::test_graphs::pseudo_random;
     use proptest::prelude::*;
+
+    /// Products that share one weight initializer share one laid-out copy of it (a
+    /// model of 512 layers over one 4 MB matrix would otherwise lay out 2 GB).
+    #[test]
+    fn shared_weights_are_laid_out_once() {
+        use crate::test_graphs::{floats, model, node};
+        use prost::Message;
+        let graph = model(
+            &[2, 8],
+            vec![
+                node("MatMul", &["x", "w"], "a"),
+                node("Relu", &["a"], "r"),
+                node("MatMul", &["r", "w"], "b"),
+            ],
+            vec![floats("w", &[8, 8], &pseudo_random(64, 3, 1.0))],
+            &["b"],
+        );
+        let bytes = graph.encode_to_vec();
+        let mut typed = tract_onnx::onnx()
+            .model_for_read(&mut &bytes[..])
+            .and_then(|m| m.into_typed())
+            .and_then(|m| m.into_decluttered())
+            .expect("the model types");
+        assert_eq!(replace_dense(&mut typed).expect("swaps"), 2);
+        let laid: Vec<&Weights> = typed
+            .nodes()
+            .iter()
+            .filter_map(|n| n.op_as::<Dense>())
+            .map(|op| &op.laid)
+            .collect();
+        assert_eq!(laid.len(), 2);
+        assert!(Arc::ptr_eq(&laid[0].0, &laid[1].0));
+    }
 
     /// Subnormal activations are taken as zero (as tract's kernels take them), on the
     /// packed path and on the one-row path, and normal ones as they are.

@@ -63,14 +63,9 @@ pub struct Layer<'a> {
 /// # Panics
 /// When a slice's length does not match the sizes (a caller's bug, never input).
 pub fn run(x: &[f32], layer: &Layer) -> Vec<f32> {
-    let Layer {
-        laid,
-        bias,
-        depth,
-        columns,
-    } = *layer;
-    assert_eq!(laid.len(), columns.div_ceil(COLS) * depth * COLS);
-    assert!(bias.is_empty() || bias.len() == columns);
+    let (depth, columns) = (layer.depth, layer.columns);
+    assert_eq!(layer.laid.len(), columns.div_ceil(COLS) * depth * COLS);
+    assert!(layer.bias.is_empty() || layer.bias.len() == columns);
     if depth == 0 {
         // No rows can be told apart (a model's weights always have a shared dimension).
         return vec![];

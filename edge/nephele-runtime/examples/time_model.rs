@@ -4,14 +4,17 @@
 //! the load (parse, analyse, optimise, plan) time too, which the parser's opt-level
 //! decides.
 //!
-//! `cargo run --release -p nephele-runtime --no-default-features --example time_model -- MODEL.onnx [ROW_SHAPE]`
+//! `cargo run --release -p nephele-runtime --no-default-features --example time_model -- MODEL.onnx [ROW_SHAPE] [--ops]`
 //! (and the same with `--profile dist`); `ROW_SHAPE` fixes symbolic dimensions, e.g.
 //! `3,48,320`. Rows are a fixed pseudo-random pattern; the time does not depend on it.
+//! `--ops` also prints where a run's time goes, per operator (`Model::op_profile`, 20
+//! runs).
 
 use std::time::Duration;
 
 fn main() {
-    let mut args = std::env::args().skip(1);
+    let ops = std::env::args().any(|a| a == "--ops");
+    let mut args = std::env::args().skip(1).filter(|a| a != "--ops");
     let Some(path) = args.next() else {
         eprintln!("usage: time_model MODEL.onnx [ROW_SHAPE, e.g. 3,48,320]");
         std::process::exit(2);
@@ -47,4 +50,22 @@ fn main() {
         "{path}: loaded in {load_ms:.1} ms; batch 1, {} runs, p50 {:.4} ms, mean {:.4} ms, p99 {:.4} ms",
         stats.runs, stats.p50_ms, stats.mean_ms, stats.p99_ms
     );
+    if ops {
+        let profile = model
+            .op_profile(20)
+            .unwrap_or_else(|e| panic!("cannot profile {path}: {e}"));
+        println!(
+            "{:<48} {:>5} {:>10} {:>6}",
+            "operator", "nodes", "us/run", "share"
+        );
+        for op in profile {
+            println!(
+                "{:<48} {:>5} {:>10.1} {:>5.1}%",
+                op.op,
+                op.nodes,
+                op.us_per_run,
+                op.share * 100.0
+            );
+        }
+    }
 }

@@ -47,16 +47,33 @@ pub struct Geometry {
 }
 
 impl Geometry {
-    fn in_plane(&self) -> usize {
+    pub(crate) fn in_plane(&self) -> usize {
         self.in_h * self.in_w
     }
 
-    fn out_plane(&self) -> usize {
+    pub(crate) fn out_plane(&self) -> usize {
         self.out_h * self.out_w
     }
 
-    fn taps(&self) -> usize {
+    pub(crate) fn taps(&self) -> usize {
         self.kernel_h * self.kernel_w
+    }
+
+    /// Whether no size, stride or dilation is zero (only such a layer has a kernel).
+    pub(crate) fn is_whole(&self) -> bool {
+        ![
+            self.in_h,
+            self.in_w,
+            self.out_h,
+            self.out_w,
+            self.kernel_h,
+            self.kernel_w,
+            self.stride_h,
+            self.stride_w,
+            self.dilation_h,
+            self.dilation_w,
+        ]
+        .contains(&0)
     }
 }
 
@@ -209,7 +226,13 @@ fn run_planes<const FMA: bool>(
 /// One input row into its padded (and, with a stride, phased) form; `line` is scratch
 /// of the padded width whose padding stays zero.
 #[inline(always)]
-fn load_row(geo: &Geometry, phase_len: usize, row: &[f32], padded: &mut [f32], line: &mut [f32]) {
+pub(crate) fn load_row(
+    geo: &Geometry,
+    phase_len: usize,
+    row: &[f32],
+    padded: &mut [f32],
+    line: &mut [f32],
+) {
     let stride = geo.stride_w;
     let fits = geo.in_w.min(padded.len().saturating_sub(geo.pad_left));
     if stride == 1 {
@@ -416,19 +439,7 @@ pub fn depthwise_for(model: &TypedModel, node: &TypedNode) -> TractResult<Option
         pad_top: padded[0].pad_before,
         pad_left: padded[1].pad_before,
     };
-    let sizes = [
-        geometry.in_h,
-        geometry.in_w,
-        geometry.out_h,
-        geometry.out_w,
-        geometry.kernel_h,
-        geometry.kernel_w,
-        geometry.stride_h,
-        geometry.stride_w,
-        geometry.dilation_h,
-        geometry.dilation_w,
-    ];
-    if sizes.contains(&0) {
+    if !geometry.is_whole() {
         return Ok(None);
     }
     let weights = kernel.try_as_plain_ram()?.as_slice::<f32>()?.to_vec();
@@ -447,7 +458,7 @@ pub fn depthwise_for(model: &TypedModel, node: &TypedNode) -> TractResult<Option
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use proptest::prelude::*;
 
@@ -485,7 +496,7 @@ mod tests {
         out
     }
 
-    fn geometry() -> impl Strategy<Value = Geometry> {
+    pub(crate) fn geometry() -> impl Strategy<Value = Geometry> {
         (
             (1usize..4, 1usize..12, 1usize..20),
             (1usize..6, 1usize..6),

@@ -2,13 +2,14 @@
 //! builds is optimised by [`optimized`], which is tract's `into_optimized` with the
 //! operators those kernels run swapped in: each 1×1 convolution
 //! ([`crate::pointwise`]) before tract's declutter, each depthwise convolution
-//! ([`crate::depthwise`]) and each product of an activation by constant weights
+//! ([`crate::depthwise`]), each other convolution with a spatial kernel
+//! ([`crate::direct`]) and each product of an activation by constant weights
 //! ([`crate::dense`], with the bias added after it) between the declutter and the
 //! codegen.
 //!
 //! `NEPHELE_TRACT_CONV` keeps tract's own operators, to compare the two on the same
-//! build: `all` (or `1`) for all three, or `depthwise`, `pointwise` or `dense` for one
-//! (comma-separated for several).
+//! build: `all` (or `1`) for all four, or `depthwise`, `pointwise`, `direct` or `dense`
+//! for one (comma-separated for several).
 
 use std::sync::{Arc, OnceLock};
 
@@ -16,6 +17,7 @@ use tract_onnx::prelude::*;
 
 use crate::dense::replace_dense;
 use crate::depthwise::depthwise_for;
+use crate::direct::direct_for;
 use crate::pointwise::pointwise_for;
 
 /// `model` typed, decluttered, the layers our kernels run given to them, and
@@ -31,6 +33,9 @@ pub fn optimized(model: InferenceModel) -> TractResult<TypedModel> {
     if !kept.contains(&"depthwise") {
         replace(&mut model, depthwise_for)?;
     }
+    if !kept.contains(&"direct") {
+        replace(&mut model, direct_for)?;
+    }
     if !kept.contains(&"dense") {
         replace_dense(&mut model)?;
     }
@@ -45,8 +50,9 @@ fn tracts_own() -> &'static [&'static str] {
         asked
             .split(',')
             .flat_map(|kind| match kind.trim() {
-                "1" | "all" => vec!["depthwise", "pointwise", "dense"],
+                "1" | "all" => vec!["depthwise", "pointwise", "direct", "dense"],
                 "depthwise" => vec!["depthwise"],
+                "direct" => vec!["direct"],
                 "pointwise" => vec!["pointwise"],
                 "dense" => vec!["dense"],
                 _ => vec![],
@@ -92,6 +98,11 @@ pub trait OwnOp: TypedOp {
 }
 
 impl OwnOp for crate::depthwise::Depthwise {
+    /// The image (kernel and bias are held).
+    const INPUTS: usize = 1;
+}
+
+impl OwnOp for crate::direct::Direct {
     /// The image (kernel and bias are held).
     const INPUTS: usize = 1;
 }
@@ -388,14 +399,118 @@ mod tests {
         }
     }
 
-    /// Convolutions neither kernel runs stay tract's: a grouped one that is not
-    /// depthwise, a 1×1 with a stride, a 3×3.
+    /// Convolutions with a spatial kernel (pads, strides, dilations, batch 1 and 2,
+    /// channel counts across the kernel's blocks) run on [`crate::direct`] and answer
+    /// what tract's own plan answers.
+    #[test]
+    fn spatial_convolutions_answer_as_tracts_own() {
+        // Name, kernel, strides, dilations, pads (top, left, bottom, right), batch,
+        // input and output channels.
+        type Case = (
+            &'static str,
+            [i64; 2],
+            [i64; 2],
+            [i64; 2],
+            [i64; 4],
+            usize,
+            usize,
+            usize,
+        );
+        let cases: [Case; 5] = [
+            (
+                "3x3 same, 96 -> 24",
+                [3, 3],
+                [1, 1],
+                [1, 1],
+                [1, 1, 1, 1],
+                1,
+                96,
+                24,
+            ),
+            (
+                "3x3 stride 2, 3 -> 16",
+                [3, 3],
+                [2, 2],
+                [1, 1],
+                [1, 1, 1, 1],
+                1,
+                3,
+                16,
+            ),
+            (
+                "5x5 stride (2,1), batch 2",
+                [5, 5],
+                [2, 1],
+                [1, 1],
+                [2, 2, 2, 2],
+                2,
+                5,
+                7,
+            ),
+            (
+                "3x3 dilated, unpadded",
+                [3, 3],
+                [1, 1],
+                [2, 2],
+                [0, 0, 0, 0],
+                1,
+                4,
+                13,
+            ),
+            (
+                "3x5 uneven pads",
+                [3, 5],
+                [1, 2],
+                [1, 1],
+                [0, 2, 1, 1],
+                2,
+                6,
+                6,
+            ),
+        ];
+        let (h, w) = (9usize, 37usize);
+        for (case, kernel, strides, dilations, pads, batch, channels, outputs) in cases {
+            let taps = (kernel[0] * kernel[1]) as usize;
+            let conv = with_ints(
+                node("Conv", &["x", "k", "b"], "y"),
+                &[
+                    ("kernel_shape", &kernel[..]),
+                    ("strides", &strides[..]),
+                    ("dilations", &dilations[..]),
+                    ("pads", &pads[..]),
+                ],
+            );
+            let graph = model(
+                &[batch as i64, channels as i64, h as i64, w as i64],
+                vec![conv, node("Relu", &["y"], "r")],
+                vec![
+                    floats(
+                        "k",
+                        &[outputs as i64, channels as i64, kernel[0], kernel[1]],
+                        &pseudo_random(outputs * channels * taps, 7, 1.0),
+                    ),
+                    floats("b", &[outputs as i64], &pseudo_random(outputs, 8, 0.5)),
+                ],
+                &["r"],
+            );
+            let bytes = graph.encode_to_vec();
+            let shape = [batch, channels, h, w];
+            let xs = pseudo_random(shape.iter().product(), 9, 2.0);
+            let (want, theirs) = plan_and_run(&bytes, &shape, &xs, false);
+            let (got, ours) = plan_and_run(&bytes, &shape, &xs, true);
+            assert_eq!(count(&theirs, "NepheleConv"), 0, "{case}");
+            assert_eq!(count(&ours, "NepheleConv"), 1, "{case}: {ours:?}");
+            assert_close(&got, &want, 1e-4, case);
+        }
+    }
+
+    /// Convolutions no kernel of ours runs stay tract's: a grouped one that is not
+    /// depthwise, a 1×1 with a stride.
     #[test]
     fn other_convolutions_are_left_to_tract() {
         let cases = [
             ("two channels a group", 2i64, [3i64, 3], [1i64, 1], 2usize),
             ("1x1 strided", 1, [1, 1], [2, 2], 4),
-            ("3x3", 1, [3, 3], [1, 1], 4),
         ];
         for (case, group, kernel, strides, per_group) in cases {
             let conv = with_ints(

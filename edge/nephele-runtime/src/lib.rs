@@ -29,6 +29,7 @@ pub mod candle_bert;
 pub mod cut_choice;
 pub mod dense;
 pub mod depthwise;
+pub mod direct;
 pub mod fold_affine;
 pub mod fold_if;
 pub mod fuse_activations;

@@ -28,15 +28,19 @@ const WIDE: usize = 64;
 /// Points of the narrower blocks for what is left of a row: one vector.
 const NARROW: usize = 16;
 
-/// The weights as the kernel reads them: per block of [`ROWS`] output channels, per
-/// input channel, the block's [`ROWS`] weights side by side (zero past the last
-/// output channel).
-fn interleave(weights: &[f32], outputs: usize, inputs: usize) -> Vec<f32> {
-    let blocks = outputs.div_ceil(ROWS);
-    let mut laid = vec![0.0; blocks * inputs * ROWS];
+/// The weights (`[outputs, inputs]`) as a kernel computing `R` output channels
+/// together reads them ([`ROWS`] here): per block of `R` output channels, per input,
+/// the block's `R` weights side by side (zero past the last output channel).
+pub(crate) fn interleave<const R: usize>(
+    weights: &[f32],
+    outputs: usize,
+    inputs: usize,
+) -> Vec<f32> {
+    let blocks = outputs.div_ceil(R);
+    let mut laid = vec![0.0; blocks * inputs * R];
     for co in 0..outputs {
         for ci in 0..inputs {
-            laid[((co / ROWS) * inputs + ci) * ROWS + co % ROWS] = weights[co * inputs + ci];
+            laid[((co / R) * inputs + ci) * R + co % R] = weights[co * inputs + ci];
         }
     }
     laid
@@ -350,7 +354,7 @@ pub fn pointwise_for(model: &TypedModel, node: &TypedNode) -> TractResult<Option
         return Ok(None);
     }
     let weights = kernel.try_as_plain_ram()?;
-    let laid = interleave(weights.as_slice::<f32>()?, outputs, inputs);
+    let laid = interleave::<ROWS>(weights.as_slice::<f32>()?, outputs, inputs);
     Ok(Some(Pointwise {
         inputs,
         outputs,
@@ -382,7 +386,7 @@ mod tests {
             let x = values(batch * inputs * points, seed);
             let w = values(outputs * inputs, seed ^ 1);
             let b = values(outputs, seed ^ 2);
-            let laid = interleave(&w, outputs, inputs);
+            let laid = interleave::<ROWS>(&w, outputs, inputs);
             let fast = run(&x, &laid, &b, inputs, outputs, points);
             let mut plain = vec![0.0; fast.len()];
             for (xi, oi) in x.chunks_exact((inputs * points).max(1)).zip(plain.chunks_exact_mut((outputs * points).max(1))) {

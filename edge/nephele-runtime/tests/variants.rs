@@ -260,9 +260,9 @@ fn nodes_of(ops: &[nephele_runtime::op_profile::OpTime], op: &str) -> usize {
 /// what onnxruntime answers on the files' validation rows, within their tolerance.
 #[test]
 fn ppocr_runs_hard_swish_fused_and_answers_as_onnxruntime_does() {
-    for (name, row_shape, fused, depthwise, pointwise) in [
-        ("ppocr-cls", [3usize, 48, 192], 18, 11, 41),
-        ("ppocr-det", [3, 640, 640], 24, 14, 42),
+    for (name, row_shape, fused, depthwise, pointwise, direct) in [
+        ("ppocr-cls", [3usize, 48, 192], 18, 11, 41, 1),
+        ("ppocr-det", [3, 640, 640], 24, 14, 42, 6),
     ] {
         let Some(dir) = registry_dir(name) else {
             continue;
@@ -272,11 +272,17 @@ fn ppocr_runs_hard_swish_fused_and_answers_as_onnxruntime_does() {
         let ops = model.op_profile(1).expect("profiles");
         let count = |op: &str| nodes_of(&ops, op);
         assert_eq!(count("HardSwish"), fused, "{name}: {ops:?}");
-        // Its depthwise and 1×1 layers run on the runtime's own kernels
-        // (`depthwise.rs`, `pointwise.rs`).
+        // Its depthwise, 1×1 and other convolutions (the stem's 3×3, the detector's
+        // 3×3 neck and head) run on the runtime's own kernels (`depthwise.rs`,
+        // `pointwise.rs`, `direct.rs`): no convolution is left to tract.
         assert_eq!(count("NepheleDepthwise"), depthwise, "{name}: {ops:?}");
         assert_eq!(count("DepthWiseConv"), 0, "{name}: {ops:?}");
         assert_eq!(count("NephelePointwise"), pointwise, "{name}: {ops:?}");
+        assert_eq!(count("NepheleConv"), direct, "{name}: {ops:?}");
+        assert!(
+            !ops.iter().any(|o| o.op == "Pad"),
+            "{name}: a convolution's padding is left as a pass of its own: {ops:?}"
+        );
         assert!(
             !ops.iter().any(|o| o.op.contains("Add+Max+Min")),
             "{name}: a written-out hard-swish is left: {ops:?}"

@@ -29,17 +29,16 @@ use tract_onnx::tract_core::ops::nn::DataFormat;
 
 use crate::depthwise::{load_row, Geometry};
 use crate::kernels::{fma, Weights};
-use crate::pointwise::interleave;
 
 /// Output channels a block computes together.
-const ROWS: usize = 6;
+pub(crate) const ROWS: usize = 6;
 /// Lanes of an AVX-512 vector register, and of the narrower builds (AVX2, and the
 /// baseline builds, whose registers hold 8 or 4).
-const WIDE_LANES: usize = 16;
+pub(crate) const WIDE_LANES: usize = 16;
 const LANES: usize = 8;
 
-/// A layer's sizes (`channels` the input's), weights as [`interleave`] lays them for
-/// [`ROWS`] output channels over `channels × taps` inputs, and bias.
+/// A layer's sizes (`channels` the input's), weights as [`lay_out`] lays them, and
+/// bias.
 pub struct Layer<'a> {
     pub geo: &'a Geometry,
     pub outputs: usize,
@@ -47,9 +46,18 @@ pub struct Layer<'a> {
     pub bias: &'a [f32],
 }
 
-/// The weights (`[outputs, channels, kernel_h, kernel_w]`, OIHW) as [`run`] reads them.
+/// The weights (`[outputs, channels, kernel_h, kernel_w]`, OIHW) as [`row`] reads
+/// them: per block of [`ROWS`] output channels, per (input channel, tap), the block's
+/// [`ROWS`] weights side by side (zero past the last output channel).
 pub fn lay_out(weights: &[f32], outputs: usize, channels: usize, taps: usize) -> Vec<f32> {
-    interleave::<ROWS>(weights, outputs, channels * taps)
+    let inputs = channels * taps;
+    let mut laid = vec![0.0; outputs.div_ceil(ROWS) * inputs * ROWS];
+    for co in 0..outputs {
+        for ci in 0..inputs {
+            laid[((co / ROWS) * inputs + ci) * ROWS + co % ROWS] = weights[co * inputs + ci];
+        }
+    }
+    laid
 }
 
 /// Runs the layer on `batch` images: `input` is `[batch, channels, in_h, in_w]`; the
@@ -80,7 +88,13 @@ pub fn run(layer: &Layer, input: &[f32]) -> Vec<f32> {
 /// lacks here, one row at a time, so that the compiler sees the row's operands as
 /// the parameters they are (inlined into a larger function, it could not tell them
 /// from the accumulators and kept those in memory).
-fn row(window: &[f32], offsets: &[usize], weights: &[f32], bias: &[f32], rows: &mut [f32]) {
+pub(crate) fn row(
+    window: &[f32],
+    offsets: &[usize],
+    weights: &[f32],
+    bias: &[f32],
+    rows: &mut [f32],
+) {
     // The only `unsafe` here: calling the kernel built for CPU features the baseline
     // x86_64 target lacks, after checking at run time that this CPU has them.
     #[cfg(target_arch = "x86_64")]

@@ -29,8 +29,13 @@ use crate::kernels::{fma, Weights};
 
 /// Rows (tokens) a block computes together.
 const ROWS: usize = 6;
-/// Columns a block computes together: 4 vectors of 16 lanes.
+/// Columns a panel holds, and a block computes together with AVX-512: 4 vectors of 16
+/// lanes.
 const COLS: usize = 64;
+/// Columns a block computes together with narrower vectors: 2 of AVX2's 8 lanes (6 × 2
+/// accumulators, two weight vectors and a broadcast fill its 16 registers; a block of
+/// 64 columns would spill them on every multiply-add).
+const NARROW: usize = 16;
 /// Steps along the shared dimension a slice of the panel holds: 32 KiB of weights at
 /// [`COLS`] columns, within a first-level data cache, read by every block of rows.
 const DEPTH: usize = 128;
@@ -95,27 +100,32 @@ fn product(x: &[f32], layer: &Layer, rows: usize, out: &mut [f32]) {
     }
     // NEON and its fused multiply-add are part of aarch64's baseline.
     #[cfg(target_arch = "aarch64")]
-    return product_of::<true>(x, layer, rows, out);
+    return product_of::<true, NARROW>(x, layer, rows, out);
     #[allow(unreachable_code)]
-    product_of::<false>(x, layer, rows, out)
+    product_of::<false, NARROW>(x, layer, rows, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
 fn product_avx512(x: &[f32], layer: &Layer, rows: usize, out: &mut [f32]) {
-    product_of::<true>(x, layer, rows, out)
+    product_of::<true, COLS>(x, layer, rows, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 fn product_avx2(x: &[f32], layer: &Layer, rows: usize, out: &mut [f32]) {
-    product_of::<true>(x, layer, rows, out)
+    product_of::<true, NARROW>(x, layer, rows, out)
 }
 
 /// Every panel, every slice of it along the shared dimension, every block of rows
 /// ([`ROWS`], then what is left one row block of its own size).
 #[inline(always)]
-fn product_of<const FMA: bool>(x: &[f32], layer: &Layer, rows: usize, out: &mut [f32]) {
+fn product_of<const FMA: bool, const C: usize>(
+    x: &[f32],
+    layer: &Layer,
+    rows: usize,
+    out: &mut [f32],
+) {
     let Layer {
         laid,
         bias,
@@ -146,17 +156,17 @@ fn product_of<const FMA: bool>(x: &[f32], layer: &Layer, rows: usize, out: &mut 
             };
             for b in 0..full {
                 let xs = &packed[(b * depth + k0) * ROWS..][..steps * ROWS];
-                tile::<FMA, ROWS>(xs, &slice, b * ROWS, out);
+                tiles::<FMA, ROWS, C>(xs, &slice, b * ROWS, out);
             }
             let xs = &packed[full * depth * ROWS + k0 * rest..][..steps * rest];
             let m = full * ROWS;
             match rest {
                 0 => {}
-                1 => tile::<FMA, 1>(xs, &slice, m, out),
-                2 => tile::<FMA, 2>(xs, &slice, m, out),
-                3 => tile::<FMA, 3>(xs, &slice, m, out),
-                4 => tile::<FMA, 4>(xs, &slice, m, out),
-                _ => tile::<FMA, 5>(xs, &slice, m, out),
+                1 => tiles::<FMA, 1, C>(xs, &slice, m, out),
+                2 => tiles::<FMA, 2, C>(xs, &slice, m, out),
+                3 => tiles::<FMA, 3, C>(xs, &slice, m, out),
+                4 => tiles::<FMA, 4, C>(xs, &slice, m, out),
+                _ => tiles::<FMA, 5, C>(xs, &slice, m, out),
             }
             k0 += steps;
         }
@@ -200,9 +210,31 @@ struct Slice<'a> {
     columns: usize,
 }
 
-/// Rows `m..m + R` at the slice's columns, `xs` their packed values for its steps.
+/// Rows `m..m + R` at the slice's columns, `C` columns at a time.
 #[inline(always)]
-fn tile<const FMA: bool, const R: usize>(xs: &[f32], slice: &Slice, m: usize, out: &mut [f32]) {
+fn tiles<const FMA: bool, const R: usize, const C: usize>(
+    xs: &[f32],
+    slice: &Slice,
+    m: usize,
+    out: &mut [f32],
+) {
+    let mut c0 = 0;
+    while c0 < slice.width {
+        tile::<FMA, R, C>(xs, slice, m, c0, out);
+        c0 += C;
+    }
+}
+
+/// Rows `m..m + R` at the slice's columns `c0..c0 + C` (those that exist), `xs` their
+/// packed values for its steps.
+#[inline(always)]
+fn tile<const FMA: bool, const R: usize, const C: usize>(
+    xs: &[f32],
+    slice: &Slice,
+    m: usize,
+    c0: usize,
+    out: &mut [f32],
+) {
     let Slice {
         panel,
         first,
@@ -211,14 +243,16 @@ fn tile<const FMA: bool, const R: usize>(xs: &[f32], slice: &Slice, m: usize, ou
         width,
         columns,
     } = *slice;
+    let width = C.min(width - c0);
+    let n0 = n0 + c0;
     // Whole rows in and out of `acc` (through `row`), never a slice of it of a length
     // known only at run time: that would keep the accumulators out of registers.
-    let mut acc = [[0.0f32; COLS]; R];
+    let mut acc = [[0.0f32; C]; R];
     for (r, acc) in acc.iter_mut().enumerate() {
-        let mut row = [0.0f32; COLS];
+        let mut row = [0.0f32; C];
         if first {
             if let Some(bias) = bias {
-                row[..width].copy_from_slice(bias);
+                row[..width].copy_from_slice(&bias[c0..c0 + width]);
             }
         } else {
             row[..width].copy_from_slice(&out[(m + r) * columns + n0..][..width]);
@@ -226,16 +260,16 @@ fn tile<const FMA: bool, const R: usize>(xs: &[f32], slice: &Slice, m: usize, ou
         *acc = row;
     }
     for (w, v) in panel.chunks_exact(COLS).zip(xs.chunks_exact(R)) {
-        let w: &[f32; COLS] = w.try_into().unwrap_or(&[0.0; COLS]);
+        let w: &[f32; C] = w[c0..c0 + C].try_into().unwrap_or(&[0.0; C]);
         let v: &[f32; R] = v.try_into().unwrap_or(&[0.0; R]);
         for r in 0..R {
-            for lane in 0..COLS {
+            for lane in 0..C {
                 acc[r][lane] = fma::<FMA>(v[r], w[lane], acc[r][lane]);
             }
         }
     }
     for (r, acc) in acc.iter().enumerate() {
-        let row: [f32; COLS] = *acc;
+        let row: [f32; C] = *acc;
         out[(m + r) * columns + n0..][..width].copy_from_slice(&row[..width]);
     }
 }
@@ -676,7 +710,10 @@ mod tests {
             let layer = Layer { laid: &laid, bias: &b, depth, columns };
             let fast = run(&x, &layer);
             let mut plain = vec![0.0; rows * columns];
-            product_of::<false>(&x, &layer, rows, &mut plain);
+            product_of::<false, NARROW>(&x, &layer, rows, &mut plain);
+            let mut wide = vec![0.0; rows * columns];
+            product_of::<false, COLS>(&x, &layer, rows, &mut wide);
+            prop_assert_eq!(&wide, &plain);
             prop_assert_eq!(fast.len(), rows * columns);
             for m in 0..rows {
                 for n in 0..columns {

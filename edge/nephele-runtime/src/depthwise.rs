@@ -18,8 +18,6 @@
 //! spatial axes, every dimension known); [`crate::kernels::optimized`] swaps them in
 //! before tract's codegen lowers them.
 
-use std::sync::Arc;
-
 use tract_onnx::prelude::*;
 use tract_onnx::tract_core::internal::*;
 use tract_onnx::tract_core::ops::cnn::{Conv, KernelFormat};
@@ -57,6 +55,23 @@ impl Geometry {
 
     pub(crate) fn taps(&self) -> usize {
         self.kernel_h * self.kernel_w
+    }
+
+    /// The output's fact for `outputs` channels, given the input's.
+    pub(crate) fn output_fact(
+        &self,
+        input: &TypedFact,
+        batch_axis: bool,
+        outputs: usize,
+    ) -> TypedFact {
+        let mut shape: TVec<TDim> = input
+            .shape
+            .iter()
+            .take(usize::from(batch_axis))
+            .cloned()
+            .collect();
+        shape.extend([outputs, self.out_h, self.out_w].map(|d| d.to_dim()));
+        f32::fact(shape)
     }
 
     /// Whether no size, stride or dilation is zero (only such a layer has a kernel).
@@ -357,32 +372,54 @@ impl EvalOp for Depthwise {
 impl TypedOp for Depthwise {
     fn output_facts(&self, inputs: &[&TypedFact]) -> TractResult<TVec<TypedFact>> {
         let geo = &self.geometry;
-        let mut shape: TVec<TDim> = inputs[0]
-            .shape
-            .iter()
-            .take(usize::from(self.batch_axis))
-            .cloned()
-            .collect();
-        shape.extend([geo.channels, geo.out_h, geo.out_w].map(|d| d.to_dim()));
-        Ok(tvec!(f32::fact(shape)))
+        Ok(tvec!(geo.output_fact(
+            inputs[0],
+            self.batch_axis,
+            geo.channels
+        )))
     }
 
     fn cost(&self, inputs: &[&TypedFact]) -> TractResult<TVec<(Cost, TDim)>> {
         let geo = &self.geometry;
         let per_image = geo.channels * geo.out_plane() * geo.taps();
-        let batch = if self.batch_axis {
-            inputs[0].shape[0].clone()
-        } else {
-            1.to_dim()
-        };
-        Ok(tvec!((Cost::FMA(f32::datum_type()), batch * per_image)))
+        Ok(fma_cost(inputs[0], self.batch_axis, per_image))
     }
 
     as_op!();
 }
 
-/// The [`Depthwise`] for a tract `Conv` node of `model`, when it is one this kernel runs.
-pub fn depthwise_for(model: &TypedModel, node: &TypedNode) -> TractResult<Option<Depthwise>> {
+/// A convolution's cost: `per_image` multiply-adds for each image of `input`'s batch.
+pub(crate) fn fma_cost(
+    input: &TypedFact,
+    batch_axis: bool,
+    per_image: usize,
+) -> TVec<(Cost, TDim)> {
+    let batch = if batch_axis {
+        input.shape[0].clone()
+    } else {
+        1.to_dim()
+    };
+    tvec!((Cost::FMA(f32::datum_type()), batch * per_image))
+}
+
+/// What the runtime's convolution kernels need of a tract `Conv` node, when it has it:
+/// f32, NCHW or CHW, an OIHW kernel of two spatial axes and a bias that are constants,
+/// every dimension known and none zero.
+pub(crate) struct ConvParts {
+    /// `channels` is the input's.
+    pub geometry: Geometry,
+    pub outputs: usize,
+    pub group: usize,
+    /// Whether the input has its batch axis (`NCHW`) or not (`CHW`).
+    pub batch_axis: bool,
+    /// `[outputs, channels / group, kernel_h, kernel_w]`.
+    pub kernel: Vec<f32>,
+    /// `[outputs]` (a single bias spread over them).
+    pub bias: Vec<f32>,
+}
+
+/// The [`ConvParts`] of `node` of `model`, if it is such a convolution.
+pub(crate) fn conv_parts(model: &TypedModel, node: &TypedNode) -> TractResult<Option<ConvParts>> {
     let Some(conv) = node.op_as::<Conv>() else {
         return Ok(None);
     };
@@ -392,9 +429,8 @@ pub fn depthwise_for(model: &TypedModel, node: &TypedNode) -> TractResult<Option
         || conv.kernel_fmt != KernelFormat::OIHW
         || spec.kernel_shape.len() != 2
         || node.inputs.len() != 3
-        || conv.group != spec.input_channels
-        || conv.group != spec.output_channels
-        || conv.group < 2
+        || conv.group == 0
+        || spec.input_channels % conv.group != 0
     {
         return Ok(None);
     }
@@ -408,7 +444,7 @@ pub fn depthwise_for(model: &TypedModel, node: &TypedNode) -> TractResult<Option
     ) else {
         return Ok(None);
     };
-    let channels = conv.group;
+    let (channels, outputs) = (spec.input_channels, spec.output_channels);
     let (kh, kw) = (spec.kernel_shape[0], spec.kernel_shape[1]);
     let batch_axis = spec.data_format == DataFormat::NCHW;
     let axes = usize::from(batch_axis);
@@ -417,8 +453,8 @@ pub fn depthwise_for(model: &TypedModel, node: &TypedNode) -> TractResult<Option
         || bias.datum_type() != f32::datum_type()
         || shape.len() != 3 + axes
         || shape[axes] != channels
-        || kernel.shape() != [channels, 1, kh, kw]
-        || !(bias.len() == channels || bias.len() == 1)
+        || kernel.shape() != [outputs, channels / conv.group, kh, kw]
+        || !(bias.len() == outputs || bias.len() == 1)
     {
         return Ok(None);
     }
@@ -439,21 +475,39 @@ pub fn depthwise_for(model: &TypedModel, node: &TypedNode) -> TractResult<Option
         pad_top: padded[0].pad_before,
         pad_left: padded[1].pad_before,
     };
-    if !geometry.is_whole() {
+    if !geometry.is_whole() || outputs == 0 {
         return Ok(None);
     }
-    let weights = kernel.try_as_plain_ram()?.as_slice::<f32>()?.to_vec();
-    let bias = bias.try_as_plain_ram()?.as_slice::<f32>()?;
-    let bias: Arc<[f32]> = if bias.len() == channels {
-        bias.into()
-    } else {
-        vec![bias[0]; channels].into()
-    };
-    Ok(Some(Depthwise {
+    let bias = bias.try_as_plain_ram()?;
+    let bias = bias.as_slice::<f32>()?;
+    Ok(Some(ConvParts {
         geometry,
+        outputs,
+        group: conv.group,
         batch_axis,
-        weights: Weights::flushed(weights),
-        bias: Weights(bias),
+        kernel: kernel.try_as_plain_ram()?.as_slice::<f32>()?.to_vec(),
+        bias: if bias.len() == outputs {
+            bias.to_vec()
+        } else {
+            vec![bias[0]; outputs]
+        },
+    }))
+}
+
+/// The [`Depthwise`] for a tract `Conv` node of `model`, when it is one this kernel runs.
+pub fn depthwise_for(model: &TypedModel, node: &TypedNode) -> TractResult<Option<Depthwise>> {
+    let Some(parts) = conv_parts(model, node)? else {
+        return Ok(None);
+    };
+    let channels = parts.geometry.channels;
+    if parts.group != channels || parts.outputs != channels || channels < 2 {
+        return Ok(None);
+    }
+    Ok(Some(Depthwise {
+        geometry: parts.geometry,
+        batch_axis: parts.batch_axis,
+        weights: Weights::flushed(parts.kernel),
+        bias: Weights(parts.bias.into()),
     }))
 }
 

@@ -24,10 +24,8 @@
 
 use tract_onnx::prelude::*;
 use tract_onnx::tract_core::internal::*;
-use tract_onnx::tract_core::ops::cnn::{Conv, KernelFormat};
-use tract_onnx::tract_core::ops::nn::DataFormat;
 
-use crate::depthwise::{load_row, Geometry};
+use crate::depthwise::{conv_parts, fma_cost, load_row, Geometry};
 use crate::kernels::{fma, Weights};
 
 /// Output channels a block computes together.
@@ -346,25 +344,17 @@ impl EvalOp for Direct {
 impl TypedOp for Direct {
     fn output_facts(&self, inputs: &[&TypedFact]) -> TractResult<TVec<TypedFact>> {
         let geo = &self.geometry;
-        let mut shape: TVec<TDim> = inputs[0]
-            .shape
-            .iter()
-            .take(usize::from(self.batch_axis))
-            .cloned()
-            .collect();
-        shape.extend([self.outputs, geo.out_h, geo.out_w].map(|d| d.to_dim()));
-        Ok(tvec!(f32::fact(shape)))
+        Ok(tvec!(geo.output_fact(
+            inputs[0],
+            self.batch_axis,
+            self.outputs
+        )))
     }
 
     fn cost(&self, inputs: &[&TypedFact]) -> TractResult<TVec<(Cost, TDim)>> {
         let geo = &self.geometry;
         let per_image = self.outputs * geo.out_plane() * geo.channels * geo.taps();
-        let batch = if self.batch_axis {
-            inputs[0].shape[0].clone()
-        } else {
-            1.to_dim()
-        };
-        Ok(tvec!((Cost::FMA(f32::datum_type()), batch * per_image)))
+        Ok(fma_cost(inputs[0], self.batch_axis, per_image))
     }
 
     as_op!();
@@ -375,78 +365,20 @@ impl TypedOp for Direct {
 /// [`crate::pointwise`]'s or tract's), OIHW kernel and bias constant, f32, every
 /// dimension known.
 pub fn direct_for(model: &TypedModel, node: &TypedNode) -> TractResult<Option<Direct>> {
-    let Some(conv) = node.op_as::<Conv>() else {
+    let Some(parts) = conv_parts(model, node)? else {
         return Ok(None);
     };
-    let spec = &conv.pool_spec;
-    if conv.q_params.is_some()
-        || !matches!(spec.data_format, DataFormat::NCHW | DataFormat::CHW)
-        || conv.kernel_fmt != KernelFormat::OIHW
-        || spec.kernel_shape.len() != 2
-        || spec.kernel_shape[..] == [1, 1]
-        || node.inputs.len() != 3
-        || conv.group != 1
-    {
+    let geo = parts.geometry;
+    if parts.group != 1 || (geo.kernel_h, geo.kernel_w) == (1, 1) {
         return Ok(None);
     }
-    let input = model.outlet_fact(node.inputs[0])?;
-    let kernel = model.outlet_fact(node.inputs[1])?;
-    let bias = model.outlet_fact(node.inputs[2])?;
-    let (Some(shape), Some(kernel), Some(bias)) = (
-        input.shape.as_concrete(),
-        kernel.konst.as_ref(),
-        bias.konst.as_ref(),
-    ) else {
-        return Ok(None);
-    };
-    let (channels, outputs) = (spec.input_channels, spec.output_channels);
-    let (kh, kw) = (spec.kernel_shape[0], spec.kernel_shape[1]);
-    let axes = usize::from(spec.data_format == DataFormat::NCHW);
-    if input.datum_type != f32::datum_type()
-        || kernel.datum_type() != f32::datum_type()
-        || bias.datum_type() != f32::datum_type()
-        || shape.len() != 3 + axes
-        || shape[axes] != channels
-        || kernel.shape() != [outputs, channels, kh, kw]
-        || !(bias.len() == outputs || bias.len() == 1)
-    {
-        return Ok(None);
-    }
-    let padded = spec.computed_padding(&shape[axes + 1..]);
-    let (strides, dilations) = (spec.strides(), spec.dilations());
-    let geometry = Geometry {
-        channels,
-        in_h: shape[axes + 1],
-        in_w: shape[axes + 2],
-        out_h: padded[0].convoluted,
-        out_w: padded[1].convoluted,
-        kernel_h: kh,
-        kernel_w: kw,
-        stride_h: strides[0],
-        stride_w: strides[1],
-        dilation_h: dilations[0],
-        dilation_w: dilations[1],
-        pad_top: padded[0].pad_before,
-        pad_left: padded[1].pad_before,
-    };
-    if !geometry.is_whole() || outputs == 0 {
-        return Ok(None);
-    }
-    let weights = kernel.try_as_plain_ram()?;
-    let laid = lay_out(weights.as_slice::<f32>()?, outputs, channels, kh * kw);
-    let bias = bias.try_as_plain_ram()?;
-    let bias = bias.as_slice::<f32>()?;
-    let bias = if bias.len() == outputs {
-        bias.to_vec()
-    } else {
-        vec![bias[0]; outputs]
-    };
+    let laid = lay_out(&parts.kernel, parts.outputs, geo.channels, geo.taps());
     Ok(Some(Direct {
-        geometry,
-        outputs,
-        batch_axis: axes == 1,
+        geometry: geo,
+        outputs: parts.outputs,
+        batch_axis: parts.batch_axis,
         laid: Weights::flushed(laid),
-        bias: Weights(bias.into()),
+        bias: Weights(parts.bias.into()),
     }))
 }
 

@@ -10,7 +10,8 @@
 //! - firmware_profile: firmware-profiles/*.toml;
 //! - cloud_config: deploy/cloud.example.toml and a one-region config;
 //! - onnx: the digits model (shared/models/digits-mlp/model.onnx), the runtime's typed
-//!   three-input example (`synthetic::typed_example`) and a small dense MLP;
+//!   three-input example (`synthetic::typed_example`), a small dense MLP and a small CNN
+//!   (`synthetic::conv_net`: a layer for each of the runtime's convolution kernels);
 //!
 //! each with a truncated and a corrupted copy. Run from the fuzz folder:
 //!   cargo run --example make_corpus --features edge
@@ -230,6 +231,13 @@ fn onnx() {
         "onnx",
         "dense-mlp.onnx",
         &nephele_runtime::synthetic::dense_mlp(4, 8, 2, 3, 1),
+    );
+    // A small CNN whose 3×3, depthwise and 1×1 layers plan on the runtime's own
+    // convolution kernels.
+    write_with_damage(
+        "onnx",
+        "conv-net.onnx",
+        &nephele_runtime::synthetic::conv_net(3),
     );
 }
 

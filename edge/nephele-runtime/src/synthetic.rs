@@ -182,6 +182,91 @@ pub fn typed_example() -> Vec<u8> {
     .encode_to_vec()
 }
 
+/// A small CNN over `[N, 3, 16, 16]` images with one layer of each kind the runtime's
+/// convolution kernels take (a 3×3 stride-2 stem, a depthwise 3×3, a 1×1), ReLUs
+/// between, output `features` `[N, 8, 8, 8]`; seeded weights as [`dense_mlp`]'s. The
+/// fuzzing corpus's seed for those kernels (`fuzz/examples/make_corpus.rs`).
+pub fn conv_net(seed: u64) -> Vec<u8> {
+    use tract_onnx::pb::{attribute_proto::AttributeType, AttributeProto};
+    let ints = |name: &str, values: &[i64]| AttributeProto {
+        name: name.into(),
+        r#type: AttributeType::Ints as i32,
+        ints: values.to_vec(),
+        ..AttributeProto::default()
+    };
+    let mut state = seed;
+    let mut weights = |dims: &[usize], fan_in: usize| {
+        let scale = (1.0 / fan_in as f64).sqrt();
+        let n = dims.iter().product::<usize>();
+        (0..n)
+            .map(|_| ((next(&mut state) as f64 / u64::MAX as f64 * 2.0 - 1.0) * scale) as f32)
+            .collect::<Vec<f32>>()
+    };
+    // Name, input, output, kernel shape [O, I/group, kH, kW], group, stride, pad.
+    let layers = [
+        ("stem", "image", 6, 3, 3, 1, 2, 1),
+        ("dw", "stem_relu", 6, 1, 3, 6, 1, 1),
+        ("pw", "dw_relu", 8, 6, 1, 1, 1, 0),
+    ];
+    let mut nodes = Vec::new();
+    let mut initializer = Vec::new();
+    for (name, input, outputs, per_group, k, group, stride, pad) in layers {
+        let (w, b) = (format!("{name}_w"), format!("{name}_b"));
+        initializer.push(tensor(
+            &w,
+            &[outputs, per_group, k, k],
+            weights(&[outputs, per_group, k, k], per_group * k * k),
+        ));
+        initializer.push(tensor(&b, &[outputs], weights(&[outputs], 10)));
+        let mut conv = node("Conv", &[input, &w, &b], name);
+        let k = k as i64;
+        conv.attribute = vec![
+            ints("kernel_shape", &[k, k]),
+            ints("strides", &[stride, stride]),
+            ints("pads", &[pad, pad, pad, pad]),
+            AttributeProto {
+                name: "group".into(),
+                r#type: AttributeType::Int as i32,
+                i: group,
+                ..AttributeProto::default()
+            },
+        ];
+        nodes.push(conv);
+        let relu = if name == "pw" {
+            "features".to_string()
+        } else {
+            format!("{name}_relu")
+        };
+        nodes.push(node("Relu", &[name], &relu));
+    }
+    ModelProto {
+        ir_version: 8,
+        opset_import: vec![OperatorSetIdProto {
+            domain: String::new(),
+            version: 17,
+        }],
+        producer_name: "nephele-runtime synthetic".into(),
+        graph: Some(GraphProto {
+            name: "conv-net".into(),
+            node: nodes,
+            initializer,
+            input: vec![typed_value(
+                "image",
+                DataType::Float,
+                &["N", "3", "16", "16"],
+            )],
+            output: vec![typed_value(
+                "features",
+                DataType::Float,
+                &["N", "8", "8", "8"],
+            )],
+            ..GraphProto::default()
+        }),
+        ..ModelProto::default()
+    }
+    .encode_to_vec()
+}
+
 /// `y = x - mean(x over the batch)` for x f32 `[N, 4]`: its first dimension is a
 /// symbol everywhere, but its rows mix, so it has no batch axis to batch requests on.
 #[cfg(test)]
@@ -225,6 +310,22 @@ mod tests {
         let (shape, out) = model.infer(&[1, 64], &[0.5; 64]).expect("runs");
         assert_eq!((shape, out.len()), (vec![1, 10], 10));
         assert!(out.iter().all(|v| v.is_finite()));
+    }
+
+    /// The CNN seed plans its three convolutions on the runtime's own kernels, runs,
+    /// and is the same for a seed.
+    #[test]
+    fn the_conv_net_runs_on_the_runtimes_convolution_kernels() {
+        let bytes = conv_net(3);
+        assert_eq!(bytes, conv_net(3));
+        let model = crate::Model::load_onnx("cnn", &bytes).expect("tract loads it");
+        let ops = model.op_profile(1).expect("profiles");
+        for op in ["NepheleConv", "NepheleDepthwise", "NephelePointwise"] {
+            assert!(ops.iter().any(|o| o.op == op), "{op}: {ops:?}");
+        }
+        let (shape, out) = model.infer(&[1, 3, 16, 16], &[0.5; 768]).expect("runs");
+        assert_eq!((shape, out.len()), (vec![1, 8, 8, 8], 512));
+        assert!(out.iter().all(|v| v.is_finite() && *v >= 0.0));
     }
 
     #[test]

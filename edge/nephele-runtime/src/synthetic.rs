@@ -1,6 +1,6 @@
 //! Real ONNX files made here, for load tests that need a model whose compute is not
 //! negligible: a dense MLP (MatMul, Add, Relu) with seeded weights scaled by
-//! 1/sqrt(fan-in). It is an ordinary ONNX file that tract (or any ONNX runtime) loads
+//! 1/sqrt(fan-in), and a small CNN for the fuzzing corpus. It is an ordinary ONNX file that tract (or any ONNX runtime) loads
 //! and runs; only its weights are not trained, so its answers mean nothing. Used by
 //! the end-to-end autoscaling test (a burst must cost the pool real CPU time) and by
 //! `nephele bench`, never shipped as a model people deploy.

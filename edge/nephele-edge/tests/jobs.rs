@@ -423,18 +423,24 @@ fn the_supervisor_forwards_sigterm_to_its_member_and_records_the_exit() {
         )
         .spawn()
         .expect("supervisor");
+    // The member can print before its supervisor has written the status (the status
+    // needs the member's pid, so it comes after the spawn): wait for both.
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !std::fs::read_to_string(&log_file)
+    while !(std::fs::read_to_string(&log_file)
         .unwrap_or_default()
         .contains("started")
+        && matches!(
+            SupervisorStatus::read(&status),
+            Some(SupervisorStatus::Running { .. })
+        ))
     {
-        assert!(Instant::now() < deadline, "member never started");
+        assert!(
+            Instant::now() < deadline,
+            "member never started, or its supervisor never wrote Running: {:?}",
+            SupervisorStatus::read(&status)
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
-    assert!(matches!(
-        SupervisorStatus::read(&status),
-        Some(SupervisorStatus::Running { .. })
-    ));
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid")),
         nix::sys::signal::Signal::SIGTERM,

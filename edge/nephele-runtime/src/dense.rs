@@ -219,16 +219,19 @@ fn tiles<const FMA: bool, const R: usize, const C: usize>(
     out: &mut [f32],
 ) {
     let mut c0 = 0;
-    while c0 < slice.width {
-        tile::<FMA, R, C>(xs, slice, m, c0, out);
+    while c0 + C <= slice.width {
+        tile::<FMA, R, C, true>(xs, slice, m, c0, out);
         c0 += C;
+    }
+    if c0 < slice.width {
+        tile::<FMA, R, C, false>(xs, slice, m, c0, out);
     }
 }
 
-/// Rows `m..m + R` at the slice's columns `c0..c0 + C` (those that exist), `xs` their
-/// packed values for its steps.
+/// Rows `m..m + R` at the slice's columns `c0..c0 + C` (those that exist: all `C` when
+/// `FULL`), `xs` their packed values for its steps.
 #[inline(always)]
-fn tile<const FMA: bool, const R: usize, const C: usize>(
+fn tile<const FMA: bool, const R: usize, const C: usize, const FULL: bool>(
     xs: &[f32],
     slice: &Slice,
     m: usize,
@@ -247,17 +250,21 @@ fn tile<const FMA: bool, const R: usize, const C: usize>(
     let n0 = n0 + c0;
     // Whole rows in and out of `acc` (through `row`), never a slice of it of a length
     // known only at run time: that would keep the accumulators out of registers.
+    // A whole tile's rows are copied as arrays of `C`, which compile to vector moves; a
+    // copy of a length known only at run time is a call to `memcpy` per row (twelve
+    // per tile on AVX2, against 128 steps of 12 multiply-adds). The two kinds of tile
+    // are separate functions (`FULL`) so that the compiler cannot merge their copies
+    // into one call of either length.
     let mut acc = [[0.0f32; C]; R];
     for (r, acc) in acc.iter_mut().enumerate() {
-        let mut row = [0.0f32; C];
-        if first {
-            if let Some(bias) = bias {
-                row[..width].copy_from_slice(&bias[c0..c0 + width]);
-            }
+        let from = if !first {
+            Some(&out[(m + r) * columns + n0..])
         } else {
-            row[..width].copy_from_slice(&out[(m + r) * columns + n0..][..width]);
+            bias.map(|bias| &bias[c0..])
+        };
+        if let Some(from) = from {
+            *acc = load::<C, FULL>(from, width);
         }
-        *acc = row;
     }
     for (w, v) in panel.chunks_exact(COLS).zip(xs.chunks_exact(R)) {
         let w: &[f32; C] = w[c0..c0 + C].try_into().unwrap_or(&[0.0; C]);
@@ -269,8 +276,31 @@ fn tile<const FMA: bool, const R: usize, const C: usize>(
         }
     }
     for (r, acc) in acc.iter().enumerate() {
-        let row: [f32; C] = *acc;
-        out[(m + r) * columns + n0..][..width].copy_from_slice(&row[..width]);
+        store::<C, FULL>(acc, &mut out[(m + r) * columns + n0..], width);
+    }
+}
+
+/// The first `width` values of `from` (all `C` when `FULL`), zero after them.
+#[inline(always)]
+fn load<const C: usize, const FULL: bool>(from: &[f32], width: usize) -> [f32; C] {
+    let mut row = [0.0f32; C];
+    if FULL {
+        row = from[..C].try_into().unwrap_or(row);
+    } else {
+        row[..width].copy_from_slice(&from[..width]);
+    }
+    row
+}
+
+/// `row`'s first `width` values (all `C` when `FULL`) into the start of `to`.
+#[inline(always)]
+fn store<const C: usize, const FULL: bool>(row: &[f32; C], to: &mut [f32], width: usize) {
+    if FULL {
+        if let Ok(to) = <&mut [f32; C]>::try_from(&mut to[..C]) {
+            *to = *row;
+        }
+    } else {
+        to[..width].copy_from_slice(&row[..width]);
     }
 }
 

@@ -81,6 +81,18 @@ pub fn dense_mlp(input: usize, width: usize, layers: usize, output: usize, seed:
         }
         fan_in = *fan_out;
     }
+    model_bytes(GraphProto {
+        name: "dense-mlp".into(),
+        node: nodes,
+        initializer,
+        input: vec![value("input", input)],
+        output: vec![value("logits", output)],
+        ..GraphProto::default()
+    })
+}
+
+/// `graph` as an ONNX file of this module's models (IR 8, opset 17).
+fn model_bytes(graph: GraphProto) -> Vec<u8> {
     ModelProto {
         ir_version: 8,
         opset_import: vec![OperatorSetIdProto {
@@ -88,14 +100,7 @@ pub fn dense_mlp(input: usize, width: usize, layers: usize, output: usize, seed:
             version: 17,
         }],
         producer_name: "nephele-runtime synthetic".into(),
-        graph: Some(GraphProto {
-            name: "dense-mlp".into(),
-            node: nodes,
-            initializer,
-            input: vec![value("input", input)],
-            output: vec![value("logits", output)],
-            ..GraphProto::default()
-        }),
+        graph: Some(graph),
         ..ModelProto::default()
     }
     .encode_to_vec()
@@ -150,36 +155,26 @@ pub fn typed_example() -> Vec<u8> {
         }],
         ..NodeProto::default()
     };
-    ModelProto {
-        ir_version: 8,
-        opset_import: vec![OperatorSetIdProto {
-            domain: String::new(),
-            version: 17,
-        }],
-        producer_name: "nephele-runtime synthetic".into(),
-        graph: Some(GraphProto {
-            name: "typed-example".into(),
-            node: vec![
-                node("Add", &["ids", "ids"], "doubled"),
-                cast("ids", "ids_f"),
-                cast("offset", "offset_f"),
-                node("Mul", &["ids_f", "scale"], "product"),
-                node("Add", &["product", "offset_f"], "scaled"),
-            ],
-            input: vec![
-                typed_value("ids", DataType::Int64, &["1", "4"]),
-                typed_value("scale", DataType::Float, &["N", "4"]),
-                typed_value("offset", DataType::Int64, &[]),
-            ],
-            output: vec![
-                typed_value("doubled", DataType::Int64, &["1", "4"]),
-                typed_value("scaled", DataType::Float, &["N", "4"]),
-            ],
-            ..GraphProto::default()
-        }),
-        ..ModelProto::default()
-    }
-    .encode_to_vec()
+    model_bytes(GraphProto {
+        name: "typed-example".into(),
+        node: vec![
+            node("Add", &["ids", "ids"], "doubled"),
+            cast("ids", "ids_f"),
+            cast("offset", "offset_f"),
+            node("Mul", &["ids_f", "scale"], "product"),
+            node("Add", &["product", "offset_f"], "scaled"),
+        ],
+        input: vec![
+            typed_value("ids", DataType::Int64, &["1", "4"]),
+            typed_value("scale", DataType::Float, &["N", "4"]),
+            typed_value("offset", DataType::Int64, &[]),
+        ],
+        output: vec![
+            typed_value("doubled", DataType::Int64, &["1", "4"]),
+            typed_value("scaled", DataType::Float, &["N", "4"]),
+        ],
+        ..GraphProto::default()
+    })
 }
 
 /// A small CNN over `[N, 3, 16, 16]` images with one layer of each kind the runtime's
@@ -239,32 +234,22 @@ pub fn conv_net(seed: u64) -> Vec<u8> {
         };
         nodes.push(node("Relu", &[name], &relu));
     }
-    ModelProto {
-        ir_version: 8,
-        opset_import: vec![OperatorSetIdProto {
-            domain: String::new(),
-            version: 17,
-        }],
-        producer_name: "nephele-runtime synthetic".into(),
-        graph: Some(GraphProto {
-            name: "conv-net".into(),
-            node: nodes,
-            initializer,
-            input: vec![typed_value(
-                "image",
-                DataType::Float,
-                &["N", "3", "16", "16"],
-            )],
-            output: vec![typed_value(
-                "features",
-                DataType::Float,
-                &["N", "8", "8", "8"],
-            )],
-            ..GraphProto::default()
-        }),
-        ..ModelProto::default()
-    }
-    .encode_to_vec()
+    model_bytes(GraphProto {
+        name: "conv-net".into(),
+        node: nodes,
+        initializer,
+        input: vec![typed_value(
+            "image",
+            DataType::Float,
+            &["N", "3", "16", "16"],
+        )],
+        output: vec![typed_value(
+            "features",
+            DataType::Float,
+            &["N", "8", "8", "8"],
+        )],
+        ..GraphProto::default()
+    })
 }
 
 /// `y = x - mean(x over the batch)` for x f32 `[N, 4]`: its first dimension is a

@@ -254,13 +254,12 @@ fn tile<const FMA: bool, const R: usize, const C: usize, const FULL: bool>(
     } = *slice;
     let width = C.min(width - c0);
     let n0 = n0 + c0;
-    // Whole rows in and out of `acc` (through `row`), never a slice of it of a length
-    // known only at run time: that would keep the accumulators out of registers.
-    // A whole tile's rows are copied as arrays of `C`, which compile to vector moves; a
-    // copy of a length known only at run time is a call to `memcpy` per row (twelve
-    // per tile on AVX2, against 128 steps of 12 multiply-adds). The two kinds of tile
-    // are separate functions (`FULL`) so that the compiler cannot merge their copies
-    // into one call of either length.
+    // Whole rows in and out of `acc` (`load`, `store`), never a slice of it of a length
+    // known only at run time: that would keep the accumulators out of registers. A
+    // whole tile's rows are copied as arrays of `C`, which compile to vector moves; a
+    // copy of a run-time length is a `memcpy` call per row (twelve per tile on AVX2).
+    // Whole and partial tiles are separate instantiations (`FULL`) so that the
+    // compiler cannot merge their copies into one call of either length.
     let mut acc = [[0.0f32; C]; R];
     for (r, acc) in acc.iter_mut().enumerate() {
         let from = if !first {

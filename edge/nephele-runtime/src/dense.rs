@@ -43,7 +43,8 @@ const DEPTH: usize = 128;
 /// room in a 32 KiB first-level cache for the activations and the outputs while every
 /// block of rows passes over it. On the 2-vCPU AMD EPYC (AVX2, 32 KiB per core) the
 /// kernel alone took 3-4% less time on MiniLM's three product shapes than at 128
-/// steps (and than at 256), in two alternated rounds; AVX-512's wide tiles keep 128.
+/// steps (and than at 256), in two alternated rounds of the `dense_shapes` example;
+/// AVX-512's wide tiles keep 128.
 const NARROW_DEPTH: usize = 64;
 
 /// `weights` (`[depth, columns]`, row-major) as the kernel reads them: per panel of

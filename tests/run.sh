@@ -45,7 +45,8 @@ if [ ${#missing[@]} -gt 0 ]; then
         echo "warning: ${missing[*]} could not be installed; the tests that need them fail under CI" >&2
 fi
 cargo test --release --workspace
-# Fuzzing (fuzz/README.md): every seed and kept crash replayed without AFL, then the
+# Fuzzing (fuzz/README.md): every seed and kept crash replayed without AFL (the agent's
+# and control plane's targets by tests/tests/fuzz_seeds.rs above, on this build), then the
 # two targets that build in about a minute (the wire decoder with every message, and
 # firmware profiles) run under AFL++ for 30 s each. The agent's and the control
 # plane's targets (signed manifests, ONNX uploads, the config) take about 40 minutes

@@ -15,6 +15,9 @@ use nephele_proto::{
 };
 use serde::{de::DeserializeOwned, Serialize};
 
+mod seeds;
+pub use seeds::seeds;
+
 /// Every target: its name (the binary, `corpus/<name>`, `regressions/<name>`) and the
 /// cargo feature it needs beyond `afl` (the binaries' `required-features`).
 pub const TARGETS: [(&str, Option<&str>); 5] = [
@@ -164,120 +167,12 @@ pub fn firmware_profile(data: &[u8]) {
     }
 }
 
-/// The fixed manifest-signing key of the `manifest` target (the seed is public: this
-/// is a test key, it signs nothing real).
 #[cfg(feature = "edge")]
-pub fn manifest_key() -> ring::signature::Ed25519KeyPair {
-    ring::signature::Ed25519KeyPair::from_seed_unchecked(&[0x5e; 32])
-        .expect("a 32-byte seed is a key")
-}
-
-/// Input: `[mode][len][variant name: len bytes][rest…]`, then by `mode % 3`:
-/// 0: `rest` is a manifest's bytes, signed with the fixed key, verified by the agent's
-///    `reconcile_plan::verify_manifest` (signature, decode, variant lookup);
-/// 1: `rest` is a whole `DesiredState` as the control plane sends it, planned by
-///    `reconcile_plan::plan` with the fixed key;
-/// 2: `rest` is `[public key: 32][signature: 64][manifest…]`, all arbitrary.
+mod edge_targets;
 #[cfg(feature = "edge")]
-pub fn manifest(data: &[u8]) {
-    use nephele_edge::reconcile_plan::{plan, verify_manifest};
-    use nephele_proto::{Assignment, DesiredState, SignedManifest};
-    use ring::signature::KeyPair;
+pub use edge_targets::{manifest, manifest_key, onnx};
 
-    let [mode, len, rest @ ..] = data else {
-        return;
-    };
-    let len = usize::from(*len).min(rest.len());
-    let (variant, rest) = rest.split_at(len);
-    let variant = String::from_utf8_lossy(variant).into_owned();
-    let key = manifest_key();
-    let public = key.public_key().as_ref().to_vec();
-    let assignment = |manifest: Vec<u8>, signature: Vec<u8>| Assignment {
-        deployment: "fuzz".into(),
-        model: SignedManifest {
-            manifest,
-            signature,
-        },
-        variant: variant.clone(),
-        slo_ms: 100,
-        offload: false,
-        max_queue: 8,
-        hard_example_threshold: None,
-    };
-    match mode % 3 {
-        0 => {
-            let signature = key.sign(rest).as_ref().to_vec();
-            let signed = assignment(rest.to_vec(), signature);
-            if let Ok((manifest, found)) = verify_manifest(&public, &signed) {
-                assert_eq!(found.name, variant, "verify_manifest found another variant");
-                assert!(manifest.variants.iter().any(|v| v.name == variant));
-            }
-            // The same bytes under a signature of other bytes are refused.
-            let mut forged = signed.clone();
-            forged.model.manifest.push(0);
-            assert!(
-                verify_manifest(&public, &forged).is_err(),
-                "a manifest whose signature does not match was accepted"
-            );
-        }
-        1 => {
-            if let Ok(desired) = decode_payload::<DesiredState>(rest) {
-                let running = std::collections::HashMap::from([("fuzz".to_string(), [0u8; 32])]);
-                let _ = plan(&desired, &running, &public);
-            }
-        }
-        _ => {
-            if rest.len() < 96 {
-                return;
-            }
-            let (key, rest) = rest.split_at(32);
-            let (signature, manifest) = rest.split_at(64);
-            let _ = verify_manifest(key, &assignment(manifest.to_vec(), signature.to_vec()));
-        }
-    }
-}
-
-/// Input: an uploaded ONNX file, handled as the control plane handles `PUT
-/// /v1/models/NAME` (model_build): `input_spec::prepare` (decode, refuse an empty
-/// graph, fold constant `If`s), then the runtime's `Model::load_onnx` and, for a model
-/// it does not take as one f32 input and output, `GraphModel::load`. Nothing is run.
-///
-/// The runtime deliberately turns a panic inside tract's parser into an `Err`
-/// (`guard_parser`), so the binary uses `afl::fuzz_nohook!`: such a caught panic is an
-/// answer, and only a panic that escapes the runtime aborts.
-#[cfg(feature = "edge")]
-pub fn onnx(data: &[u8]) {
-    use nephele_runtime::{graph_model::GraphModel, input_spec, Model, RuntimeError};
-    let Ok(prepared) = input_spec::prepare("fuzz", data, &[]) else {
-        return;
-    };
-    match Model::load_onnx("fuzz", &prepared) {
-        Err(RuntimeError::Unsupported { .. }) => {
-            let _ = GraphModel::load("fuzz", &prepared);
-        }
-        Ok(_) | Err(_) => {}
-    }
-}
-
-/// Input: a control-plane config file (`nephele-cloud --config`), parsed and validated
-/// by `CloudConfig::from_toml`. An accepted config is printed as `--print-config`
-/// prints it, and that text must be accepted again.
 #[cfg(feature = "cloud")]
-pub fn cloud_config(data: &[u8]) {
-    use nephele_cloud::config::CloudConfig;
-    let text = String::from_utf8_lossy(data);
-    let Ok(config) = CloudConfig::from_toml(&text) else {
-        return;
-    };
-    assert!(
-        config.validate().is_ok(),
-        "from_toml accepted an invalid config"
-    );
-    if let Ok(printed) = toml::to_string_pretty(&config) {
-        let again = CloudConfig::from_toml(&printed);
-        assert!(
-            again.is_ok(),
-            "--print-config output is refused: {again:?}\n{printed}"
-        );
-    }
-}
+mod cloud_targets;
+#[cfg(feature = "cloud")]
+pub use cloud_targets::cloud_config;

@@ -1,35 +1,18 @@
 //! Replays every file of `corpus/<target>/` and `regressions/<target>/` through the
 //! target's function, without AFL: a crash kept as a regression fails here until it is
 //! fixed. The agent's and control plane's targets are tested only with their features:
-//! all of them with `cargo test --features edge,cloud`.
+//! all of them with `cargo test --features edge,cloud`. The test command replays those
+//! three through the workspace's build instead (`tests/tests/fuzz_seeds.rs`), which
+//! already holds the agent and the control plane.
 
 use std::path::Path;
-
-fn inputs(dir: &Path) -> Vec<std::path::PathBuf> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    let mut files: Vec<_> = entries
-        .map(|e| e.expect("dir entry").path())
-        .filter(|p| {
-            p.is_file()
-                && p.file_name()
-                    .is_some_and(|n| n != ".gitkeep" && n != "README.md")
-        })
-        .collect();
-    files.sort();
-    files
-}
 
 fn replay(target: &str) {
     let body = nephele_fuzz::target(target)
         .unwrap_or_else(|| panic!("{target} is not built without its feature"));
     let here = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let corpus = inputs(&here.join("corpus").join(target));
-    assert!(!corpus.is_empty(), "corpus/{target} has no seeds");
-    let regressions = inputs(&here.join("regressions").join(target));
-    for file in corpus.iter().chain(&regressions) {
-        let bytes = std::fs::read(file).expect("read input");
+    for file in nephele_fuzz::seeds(here, target).expect("the target's inputs") {
+        let bytes = std::fs::read(&file).expect("read input");
         eprintln!("{target}: {}", file.display());
         body(&bytes);
     }

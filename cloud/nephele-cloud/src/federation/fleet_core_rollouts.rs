@@ -246,7 +246,11 @@ impl FleetCore {
             self.write(Write::Put(Record::Deployment(record)));
         }
         if everyone {
-            effects = self.broadcast();
+            // After the sends of the rollouts that moved or rolled back in this tick,
+            // not instead of them: a device sent its state above counts as up to date,
+            // so the broadcast would not send it again (a rollback in the same tick as
+            // another deployment's completion was never sent).
+            effects.extend(self.broadcast());
             effects.push(self.sync_regions());
         }
         self.finish(ended, effects)

@@ -819,54 +819,87 @@ proptest! {
     fn the_core_never_holds_or_sends_what_the_store_did_not_keep(
         steps in proptest::collection::vec(step(), 1..60)
     ) {
-        let mut shell = Shell::new();
-        for step in steps {
-            shell.now_ms += 100;
-            match step {
-                Step::Token => {
-                    let _ = shell.token();
-                }
-                Step::Join(token, name) => {
-                    let token = match token {
-                        Some(token) => token,
-                        None => {
-                            let _ = shell.token();
-                            shell.tokens.len().saturating_sub(1)
-                        }
-                    };
-                    let _ = shell.join(token, NAMES[name]);
-                }
-                Step::Connect(name) => {
-                    let _ = shell.connect(NAMES[name]);
-                }
-                Step::Disconnect(name) => shell.disconnect(NAMES[name]),
-                Step::Delete(name) => shell.delete(NAMES[name]),
-                Step::Deploy(d, s) => shell.deploy(["d0", "d1"][d], SELECTORS[s]),
-                Step::Undeploy(d) => shell.undeploy(["d0", "d1"][d]),
-                Step::Update(d, v) => shell.update(["d0", "d1"][d], ["m:00", "m"][v]),
-                Step::RolloutTick => {
-                    // Agents report what they were sent, so rollouts move on.
-                    shell.now_ms += 700;
-                    for name in NAMES {
-                        for d in ["d0", "d1"] {
-                            if let Some(sha) = shell.sent_digest(name, d) {
-                                shell.report(name, d, sha, shell.now_ms, 1);
-                            }
+        play(steps);
+    }
+}
+
+/// Found by the property test above (the sequence it shrank to): d0's rollout rolls
+/// back on cam-2 in the same tick as d1's rollout completes. The completion's broadcast
+/// replaced the tick's other sends instead of following them, and as cam-2 already
+/// counted as sent, the rollback never reached it: it kept running d0's new version.
+#[test]
+fn a_rollback_in_the_tick_another_rollout_completes_reaches_its_devices() {
+    play(vec![
+        Step::Token,
+        Step::Deploy(0, 0),
+        Step::StoreRefuses(1),
+        Step::Token,
+        Step::Join(None, 1),
+        Step::Connect(1),
+        Step::Deploy(1, 0),
+        Step::Update(1, 0),
+        Step::RolloutTick,
+        Step::Update(0, 0),
+        Step::Connect(0),
+        Step::Act(0, 1),
+        Step::Deploy(0, 0),
+        Step::RolloutTick,
+    ]);
+}
+
+/// Plays `steps` on a fresh shell, checking the invariants after each.
+fn play(steps: Vec<Step>) {
+    let mut shell = Shell::new();
+    for step in steps {
+        shell.now_ms += 100;
+        match step {
+            Step::Token => {
+                let _ = shell.token();
+            }
+            Step::Join(token, name) => {
+                let token = match token {
+                    Some(token) => token,
+                    None => {
+                        let _ = shell.token();
+                        shell.tokens.len().saturating_sub(1)
+                    }
+                };
+                let _ = shell.join(token, NAMES[name]);
+            }
+            Step::Connect(name) => {
+                let _ = shell.connect(NAMES[name]);
+            }
+            Step::Disconnect(name) => shell.disconnect(NAMES[name]),
+            Step::Delete(name) => shell.delete(NAMES[name]),
+            Step::Deploy(d, s) => shell.deploy(["d0", "d1"][d], SELECTORS[s]),
+            Step::Undeploy(d) => shell.undeploy(["d0", "d1"][d]),
+            Step::Update(d, v) => shell.update(["d0", "d1"][d], ["m:00", "m"][v]),
+            Step::RolloutTick => {
+                // Agents report what they were sent, so rollouts move on.
+                shell.now_ms += 700;
+                for name in NAMES {
+                    for d in ["d0", "d1"] {
+                        if let Some(sha) = shell.sent_digest(name, d) {
+                            shell.report(name, d, sha, shell.now_ms, 1);
                         }
                     }
-                    shell.tick_rollouts();
                 }
-                Step::Act(d, a) => shell.act(
-                    ["d0", "d1"][d],
-                    [RolloutAction::Pause, RolloutAction::Resume, RolloutAction::Rollback][a],
-                ),
-                Step::Usage(name, new) => shell.usage(NAMES[name], new),
-                Step::StoreRefuses(commits) => shell.refuse_next = commits,
+                shell.tick_rollouts();
             }
-            shell.check_mirror();
-            shell.check_sessions_and_desired();
-            shell.check_usage();
+            Step::Act(d, a) => shell.act(
+                ["d0", "d1"][d],
+                [
+                    RolloutAction::Pause,
+                    RolloutAction::Resume,
+                    RolloutAction::Rollback,
+                ][a],
+            ),
+            Step::Usage(name, new) => shell.usage(NAMES[name], new),
+            Step::StoreRefuses(commits) => shell.refuse_next = commits,
         }
+        shell.check_mirror();
+        shell.check_sessions_and_desired();
+        shell.check_usage();
     }
 }
 

@@ -1044,6 +1044,24 @@ fn print_inspection(v: &Value) {
         .map(|o| format!("{}×{}", o[0].as_str().unwrap_or("?"), o[1]))
         .collect();
     println!("  {} nodes: {}", s(v, "nodes"), operators.join(" "));
+    let features: Vec<String> = v["agent_features"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|f| {
+            format!(
+                "`{}` ({})",
+                f[0].as_str().unwrap_or("?"),
+                f[1].as_str().unwrap_or("?")
+            )
+        })
+        .collect();
+    if !features.is_empty() {
+        println!(
+            "  agents need: {} (in the default build; an agent built with --no-default-features refuses it)",
+            features.join(", ")
+        );
+    }
     let ifs = v["ifs_in_file"].as_u64().unwrap_or(0);
     if ifs > 0 {
         let left = v["ifs_left"].as_u64().unwrap_or(ifs);

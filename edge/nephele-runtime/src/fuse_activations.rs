@@ -24,20 +24,35 @@ use tract_onnx::tract_core::internal::TractErrorContext as _;
 
 use crate::graph_index::{is_onnx_domain, GraphIndex};
 use crate::onnx_edit::float_values;
+use crate::RuntimeError;
 
 /// Parses an ONNX file as the runtime runs it: scales and shifts folded into the
 /// convolutions next to them ([`crate::fold_affine`]) and hard-swish patterns fused
-/// first. Fails as tract's own `model_for_read` would on a file it cannot read.
-pub(crate) fn read_for_running(bytes: &[u8]) -> TractResult<InferenceModel> {
+/// first. Fails as tract's own `model_for_read` would on a file it cannot read, and as
+/// unsupported on a model whose operators this build was made without
+/// ([`crate::op_families`]).
+pub(crate) fn read_for_running(name: &str, bytes: &[u8]) -> Result<InferenceModel, RuntimeError> {
+    let load = |e: TractError| RuntimeError::Load {
+        model: name.to_string(),
+        cause: format!("{e:#}"),
+    };
     let onnx = tract_onnx::onnx();
     let mut reader = bytes;
     let mut proto = onnx
         .proto_model_for_read(&mut reader)
-        .context("Reading proto model")?;
+        .context("Reading proto model")
+        .map_err(load)?;
+    if let Some(cause) = crate::op_families::refusal(&proto) {
+        return Err(RuntimeError::Unsupported {
+            model: name.to_string(),
+            cause,
+        });
+    }
     crate::fold_affine::fold_affine_into_convs(&mut proto);
     fuse_hard_swish(&mut proto);
     onnx.model_for_proto_model(&proto)
         .context("Translating proto model to model")
+        .map_err(load)
 }
 
 /// Replaces each hard-swish written out in the main graph by one `HardSwish` node that

@@ -160,8 +160,7 @@ impl GraphModel {
             model: name.to_string(),
             cause,
         };
-        let mut model =
-            crate::fuse_activations::read_for_running(bytes).map_err(|e| load(format!("{e:#}")))?;
+        let mut model = crate::fuse_activations::read_for_running(name, bytes)?;
         let max_dims = max_dims(&model);
         if model.inputs.is_empty() {
             return Err(unsupported(

@@ -579,6 +579,9 @@ pub struct Inspection {
     pub operators: Vec<(String, usize)>,
     /// Operators tract parses as unimplemented.
     pub unsupported_operators: Vec<String>,
+    /// Agent features this model needs (`onnx-fft`…: [`crate::op_families`]), each with
+    /// the first of its operators found; agents built without one refuse the model.
+    pub agent_features: Vec<(String, String)>,
     /// `If` nodes in the file (subgraphs included)…
     pub ifs_in_file: usize,
     /// …and left once the conditions fixed by the file's shapes and `specs` are folded.
@@ -847,6 +850,10 @@ pub fn inspect(name: &str, bytes: &[u8], specs: &[InputSpec]) -> Result<Inspecti
         nodes,
         operators,
         unsupported_operators,
+        agent_features: crate::op_families::families_used(&model)
+            .into_iter()
+            .map(|(family, op)| (family.feature.to_string(), op))
+            .collect(),
         ifs_in_file,
         ifs_left,
         loads: load_error.is_none(),

@@ -41,6 +41,7 @@ pub mod int8_compute;
 pub mod kernels;
 pub mod mixed_precision;
 pub mod onnx_edit;
+pub mod op_families;
 pub mod op_profile;
 #[cfg(feature = "onnxruntime")]
 pub mod ort_backend;
@@ -222,8 +223,7 @@ impl Model {
             model: name.to_string(),
             cause,
         };
-        let mut inference =
-            fuse_activations::read_for_running(bytes).map_err(|e| load(format!("{e:#}")))?;
+        let mut inference = fuse_activations::read_for_running(name, bytes)?;
         if let Some(row_shape) = row_shape {
             let batch = inference.symbols.sym("N");
             let mut dims: Vec<TDim> = vec![batch.into()];

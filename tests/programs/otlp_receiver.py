@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
-"""A small OTLP/gRPC trace receiver, for the trace test (tests/tests/tracing.rs).
+"""A small OTLP trace receiver (gRPC and HTTP), for the trace test (tests/tests/tracing.rs).
 
 No collector binary is packaged in the registries the tests can reach, so this one is
 built on PyPI's `grpcio` and `opentelemetry-proto` (the OpenTelemetry project's own
 generated messages and service stubs), installed by shared/models/registry/prepare.sh.
 It serves opentelemetry.proto.collector.trace.v1.TraceService/Export on plain HTTP/2,
-as a collector's OTLP/gRPC port does, and appends every span it receives to a file, one
-JSON object per line, with its resource's service name and attributes.
+as a collector's OTLP/gRPC port does, and POST /v1/traces with protobuf bodies on plain
+HTTP/1.1, as its OTLP/HTTP port does, and appends every span it receives to a file, one
+JSON object per line, with its resource's service name and attributes and the protocol
+it came by.
 
 usage: otlp_receiver.py --ready FILE --out FILE [--listen 127.0.0.1:0]
-  --ready: written as {"port": N} once the port listens
+  --ready: written as {"port": N, "http_port": M} once both ports listen
   --out:   spans, one JSON object per line
 """
 
@@ -18,6 +20,7 @@ import json
 import os
 import threading
 from concurrent import futures
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
@@ -37,6 +40,10 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
         self.lock = threading.Lock()
 
     def Export(self, request, context):
+        self.keep(request, "grpc")
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+    def keep(self, request, protocol):
         lines = []
         for resource_spans in request.resource_spans:
             resource = {kv.key: plain(kv.value) for kv in resource_spans.resource.attributes}
@@ -57,10 +64,39 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
                         "service": resource.get("service.name"),
                         "resource": resource,
                         "scope": scope_spans.scope.name,
+                        "protocol": protocol,
                     }))
         with self.lock, open(self.out, "a", encoding="utf-8") as out:
             out.write("".join(line + "\n" for line in lines))
-        return trace_service_pb2.ExportTraceServiceResponse()
+
+
+def http_handler(receiver):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self):
+            length = int(self.headers.get("Content-Length", "0"))
+            body = self.rfile.read(length)
+            if self.path != "/v1/traces":
+                self.answer(404, b"not found", "text/plain")
+            elif self.headers.get("Content-Type") != "application/x-protobuf":
+                self.answer(415, b"protobuf only", "text/plain")
+            else:
+                receiver.keep(trace_service_pb2.ExportTraceServiceRequest.FromString(body), "http")
+                answer = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+                self.answer(200, answer, "application/x-protobuf")
+
+        def answer(self, status, body, kind):
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    return Handler
 
 
 def main():
@@ -69,15 +105,19 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--listen", default="127.0.0.1:0")
     args = parser.parse_args()
+    receiver = Receiver(args.out)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Receiver(args.out), server)
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, server)
     port = server.add_insecure_port(args.listen)
     if port == 0:
         raise SystemExit(f"cannot listen on {args.listen}")
     server.start()
+    host = args.listen.rsplit(":", 1)[0]
+    http = ThreadingHTTPServer((host, 0), http_handler(receiver))
+    threading.Thread(target=http.serve_forever, daemon=True).start()
     tmp = args.ready + ".tmp"
     with open(tmp, "w", encoding="utf-8") as ready:
-        json.dump({"port": port}, ready)
+        json.dump({"port": port, "http_port": http.server_address[1]}, ready)
     os.replace(tmp, args.ready)
     server.wait_for_termination()
 

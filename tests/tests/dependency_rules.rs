@@ -21,12 +21,18 @@ fn cargo_tree(args: &[&str]) -> String {
 }
 
 fn dependency_tree(package: &str) -> Vec<String> {
-    cargo_tree(&[
+    dependency_tree_with(package, &[])
+}
+
+fn dependency_tree_with(package: &str, extra: &[&str]) -> Vec<String> {
+    let mut args = vec![
         "-p", package, "-e", "normal", "--prefix", "none", "--format", "{p}",
-    ])
-    .lines()
-    .filter_map(|line| line.split_whitespace().next().map(str::to_string))
-    .collect()
+    ];
+    args.extend_from_slice(extra);
+    cargo_tree(&args)
+        .lines()
+        .filter_map(|line| line.split_whitespace().next().map(str::to_string))
+        .collect()
 }
 
 fn assert_free_of(package: &str, forbidden: &[&str]) {
@@ -93,6 +99,22 @@ fn the_edge_agent_does_not_link_the_control_plane() {
         "nephele-edge",
         &["actix-web", "actix", "redb", "nephele-cloud"],
     );
+}
+
+/// The agent as it ships (`--no-default-features`, README "The agent's binary") carries
+/// none of the optional crates that make it large: candle, tract's attention operators
+/// (tract-transformers), OTLP/gRPC (h2). (rustfft stays in the tree, a dependency of
+/// tract-core; the linker drops it when no FFT operator is registered, `onnx-fft`.)
+#[test]
+fn the_agent_as_it_ships_leaves_its_optional_parts_out() {
+    let tree = dependency_tree_with("nephele-edge", &["--no-default-features"]);
+    assert!(tree.iter().any(|name| name == "tract-onnx"), "{tree:?}");
+    for name in ["candle-core", "h2", "tract-transformers"] {
+        assert!(
+            !tree.iter().any(|dep| dep == name),
+            "the shipped agent must not link {name}"
+        );
+    }
 }
 
 /// `package version` → its features, for the whole workspace with these edge kinds.

@@ -1,8 +1,10 @@
 //! Distributed tracing end to end: a request offloaded from an edge agent is one trace
-//! in a real OTLP/gRPC receiver (tests/programs/otlp_receiver.py on PyPI's `grpcio`
-//! and `opentelemetry-proto`, in the venv `tests/run.sh` prepares), with spans from the
+//! in a real OTLP receiver (tests/programs/otlp_receiver.py on PyPI's `grpcio` and
+//! `opentelemetry-proto`, in the venv `tests/run.sh` prepares), with spans from the
 //! agent, the region and the pool replica, each the child of the one before, under the
-//! caller's own `traceparent`. A locally served request's trace stays on the device,
+//! caller's own `traceparent`. The edge agent exports over OTLP/HTTP, the control
+//! plane and the pool agent over OTLP/gRPC, so both exporters are checked on the
+//! OpenTelemetry project's own messages. A locally served request's trace stays on the device,
 //! and a caller that does not sample its trace gets nothing recorded.
 
 #![allow(clippy::unwrap_used)]
@@ -19,7 +21,10 @@ use serde_json::Value;
 struct Receiver {
     child: Child,
     spans: PathBuf,
+    /// OTLP/gRPC.
     endpoint: String,
+    /// OTLP/HTTP.
+    http_endpoint: String,
 }
 
 impl Drop for Receiver {
@@ -46,10 +51,13 @@ impl Receiver {
             .spawn()
             .unwrap();
         let deadline = Instant::now() + Duration::from_secs(30);
-        let port = loop {
+        let (port, http_port) = loop {
             if let Ok(text) = std::fs::read_to_string(&ready) {
                 let value: Value = serde_json::from_str(&text).unwrap();
-                break value["port"].as_u64().unwrap();
+                break (
+                    value["port"].as_u64().unwrap(),
+                    value["http_port"].as_u64().unwrap(),
+                );
             }
             if let Ok(Some(status)) = child.try_wait() {
                 let log = std::fs::read_to_string(dir.join("otlp-receiver.log")).unwrap();
@@ -65,6 +73,7 @@ impl Receiver {
             child,
             spans,
             endpoint: format!("http://127.0.0.1:{port}"),
+            http_endpoint: format!("http://127.0.0.1:{http_port}"),
         }
     }
 
@@ -171,12 +180,18 @@ fn an_offloaded_request_is_one_trace_across_the_agent_the_region_and_the_pool_re
     );
     let cloud = Cloud::start_with("tracing", &config).unwrap();
     let otlp = ["--otlp-endpoint", receiver.endpoint.as_str()];
+    let otlp_http = [
+        "--otlp-protocol",
+        "http/protobuf",
+        "--otlp-endpoint",
+        receiver.http_endpoint.as_str(),
+    ];
     let lab = Edge::start(
         &cloud,
         "lab-1",
         "eu-west",
         &["--profile", "rpi5-8gb", "--label", "site=lab"],
-        &[&["--workers", "1"][..], &otlp[..]].concat(),
+        &[&["--workers", "1"][..], &otlp_http[..]].concat(),
     )
     .unwrap();
     let _pool = Edge::start(
@@ -312,8 +327,17 @@ fn an_offloaded_request_is_one_trace_across_the_agent_the_region_and_the_pool_re
             > 0
     );
     assert_child(replica, sent);
-    // Nothing failed, and every span of the trace is one of these.
+    // Nothing failed, and every span of the trace is one of these; the device's came
+    // over OTLP/HTTP, the others' over OTLP/gRPC.
     assert!(trace.iter().all(|s| s["status_code"] == 0), "{trace:#?}");
+    for span in &trace {
+        let expected = if span["service"] == "nephele-edge" {
+            "http"
+        } else {
+            "grpc"
+        };
+        assert_eq!(span["protocol"], expected, "{span}");
+    }
     assert_eq!(trace.len(), 6, "{trace:#?}");
 
     // A request served on the device ran nowhere else: its trace has no replica span

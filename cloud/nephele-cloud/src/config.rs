@@ -73,8 +73,11 @@ pub struct ApiConfig {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct TracingConfig {
-    /// The collector's OTLP/gRPC address, e.g. `http://127.0.0.1:4317`.
+    /// The collector's address, e.g. `http://127.0.0.1:4317` (OTLP/gRPC) or
+    /// `http://127.0.0.1:4318` (OTLP/HTTP, `/v1/traces` added).
     pub otlp_endpoint: Option<String>,
+    /// `grpc` (default) or `http/protobuf`; unset, `OTEL_EXPORTER_OTLP_PROTOCOL`.
+    pub otlp_protocol: Option<String>,
     /// Share of new traces recorded, 0 to 1 (default 1); a request that comes with a
     /// trace context follows its caller's decision.
     pub sample_ratio: Option<f64>,

@@ -87,10 +87,14 @@ pub struct CloudArgs {
     /// line, for log collectors). Default: `NEPHELE_LOG_FORMAT`, else text.
     #[arg(long)]
     pub log_format: Option<nephele_logging::Format>,
-    /// Overrides `[tracing] otlp_endpoint`: export spans over OTLP/gRPC to this
-    /// collector (e.g. http://127.0.0.1:4317). Default: OTEL_EXPORTER_OTLP_ENDPOINT.
+    /// Overrides `[tracing] otlp_endpoint`: export spans to this collector (e.g.
+    /// http://127.0.0.1:4317). Default: OTEL_EXPORTER_OTLP_ENDPOINT.
     #[arg(long)]
     pub otlp_endpoint: Option<String>,
+    /// Overrides `[tracing] otlp_protocol`: `grpc` (default) or `http/protobuf`.
+    /// Default: OTEL_EXPORTER_OTLP_PROTOCOL.
+    #[arg(long)]
+    pub otlp_protocol: Option<String>,
     /// Overrides `[tracing] sample_ratio`: share of new traces recorded (0 to 1).
     #[arg(long)]
     pub trace_sample_ratio: Option<f64>,
@@ -136,6 +140,9 @@ pub fn load_config(args: &CloudArgs) -> Result<CloudConfig> {
     }
     if let Some(endpoint) = &args.otlp_endpoint {
         config.tracing.otlp_endpoint = Some(endpoint.clone());
+    }
+    if let Some(protocol) = &args.otlp_protocol {
+        config.tracing.otlp_protocol = Some(protocol.clone());
     }
     if let Some(ratio) = args.trace_sample_ratio {
         config.tracing.sample_ratio = Some(ratio);
@@ -260,7 +267,8 @@ fn start_tracer(
         .map(|h| h.trim().to_string())
         .unwrap_or_default();
     let regions: Vec<&str> = config.regions.iter().map(|r| r.name.as_str()).collect();
-    let collector = settings.endpoint.authority();
+    let collector = settings.collector();
+    let protocol = settings.protocol.label();
     let ratio = settings.sample_ratio;
     let tracer = nephele_otel::Tracer::start(
         settings,
@@ -275,7 +283,7 @@ fn start_tracer(
         metrics,
     )
     .context("cannot start the trace exporter")?;
-    tracing::info!(%collector, sample_ratio = ratio, "exporting spans over OTLP/gRPC");
+    tracing::info!(%collector, protocol, sample_ratio = ratio, "exporting spans");
     Ok(tracer)
 }
 
@@ -443,6 +451,7 @@ pub async fn serve(
     // Before anything is opened: a wrong collector address is said at once.
     let tracing_settings = nephele_otel::Settings::resolve(
         config.tracing.otlp_endpoint.as_deref(),
+        config.tracing.otlp_protocol.as_deref(),
         config.tracing.sample_ratio,
         "nephele-cloud",
         &|key| std::env::var(key).ok(),

@@ -310,6 +310,7 @@ fn start_tracer(
     };
     let settings = nephele_otel::Settings::resolve(
         args.otlp_endpoint.as_deref(),
+        args.otlp_protocol.as_deref(),
         args.trace_sample_ratio,
         service,
         &|key| std::env::var(key).ok(),
@@ -318,7 +319,8 @@ fn start_tracer(
     let Some(settings) = settings else {
         return Ok(nephele_otel::Tracer::disabled());
     };
-    let collector = settings.endpoint.authority();
+    let collector = settings.collector();
+    let protocol = settings.protocol.label();
     let config = &enrolment.config;
     let tracer = nephele_otel::Tracer::start(
         settings,
@@ -332,7 +334,7 @@ fn start_tracer(
         metrics,
     )
     .context("cannot start the trace exporter")?;
-    tracing::info!(%collector, "exporting spans over OTLP/gRPC");
+    tracing::info!(%collector, protocol, "exporting spans");
     Ok(tracer)
 }
 

@@ -124,11 +124,16 @@ pub struct RunArgs {
     /// device until the control plane has counted it (`crate::usage`).
     #[arg(long, default_value_t = 60_000)]
     pub usage_window_ms: u64,
-    /// Export spans over OTLP/gRPC to this collector (e.g. http://127.0.0.1:4317).
-    /// Default: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else OTEL_EXPORTER_OTLP_ENDPOINT,
-    /// else no spans are recorded (a request's trace context is still passed on).
+    /// Export spans to this collector (e.g. http://127.0.0.1:4317 over OTLP/gRPC,
+    /// http://127.0.0.1:4318 over OTLP/HTTP). Default:
+    /// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else OTEL_EXPORTER_OTLP_ENDPOINT, else no
+    /// spans are recorded (a request's trace context is still passed on).
     #[arg(long)]
     pub otlp_endpoint: Option<String>,
+    /// `grpc` or `http/protobuf`. Default: OTEL_EXPORTER_OTLP_PROTOCOL, else `grpc`
+    /// (`http/protobuf` in a build without the `otlp-grpc` feature, as the agent ships).
+    #[arg(long)]
+    pub otlp_protocol: Option<String>,
     /// Share of new traces recorded (0 to 1, default 1); a request with a
     /// `traceparent` header follows its caller's decision.
     #[arg(long)]

@@ -3,7 +3,7 @@
 //! Spans go into a bounded queue (never waiting: a full queue drops the span and counts
 //! it); a thread of its own, with its own single-threaded runtime, takes them in
 //! batches (up to [`BATCH`] spans, or whatever came within [`INTERVAL`]) and sends each
-//! batch as one OTLP/gRPC export, trying a retryable failure again twice before
+//! batch as one OTLP export (gRPC or HTTP, as configured), trying a retryable failure again twice before
 //! dropping the batch (counted, and said in the log at most once a minute). The
 //! thread is independent of the process's own runtimes (actix's arbiters, the agent's
 //! tokio), so a slow collector never slows a request.
@@ -14,11 +14,11 @@ use std::time::{Duration, Instant};
 
 use nephele_telemetry::{Counter, Registry};
 
+use crate::call::CallError;
 use crate::context::TraceContext;
-use crate::grpc::{CallError, Channel};
 use crate::otlp;
 use crate::sampler::Sampler;
-use crate::settings::Settings;
+use crate::settings::{Endpoint, Protocol, Settings};
 use crate::span::{Span, SpanData, SpanKind, Value};
 
 /// Spans waiting for export at most; more are dropped (counted).
@@ -229,7 +229,7 @@ fn export_loop(
             return;
         }
     };
-    let mut channel = Channel::new(settings.endpoint.clone());
+    let mut channel = Transport::new(settings.protocol, settings.endpoint.clone());
     let mut batch: Vec<SpanData> = Vec::with_capacity(BATCH);
     let mut deadline = Instant::now() + INTERVAL;
     let mut last_warning: Option<Instant> = None;
@@ -249,7 +249,7 @@ fn export_loop(
                 counters.failed.add(n);
                 if last_warning.is_none_or(|at| at.elapsed() > Duration::from_secs(60)) {
                     last_warning = Some(Instant::now());
-                    tracing::warn!(collector = %settings.endpoint.authority(), %error, spans = n, "trace export failed; spans dropped (said at most once a minute; see nephele_trace_spans_dropped_total)");
+                    tracing::warn!(collector = %settings.endpoint.authority(), protocol = settings.protocol.label(), %error, spans = n, "trace export failed; spans dropped (said at most once a minute; see nephele_trace_spans_dropped_total)");
                 }
             }
         }
@@ -295,11 +295,44 @@ fn export_loop(
     }
 }
 
+/// The connection to the collector, in the configured protocol.
+enum Transport {
+    #[cfg(feature = "grpc")]
+    Grpc(crate::grpc::Channel),
+    Http(crate::http::Channel),
+}
+
+impl Transport {
+    fn new(protocol: Protocol, endpoint: Endpoint) -> Transport {
+        match protocol {
+            #[cfg(feature = "grpc")]
+            Protocol::Grpc => Transport::Grpc(crate::grpc::Channel::new(endpoint)),
+            // `Settings::resolve` refuses gRPC in a build without it.
+            #[cfg(not(feature = "grpc"))]
+            Protocol::Grpc => Transport::Http(crate::http::Channel::new(endpoint)),
+            Protocol::HttpProtobuf => Transport::Http(crate::http::Channel::new(endpoint)),
+        }
+    }
+
+    /// One export request; the answer's `ExportTraceServiceResponse` bytes.
+    async fn export(&mut self, request: &[u8]) -> Result<bytes::Bytes, CallError> {
+        match self {
+            #[cfg(feature = "grpc")]
+            Transport::Grpc(channel) => channel.unary(otlp::EXPORT_PATH, request).await,
+            Transport::Http(channel) => channel.export(request).await,
+        }
+    }
+}
+
 /// One batch, tried up to three times; the number of spans the collector rejected.
-async fn send(channel: &mut Channel, request: &[u8], timeout: Duration) -> Result<u64, CallError> {
+async fn send(
+    channel: &mut Transport,
+    request: &[u8],
+    timeout: Duration,
+) -> Result<u64, CallError> {
     let mut tries = RETRY_AFTER.iter();
     loop {
-        let result = tokio::time::timeout(timeout, channel.unary(otlp::EXPORT_PATH, request))
+        let result = tokio::time::timeout(timeout, channel.export(request))
             .await
             .unwrap_or_else(|_| {
                 Err(CallError::Transport(format!(
@@ -356,6 +389,7 @@ mod tests {
         let settings = Settings::resolve(
             Some(&format!("http://127.0.0.1:{port}")),
             None,
+            None,
             "test",
             &|_| None,
         )
@@ -391,6 +425,174 @@ mod tests {
             read("queue_full") + read("export_failed"),
             total as u64,
             "every span is accounted for"
+        );
+    }
+
+    /// One request a collector was sent: its path, content type and body.
+    type Received = (String, String, Vec<u8>);
+
+    /// A real OTLP/HTTP collector on loopback (hyper's server): answers each export
+    /// with the next status of `answers` (then 200), keeping what it was sent.
+    struct Collector {
+        port: u16,
+        received: Arc<std::sync::Mutex<Vec<Received>>>,
+        connections: Arc<std::sync::atomic::AtomicUsize>,
+        _runtime: tokio::runtime::Runtime,
+    }
+
+    impl Collector {
+        fn start(answers: Vec<u16>) -> Collector {
+            use http_body_util::{BodyExt as _, Full};
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .expect("runtime");
+            let listener = runtime
+                .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+                .expect("bind");
+            let port = listener.local_addr().expect("addr").port();
+            let received = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let answers = Arc::new(std::sync::Mutex::new(answers.into_iter()));
+            let kept = received.clone();
+            let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let accepted = connections.clone();
+            runtime.spawn(async move {
+                while let Ok((tcp, _)) = listener.accept().await {
+                    accepted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let (kept, answers) = (kept.clone(), answers.clone());
+                    tokio::spawn(async move {
+                        let service = hyper::service::service_fn(
+                            move |request: http::Request<hyper::body::Incoming>| {
+                                let (kept, answers) = (kept.clone(), answers.clone());
+                                async move {
+                                    let path = request.uri().path().to_string();
+                                    let kind = request
+                                        .headers()
+                                        .get("content-type")
+                                        .and_then(|v| v.to_str().ok())
+                                        .unwrap_or_default()
+                                        .to_string();
+                                    let body = request.into_body().collect().await?.to_bytes();
+                                    kept.lock().expect("lock").push((path, kind, body.to_vec()));
+                                    let status =
+                                        answers.lock().expect("lock").next().unwrap_or(200);
+                                    let answer = if status == 200 {
+                                        use prost::Message as _;
+                                        otlp::ExportTraceServiceResponse::default().encode_to_vec()
+                                    } else {
+                                        b"try later".to_vec()
+                                    };
+                                    http::Response::builder()
+                                        .status(status)
+                                        .header(
+                                            "content-type",
+                                            if status == 200 {
+                                                "application/x-protobuf"
+                                            } else {
+                                                "text/plain"
+                                            },
+                                        )
+                                        .body(Full::new(bytes::Bytes::from(answer)))
+                                        .map(Ok::<_, hyper::Error>)
+                                        .expect("a well-formed answer")
+                                }
+                            },
+                        );
+                        let _ = hyper::server::conn::http1::Builder::new()
+                            .serve_connection(hyper_util::rt::TokioIo::new(tcp), service)
+                            .await;
+                    });
+                }
+            });
+            Collector {
+                port,
+                received,
+                connections,
+                _runtime: runtime,
+            }
+        }
+    }
+
+    fn http_tracer(port: u16, metrics: &Registry) -> Tracer {
+        let settings = Settings::resolve(
+            Some(&format!("http://127.0.0.1:{port}")),
+            Some("http/protobuf"),
+            None,
+            "test",
+            &|_| None,
+        )
+        .expect("valid")
+        .expect("on");
+        Tracer::start(settings, Vec::new(), metrics).expect("started")
+    }
+
+    #[test]
+    fn over_otlp_http_spans_reach_the_collector_as_protobuf_on_one_connection() {
+        use prost::Message as _;
+        let collector = Collector::start(vec![503]);
+        let metrics = Registry::new();
+        let tracer = http_tracer(collector.port, &metrics);
+        for round in 0..2 {
+            for i in 0..3 {
+                let mut span = tracer.server(format!("infer-{round}-{i}"), None);
+                span.set("i", i as u64);
+            }
+            assert!(tracer.flush(Duration::from_secs(30)), "the flush ends");
+        }
+        let received = collector.received.lock().expect("lock").clone();
+        // The first export was answered 503 (retryable) and sent again.
+        assert_eq!(received.len(), 3, "{received:?}");
+        let mut names = Vec::new();
+        for (path, kind, body) in &received[1..] {
+            assert_eq!(path, "/v1/traces");
+            assert_eq!(kind, "application/x-protobuf");
+            let request = otlp::ExportTraceServiceRequest::decode(body.as_slice()).expect("OTLP");
+            for resource in &request.resource_spans {
+                for scope in &resource.scope_spans {
+                    names.extend(scope.spans.iter().map(|s| s.name.clone()));
+                }
+            }
+        }
+        assert_eq!(
+            collector
+                .connections
+                .load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "the connection is kept between exports"
+        );
+        names.sort();
+        assert_eq!(names.len(), 6, "{names:?}");
+        assert_eq!(names[0], "infer-0-0");
+        assert_eq!(
+            metrics
+                .counter("nephele_trace_spans_exported_total", "", &[])
+                .get(),
+            6
+        );
+    }
+
+    #[test]
+    fn over_otlp_http_a_refused_export_is_counted_and_not_sent_again() {
+        let collector = Collector::start(vec![400]);
+        let metrics = Registry::new();
+        let tracer = http_tracer(collector.port, &metrics);
+        drop(tracer.server("refused", None));
+        assert!(tracer.flush(Duration::from_secs(30)), "the flush ends");
+        assert_eq!(
+            collector.received.lock().expect("lock").len(),
+            1,
+            "not retried"
+        );
+        assert_eq!(
+            metrics
+                .counter(
+                    "nephele_trace_spans_dropped_total",
+                    "",
+                    &[("reason", "export_failed")]
+                )
+                .get(),
+            1
         );
     }
 }

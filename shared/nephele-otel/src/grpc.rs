@@ -4,43 +4,11 @@
 
 use bytes::{BufMut as _, Bytes, BytesMut};
 
+use crate::call::CallError;
 use crate::settings::Endpoint;
 
 /// The largest answer taken from a collector (an export answer is a few bytes).
 const MAX_ANSWER_BYTES: usize = 1 << 20;
-
-/// Why a call did not succeed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CallError {
-    /// No connection to the collector (refused, unreachable, name unknown).
-    Connect(String),
-    /// The connection or stream broke, or the answer was not gRPC.
-    Transport(String),
-    /// The collector answered with a gRPC status other than OK.
-    Status { code: u32, message: String },
-}
-
-impl CallError {
-    /// Whether trying again later may succeed (OTLP's retryable codes: cancelled,
-    /// deadline exceeded, resource exhausted, aborted, out of range, unavailable,
-    /// data loss; and any transport failure).
-    pub fn retryable(&self) -> bool {
-        match self {
-            CallError::Connect(_) | CallError::Transport(_) => true,
-            CallError::Status { code, .. } => matches!(code, 1 | 4 | 8 | 10 | 11 | 14 | 15),
-        }
-    }
-}
-
-impl std::fmt::Display for CallError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            CallError::Connect(e) => write!(f, "cannot connect: {e}"),
-            CallError::Transport(e) => write!(f, "{e}"),
-            CallError::Status { code, message } => write!(f, "gRPC status {code}: {message}"),
-        }
-    }
-}
 
 /// A channel to one gRPC server.
 pub struct Channel {

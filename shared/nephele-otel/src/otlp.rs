@@ -7,8 +7,21 @@ use prost::Message;
 
 use crate::span::{SpanData, SpanKind, Value};
 
-/// The gRPC method a collector serves.
+/// The gRPC method a collector serves (OTLP/gRPC).
 pub const EXPORT_PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
+
+/// Where a collector takes traces under its base address (OTLP/HTTP).
+pub const HTTP_TRACES_PATH: &str = "/v1/traces";
+
+/// What an OTLP/HTTP collector answers a failed export with (`google.rpc.Status`,
+/// without its details).
+#[derive(Clone, PartialEq, Message)]
+pub struct RpcStatus {
+    #[prost(int32, tag = "1")]
+    pub code: i32,
+    #[prost(string, tag = "2")]
+    pub message: String,
+}
 
 #[derive(Clone, PartialEq, Message)]
 pub struct ExportTraceServiceRequest {

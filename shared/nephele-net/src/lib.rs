@@ -12,6 +12,7 @@ pub mod pki;
 pub mod tls;
 pub mod token;
 pub mod udp;
+pub mod x509;
 
 pub use framing::{read_frame, write_frame, FrameReader, NetError};
 pub use pki::{fingerprint, ClusterCa, PkiError};

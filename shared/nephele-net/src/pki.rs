@@ -161,13 +161,9 @@ impl ClusterCa {
 
 /// A certificate's validity, `(not_before, not_after)` in Unix seconds.
 pub fn validity_unix(cert_der: &[u8]) -> Result<(i64, i64), PkiError> {
-    let (_, cert) = x509_parser::parse_x509_certificate(cert_der)
+    let cert = crate::x509::Certificate::parse(cert_der)
         .map_err(|error| PkiError::Invalid(format!("invalid certificate: {error}")))?;
-    let validity = cert.validity();
-    Ok((
-        validity.not_before.timestamp(),
-        validity.not_after.timestamp(),
-    ))
+    Ok((cert.not_before, cert.not_after))
 }
 
 /// Makes a key pair and a CSR for it on the device. Returns (PKCS#8 key PEM, CSR DER).

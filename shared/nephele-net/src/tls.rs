@@ -271,23 +271,10 @@ pub fn peer_identity(connection: &quinn::Connection) -> Option<PeerIdentity> {
 
 /// Agent name (CN) and role (OU) of an agent certificate.
 pub fn parse_identity(cert_der: &[u8]) -> Option<PeerIdentity> {
-    let (_, cert) = x509_parser::parse_x509_certificate(cert_der).ok()?;
-    let subject = cert.subject();
-    let name = subject
-        .iter_common_name()
-        .next()?
-        .as_str()
-        .ok()?
-        .to_string();
-    let role = subject
-        .iter_organizational_unit()
-        .next()?
-        .as_str()
-        .ok()?
-        .to_string();
+    let cert = crate::x509::Certificate::parse(cert_der).ok()?;
     Some(PeerIdentity {
-        name,
-        role,
+        name: cert.common_name?,
+        role: cert.organizational_unit?,
         cert_sha256: crate::pki::fingerprint(cert_der),
     })
 }

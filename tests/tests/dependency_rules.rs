@@ -101,13 +101,13 @@ fn the_edge_agent_does_not_link_the_control_plane() {
     );
 }
 
-/// The agent as it ships (`--no-default-features`, README "The agent's binary") carries
+/// The agent as it ships (its default features, README "The agent's binary") carries
 /// none of the optional crates that make it large: candle, tract's attention operators
 /// (tract-transformers), OTLP/gRPC (h2). (rustfft stays in the tree, a dependency of
 /// tract-core; the linker drops it when no FFT operator is registered, `onnx-fft`.)
 #[test]
 fn the_agent_as_it_ships_leaves_its_optional_parts_out() {
-    let tree = dependency_tree_with("nephele-edge", &["--no-default-features"]);
+    let tree = dependency_tree("nephele-edge");
     assert!(tree.iter().any(|name| name == "tract-onnx"), "{tree:?}");
     for name in ["candle-core", "h2", "tract-transformers"] {
         assert!(

@@ -1058,7 +1058,7 @@ fn print_inspection(v: &Value) {
         .collect();
     if !features.is_empty() {
         println!(
-            "  agents need: {} (in the default build; an agent built with --no-default-features refuses it)",
+            "  agents need: {} (not in the agent as it ships, which refuses such a model: build it with --features NAME, or --features full)",
             features.join(", ")
         );
     }

@@ -59,7 +59,7 @@ pub struct SoakArgs {
     #[arg(long)]
     pub dir: Option<PathBuf>,
     /// Run the agent from this binary (the agent as it ships: `target/dist/nephele-edge`
-    /// after `cargo build --profile dist -p nephele-edge --no-default-features`) instead
+    /// after `cargo build --profile dist -p nephele-edge`) instead
     /// of this CLI's `edge` subcommand; its memory is mostly its binary's code pages.
     #[arg(long)]
     pub agent_bin: Option<PathBuf>,

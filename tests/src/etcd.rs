@@ -23,11 +23,40 @@ pub struct EtcdCluster {
     members: Vec<Member>,
 }
 
-/// A free TCP port on loopback (free when asked; etcd binds it a moment later).
+/// A free TCP port on loopback below the kernel's ephemeral range (free when asked;
+/// etcd binds it a moment later, and again when a killed member restarts). A port from
+/// the ephemeral range, where `bind(0)` finds one, can be taken in between as the local
+/// end of any outgoing connection (a health check, another test's client): a clean
+/// clone's CI run once failed so ("bind: address already in use", 2026-12-07). Below
+/// the range only another listener can take it, and the ports handed out here are never
+/// handed out twice.
 fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+    use std::collections::BTreeSet;
+    use std::hash::BuildHasher as _;
+    use std::sync::Mutex;
+    static GIVEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    const LOWEST: u16 = 10_000;
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|text| text.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    let span = ephemeral_low.saturating_sub(LOWEST);
+    if span < 1_000 {
+        // No room below the range on this machine: the kernel's choice, as before.
+        return Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port());
+    }
+    let random = std::collections::hash_map::RandomState::new();
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    for attempt in 0..1_000u32 {
+        let port = LOWEST + (random.hash_one(attempt) % u64::from(span)) as u16;
+        if !given.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            given.insert(port);
+            return Ok(port);
+        }
+    }
+    bail!("no free port on loopback between {LOWEST} and {ephemeral_low}")
 }
 
 /// The etcd binary, if installed.

@@ -496,6 +496,7 @@ mod tests {
             concurrency: 4,
             cold_start_ms: None,
             priority: 0,
+            ..Signals::default()
         }
     }
 

@@ -183,6 +183,12 @@ pub struct OursConfig {
     /// load): the replicas started for a backlog would be ready after it has drained.
     /// `nephele sim autoscale --tune` chose it on both traces.
     pub backlog_within_cold_start: bool,
+    /// Size the backlog term as the replicas that answer the requests in flight and
+    /// waiting within the latency target (`target_p99_ms`), not within one service
+    /// time [true]. A request may wait as long as its target allows; sizing it to start
+    /// at once asked, for LLM replicas whose latency target is several service times,
+    /// for several times the replicas that serve it in time.
+    pub backlog_within_target: bool,
     /// Cold start assumed until one is measured [30 s].
     pub default_cold_start_ms: f64,
     /// Service time assumed until one is measured [1 s].
@@ -190,6 +196,9 @@ pub struct OursConfig {
     pub forecast: ForecastConfig,
     pub warm: WarmConfig,
     pub admission: AdmissionConfig,
+    /// What one replica carries within target, learned from the answers
+    /// ([`crate::capacity`]); off: sized with the slots over the service time.
+    pub capacity: crate::capacity::CapacityConfig,
 }
 
 impl Default for OursConfig {
@@ -210,11 +219,13 @@ impl Default for OursConfig {
             panic_threshold: 2.0,
             max_scale_down_ratio: 2.0,
             backlog_within_cold_start: false,
+            backlog_within_target: true,
             default_cold_start_ms: 30_000.0,
             default_service_ms: 1_000.0,
             forecast: ForecastConfig::default(),
             warm: WarmConfig::default(),
             admission: AdmissionConfig::default(),
+            capacity: crate::capacity::CapacityConfig::default(),
         }
     }
 }
@@ -298,6 +309,7 @@ impl OursConfig {
             f64::MAX,
             "≥ 0",
         )?;
+        self.capacity.validate()?;
         if let Some(problem) = self.forecast.model.problem() {
             return Err(ConfigError::Forecaster(problem));
         }

@@ -29,18 +29,22 @@
 
 pub mod admission;
 pub mod baselines;
+pub mod capacity;
 pub mod config;
 pub mod forecast;
 pub mod ours;
 pub mod predictive;
 pub mod reactive;
+pub mod serving;
 pub mod warm;
 
 pub use admission::{Admission, AdmissionGate, Claim, ShedReason, Verdict};
 pub use baselines::{Hpa, HpaConfig, Kpa, KpaConfig, Static};
+pub use capacity::{Capacity, CapacityConfig};
 pub use config::{ConfigError, OursConfig};
 pub use forecast::{Forecaster, ForecasterKind, RateForecaster};
 pub use ours::Ours;
+pub use serving::{Deployment, SignalWindow, Snapshot};
 
 use serde::{Deserialize, Serialize};
 
@@ -72,6 +76,13 @@ pub struct Signals {
     /// The deployment's priority (higher is more important); see
     /// [`admission::grant_by_priority`].
     pub priority: u32,
+    /// Answers that left in the window of requests that found a ready replica when they
+    /// arrived, and how many of them met their latency target (what [`capacity`] learns
+    /// a replica's capacity from).
+    #[serde(default)]
+    pub answered: u64,
+    #[serde(default)]
+    pub within_target: u64,
 }
 
 impl Default for Signals {
@@ -89,6 +100,8 @@ impl Default for Signals {
             concurrency: 1,
             cold_start_ms: None,
             priority: 0,
+            answered: 0,
+            within_target: 0,
         }
     }
 }
@@ -128,6 +141,19 @@ pub trait ScalingPolicy {
     /// How often this policy wants to be ticked.
     fn period_ms(&self) -> u64;
     fn tick(&mut self, now_ms: u64, signals: &Signals) -> Decision;
+}
+
+/// A policy borrowed (the simulator ticks one it does not own).
+impl<T: ScalingPolicy + ?Sized> ScalingPolicy for &mut T {
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+    fn period_ms(&self) -> u64 {
+        (**self).period_ms()
+    }
+    fn tick(&mut self, now_ms: u64, signals: &Signals) -> Decision {
+        (**self).tick(now_ms, signals)
+    }
 }
 
 /// Any of the policies, for a caller that picks one by configuration and persists it
@@ -221,5 +247,7 @@ pub fn sanitised(signals: &Signals) -> Signals {
             .cold_start_ms
             .filter(|value| value.is_finite() && *value >= 0.0),
         priority: signals.priority,
+        answered: signals.answered,
+        within_target: signals.within_target.min(signals.answered),
     }
 }

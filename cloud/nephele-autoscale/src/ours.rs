@@ -2,7 +2,9 @@
 //! [`ScalingPolicy`]. Each tick, in this order:
 //!
 //! 1. The signals are sanitised; the service time and cold start estimates are updated
-//!    from what was measured (the defaults until then).
+//!    from what was measured (the defaults until then); the tick's answers teach the
+//!    capacity learner what one replica carries within target ([`crate::capacity`]),
+//!    and every size below is taken at that capacity.
 //! 2. The arrivals go into the forecaster's bucket; closed buckets score the forecasts
 //!    made for them (the warm pool's error history).
 //! 3. The pre-warm floor: the replicas the forecast peak rate needs over the buckets up
@@ -14,7 +16,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::admission::{capacity_per_s, Admission};
+use crate::admission::Admission;
+use crate::capacity::Capacity;
 use crate::config::{ConfigError, OursConfig};
 use crate::forecast::RateForecaster;
 use crate::predictive::{prewarm_floor, prewarm_horizons, replicas_for_rate};
@@ -29,6 +32,8 @@ pub struct Ours {
     reactive: ReactiveCore,
     forecast: RateForecaster,
     warm_pool: WarmPool,
+    #[serde(default)]
+    capacity: Capacity,
     service_ms: Option<f64>,
     cold_start_ms: Option<f64>,
     last_now_ms: u64,
@@ -43,6 +48,7 @@ impl Ours {
             config,
             reactive: ReactiveCore::default(),
             warm_pool: WarmPool::default(),
+            capacity: Capacity::default(),
             service_ms: None,
             cold_start_ms: None,
             last_now_ms: 0,
@@ -52,6 +58,11 @@ impl Ours {
     /// The forecaster, for a `why` view or a forecast-only comparison.
     pub fn forecaster(&self) -> &RateForecaster {
         &self.forecast
+    }
+
+    /// The capacity learner, for a `why` view and the simulator's report.
+    pub fn capacity(&self) -> &Capacity {
+        &self.capacity
     }
 }
 
@@ -75,7 +86,24 @@ impl ScalingPolicy for Ours {
         }
         let service_ms = self.service_ms.unwrap_or(config.default_service_ms);
         let cold_start_ms = self.cold_start_ms.unwrap_or(config.default_cold_start_ms);
-        let concurrency = signals.concurrency;
+        // What one replica carries within target (requests per second): learned from
+        // the answers, or the declared slots over the service time until then. As a
+        // concurrency (requests at once, Little's law) every size below is taken at it.
+        let prior_per_s = f64::from(signals.concurrency) * 1000.0 / service_ms.max(1e-3);
+        let per_replica_per_s = if config.capacity.enabled {
+            self.capacity
+                .observe(now_ms, &signals, prior_per_s, service_ms, &config.capacity)
+        } else {
+            prior_per_s
+        };
+        // A learned capacity is already the load kept within target: sizes take it
+        // whole (target_utilisation is the headroom of the prior, which is a slot count).
+        let headroom = if config.capacity.enabled && self.capacity.is_learned() {
+            config.target_utilisation
+        } else {
+            1.0
+        };
+        let concurrency = (per_replica_per_s * service_ms / 1000.0 / headroom).max(1e-6);
 
         let (mut floor, mut extra, mut forecast_rate) = (0, 0, None);
         if config.forecast.enabled {
@@ -124,6 +152,7 @@ impl ScalingPolicy for Ours {
             &signals,
             &Plan {
                 service_ms,
+                concurrency,
                 floor,
                 extra,
                 cold_start_ms,
@@ -132,7 +161,14 @@ impl ScalingPolicy for Ours {
         );
 
         let admission = if config.admission.enabled {
-            admission_level(config, &signals, service_ms, cold_start_ms, outcome.total)
+            admission_level(
+                config,
+                &signals,
+                service_ms,
+                concurrency,
+                cold_start_ms,
+                outcome.total,
+            )
         } else {
             Admission::open()
         };
@@ -157,6 +193,7 @@ fn admission_level(
     config: &OursConfig,
     signals: &Signals,
     service_ms: f64,
+    concurrency: f64,
     cold_start_ms: f64,
     desired: u32,
 ) -> Admission {
@@ -172,15 +209,14 @@ fn admission_level(
     } else {
         signals.arrivals as f64 * 1000.0 / signals.window_ms as f64
     };
-    let at_limit =
-        replicas_for_rate(rate, service_ms, signals.concurrency, 1.0) > config.max_replicas;
+    let at_limit = replicas_for_rate(rate, service_ms, concurrency, 1.0) > config.max_replicas;
     let max_rate_per_s = at_limit
-        .then(|| capacity_per_s(config.max_replicas, signals.concurrency, service_ms))
+        .then(|| f64::from(config.max_replicas) * concurrency * 1000.0 / service_ms.max(1e-3))
         .filter(|rate| rate.is_finite());
     Admission {
         max_wait_ms: Some(max_wait_ms),
         max_rate_per_s,
-        burst: f64::from(config.max_replicas) * f64::from(signals.concurrency),
+        burst: (f64::from(config.max_replicas) * concurrency).max(1.0),
         retry_after_ms: (retry_after_ms.max(0.0).ceil() as u64)
             .max(config.admission.min_retry_after_ms),
     }
@@ -206,6 +242,7 @@ mod tests {
             concurrency: 1,
             cold_start_ms: Some(20_000.0),
             priority: 0,
+            ..Signals::default()
         }
     }
 

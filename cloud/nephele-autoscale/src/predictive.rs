@@ -8,14 +8,20 @@
 use crate::forecast::RateForecaster;
 
 /// Replicas that serve `rate_per_s` with their slots `target_utilisation` busy, each
-/// replica serving `concurrency` requests at once in `service_ms` each.
+/// replica serving `concurrency` requests at once in `service_ms` each (a fractional
+/// concurrency is a learned capacity: [`crate::capacity`], in requests at once).
 pub fn replicas_for_rate(
     rate_per_s: f64,
     service_ms: f64,
-    concurrency: u32,
+    concurrency: f64,
     target_utilisation: f64,
 ) -> u32 {
-    let per_replica = f64::from(concurrency.max(1)) * target_utilisation.max(0.01);
+    let concurrency = if concurrency.is_finite() && concurrency > 0.0 {
+        concurrency
+    } else {
+        1.0
+    };
+    let per_replica = concurrency * target_utilisation.max(0.01);
     let busy_slots = rate_per_s.max(0.0) * service_ms.max(0.0) / 1000.0;
     let needed = (busy_slots / per_replica - 1e-9).ceil();
     if needed.is_finite() {
@@ -49,7 +55,7 @@ pub fn prewarm_floor(
     forecaster: &RateForecaster,
     horizons: (usize, usize),
     service_ms: f64,
-    concurrency: u32,
+    concurrency: f64,
     target_utilisation: f64,
 ) -> (f64, u32) {
     let rate = forecaster.peak_rate_per_s(horizons.0, horizons.1);
@@ -67,10 +73,10 @@ mod tests {
     #[test]
     fn replicas_cover_the_rate_at_the_target_utilisation() {
         // 10 req/s × 0.5 s = 5 busy slots; 4 slots × 0.5 = 2 per replica → 3.
-        assert_eq!(replicas_for_rate(10.0, 500.0, 4, 0.5), 3);
-        assert_eq!(replicas_for_rate(8.0, 500.0, 4, 0.5), 2);
-        assert_eq!(replicas_for_rate(0.0, 500.0, 4, 0.5), 0);
-        assert_eq!(replicas_for_rate(f64::NAN, 500.0, 4, 0.5), 0);
+        assert_eq!(replicas_for_rate(10.0, 500.0, 4.0, 0.5), 3);
+        assert_eq!(replicas_for_rate(8.0, 500.0, 4.0, 0.5), 2);
+        assert_eq!(replicas_for_rate(0.0, 500.0, 4.0, 0.5), 0);
+        assert_eq!(replicas_for_rate(f64::NAN, 500.0, 4.0, 0.5), 0);
     }
 
     #[test]
@@ -96,7 +102,7 @@ mod tests {
             prewarm_horizons(&forecaster, 100_000, 1e12, 5_000, 300_000),
             (6, 6)
         );
-        let (rate, replicas) = prewarm_floor(&forecaster, (1, 2), 1_000.0, 1, 1.0);
+        let (rate, replicas) = prewarm_floor(&forecaster, (1, 2), 1_000.0, 1.0, 1.0);
         assert!((rate - 10.0).abs() < 1e-9);
         assert_eq!(replicas, 10);
     }

@@ -39,6 +39,9 @@ use crate::{bounded_current, Mode, Signals};
 pub struct Plan {
     /// Service time to size with (measured, or the default).
     pub service_ms: f64,
+    /// Requests one replica carries at once within target: the learned capacity
+    /// ([`crate::capacity`]) × the service time, or the declared slots.
+    pub concurrency: f64,
     /// Pre-warm floor from the forecast (0: none).
     pub floor: u32,
     /// Warm replicas to keep on top of the need.
@@ -123,7 +126,11 @@ impl ReactiveCore {
             config.max_replicas,
         );
         let clamp = |value: u32| value.clamp(min, max);
-        let concurrency = signals.concurrency.max(1);
+        let concurrency = if plan.concurrency.is_finite() && plan.concurrency > 0.0 {
+            plan.concurrency
+        } else {
+            f64::from(signals.concurrency.max(1))
+        };
         let service_ms = plan.service_ms;
         let need =
             |rate: f64| replicas_for_rate(rate, service_ms, concurrency, config.target_utilisation);
@@ -146,22 +153,30 @@ impl ReactiveCore {
         };
         let stable = need(self.stable_rate());
         let outstanding = f64::from(signals.in_flight) + f64::from(signals.queued);
-        // With `backlog_within_cold_start`, the backlog asks for the replicas that clear
-        // it within one cold start: a replica started now serves only after one, so
-        // clearing it sooner is up to the replicas already there.
-        let drain = if config.backlog_within_cold_start && service_ms > 0.0 {
-            (plan.cold_start_ms / service_ms).max(1.0)
+        // The backlog asks for the replicas that clear it within a horizon, in service
+        // times: one service time, or with `backlog_within_target` the latency target
+        // (every request waiting now may still be answered within it), and with
+        // `backlog_within_cold_start` at least one cold start (a replica started now
+        // serves only after one, so clearing it sooner is up to the replicas there).
+        let mut horizon_ms = service_ms;
+        if config.backlog_within_target {
+            horizon_ms = horizon_ms.max(config.target_p99_ms);
+        }
+        if config.backlog_within_cold_start {
+            horizon_ms = horizon_ms.max(plan.cold_start_ms);
+        }
+        let drain = if service_ms > 0.0 {
+            (horizon_ms / service_ms).max(1.0)
         } else {
             1.0
         };
-        let backlog = (outstanding / (f64::from(concurrency) * config.target_utilisation * drain)
-            - 1e-9)
+        let backlog = (outstanding / (concurrency * config.target_utilisation * drain) - 1e-9)
             .ceil()
             .max(0.0) as u32;
         let extra = plan.extra;
 
         // Rule 1's condition: demand over the last tick at 100% busy ≥ threshold × ready.
-        let short_demand = short_rate * service_ms / 1000.0 / f64::from(concurrency);
+        let short_demand = short_rate * service_ms / 1000.0 / concurrency;
         let ready = f64::from(signals.ready);
         let panic_now = short_demand > 0.0
             && short_demand >= config.panic_threshold * ready.max(1.0)
@@ -318,6 +333,7 @@ mod tests {
             concurrency: 1,
             cold_start_ms: Some(30_000.0),
             priority: 0,
+            ..Signals::default()
         }
     }
 
@@ -329,6 +345,7 @@ mod tests {
         };
         let plan = Plan {
             service_ms: 1_000.0,
+            concurrency: 1.0,
             floor: 0,
             extra: 0,
             cold_start_ms: 30_000.0,
@@ -351,8 +368,25 @@ mod tests {
             scale_down_stabilisation_ms: 30_000,
             stable_window_ms: 20_000,
             backlog_within_cold_start: false,
+            backlog_within_target: false,
             ..OursConfig::default()
         }
+    }
+
+    #[test]
+    fn a_backlog_may_take_its_latency_target_to_clear() {
+        // 1 s requests, a 2 s target (the default): 5 outstanding on 3 ready replicas
+        // are answered in time by ceil(5 / (0.7 × 2)) = 4 replicas, not the
+        // ceil(5 / 0.7) = 8 that would start them all at once.
+        let config = OursConfig {
+            backlog_within_target: true,
+            ..config()
+        };
+        check(
+            &config,
+            2,
+            &[(signals(1.0, 3, 4, 0.9, Some(1_000.0)), 4, Rule::Queue)],
+        );
     }
 
     #[test]

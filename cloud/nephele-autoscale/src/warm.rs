@@ -84,7 +84,7 @@ impl WarmPool {
         quantile: f64,
         bucket_ms: u64,
         service_ms: f64,
-        concurrency: u32,
+        concurrency: f64,
         target_utilisation: f64,
         max_warm: u32,
     ) -> u32 {
@@ -114,8 +114,8 @@ mod tests {
         assert_eq!(pool.error_quantile(1.0), 20.0);
         assert_eq!(pool.error_quantile(0.5), 0.0);
         // 20 per 60 s bucket = 1/3 req/s × 3 s = 1 busy slot → 1 replica at 100%.
-        assert_eq!(pool.size(1.0, 60_000, 3_000.0, 1, 1.0, 8), 1);
-        assert_eq!(pool.size(1.0, 60_000, 3_000.0, 1, 1.0, 0), 0);
+        assert_eq!(pool.size(1.0, 60_000, 3_000.0, 1.0, 1.0, 8), 1);
+        assert_eq!(pool.size(1.0, 60_000, 3_000.0, 1.0, 1.0, 0), 0);
     }
 
     #[test]

@@ -42,6 +42,8 @@ fn any_signals() -> impl Strategy<Value = Signals> {
                 concurrency,
                 cold_start_ms,
                 priority: 0,
+                answered: arrivals + u64::from(in_flight),
+                within_target: arrivals,
             },
         )
 }
@@ -278,6 +280,7 @@ fn closed_loop(
             concurrency,
             cold_start_ms: Some(cold_start_ms as f64),
             priority: 0,
+            ..Signals::default()
         };
         let desired = policy.tick(now, &signals).desired as usize;
         if desired > replicas.len() {

@@ -1,7 +1,8 @@
 //! One actor per configured region: the IO shell around the region's pure cores. It
 //! holds the pool agents' connections, routes each offloaded request to a ready replica
 //! of its deployment (least outstanding requests, ties by name) through admission
-//! control, ticks the job scheduler ([`crate::scheduler::RegionScheduler`]) and the
+//! control and counts what the autoscaler is told, all by the serving rules
+//! `nephele sim autoscale` replays (`nephele_autoscale::serving`), ticks the job scheduler ([`crate::scheduler::RegionScheduler`]) and the
 //! autoscaler of every deployment (`nephele-autoscale`), carries out what they decide
 //! (providers start and stop nodes; pool agents are told what to run through the
 //! federation's desired state), and keeps the region's books in the store.
@@ -21,7 +22,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix::prelude::*;
-use nephele_autoscale::{AdmissionGate, Decision, OursConfig, ScalingPolicy, Signals, Verdict};
+use nephele_autoscale::serving::least_loaded;
+use nephele_autoscale::{Deployment, OursConfig, SignalWindow, Snapshot, Verdict};
 use nephele_placement::grid::GridPoint;
 use nephele_proto::{DeploymentPhase, DeploymentTelemetry, GpuReport, JobMemberStatus};
 
@@ -43,43 +45,41 @@ struct PoolMember {
 /// leases it holds while a request is at a replica.
 #[derive(Default)]
 pub struct ServingStats {
-    /// Round trips through a replica since the last autoscaler tick, µs.
-    latencies_us: Mutex<Vec<u64>>,
-    completed: AtomicU64,
+    /// Arrivals and answers since the last autoscaler tick (the serving core's window).
+    window: Mutex<SignalWindow>,
+    /// The deployment's latency target (ms), which an answer is judged against.
+    target_ms: AtomicU64,
 }
 
-/// Most round trips kept between two autoscaler ticks.
-const MAX_LATENCY_SAMPLES: usize = 20_000;
+impl ServingStats {
+    fn window(&self) -> std::sync::MutexGuard<'_, SignalWindow> {
+        self.window.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
 
 /// One deployment's serving state in this region.
 struct Serving {
-    policy: nephele_autoscale::Ours,
-    gate: AdmissionGate,
-    decision: Option<Decision>,
+    /// The scaler, the admission gate and the last decision: the serving core's state
+    /// (`nephele sim autoscale` runs the same).
+    core: Deployment<nephele_autoscale::Ours>,
     stats: Arc<ServingStats>,
     /// Requests at each replica's agent now.
     outstanding: HashMap<String, Arc<AtomicU32>>,
     /// The latest telemetry of each replica's agent for this deployment.
     telemetry: HashMap<String, DeploymentTelemetry>,
-    arrivals: u64,
-    shed: u64,
-    last_tick_ms: u64,
-    signals: Option<Signals>,
 }
 
 impl Serving {
     fn new(policy: nephele_autoscale::Ours, now_ms: u64) -> Serving {
+        let stats = ServingStats::default();
+        stats
+            .target_ms
+            .store(policy.config.target_p99_ms as u64, Ordering::Relaxed);
         Serving {
-            policy,
-            gate: AdmissionGate::default(),
-            decision: None,
-            stats: Arc::new(ServingStats::default()),
+            core: Deployment::new(policy, now_ms),
+            stats: Arc::new(stats),
             outstanding: HashMap::new(),
             telemetry: HashMap::new(),
-            arrivals: 0,
-            shed: 0,
-            last_tick_ms: now_ms,
-            signals: None,
         }
     }
 
@@ -298,7 +298,7 @@ impl RegionActor {
         }
         let mut state = self.scheduler.region_record();
         for (deployment, serving) in &self.serving {
-            if let Ok(value) = serde_json::to_value(&serving.policy) {
+            if let Ok(value) = serde_json::to_value(&serving.core.policy) {
                 state.autoscalers.insert(deployment.clone(), value);
             }
         }
@@ -646,19 +646,6 @@ impl RegionActor {
             let Some(serving) = self.serving.get_mut(&deployment) else {
                 continue;
             };
-            let window_ms = now_ms.saturating_sub(serving.last_tick_ms).max(1);
-            serving.last_tick_ms = now_ms;
-            let latencies: Vec<u64> = std::mem::take(
-                &mut *serving
-                    .stats
-                    .latencies_us
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner()),
-            );
-            let p99_ms = (!latencies.is_empty())
-                .then(|| nephele_telemetry::quantile(&latencies, 0.99) as f64 / 1000.0);
-            let mean_round_trip_ms = (!latencies.is_empty())
-                .then(|| latencies.iter().sum::<u64>() as f64 / latencies.len() as f64 / 1000.0);
             let in_flight: u32 = serving
                 .outstanding
                 .iter()
@@ -671,25 +658,18 @@ impl RegionActor {
                 .filter(|(agent, _)| ready_agents.contains(agent))
                 .map(|(_, t)| t.queue_len)
                 .sum();
+            let mut window = serving.stats.window();
+            // The replicas' own compute time when they report it; else the mean round
+            // trip of the window's answers.
             let measured = serving.service_ms();
             let service_ms = if measured > 0.0 {
                 measured
             } else {
-                mean_round_trip_ms.unwrap_or(0.0)
+                window.mean_latency_ms().unwrap_or(0.0)
             };
-            let rate = serving.arrivals as f64 / (window_ms as f64 / 1000.0);
-            let utilisation = if ready == 0 {
-                0.0
-            } else {
-                (rate * service_ms / 1000.0 / f64::from(ready)).min(1.0)
-            };
-            let signals = Signals {
-                window_ms,
-                arrivals: serving.arrivals,
+            let snapshot = Snapshot {
                 in_flight,
                 queued,
-                p99_ms,
-                utilisation,
                 ready,
                 starting,
                 service_ms,
@@ -697,12 +677,8 @@ impl RegionActor {
                 cold_start_ms,
                 priority: spec.priority,
             };
-            serving.arrivals = 0;
-            serving.shed = 0;
-            let decision = serving.policy.tick(now_ms, &signals);
-            serving.signals = Some(signals);
-            let desired = decision.desired;
-            serving.decision = Some(decision);
+            let desired = serving.core.tick(now_ms, &mut window, snapshot).desired;
+            drop(window);
             if let Ok((_, scaled)) = self.scheduler.scale(&deployment, desired, now) {
                 events.extend(scaled);
             }
@@ -1096,9 +1072,14 @@ impl Handler<SyncDeployments> for RegionActor {
                 self.serving
                     .insert(spec.deployment.clone(), Serving::new(policy, now_ms));
             } else if let Some(serving) = self.serving.get_mut(&spec.deployment) {
-                serving.policy.config.min_replicas = spec.min;
-                serving.policy.config.max_replicas = spec.max.max(spec.min).max(1);
-                serving.policy.config.target_p99_ms = f64::from((*target).max(1));
+                let config = &mut serving.core.policy.config;
+                config.min_replicas = spec.min;
+                config.max_replicas = spec.max.max(spec.min).max(1);
+                config.target_p99_ms = f64::from((*target).max(1));
+                serving
+                    .stats
+                    .target_ms
+                    .store(u64::from((*target).max(1)), Ordering::Relaxed);
             }
         }
         let events = self.scheduler.sync_replica_sets(&specs, now);
@@ -1116,17 +1097,14 @@ pub struct PoolLease {
 }
 
 impl PoolLease {
-    /// The request's round trip through the replica (what the autoscaler's p99 is).
+    /// The request's round trip through the replica (what the autoscaler's p99 is,
+    /// judged against the deployment's latency target).
     pub fn record(&self, elapsed: Duration) {
-        self.stats.completed.fetch_add(1, Ordering::Relaxed);
-        let mut samples = self
-            .stats
-            .latencies_us
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if samples.len() < MAX_LATENCY_SAMPLES {
-            samples.push(elapsed.as_micros() as u64);
-        }
+        let latency_ms = elapsed.as_secs_f64() * 1000.0;
+        let target_ms = self.stats.target_ms.load(Ordering::Relaxed) as f64;
+        self.stats
+            .window()
+            .answer(latency_ms, latency_ms <= target_ms, true);
     }
 }
 
@@ -1168,8 +1146,8 @@ impl Handler<PickPool> for RegionActor {
                 message.deployment, self.name
             )));
         };
-        serving.arrivals += 1;
-        let live: Vec<&String> = ready
+        serving.stats.window().arrival();
+        let live = ready
             .iter()
             .filter(|a| !message.exclude.contains(a))
             .filter(|a| {
@@ -1177,16 +1155,14 @@ impl Handler<PickPool> for RegionActor {
                     .get(*a)
                     .is_some_and(|m| m.connection.close_reason().is_none())
             })
-            .collect();
-        let chosen = live.into_iter().min_by_key(|agent| {
-            (
-                serving
+            .map(|agent| {
+                let load = serving
                     .outstanding
-                    .get(*agent)
-                    .map_or(0, |n| n.load(Ordering::Relaxed)),
-                (*agent).clone(),
-            )
-        });
+                    .get(agent)
+                    .map_or(0, |n| n.load(Ordering::Relaxed));
+                (load, agent)
+            });
+        let chosen = least_loaded(live);
         let Some(agent) = chosen.cloned() else {
             return MessageResult(Pick::NoReplica(format!(
                 "no ready replica of {} in region {}",
@@ -1198,20 +1174,17 @@ impl Handler<PickPool> for RegionActor {
             .entry(agent.clone())
             .or_insert_with(|| Arc::new(AtomicU32::new(0)))
             .clone();
-        if let Some(level) = serving.decision.as_ref().map(|d| d.admission.clone()) {
+        {
             let service_ms = serving.service_ms().max(0.001);
-            let wait = nephele_autoscale::admission::predicted_wait_ms(
-                outstanding.load(Ordering::Relaxed),
-                1,
-                service_ms,
-                None,
-            );
+            let ahead = outstanding.load(Ordering::Relaxed);
+            let verdict = serving.core.admit(unix_now_ms(), || {
+                nephele_autoscale::admission::predicted_wait_ms(ahead, 1, service_ms, None)
+            });
             if let Verdict::Shed {
                 retry_after_ms,
                 reason,
-            } = serving.gate.check(unix_now_ms(), &level, wait)
+            } = verdict
             {
-                serving.shed += 1;
                 if let Some(metrics) = &self.metrics {
                     metrics
                         .counter(
@@ -1302,9 +1275,11 @@ impl Handler<GetReplicas> for RegionActor {
         let mut view = self.scheduler.replica_set_view(&message.0);
         if let (Some(view), Some(serving)) = (view.as_mut(), self.serving.get(&message.0)) {
             view.autoscaler = Some(serde_json::json!({
-                "decision": serving.decision,
-                "signals": serving.signals,
-                "forecaster": serving.policy.forecaster().kind_name(),
+                "decision": serving.core.decision,
+                "signals": serving.core.signals,
+                "forecaster": serving.core.policy.forecaster().kind_name(),
+                "capacity_per_replica_per_s": serving.core.policy.capacity().current(),
+                "capacity_learned": serving.core.policy.capacity().is_learned(),
             }));
         }
         MessageResult(view)

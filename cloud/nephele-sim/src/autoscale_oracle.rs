@@ -169,6 +169,8 @@ fn replay_alone(
             tune_until_us: 0,
             initial_replicas: n,
             cold_start_scale: 1.0,
+            declared_concurrency: None,
+            score_from_us: 0,
         };
         let result = simulate_with("alone", Scaler::Policy(&mut Static::new(n)), &alone);
         let misses = result.met.iter().filter(|m| !**m).count();
@@ -423,6 +425,8 @@ mod tests {
             tune_until_us: 100_000_000,
             initial_replicas: 1,
             cold_start_scale: 1.0,
+            declared_concurrency: None,
+            score_from_us: 0,
         };
         let (result, info, _) = run_oracle(&context, 0.99, 1, 8, 20_000_000);
         assert_eq!(result.outside, 0);

@@ -157,6 +157,8 @@ pub fn tune_ours(
             tune_until_us,
             initial_replicas: initial,
             cold_start_scale: options.cold_start_scale,
+            declared_concurrency: None,
+            score_from_us: 0,
         };
         progress(&format!("{trace}: static on the tune part"));
         let (mut low, mut high) = (options.min_replicas.max(1), options.max_replicas.max(1));

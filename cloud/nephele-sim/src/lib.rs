@@ -17,10 +17,12 @@
 //! - [`bench`]: placement throughput (`cargo bench`, `nephele bench placement`).
 
 pub mod autoscale;
+pub mod autoscale_heldout;
 pub mod autoscale_llm;
 pub mod autoscale_oracle;
 pub mod autoscale_trace;
 pub mod autoscale_tune;
+pub mod autoscale_variants;
 pub mod bench;
 pub mod carbon;
 pub mod gpu_clustering;

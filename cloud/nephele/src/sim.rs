@@ -6,6 +6,7 @@ use std::time::Instant;
 use anyhow::{Context as _, Result};
 use nephele_placement::Policy;
 use nephele_sim::autoscale::{run_autoscale, AutoscaleOptions};
+use nephele_sim::autoscale_heldout::run_heldout;
 use nephele_sim::autoscale_llm::SlowdownTarget;
 use nephele_sim::autoscale_trace::ServiceOptions;
 use nephele_sim::autoscale_tune::tune_ours;
@@ -90,9 +91,21 @@ pub struct AutoscaleArgs {
     #[arg(long, default_value = "1,2,3")]
     pub tune_seeds: String,
     /// A JSON object merged over ours' configuration, e.g.
-    /// '{"scale_down_stabilisation_ms": 60000, "warm": {"max_warm": 4}}'.
+    /// '{"scale_down_stabilisation_ms": 60000, "warm": {"max_warm": 4}}'. Without it,
+    /// ours runs its one default configuration on every trace.
     #[arg(long)]
     pub ours_config: Option<String>,
+    /// Every policy runs the first this many seconds of each trace unscored (warm-up).
+    #[arg(long, default_value_t = 300.0)]
+    pub warmup_s: f64,
+    /// Instead of one report per trace: every trace and each of its held-out
+    /// variations (cut by time, ×0.25–×4 the rate, request lengths shuffled, swapped
+    /// and scaled), one row each (writes autoscale-heldout.{csv,json,svg}).
+    #[arg(long)]
+    pub heldout: bool,
+    /// Seed of the held-out variations (thinning, shuffles).
+    #[arg(long, default_value_t = 7)]
+    pub variation_seed: u64,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -212,6 +225,9 @@ fn run_autoscale_command(args: AutoscaleArgs) -> Result<()> {
     if !(args.cold_start_scale.is_finite() && args.cold_start_scale >= 0.0) {
         anyhow::bail!("--cold-start-scale must be a number ≥ 0");
     }
+    if !(args.warmup_s.is_finite() && args.warmup_s >= 0.0) {
+        anyhow::bail!("--warmup-s must be a number of seconds ≥ 0");
+    }
     let slowdown = match args.slo.as_str() {
         "p99" => SlowdownTarget::SPLITWISE_P99,
         "p90" => SlowdownTarget::SPLITWISE_P90,
@@ -238,10 +254,42 @@ fn run_autoscale_command(args: AutoscaleArgs) -> Result<()> {
         },
         oracle: !args.no_oracle,
         ours_override,
+        warmup_s: args.warmup_s,
         ..AutoscaleOptions::default()
     };
     let started = Instant::now();
     let quiet = args.json;
+    if args.heldout {
+        let traces: Vec<&str> = args
+            .trace
+            .split(',')
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .collect();
+        let report = run_heldout(
+            &args.data,
+            &traces,
+            &options,
+            args.variation_seed,
+            &mut |line| {
+                if !quiet {
+                    eprintln!(
+                        "[autoscale held-out {:>6.1} s] {line}",
+                        started.elapsed().as_secs_f64()
+                    );
+                }
+            },
+        )?;
+        let written = report.write(&args.out)?;
+        if args.json {
+            println!("{}", serde_json::to_string(&report)?);
+        } else {
+            print!("{}", report.table());
+            let names: Vec<String> = written.iter().map(|p| p.display().to_string()).collect();
+            println!("wrote {}", names.join(", "));
+        }
+        return Ok(());
+    }
     if args.tune {
         let seeds: Vec<u64> = args
             .tune_seeds

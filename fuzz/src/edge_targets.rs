@@ -77,19 +77,18 @@ pub fn manifest(data: &[u8]) {
 }
 
 /// Input: an uploaded ONNX file, handled as the control plane handles `PUT
-/// /v1/models/NAME` (model_build): `input_spec::prepare` (decode, refuse an empty
-/// graph, fold constant `If`s), then the runtime's `Model::load_onnx` and, for a model
-/// it does not take as one f32 input and output, `GraphModel::load`. Nothing is run.
+/// /v1/models/NAME` (model_build) and as `nephele model inspect` does: `input_spec::prepare`
+/// (decode, refuse an empty graph, fold constant `If`s), then the import's choice of
+/// path (`import::load_unchecked`: the batched path, else the typed one). Nothing is
+/// run (a push also runs a typed model once on zeros).
 ///
 /// The runtime deliberately turns a panic inside tract's parser into an `Err`
 /// (`guard_parser`), so the binary uses `afl::fuzz_nohook!`: such a caught panic is an
 /// answer, and only a panic that escapes the runtime aborts.
 pub fn onnx(data: &[u8]) {
-    use nephele_runtime::{graph_model::GraphModel, input_spec, Model, RuntimeError};
+    use nephele_runtime::{import, input_spec};
     let Ok(prepared) = input_spec::prepare("fuzz", data, &[]) else {
         return;
     };
-    if let Err(RuntimeError::Unsupported { .. }) = Model::load_onnx("fuzz", &prepared) {
-        let _ = GraphModel::load("fuzz", &prepared);
-    }
+    let _ = import::load_unchecked("fuzz", &prepared);
 }

@@ -455,27 +455,25 @@ fn build(
     let rows_sha256;
     let (bytes, model, variants, description, format) = match source {
         Source::Onnx(bytes) => {
-            let model = match nephele_runtime::Model::load_onnx(name, &bytes) {
-                Ok(model) => model,
-                // Several inputs or outputs, or types other than f32: the typed path.
-                Err(single @ nephele_runtime::RuntimeError::Unsupported { .. }) => {
-                    return match nephele_runtime::graph_model::GraphModel::load(name, &bytes) {
-                        Ok(graph) => build_graph(
-                            name,
-                            bytes,
-                            graph,
-                            BuildGraph {
-                                input_specs,
-                                state,
-                                validation,
-                            },
-                            blob_dir,
-                            progress,
-                        ),
-                        Err(typed) => Err(format!("{typed} (as one f32 input: {single})")),
-                    };
+            // What `nephele model inspect` reports is this same call.
+            let model = match nephele_runtime::import::load_prepared(name, &bytes).map_err(text)? {
+                nephele_runtime::import::Served::Batched(model) => model,
+                // Several inputs or outputs, types other than f32, or a file the
+                // batched path cannot plan: the typed path (checked on zeros).
+                nephele_runtime::import::Served::Typed(graph) => {
+                    return build_graph(
+                        name,
+                        bytes,
+                        graph,
+                        BuildGraph {
+                            input_specs,
+                            state,
+                            validation,
+                        },
+                        blob_dir,
+                        progress,
+                    );
                 }
-                Err(error) => return Err(text(error)),
             };
             if let Some(binding) = state.first() {
                 return Err(format!(
@@ -603,8 +601,8 @@ struct BuildGraph {
     validation: Option<ValidationUpload>,
 }
 
-/// A model with several typed inputs and outputs ([`nephele_runtime::graph_model`]):
-/// checked to run on zeros, with `full` and an `int8` measured against it on synthetic
+/// A model with several typed inputs and outputs ([`nephele_runtime::graph_model`]),
+/// checked to run on zeros by `load_prepared`: with `full` and an `int8` measured against it on synthetic
 /// typed rows ([`nephele_runtime::graph_variants`]), manifest format `onnx-graph`.
 /// Split variants of typed models are not built.
 fn build_graph(
@@ -620,8 +618,8 @@ fn build_graph(
     progress: &mut dyn FnMut(nephele_runtime::variants::BuildProgress),
 ) -> Result<PutModel, String> {
     use nephele_runtime::variants::BuildProgress;
+    // It ran on zeros in `load_prepared`.
     graph.check_state(state.iter().map(|b| (b.input.as_str(), b.output.as_str())))?;
-    graph.run(&graph.zeros()).map_err(|e| e.to_string())?;
     progress(BuildProgress {
         done: 1,
         total: 2,

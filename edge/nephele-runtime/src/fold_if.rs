@@ -197,7 +197,7 @@ fn condition_value(model: &ModelProto, index: usize) -> Option<bool> {
     .encode_to_vec();
     let typed = crate::guard_parser("condition", || {
         let mut reader = &bytes[..];
-        tract_onnx::onnx()
+        crate::onnx_reader()
             .model_for_read(&mut reader)
             .and_then(|m| m.into_typed())
             .and_then(|m| {

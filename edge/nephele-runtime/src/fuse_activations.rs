@@ -36,7 +36,7 @@ pub(crate) fn read_for_running(name: &str, bytes: &[u8]) -> Result<InferenceMode
         model: name.to_string(),
         cause: format!("{e:#}"),
     };
-    let onnx = tract_onnx::onnx();
+    let onnx = crate::onnx_reader();
     let mut reader = bytes;
     let mut proto = onnx
         .proto_model_for_read(&mut reader)

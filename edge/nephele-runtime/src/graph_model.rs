@@ -161,6 +161,15 @@ impl GraphModel {
             cause,
         };
         let mut model = crate::fuse_activations::read_for_running(name, bytes)?;
+        // Outputs are answered under the file's own names: tract labels output i with
+        // the graph's output i right after parsing and keeps their order, while typing
+        // and optimising may move a label or drop it (an output written by an expanded
+        // or decluttered node), leaving only an internal node's name.
+        let declared_outputs: Vec<Option<String>> = model
+            .outputs
+            .iter()
+            .map(|outlet| model.outlet_label(*outlet).map(str::to_string))
+            .collect();
         let max_dims = max_dims(&model);
         if model.inputs.is_empty() {
             return Err(unsupported(
@@ -277,9 +286,11 @@ impl GraphModel {
             let fact = typed
                 .output_fact(index)
                 .map_err(|e| load(format!("{e:#}")))?;
-            let output_name = typed
-                .outlet_label(*outlet)
-                .map(str::to_string)
+            let output_name = declared_outputs
+                .get(index)
+                .cloned()
+                .flatten()
+                .or_else(|| typed.outlet_label(*outlet).map(str::to_string))
                 .unwrap_or_else(|| typed.node(outlet.node).name.clone());
             let dtype = type_name(fact.datum_type).ok_or_else(|| {
                 unsupported(format!(

@@ -9,7 +9,12 @@
 //! | `sr=scalar:i64=16000`    | rank-0 int64 input folded into the model as the constant 16000|
 //! | `input_ids=1,S..512:i64` | `S` symbolic, at most 512 in a request                        |
 //!
-//! DIMS are comma-separated sizes or names (a name is a symbolic dimension), or `scalar`;
+//! DIMS are comma-separated sizes or names (a name is a symbolic dimension), or `scalar`.
+//! A name is any run of characters with a letter or `_` in it, without whitespace, `..` or
+//! any of `, : = < > ( ) + * /`: exporters' own names (`batch_size`, `N`, `unk__123`,
+//! `DynamicDimension.0`, `height-px`) are taken as they are ([`onnx_symbol`] says how one
+//! is written into the file). `-1` (or `?`) is a symbolic dimension without a name of
+//! the caller's: the file's own name for that axis, or `INPUT_AXIS` where it has none.
 //! `NAME..MAX` bounds a name (as OpenVINO's `1..512` ranges do), which the control plane
 //! writes into the file's metadata ([`MAX_DIM_KEY`]) and the device checks per request,
 //! so a request cannot make the model allocate without limit (attention over a
@@ -39,6 +44,73 @@ pub const MAX_DIM_KEY: &str = "nephele.max_dim.";
 pub enum Dim {
     Size(u64),
     Symbol(String),
+    /// `-1` or `?`: symbolic, named by the file (or `INPUT_AXIS` where it names none).
+    Dynamic,
+}
+
+/// Characters a dimension name may not hold (besides whitespace): the spec's own
+/// separators, the placeholders' brackets, and what would make it an expression.
+const NOT_IN_NAMES: &[char] = &[',', ':', '=', '<', '>', '(', ')', '+', '*', '/', '"', '\''];
+
+/// One dimension of a spec's DIMS, or why it is none.
+fn parse_dim(d: &str) -> Result<Dim, String> {
+    if d.is_empty() {
+        return Err("an empty dimension".into());
+    }
+    if d == "-1" || d == "?" {
+        return Ok(Dim::Dynamic);
+    }
+    if let Ok(size) = d.parse::<u64>() {
+        return if size == 0 {
+            Err("a dimension of 0".into())
+        } else {
+            Ok(Dim::Size(size))
+        };
+    }
+    if d.parse::<i64>().is_ok() {
+        return Err(format!(
+            "dimension {d:?} is negative; -1 (or ?) leaves a dimension symbolic"
+        ));
+    }
+    if d.starts_with('<') && d.ends_with('>') {
+        return Err(format!(
+            "{d} is a placeholder: put a size or a name in its place"
+        ));
+    }
+    let has_letter = d.chars().any(|c| c.is_alphabetic() || c == '_');
+    let odd = d
+        .chars()
+        .find(|c| c.is_whitespace() || NOT_IN_NAMES.contains(c));
+    if !has_letter || odd.is_some() || d.contains("..") {
+        return Err(format!(
+            "dimension {d:?} is neither a size nor a name (a name has a letter or _ in it, and no whitespace, .. or any of , : = < > ( ) + * /), nor -1"
+        ));
+    }
+    Ok(Dim::Symbol(d.to_string()))
+}
+
+/// How a dimension name is written into the file (its `dim_param`). tract reads a
+/// `dim_param` as an expression over identifiers (`[A-Za-z_][A-Za-z0-9_.]*`), so
+/// `height-px` would be `height - px` there: every other character becomes `_`, and a
+/// name that does not start with a letter or `_` gets a leading `_` (`3d` → `_3d`).
+/// Names that are identifiers already (`N`, `batch_size`, `unk__123`,
+/// `DynamicDimension.0`) are written as they are. The runtime, its errors and a bound's
+/// metadata key then use this form.
+pub fn onnx_symbol(name: &str) -> String {
+    let mut out: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if !out.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_') {
+        out.insert(0, '_');
+    }
+    out
 }
 
 /// Element types an input spec may name.
@@ -186,40 +258,26 @@ impl FromStr for InputSpec {
                 .split(',')
                 .map(|d| {
                     let d = d.trim();
-                    let d = match d.split_once("..") {
-                        None => d,
+                    // The last `..`: a name may end with a dot (`a...8` is `a.` at most 8).
+                    match d.rsplit_once("..") {
+                        None => parse_dim(d).map_err(bad),
                         Some((symbol, bound)) => {
                             let symbol = symbol.trim();
                             let bound = bound.trim().parse::<u64>().ok().filter(|b| *b > 0).ok_or_else(|| {
                                 bad(format!("the bound in {d:?} is not a size above 0 (e.g. S..512)"))
                             })?;
-                            if symbol.parse::<u64>().is_ok() {
-                                return Err(bad(format!(
-                                    "{d:?} bounds a size; only a named dimension takes a bound (e.g. S..512)"
-                                )));
+                            match parse_dim(symbol).map_err(bad)? {
+                                Dim::Symbol(name) => {
+                                    if max.insert(name.clone(), bound).is_some_and(|b| b != bound) {
+                                        return Err(bad(format!("{name} is given two bounds")));
+                                    }
+                                    Ok(Dim::Symbol(name))
+                                }
+                                _ => Err(bad(format!(
+                                    "{d:?} bounds a size or -1; only a named dimension takes a bound (e.g. S..512)"
+                                ))),
                             }
-                            if max.insert(symbol.to_string(), bound).is_some_and(|b| b != bound) {
-                                return Err(bad(format!("{symbol} is given two bounds")));
-                            }
-                            symbol
                         }
-                    };
-                    if d.is_empty() {
-                        Err(bad("an empty dimension".into()))
-                    } else if let Ok(size) = d.parse::<u64>() {
-                        if size == 0 {
-                            Err(bad("a dimension of 0".into()))
-                        } else {
-                            Ok(Dim::Size(size))
-                        }
-                    } else if d.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-                        && d.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
-                    {
-                        Ok(Dim::Symbol(d.to_string()))
-                    } else {
-                        Err(bad(format!(
-                            "dimension {d:?} is neither a size nor a name (letters, digits, _)"
-                        )))
                     }
                 })
                 .collect::<Result<Vec<_>, _>>()?
@@ -240,9 +298,9 @@ impl FromStr for InputSpec {
         let value = match value_part {
             None => None,
             Some(v) => {
-                if dims.iter().any(|d| matches!(d, Dim::Symbol(_))) {
+                if dims.iter().any(|d| !matches!(d, Dim::Size(_))) {
                     return Err(bad(
-                        "a fixed value needs every dimension as a size, not a name".into(),
+                        "a fixed value needs every dimension as a size, not a name or -1".into(),
                     ));
                 }
                 let numbers = v
@@ -264,7 +322,7 @@ impl FromStr for InputSpec {
                     .iter()
                     .map(|d| match d {
                         Dim::Size(s) => *s,
-                        Dim::Symbol(_) => 1,
+                        Dim::Symbol(_) | Dim::Dynamic => 1,
                     })
                     .product();
                 if numbers.len() != 1 && numbers.len() as u64 != elements {
@@ -307,6 +365,7 @@ impl fmt::Display for InputSpec {
                     Some(bound) => write!(f, "{s}..{bound}")?,
                     None => f.write_str(s)?,
                 },
+                Dim::Dynamic => f.write_str("-1")?,
             }
         }
         if let Some(t) = self.dtype {
@@ -358,7 +417,8 @@ fn tensor_type(info: &ValueInfoProto) -> Option<&type_proto::Tensor> {
 
 fn dim_text(dim: &tensor_shape_proto::Dimension) -> String {
     match &dim.value {
-        Some(tensor_shape_proto::dimension::Value::DimValue(v)) => v.to_string(),
+        // A negative size (paddle2onnx writes -1) is unknown, as tract reads it.
+        Some(tensor_shape_proto::dimension::Value::DimValue(v)) if *v >= 0 => v.to_string(),
         Some(tensor_shape_proto::dimension::Value::DimParam(p)) if !p.is_empty() => p.clone(),
         _ => "?".into(),
     }
@@ -405,6 +465,9 @@ pub fn apply(name: &str, bytes: &[u8], specs: &[InputSpec]) -> Result<Vec<u8>, R
         model: name.to_string(),
         cause: "the ONNX file has no graph".into(),
     })?;
+    // Each `dim_param` written, with what it was written for (a name as given, or a
+    // `-1`): two different names must not become one symbol in the file.
+    let mut written: std::collections::HashMap<String, String> = Default::default();
     for (i, spec) in specs.iter().enumerate() {
         if specs[..i].iter().any(|s| s.name == spec.name) {
             return Err(unsupported(format!("--input {} is given twice", spec.name)));
@@ -458,7 +521,7 @@ pub fn apply(name: &str, bytes: &[u8], specs: &[InputSpec]) -> Result<Vec<u8>, R
                     .iter()
                     .map(|d| match d {
                         Dim::Size(s) => *s,
-                        Dim::Symbol(_) => 1,
+                        Dim::Symbol(_) | Dim::Dynamic => 1,
                     })
                     .product();
                 let mut raw = Vec::new();
@@ -480,7 +543,7 @@ pub fn apply(name: &str, bytes: &[u8], specs: &[InputSpec]) -> Result<Vec<u8>, R
                         .iter()
                         .map(|d| match d {
                             Dim::Size(s) => *s as i64,
-                            Dim::Symbol(_) => 1,
+                            Dim::Symbol(_) | Dim::Dynamic => 1,
                         })
                         .collect(),
                     raw_data: raw,
@@ -488,23 +551,55 @@ pub fn apply(name: &str, bytes: &[u8], specs: &[InputSpec]) -> Result<Vec<u8>, R
                 });
             }
             None => {
-                let shape = TensorShapeProto {
-                    dim: spec
-                        .dims
-                        .iter()
-                        .map(|d| tensor_shape_proto::Dimension {
-                            value: Some(match d {
-                                Dim::Size(s) => {
-                                    tensor_shape_proto::dimension::Value::DimValue(*s as i64)
-                                }
-                                Dim::Symbol(s) => {
-                                    tensor_shape_proto::dimension::Value::DimParam(s.clone())
-                                }
-                            }),
-                            ..Default::default()
-                        })
-                        .collect(),
-                };
+                let file_dims: Vec<tensor_shape_proto::Dimension> = declared
+                    .as_ref()
+                    .and_then(|t| t.shape.as_ref())
+                    .map(|shape| shape.dim.clone())
+                    .unwrap_or_default();
+                let mut dims = Vec::with_capacity(spec.dims.len());
+                for (axis, d) in spec.dims.iter().enumerate() {
+                    let (param, source) = match d {
+                        Dim::Size(s) => {
+                            dims.push(tensor_shape_proto::Dimension {
+                                value: Some(tensor_shape_proto::dimension::Value::DimValue(
+                                    *s as i64,
+                                )),
+                                ..Default::default()
+                            });
+                            continue;
+                        }
+                        Dim::Symbol(given) => (onnx_symbol(given), given.clone()),
+                        // The file's own name for the axis where it has one tract reads
+                        // as a name, else one of its own.
+                        Dim::Dynamic => match file_dims.get(axis).and_then(|f| f.value.as_ref()) {
+                            Some(tensor_shape_proto::dimension::Value::DimParam(p))
+                                if !p.is_empty() && onnx_symbol(p) == *p =>
+                            {
+                                (p.clone(), p.clone())
+                            }
+                            _ => (
+                                onnx_symbol(&format!("{}_{axis}", spec.name)),
+                                format!("-1 at axis {axis} of {}", spec.name),
+                            ),
+                        },
+                    };
+                    match written.get(&param) {
+                        Some(other) if *other != source => {
+                            return Err(unsupported(format!(
+                                "--input {spec}: {source} and {other} would both be the dimension {param} of the file (names are written with characters other than letters, digits, _ and . as _); rename one"
+                            )))
+                        }
+                        Some(_) => {}
+                        None => {
+                            written.insert(param.clone(), source);
+                        }
+                    }
+                    dims.push(tensor_shape_proto::Dimension {
+                        value: Some(tensor_shape_proto::dimension::Value::DimParam(param)),
+                        ..Default::default()
+                    });
+                }
+                let shape = TensorShapeProto { dim: dims };
                 graph.input[position].r#type = Some(tract_onnx::pb::TypeProto {
                     value: Some(type_proto::Value::TensorType(type_proto::Tensor {
                         elem_type: elem.onnx() as i32,
@@ -516,10 +611,14 @@ pub fn apply(name: &str, bytes: &[u8], specs: &[InputSpec]) -> Result<Vec<u8>, R
         }
     }
     // Bounds of symbolic dimensions travel in the file's metadata (signed with it).
-    let mut bounds: std::collections::BTreeMap<&str, u64> = Default::default();
+    // Keyed as the symbol is written in the file, which is what the runtime reads.
+    let mut bounds: std::collections::BTreeMap<String, u64> = Default::default();
     for spec in specs {
         for (symbol, bound) in &spec.max {
-            if let Some(other) = bounds.insert(symbol, *bound).filter(|b| b != bound) {
+            if let Some(other) = bounds
+                .insert(onnx_symbol(symbol), *bound)
+                .filter(|b| b != bound)
+            {
                 return Err(unsupported(format!(
                     "{symbol} is bounded twice, ..{other} and ..{bound}; give one bound"
                 )));
@@ -643,7 +742,7 @@ pub fn inspect(name: &str, bytes: &[u8], specs: &[InputSpec]) -> Result<Inspecti
     operators.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     let unsupported_operators = std::panic::catch_unwind(|| {
         let mut reader = bytes;
-        tract_onnx::onnx()
+        crate::onnx_reader()
             .model_for_read(&mut reader)
             .map(|m| {
                 let mut found: Vec<String> = m
@@ -664,8 +763,6 @@ pub fn inspect(name: &str, bytes: &[u8], specs: &[InputSpec]) -> Result<Inspecti
     })
     .unwrap_or_default();
     let single_f32 = inputs.len() == 1 && inputs[0].dtype == "f32";
-    // The batched single-f32 path first, then the typed path (several inputs, any of
-    // the supported types, batched only along a batch axis the model really has).
     let prepared = prepare(name, bytes, specs);
     let ifs_in_file = counts_if(graph);
     let ifs_left = match &prepared {
@@ -675,28 +772,12 @@ pub fn inspect(name: &str, bytes: &[u8], specs: &[InputSpec]) -> Result<Inspecti
             .unwrap_or(ifs_in_file),
         Err(_) => ifs_in_file,
     };
-    let (serving, load_error) = match prepared {
+    // Exactly what a push does with the file ([`crate::import::load_prepared`]).
+    let loaded = prepared.and_then(|edited| crate::import::load_prepared(name, &edited));
+    let batched_served = matches!(loaded, Ok(crate::import::Served::Batched(_)));
+    let (serving, load_error) = match &loaded {
+        Ok(served) => (Some(served.describe()), None),
         Err(error) => (None, Some(error.to_string())),
-        Ok(edited) => match crate::Model::load_onnx(name, &edited) {
-            Ok(_) => (Some("batched (one f32 input)".to_string()), None),
-            Err(single) => match crate::graph_model::GraphModel::load(name, &edited) {
-                Ok(model) => (
-                    Some(format!(
-                        "typed inputs, {}; planned {}",
-                        match model.batch_axis() {
-                            Some(axis) => format!("batched along {axis}"),
-                            None => "unbatched (no symbol is the first dimension of every input and output with rows kept apart)".to_string(),
-                        },
-                        model.planning()
-                    )),
-                    None,
-                ),
-                // A model with several or non-f32 inputs can only be served typed, so
-                // the typed path's reason is the one that helps.
-                Err(typed) if !single_f32 => (None, Some(typed.to_string())),
-                Err(_) => (None, Some(single.to_string())),
-            },
-        },
     };
     let mut advice = Vec::new();
     // Bounds from the file and from `specs`; the dims shown as `S..512`.
@@ -704,7 +785,7 @@ pub fn inspect(name: &str, bytes: &[u8], specs: &[InputSpec]) -> Result<Inspecti
     for spec in specs {
         bounds.extend(spec.max.iter().map(|(k, v)| (k.clone(), *v)));
     }
-    let batched = serving.as_deref().is_some_and(|s| s.starts_with("batched"));
+    let batched = batched_served;
     let mut unbounded: Vec<(String, String)> = Vec::new();
     for input in &inputs {
         let dims = specs
@@ -716,6 +797,7 @@ pub fn inspect(name: &str, bytes: &[u8], specs: &[InputSpec]) -> Result<Inspecti
                     .map(|d| match d {
                         Dim::Size(v) => v.to_string(),
                         Dim::Symbol(n) => n.clone(),
+                        Dim::Dynamic => "?".to_string(),
                     })
                     .collect()
             })
@@ -966,6 +1048,13 @@ mod tests {
             ("x=2,2=1,2,3", "3 values for a tensor of 4 elements"),
             ("x=2=abc", "not a number"),
             ("x=3-4", "neither a size nor a name"),
+            ("x=a b,2", "neither a size nor a name"),
+            ("x=a..b..8", "neither a size nor a name"),
+            ("x=1,-2", "negative"),
+            ("x=1,<size>", "placeholder"),
+            ("x=-1..8", "only a named dimension takes a bound"),
+            ("x=?..8", "only a named dimension takes a bound"),
+            ("x=-1,2=0", "every dimension as a size"),
             ("x=1,S..0", "not a size above 0"),
             ("x=1,S..many", "not a size above 0"),
             ("x=1,4..8", "only a named dimension takes a bound"),
@@ -980,6 +1069,130 @@ mod tests {
 
     fn specs(texts: &[&str]) -> Vec<InputSpec> {
         texts.iter().map(|t| t.parse().expect(t)).collect()
+    }
+
+    /// Issue 51: the names exporters write (paddle2onnx's `DynamicDimension.0`,
+    /// tf2onnx's `unk__123`, `batch_size`, `-1`, names with dots, dashes and digits) all
+    /// parse, print back as given, and reach the file as symbols tract reads as names.
+    #[test]
+    fn exporters_dimension_names_parse_and_round_trip() {
+        let symbol = |s: &str| Dim::Symbol(s.to_string());
+        for (text, dims) in [
+            (
+                "x=DynamicDimension.0..640,3,DynamicDimension.1,DynamicDimension.2",
+                vec![
+                    symbol("DynamicDimension.0"),
+                    Dim::Size(3),
+                    symbol("DynamicDimension.1"),
+                    symbol("DynamicDimension.2"),
+                ],
+            ),
+            (
+                "x=unk__123,batch_size,N,N2",
+                vec![
+                    symbol("unk__123"),
+                    symbol("batch_size"),
+                    symbol("N"),
+                    symbol("N2"),
+                ],
+            ),
+            (
+                "x=-1,?,height-px,3d,a.",
+                vec![
+                    Dim::Dynamic,
+                    Dim::Dynamic,
+                    symbol("height-px"),
+                    symbol("3d"),
+                    symbol("a."),
+                ],
+            ),
+        ] {
+            let spec: InputSpec = text.parse().expect(text);
+            assert_eq!(spec.dims, dims, "{text}");
+            assert_eq!(
+                spec.to_string().parse::<InputSpec>(),
+                Ok(spec.clone()),
+                "{text}"
+            );
+        }
+        let bounded: InputSpec = "x=DynamicDimension.0..640,3".parse().expect("bounded");
+        assert_eq!(bounded.max.get("DynamicDimension.0"), Some(&640));
+        assert_eq!(bounded.to_string(), "x=DynamicDimension.0..640,3");
+        // A name ending with a dot, bounded: the last `..` is the bound's.
+        let dotted: InputSpec = "x=a...8".parse().expect("dotted");
+        assert_eq!(
+            (dotted.dims.clone(), dotted.max.get("a.")),
+            (vec![symbol("a.")], Some(&8))
+        );
+        assert_eq!(dotted.to_string(), "x=a...8");
+        for (name, written) in [
+            ("N", "N"),
+            ("batch_size", "batch_size"),
+            ("unk__123", "unk__123"),
+            ("DynamicDimension.0", "DynamicDimension.0"),
+            ("height-px", "height_px"),
+            ("3d", "_3d"),
+        ] {
+            assert_eq!(onnx_symbol(name), written, "{name}");
+        }
+    }
+
+    #[test]
+    fn names_are_written_as_symbols_the_runtime_reads_and_bounds_with_them() {
+        use crate::graph_model::GraphModel;
+        // Dotted and dashed names, bounded, through the file to the runtime.
+        for (given, symbol, bound) in [
+            (
+                "input=DynamicDimension.0..640,64",
+                "DynamicDimension.0",
+                640,
+            ),
+            ("input=batch-size..8,64", "batch_size", 8),
+            ("input=unk__123..16,64", "unk__123", 16),
+        ] {
+            let fixed = apply("digits", DIGITS, &specs(&[given])).expect(given);
+            let report = inspect("digits", &fixed, &[]).expect("inspects");
+            assert_eq!(
+                report.inputs[0].dims,
+                vec![format!("{symbol}..{bound}"), "64".into()],
+                "{given}"
+            );
+            let model = GraphModel::load("digits", &fixed).expect(given);
+            assert_eq!(model.inputs()[0].symbol(0), Some(symbol), "{given}");
+            assert_eq!(model.max_dims().get(symbol), Some(&bound), "{given}");
+        }
+        // `-1` keeps the file's name for the axis (`N`), or makes one where it has none.
+        let dynamic = apply("digits", DIGITS, &specs(&["input=-1,-1"])).expect("-1");
+        let report = inspect("digits", &dynamic, &[]).expect("inspects");
+        assert_eq!(report.inputs[0].dims, vec!["N", "input_1"]);
+        // Two names that would be one symbol in the file are refused.
+        let error = apply("digits", DIGITS, &specs(&["input=a-b,a_b"]))
+            .expect_err("one symbol for two names")
+            .to_string();
+        assert!(error.contains("would both be the dimension a_b"), "{error}");
+    }
+
+    /// Issue 51: the flag inspect suggests to bound a name is one push takes, whatever
+    /// the name (here paddle2onnx's `DynamicDimension.0`), once `<max>` is filled in.
+    #[test]
+    fn the_bound_inspect_suggests_for_an_exporters_name_is_taken_by_push() {
+        use crate::graph_model::GraphModel;
+        let bytes = crate::synthetic::typed_example();
+        let exported =
+            apply("typed", &bytes, &specs(&["scale=DynamicDimension.0,4"])).expect("applies");
+        let report = inspect("typed", &exported, &[]).expect("inspects");
+        let flag = report
+            .advice
+            .iter()
+            .find_map(|a| a.split_once("--input ").map(|(_, flag)| flag.to_string()))
+            .unwrap_or_else(|| panic!("no flag suggested: {:?}", report.advice));
+        assert_eq!(flag, "scale=DynamicDimension.0..<max>,4:f32");
+        let filled = flag.replace("<max>", "512");
+        let bounded = apply("typed", &exported, &specs(&[filled.as_str()])).expect("push takes it");
+        let model = GraphModel::load("typed", &bounded).expect("loads");
+        assert_eq!(model.max_dims().get("DynamicDimension.0"), Some(&512));
+        let report = inspect("typed", &bounded, &[]).expect("inspects");
+        assert!(report.advice.is_empty(), "{:?}", report.advice);
     }
 
     #[test]
@@ -1031,6 +1244,12 @@ mod tests {
             dims in proptest::collection::vec(prop_oneof![
                 (1u64..5000).prop_map(Dim::Size),
                 "[A-Z][a-z0-9]{0,3}".prop_map(Dim::Symbol),
+                "[a-zA-Z_][a-zA-Z0-9_.-]{0,6}"
+                    .prop_filter("a name holds no .. and is not scalar", |s| {
+                        !s.contains("..") && s != "scalar"
+                    })
+                    .prop_map(Dim::Symbol),
+                Just(Dim::Dynamic),
             ], 0..5),
             dtype in proptest::option::of(proptest::sample::select(ElemType::ALL.to_vec())),
         ) {

@@ -36,6 +36,7 @@ pub mod fuse_activations;
 mod graph_index;
 pub mod graph_model;
 pub mod graph_variants;
+pub mod import;
 pub mod input_spec;
 pub mod int8_compute;
 pub mod kernels;
@@ -52,6 +53,16 @@ pub mod synthetic;
 #[cfg(test)]
 mod test_graphs;
 pub mod variants;
+
+/// tract's ONNX reader as the runtime uses it: a file's `value_info` (an exporter's
+/// cache of ONNX shape inference, often with other symbols than its inputs', or shapes
+/// from before `--input`) is not read, and tract infers every shape from the inputs'.
+/// Exporters write hundreds of such entries (Ultralytics' and paddle2onnx's with
+/// `batch`, `DynamicDimension.0`…), which then cannot be unified with the sizes a push
+/// gives.
+pub(crate) fn onnx_reader() -> tract_onnx::Onnx {
+    tract_onnx::onnx().with_ignore_value_info(true)
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RuntimeError {
@@ -224,6 +235,13 @@ impl Model {
             cause,
         };
         let mut inference = fuse_activations::read_for_running(name, bytes)?;
+        // The file's own output name (tract's label right after parsing); typing may
+        // leave only an internal node's, e.g. `Clip_28.max` for an expanded `Clip`.
+        let declared_output = inference
+            .outputs
+            .first()
+            .and_then(|outlet| inference.outlet_label(*outlet))
+            .map(str::to_string);
         if let Some(row_shape) = row_shape {
             let batch = inference.symbols.sym("N");
             let mut dims: Vec<TDim> = vec![batch.into()];
@@ -297,7 +315,8 @@ impl Model {
             )));
         }
         let input_name = typed.node(typed.inputs[0].node).name.clone();
-        let output_name = typed.node(typed.outputs[0].node).name.clone();
+        let output_name =
+            declared_output.unwrap_or_else(|| typed.node(typed.outputs[0].node).name.clone());
         let mut concrete: Vec<usize> = input_shape.iter().map(|d| (*d).max(1) as usize).collect();
         concrete[0] = 1;
         let row_len = concrete.iter().product();

@@ -183,7 +183,7 @@ pub(crate) fn typed_at_batch_one(
         *first = 1;
     }
     let mut reader = bytes;
-    tract_onnx::onnx()
+    crate::onnx_reader()
         .model_for_read(&mut reader)
         .and_then(|m| m.with_input_fact(0, f32::fact(&concrete).into()))
         .and_then(|m| m.into_typed())

@@ -38,6 +38,9 @@ pub struct TypicalPods {
     /// demand per GPU of the cluster (0 for a model no typed class names; empty until
     /// [`TypicalPods::with_supply`]).
     pub pressure: Vec<f64>,
+    /// The weights `ours` scores with (set once per study or region; the defaults
+    /// unless `nephele sim inflation --leave-one-out` chooses others).
+    pub ours: crate::policy::OursParams,
 }
 
 impl TypicalPods {
@@ -83,6 +86,7 @@ impl TypicalPods {
         TypicalPods {
             classes: kept,
             pressure: Vec::new(),
+            ours: crate::policy::OursParams::default(),
         }
     }
 

@@ -34,6 +34,6 @@ pub use model::{
     Reason, Spread, Taint, TaintEffect, MILLI_PER_GPU,
 };
 pub use policy::{
-    place, place_on, place_with, Objective, Placement, Policy, Unschedulable, Weights,
+    place, place_on, place_with, Objective, OursParams, Placement, Policy, Unschedulable, Weights,
 };
 pub use queue::{Effect, Job, JobId, JobState, PriorityClass, Queue, QueueConfig, Quota, Tenant};

@@ -241,32 +241,46 @@ fn candidate_gpus(spec: &NodeSpec, state: &NodeState, pod: &PodRequest) -> Vec<C
     }
 }
 
-/// `ours` scores the fragmentation change linearly at this resolution (milli-GPU per
-/// level), where FGD's integer sigmoid saturates: changes beyond a few GPUs all score
-/// 0 or 99 there, and the node order decides between them.
-const OURS_RESOLUTION_MILLI: f64 = 50.0;
+/// The weights of `ours`. [`OursParams::default`] is what every region and the study run;
+/// `nephele sim inflation --leave-one-out` chooses them again for each pod list from the
+/// other lists alone, to show what choosing them on the lists is worth.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OursParams {
+    /// The fragmentation change is scored linearly at this resolution (milli-GPU per
+    /// level), where FGD's integer sigmoid saturates: changes beyond a few GPUs all
+    /// score 0 or 99 there, and the node order decides between them.
+    pub resolution_milli: f64,
+    /// Milli-GPU of fragmentation counted per milli-GPU a pod takes from a model at
+    /// pressure 1.0 ([`TypicalPods::pressure`]).
+    pub scarcity_weight: f64,
+    /// And per unit of pressure above 1.0, on top: there typed pods alone ask for more
+    /// of the model than the workload's share of it, so every GPU an untyped pod takes
+    /// from it is one a typed pod will miss.
+    pub excess_pressure_weight: f64,
+    /// On GPU models no typed class asks for, FGD's one-pod measure
+    /// ([`TypicalPods::node_fragmentation`]) is weighed this much and the stream
+    /// measure the rest: a GPU a class can no longer use at all is lost to it either
+    /// way, while the remainder a share leaves on a GPU that still takes one more is
+    /// counted at 40% (pods of other classes often fill it). On models typed pods ask
+    /// for, the stream measure and the scarcity charge decide alone (the blend cost the
+    /// typed lists there).
+    pub one_pod_weight: f64,
+}
 
-/// Milli-GPU of fragmentation `ours` counts per milli-GPU a pod takes from a model at
-/// pressure 1.0 ([`TypicalPods::pressure`]).
-const SCARCITY_WEIGHT: f64 = 0.5;
-
-/// And per unit of pressure above 1.0, on top: there typed pods alone ask for more of
-/// the model than the workload's share of it, so every GPU an untyped pod takes from it
-/// is one a typed pod will miss. Chosen on gpuspec33 (the one list with a model above
-/// 1.0) with seeds 100..105: 1.0 against 0, 2, 4 and 8.
-const EXCESS_PRESSURE_WEIGHT: f64 = 1.0;
-
-/// On GPU models no typed class asks for, `ours` weighs FGD's one-pod measure
-/// ([`TypicalPods::node_fragmentation`]) this much and its stream measure the rest: a
-/// GPU a class can no longer use at all is lost to it either way, while the remainder a
-/// share leaves on a GPU that still takes one more is counted at 40% (pods of other
-/// classes often fill it). On models typed pods ask for, the stream measure and the
-/// scarcity charge decide alone (the blend cost the typed lists there).
-///
-/// This, the resolution and the scarcity weight were chosen on the default, cpu200,
-/// gpushare60 and gpuspec25 lists with seeds 100..105 (the README gives the grid); the
-/// study reports seeds 42..52 on all 13 lists.
-const ONE_POD_WEIGHT: f64 = 0.6;
+impl Default for OursParams {
+    /// Resolution 50, scarcity 0.5 and one-pod weight 0.6 were chosen on the default,
+    /// cpu200, gpushare60 and gpuspec25 lists with seeds 100..105; the excess-pressure
+    /// weight 1.0 on gpuspec33 (the one list with a model above pressure 1.0) with seeds
+    /// 100..105 against 0, 2, 4 and 8. The study reports seeds 42..52 on all 13 lists.
+    fn default() -> OursParams {
+        OursParams {
+            resolution_milli: 50.0,
+            scarcity_weight: 0.5,
+            excess_pressure_weight: 1.0,
+            one_pod_weight: 0.6,
+        }
+    }
+}
 
 fn sigmoid(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
@@ -362,15 +376,20 @@ fn packing_score(
             );
             // Taking GPUs of a model that typed pods need costs what they would lose.
             let pressure = typical.pressure_of(spec.gpu_model);
-            let scarce = (SCARCITY_WEIGHT * pressure
-                + EXCESS_PRESSURE_WEIGHT * (pressure - 1.0).max(0.0))
+            let params = &typical.ours;
+            let scarce = (params.scarcity_weight * pressure
+                + params.excess_pressure_weight * (pressure - 1.0).max(0.0))
                 * pod.gpu_total() as f64;
-            let one_pod_weight = if pressure == 0.0 { ONE_POD_WEIGHT } else { 0.0 };
+            let one_pod_weight = if pressure == 0.0 {
+                params.one_pod_weight
+            } else {
+                0.0
+            };
             let mut best: Option<(i64, Choice)> = None;
             for (gpus, change) in candidates.into_iter().zip(changes) {
                 let delta =
                     one_pod_weight * change.one_pod + (1.0 - one_pod_weight) * change.stream;
-                let score = ((delta - scarce) / OURS_RESOLUTION_MILLI).round() as i64;
+                let score = ((delta - scarce) / params.resolution_milli).round() as i64;
                 if best.as_ref().is_none_or(|(current, _)| score > *current) {
                     best = Some((score, gpus));
                 }

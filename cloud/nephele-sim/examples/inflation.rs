@@ -34,6 +34,7 @@ fn main() -> anyhow::Result<()> {
         seeds: first.parse()?..end.parse()?,
         threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         planning,
+        ours: nephele_placement::OursParams::default(),
     };
     let lists: Vec<&str> = lists.split(',').collect();
     let mut sums = vec![0.0; policies.len()];

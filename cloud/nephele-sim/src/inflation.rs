@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use nephele_placement::queue::LEARN_MIN_PODS;
 use nephele_placement::rng::Rng;
 use nephele_placement::workload::{self, RecentPods};
-use nephele_placement::{place, Cluster, Policy, TypicalPods};
+use nephele_placement::{place, Cluster, OursParams, Policy, TypicalPods};
 use serde::Serialize;
 
 use crate::gpu_clustering::GpuClustering;
@@ -82,6 +82,49 @@ impl Planning {
             _ => None,
         }
     }
+}
+
+/// `resolution=50,scarcity=0.5,excess=1,one-pod=0.6` (any subset; the rest keep
+/// [`OursParams::default`]).
+pub fn parse_ours_params(text: &str) -> Result<OursParams, String> {
+    let mut params = OursParams::default();
+    for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (name, value) = pair
+            .split_once('=')
+            .ok_or_else(|| format!("{pair:?} is not NAME=VALUE"))?;
+        let value: f64 = value
+            .trim()
+            .parse()
+            .map_err(|_| format!("{name}: {value:?} is not a number"))?;
+        let slot = match name.trim() {
+            "resolution" => &mut params.resolution_milli,
+            "scarcity" => &mut params.scarcity_weight,
+            "excess" => &mut params.excess_pressure_weight,
+            "one-pod" => &mut params.one_pod_weight,
+            other => {
+                return Err(format!(
+                    "unknown weight {other:?} (resolution, scarcity, excess, one-pod)"
+                ))
+            }
+        };
+        *slot = value;
+    }
+    if !(params.resolution_milli.is_finite() && params.resolution_milli > 0.0) {
+        return Err("resolution must be a number above 0".into());
+    }
+    for (name, value) in [
+        ("scarcity", params.scarcity_weight),
+        ("excess", params.excess_pressure_weight),
+    ] {
+        if !(value.is_finite() && value >= 0.0) {
+            return Err(format!("{name} must be 0 or more"));
+        }
+    }
+    if !(0.0..=1.0).contains(&params.one_pod_weight) {
+        return Err("one-pod must be between 0 and 1".into());
+    }
+
+    Ok(params)
 }
 
 /// After every pod: (arrived %, allocated %, fragmentation % of capacity, fragmentation
@@ -163,7 +206,10 @@ pub fn run_inflation(
     policy: StudyPolicy,
     seed: u64,
     planning: Planning,
+    ours: OursParams,
 ) -> (Series, Failures) {
+    let mut whole = typical.clone();
+    whole.ours = ours;
     let mut failures = Failures::new();
     let mut rng = Rng::new(seed);
     let mut pods = trace.pods.clone();
@@ -199,16 +245,17 @@ pub fn run_inflation(
         Planning::Learned => workload::RECENT_PODS,
     });
     let mut learned = workload::starting_mix();
+    learned.ours = ours;
     for (id, pod) in pods.iter().enumerate() {
         arrived += pod.gpu_total() as f64;
         let plan_with = match planning {
-            Planning::WholeList => typical,
+            Planning::WholeList => &whole,
             Planning::Learned => {
                 recent.observe(pod);
                 if let Some(made) =
                     recent.rebuild(&trace.nodes, 0, LEARN_MIN_PODS, LEARN_MIN_PODS, 0)
                 {
-                    learned = made;
+                    learned = TypicalPods { ours, ..made };
                 }
                 &learned
             }
@@ -356,12 +403,40 @@ mod tests {
     }
 
     #[test]
+    fn ours_params_parse_by_name_and_bad_ones_are_named() {
+        assert_eq!(parse_ours_params(""), Ok(OursParams::default()));
+        let p = parse_ours_params("resolution=25, one-pod=1").expect("parses");
+        assert_eq!(p.resolution_milli, 25.0);
+        assert_eq!(p.one_pod_weight, 1.0);
+        assert_eq!(p.scarcity_weight, OursParams::default().scarcity_weight);
+        for (bad, says) in [
+            ("resolution=0", "resolution"),
+            ("scarcity=-1", "scarcity"),
+            ("one-pod=2", "one-pod"),
+            ("excess=lots", "lots"),
+            ("weight=1", "unknown weight"),
+            ("resolution", "NAME=VALUE"),
+        ] {
+            let error = parse_ours_params(bad).unwrap_err();
+            assert!(error.contains(says), "{bad}: {error}");
+        }
+    }
+
+    #[test]
     fn planning_changes_where_pods_go_never_which_pods_arrive() {
         let trace = small_trace();
         let typical = TypicalPods::from_pods(&trace.pods, 0.95).with_supply(&trace.nodes);
         for policy in [Policy::Fgd, Policy::Ours] {
             let [whole, learned] = [Planning::WholeList, Planning::Learned].map(|planning| {
-                run_inflation(&trace, &typical, StudyPolicy::Core(policy), 42, planning).0
+                run_inflation(
+                    &trace,
+                    &typical,
+                    StudyPolicy::Core(policy),
+                    42,
+                    planning,
+                    OursParams::default(),
+                )
+                .0
             });
             assert_eq!(
                 whole.len(),

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use nephele_placement::TypicalPods;
+use nephele_placement::{OursParams, TypicalPods};
 use serde::Serialize;
 
 use crate::inflation::{
@@ -82,6 +82,8 @@ pub struct StudyRuns {
     /// Runs at once.
     pub threads: usize,
     pub planning: Planning,
+    /// The weights `ours` runs with.
+    pub ours: OursParams,
 }
 
 /// Runs every policy over every seed of `runs` on `trace`, spread over its threads;
@@ -98,8 +100,9 @@ pub fn run_pod_list(
         seeds,
         threads,
         planning,
+        ours,
     } = study;
-    let (threads, planning) = (*threads, *planning);
+    let (threads, planning, ours) = (*threads, *planning, *ours);
     let typical = TypicalPods::from_pods(&trace.pods, 0.95).with_supply(&trace.nodes);
     let runs: Vec<(usize, u64)> = (0..policies.len())
         .flat_map(|p| seeds.clone().map(move |s| (p, s)))
@@ -118,7 +121,7 @@ pub fn run_pod_list(
                 };
                 let started = Instant::now();
                 let (series, failures) =
-                    run_inflation(trace, &typical, policies[policy], seed, planning);
+                    run_inflation(trace, &typical, policies[policy], seed, planning, ours);
                 let levels = by_level(&series);
                 results.lock().unwrap_or_else(|p| p.into_inner()).insert(
                     (policy, seed),

@@ -4,7 +4,8 @@
 //!
 //! - [`trace`]: loaders for `../shared/data` (the caller passes the path).
 //! - [`carbon`]: carbon-aware temporal and spatial shifting on the 2023 grid series.
-//! - [`inflation`]: the FGD paper's workload-inflation protocol on openb.
+//! - [`inflation`]: the FGD paper's workload-inflation protocol on openb;
+//!   [`inflation_loo`] chooses ours' weights leaving each pod list out.
 //! - [`replay`]: time replay of openb through the scheduling queue (queueing delay,
 //!   JCT, utilisation, fairness, preemptions, cost and carbon per configuration).
 //! - [`autoscale`]: one region's replicas of a deployment under a request trace, scaled
@@ -13,6 +14,7 @@
 //!   [`autoscale_llm`] is the continuous-batching LLM replica and
 //!   [`autoscale_oracle`] the clairvoyant schedule (simulator only),
 //!   [`autoscale_tune`] the grid that chose ours' parameters (tune parts only).
+//! - [`pod_resample`]: pod lists resampled from a list's own pods (`default@multi30`).
 //! - [`plot`]: SVG plots.
 //! - [`bench`]: placement throughput (`cargo bench`, `nephele bench placement`).
 
@@ -27,8 +29,10 @@ pub mod bench;
 pub mod carbon;
 pub mod gpu_clustering;
 pub mod inflation;
+pub mod inflation_loo;
 pub mod inflation_study;
 pub mod offload;
 pub mod plot;
+pub mod pod_resample;
 pub mod replay;
 pub mod trace;

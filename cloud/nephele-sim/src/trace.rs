@@ -89,6 +89,21 @@ pub struct Trace {
     pub models: Vec<String>,
 }
 
+/// The columns a pod list may have: the first five are required.
+const POD_COLUMNS: [&str; 11] = [
+    "name",
+    "cpu_milli",
+    "memory_mib",
+    "num_gpu",
+    "gpu_milli",
+    "gpu_spec",
+    "qos",
+    "pod_phase",
+    "creation_time",
+    "deletion_time",
+    "scheduled_time",
+];
+
 /// Loads `alibaba-gpu-v2023/openb_node_list_gpu_node.csv` and `openb_pod_list_default.csv`.
 pub fn load_openb(data: &Path) -> Result<Trace> {
     load_openb_with(
@@ -171,6 +186,18 @@ pub fn load_openb_with(data: &Path, pod_path: &Path) -> Result<Trace> {
         });
     }
     let mut pod_rows = read_csv(pod_path)?;
+    // A misspelt column (`gpuspec`, `gpu_mili`) would otherwise be dropped without a
+    // word, and with it the GPU-type constraints or shares the list meant.
+    if let Some(unknown) = pod_rows
+        .first()
+        .and_then(|row| row.keys().find(|key| !POD_COLUMNS.contains(&key.as_str())))
+    {
+        bail!(
+            "{}: unknown column {unknown:?}; a pod list has name,cpu_milli,memory_mib,num_gpu,gpu_milli and optionally {} (rename or remove the column)",
+            pod_path.display(),
+            POD_COLUMNS[5..].join(",")
+        );
+    }
     pod_rows.sort_by(|a, b| a.get("name").cmp(&b.get("name")));
     let mut pods = Vec::new();
     let mut meta = Vec::new();
@@ -703,6 +730,18 @@ mod pod_list_tests {
         let error = format!("{:#}", load_openb_with(&dir, &bad).unwrap_err());
         assert!(
             error.contains("cpu_milli") && error.contains("lots"),
+            "{error}"
+        );
+
+        let typo = traces.join("typo.csv");
+        std::fs::write(
+            &typo,
+            "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpuspec\np1,4000,16384,1,1000,V100M16\n",
+        )
+        .unwrap();
+        let error = format!("{:#}", load_openb_with(&dir, &typo).unwrap_err());
+        assert!(
+            error.contains("unknown column \"gpuspec\"") && error.contains("gpu_spec"),
             "{error}"
         );
         let _ = std::fs::remove_dir_all(&dir);

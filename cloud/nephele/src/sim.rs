@@ -15,7 +15,7 @@ use nephele_sim::inflation::{Planning, StudyPolicy};
 use nephele_sim::inflation_study::{run_pod_list, study_svgs, StudyRuns};
 use nephele_sim::plot::svg_plot;
 use nephele_sim::replay::{run_replay, ReplayConfig, ReplayOptions};
-use nephele_sim::trace::{all_pod_lists, load_openb_with, pod_list_name, pod_list_path};
+use nephele_sim::trace::{all_pod_lists, load_openb_with, pod_list_name, pod_list_path, Trace};
 
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum SimCommand {
@@ -166,7 +166,10 @@ pub struct InflationArgs {
     /// Pod lists to inflate (repeat or comma-separate): a name (`default`, `gpuspec33`,
     /// … for `alibaba-gpu-v2023/openb_pod_list_<name>.csv` in --data), a CSV file (the
     /// trace repository's 11 columns, or `name,cpu_milli,memory_mib,num_gpu,gpu_milli`),
-    /// or `all` for every `openb_pod_list_*.csv` there.
+    /// or `all` for every `openb_pod_list_*.csv` there. `LIST@HOW` resamples a list
+    /// from its own pods: `default@multi30` (30% of GPU pods multi-GPU), `@shared70`
+    /// (70% shared), `@cpu2x` (GPU pods ask twice the CPU); `resampled` names eight
+    /// such lists made from the default one.
     #[arg(long, value_delimiter = ',', default_value = "default")]
     pub pods: Vec<String>,
     /// Seeds to run (results are mean and spread over them).
@@ -196,6 +199,16 @@ pub struct InflationArgs {
     /// Runs at once (default: the machine's cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// The weights `ours` runs with, for research (`resolution=50,scarcity=0.5,
+    /// excess=1,one-pod=0.6` are the defaults; any left out keep theirs).
+    #[arg(long, value_name = "NAME=VALUE,...")]
+    pub ours_params: Option<String>,
+    /// Choose ours' weights for each list from the other given lists alone (a grid of
+    /// 108, compared with FGD on seeds 100..103) and report FGD, ours with the
+    /// defaults and ours with the weights chosen without the list. Lists made with
+    /// `@` (and files) are held out from every choice. Writes inflation-loo.json.
+    #[arg(long)]
+    pub leave_one_out: bool,
 }
 
 pub fn run(command: SimCommand) -> Result<()> {
@@ -416,6 +429,76 @@ fn run_replay_command(args: ReplayArgs) -> Result<()> {
     Ok(())
 }
 
+type ListAsked = (String, PathBuf, Option<String>);
+
+/// `sim inflation --leave-one-out`: the lists the study names (not made with `@`, not a
+/// file of the user's) choose; every list is reported with weights chosen without it.
+fn run_leave_one_out(
+    args: &InflationArgs,
+    lists: &[ListAsked],
+    load: &dyn Fn(&ListAsked) -> Result<Trace>,
+    threads: usize,
+    planning: Planning,
+) -> Result<()> {
+    use nephele_sim::inflation_loo::{default_grid, leave_one_out, LooOptions};
+    let mut given = Vec::new();
+    let mut held_out = Vec::new();
+    for asked in lists {
+        let trace = load(asked)?;
+        let study_list =
+            asked.2.is_none() && nephele_sim::inflation_study::authors_figures(&asked.0).is_some();
+        if study_list {
+            given.push((asked.0.clone(), trace));
+        } else {
+            held_out.push((asked.0.clone(), trace));
+        }
+    }
+    if given.len() < 2 {
+        anyhow::bail!(
+            "--leave-one-out needs at least two of the study's lists to choose on (e.g. --pods all,resampled)"
+        );
+    }
+    let options = LooOptions {
+        grid: default_grid(),
+        choice_seeds: 100..103,
+        report_seeds: args.first_seed..args.first_seed + args.seeds,
+        threads,
+        planning,
+    };
+    let quiet = args.json;
+    let report = leave_one_out(
+        &given,
+        &held_out,
+        &options,
+        &|name| {
+            nephele_sim::inflation_study::authors_figures(name).and_then(|a| a.get("fgd").copied())
+        },
+        &|stage, done, all| {
+            if !quiet && (done % 50 == 0 || done == all) {
+                eprint!("\r[sim] leave-one-out, {stage}: {done}/{all} runs");
+                if done == all {
+                    eprintln!();
+                }
+            }
+        },
+    );
+    std::fs::write(
+        args.out.join("inflation-loo.json"),
+        serde_json::to_vec_pretty(&report)?,
+    )?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{}", report.table());
+        println!(
+            "wrote {}/inflation-loo.json ({:.0} s)",
+            args.out.display(),
+            report.elapsed_s
+        );
+    }
+    Ok(())
+}
+
 fn run_inflation_command(args: InflationArgs) -> Result<()> {
     let policies: Vec<StudyPolicy> = args
         .policies
@@ -437,39 +520,94 @@ fn run_inflation_command(args: InflationArgs) -> Result<()> {
             args.data.display()
         );
     }
-    let mut files: Vec<PathBuf> = Vec::new();
+    // (name, file shown, file, resampling)
+    let mut lists_asked: Vec<(String, PathBuf, Option<String>)> = Vec::new();
     for pods in &args.pods {
-        if pods == "all" {
-            files.extend(all_pod_lists(&args.data)?);
+        let expanded: Vec<String> = if pods == "resampled" {
+            nephele_sim::pod_resample::STANDARD
+                .iter()
+                .map(|s| s.to_string())
+                .collect()
         } else {
-            let path = pod_list_path(&args.data, pods);
+            vec![pods.clone()]
+        };
+        for pods in expanded {
+            let (list, how) = match pods.rsplit_once('@') {
+                Some((list, how)) => {
+                    nephele_sim::pod_resample::Resample::parse(how)
+                        .map_err(|e| anyhow::anyhow!("--pods {pods}: {e}"))?;
+                    (list.to_string(), Some(how.to_string()))
+                }
+                None => (pods.clone(), None),
+            };
+            if list == "all" {
+                if how.is_some() {
+                    anyhow::bail!("--pods {pods}: resample one list at a time (default@multi30)");
+                }
+                for file in all_pod_lists(&args.data)? {
+                    lists_asked.push((pod_list_name(&file), file, None));
+                }
+                continue;
+            }
+            let path = pod_list_path(&args.data, &list);
             if !path.is_file() {
                 anyhow::bail!(
-                    "--pods {pods}: {} not found (a name like default or gpuspec33, a CSV file, or all)",
+                    "--pods {pods}: {} not found (a name like default or gpuspec33, a CSV file, all, resampled, or LIST@multi30|shared70|cpu2x)",
                     path.display()
                 );
             }
-            files.push(path);
+            let name = match &how {
+                Some(how) => format!("{}@{how}", pod_list_name(&path)),
+                None => pod_list_name(&path),
+            };
+            lists_asked.push((name, path, how));
         }
     }
-    files.dedup();
+    let mut seen = std::collections::BTreeSet::new();
+    lists_asked.retain(|(name, ..)| seen.insert(name.clone()));
+    let load = |(name, file, how): &(String, PathBuf, Option<String>)| -> Result<Trace> {
+        let trace = load_openb_with(&args.data, file)?;
+        match how {
+            None => Ok(trace),
+            Some(how) => {
+                let spec = nephele_sim::pod_resample::Resample::parse(how)
+                    .map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+                nephele_sim::pod_resample::resample(
+                    &trace,
+                    spec,
+                    nephele_sim::pod_resample::seed_of(name),
+                )
+                .map_err(|e| anyhow::anyhow!("{name}: {e}"))
+            }
+        }
+    };
     let threads = args
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
         .max(1);
+    let ours = match &args.ours_params {
+        Some(text) => nephele_sim::inflation::parse_ours_params(text)
+            .map_err(|e| anyhow::anyhow!("--ours-params {text}: {e}"))?,
+        None => nephele_placement::OursParams::default(),
+    };
     let study = StudyRuns {
         policies,
         seeds: args.first_seed..args.first_seed + args.seeds,
         threads,
         planning,
+        ours,
     };
     std::fs::create_dir_all(&args.out)?;
+    if args.leave_one_out {
+        return run_leave_one_out(&args, &lists_asked, &load, study.threads, planning);
+    }
     let started = Instant::now();
     let mut lists = Vec::new();
-    for (index, file) in files.iter().enumerate() {
-        let name = pod_list_name(file);
-        let trace = load_openb_with(&args.data, file)?;
-        let label = format!("[sim] {}/{} {name}", index + 1, files.len());
+    for (index, asked) in lists_asked.iter().enumerate() {
+        let (name, file, _) = asked;
+        let name = name.clone();
+        let trace = load(asked)?;
+        let label = format!("[sim] {}/{} {name}", index + 1, lists_asked.len());
         let json = args.json;
         let progress = move |done: usize, all: usize| {
             if !json {

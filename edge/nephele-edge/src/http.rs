@@ -260,6 +260,11 @@ async fn answer_typed(
             "\"end\": true closes a session: give \"session\": ID as well",
         );
     }
+    if agent.server.graph(deployment).is_none() {
+        if let Some(single) = agent.server.deployment(deployment) {
+            return answer_single_named(agent, &single, inputs, session, binary_outputs).await;
+        }
+    }
     let session = session.map(|id| crate::graph_serving::SessionRef { id, end });
     let answer = match agent.server.serve_graph(deployment, inputs, session).await {
         Ok(answer) => answer,
@@ -281,6 +286,94 @@ async fn answer_typed(
         }
         (_, mut meta) => {
             meta["outputs"] = serde_json::json!(answer.outputs);
+            json(StatusCode::OK, &meta)
+        }
+    }
+}
+
+/// A named request to a deployment of one f32 tensor in and out: served as the plain
+/// form is, answered under the file's own names, so a client that speaks the named
+/// form to every model needs no second form.
+async fn answer_single_named(
+    agent: Arc<Agent>,
+    single: &crate::serving::Deployment,
+    mut inputs: std::collections::HashMap<String, nephele_runtime::graph_model::NamedTensor>,
+    session: Option<String>,
+    binary_outputs: bool,
+) -> Response<Full<Bytes>> {
+    let name = single.name.clone();
+    let input_name = single.input_name();
+    if session.is_some() {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("deployment {name}'s model keeps no state, so it takes no session; push a stateful model with --state INPUT=OUTPUT"),
+        );
+    }
+    let given: Vec<String> = inputs.keys().cloned().collect();
+    let tensor = match inputs.remove(&input_name) {
+        Some(tensor) if inputs.is_empty() => tensor,
+        _ => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "deployment {name} takes one input, {input_name:?} (f32); the request names {given:?}"
+                ),
+            )
+        }
+    };
+    if tensor.dtype != "f32" {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "input {input_name:?} of deployment {name} is f32, not {}",
+                tensor.dtype
+            ),
+        );
+    }
+    let Ok(shape) = tensor
+        .shape
+        .iter()
+        .map(|d| u32::try_from(*d))
+        .collect::<Result<Vec<u32>, _>>()
+    else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("input {input_name:?}: a dimension is too large"),
+        );
+    };
+    let input = nephele_proto::Tensor {
+        shape,
+        data: tensor.data.iter().map(|v| *v as f32).collect(),
+    };
+    let answer = match agent.server.serve(&name, input).await {
+        Ok(answer) => answer,
+        Err(e) => return serve_error(e),
+    };
+    let mut outputs = std::collections::HashMap::new();
+    outputs.insert(
+        single.output_name(),
+        nephele_runtime::graph_model::NamedTensor {
+            dtype: "f32".to_string(),
+            shape: answer.output.shape.iter().map(|d| *d as usize).collect(),
+            data: answer.output.data.iter().map(|v| f64::from(*v)).collect(),
+        },
+    );
+    let meta = serde_json::json!({
+        "computed_by": answer.computed_by,
+        "where": answer.location,
+        "latency_ms": answer.latency.as_secs_f64() * 1000.0,
+        "hard_example": answer.hard_example,
+        "batch_size": 1,
+    });
+    match (binary_outputs, meta) {
+        (true, serde_json::Value::Object(meta)) => {
+            match crate::binary_body::encode_typed(&outputs, meta) {
+                Ok((body, header)) => binary(body, header),
+                Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e),
+            }
+        }
+        (_, mut meta) => {
+            meta["outputs"] = serde_json::json!(outputs);
             json(StatusCode::OK, &meta)
         }
     }

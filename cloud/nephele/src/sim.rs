@@ -552,7 +552,7 @@ fn run_inflation_command(args: InflationArgs) -> Result<()> {
             let path = pod_list_path(&args.data, &list);
             if !path.is_file() {
                 anyhow::bail!(
-                    "--pods {pods}: {} not found (a name like default or gpuspec33, a CSV file, all, resampled, or LIST@multi30|shared70|cpu2x)",
+                    "--pods {pods}: {} not found (a name like default or gpuspec33, a CSV file, LIST@multi30|shared70|cpu2x, resampled or all)",
                     path.display()
                 );
             }

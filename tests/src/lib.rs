@@ -741,6 +741,31 @@ pub fn require(what: &str, present: bool) -> bool {
     false
 }
 
+/// A JSON array of numbers as f64 (anything else NaN).
+pub fn floats(v: &Value) -> Vec<f64> {
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .map(|x| x.as_f64().unwrap_or(f64::NAN))
+        .collect()
+}
+
+/// Largest |got − want| (NaN counts as infinitely far).
+pub fn max_abs_diff(got: &[f64], want: &[f64]) -> f64 {
+    assert_eq!(got.len(), want.len(), "answer sizes differ");
+    got.iter()
+        .zip(want)
+        .map(|(g, w)| {
+            let d = (g - w).abs();
+            if d.is_nan() {
+                f64::INFINITY
+            } else {
+                d
+            }
+        })
+        .fold(0.0, f64::max)
+}
+
 /// The venv `shared/models/registry/prepare.sh` builds (Python with JAX).
 pub fn venv_python() -> PathBuf {
     PathBuf::from(concat!(

@@ -65,30 +65,6 @@ fn push_query(cases: &Value) -> String {
     query.join("&")
 }
 
-fn floats(v: &Value) -> Vec<f64> {
-    v.as_array()
-        .into_iter()
-        .flatten()
-        .map(|x| x.as_f64().unwrap_or(f64::NAN))
-        .collect()
-}
-
-/// Largest |got − want| (NaN counts as infinitely far).
-fn max_abs_diff(got: &[f64], want: &[f64]) -> f64 {
-    assert_eq!(got.len(), want.len(), "answer sizes differ");
-    got.iter()
-        .zip(want)
-        .map(|(g, w)| {
-            let d = (g - w).abs();
-            if d.is_nan() {
-                f64::INFINITY
-            } else {
-                d
-            }
-        })
-        .fold(0.0, f64::max)
-}
-
 fn cosine(a: &[f64], b: &[f64]) -> f64 {
     let dot: f64 = a.iter().zip(b).map(|(x, y)| x * y).sum();
     let na: f64 = a.iter().map(|x| x * x).sum::<f64>().sqrt();

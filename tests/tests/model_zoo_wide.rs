@@ -148,29 +148,6 @@ fn suggested(report: &Value) -> Vec<String> {
     found
 }
 
-fn floats(v: &Value) -> Vec<f64> {
-    v.as_array()
-        .into_iter()
-        .flatten()
-        .map(|x| x.as_f64().unwrap_or(f64::NAN))
-        .collect()
-}
-
-/// Largest |got − want|, NaN counting as infinitely far.
-fn max_abs_diff(got: &[f64], want: &[f64]) -> f64 {
-    got.iter()
-        .zip(want)
-        .map(|(g, w)| {
-            let d = (g - w).abs();
-            if d.is_nan() {
-                f64::INFINITY
-            } else {
-                d
-            }
-        })
-        .fold(0.0, f64::max)
-}
-
 #[test]
 fn every_zoo_model_pushed_as_shipped_answers_as_onnxruntime_does() {
     // ZOO_ONLY=a,b runs only those (for working on one model).

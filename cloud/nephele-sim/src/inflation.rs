@@ -8,6 +8,8 @@
 //! seed numbers; the protocol is otherwise the same.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 use nephele_placement::queue::LEARN_MIN_PODS;
 use nephele_placement::rng::Rng;
@@ -82,6 +84,40 @@ impl Planning {
             _ => None,
         }
     }
+}
+
+/// Runs `work` on every item, spread over `threads`, calling `done(done, all)` after
+/// each; the results in the items' order.
+pub fn run_parallel<T: Sync, R: Send>(
+    items: &[T],
+    threads: usize,
+    work: &(dyn Fn(&T) -> R + Sync),
+    done: &(dyn Fn(usize, usize) + Sync),
+) -> Vec<R> {
+    let results: Mutex<BTreeMap<usize, R>> = Mutex::new(BTreeMap::new());
+    let next = AtomicUsize::new(0);
+    let finished = AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..threads.max(1) {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(item) = items.get(i) else {
+                    return;
+                };
+                let result = work(item);
+                results
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(i, result);
+                done(finished.fetch_add(1, Ordering::Relaxed) + 1, items.len());
+            });
+        }
+    });
+    results
+        .into_inner()
+        .unwrap_or_else(|p| p.into_inner())
+        .into_values()
+        .collect()
 }
 
 /// `resolution=50,scarcity=0.5,excess=1,one-pod=0.6` (any subset; the rest keep

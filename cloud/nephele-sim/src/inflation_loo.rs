@@ -13,13 +13,11 @@
 
 use std::collections::BTreeMap;
 use std::ops::Range;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
 
 use nephele_placement::{OursParams, Policy, TypicalPods};
 use serde::Serialize;
 
-use crate::inflation::{by_level, mean_sd, run_inflation, Planning, StudyPolicy};
+use crate::inflation::{by_level, mean_sd, run_inflation, run_parallel, Planning, StudyPolicy};
 use crate::trace::Trace;
 
 /// The grid: resolution × scarcity × excess pressure × one-pod weight, around the
@@ -132,39 +130,6 @@ pub struct LooReport {
     pub elapsed_s: f64,
 }
 
-/// Runs `work` items on `threads`, calling `done(done, all)` after each.
-fn parallel<T: Sync, R: Send>(
-    items: &[T],
-    threads: usize,
-    work: &(dyn Fn(&T) -> R + Sync),
-    done: &(dyn Fn(usize, usize) + Sync),
-) -> Vec<R> {
-    let results: Mutex<BTreeMap<usize, R>> = Mutex::new(BTreeMap::new());
-    let next = AtomicUsize::new(0);
-    let finished = AtomicUsize::new(0);
-    std::thread::scope(|scope| {
-        for _ in 0..threads.max(1) {
-            scope.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(item) = items.get(i) else {
-                    return;
-                };
-                let result = work(item);
-                results
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(i, result);
-                done(finished.fetch_add(1, Ordering::Relaxed) + 1, items.len());
-            });
-        }
-    });
-    results
-        .into_inner()
-        .unwrap_or_else(|p| p.into_inner())
-        .into_values()
-        .collect()
-}
-
 /// Unallocated GPU % at 100% arrived of one run.
 fn unallocated_at_100(
     trace: &Trace,
@@ -239,7 +204,7 @@ pub fn leave_one_out(
             }
         }
     }
-    let results = parallel(
+    let results = run_parallel(
         &choice_runs,
         options.threads,
         &|(list, config, seed)| {
@@ -306,7 +271,7 @@ pub fn leave_one_out(
             }
         }
     }
-    let reported = parallel(
+    let reported = run_parallel(
         &report_runs,
         options.threads,
         &|(list, which, seed)| {

@@ -5,15 +5,13 @@
 //! `analysis_allo_discrete.csv`, seeds 42–51).
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
 use std::time::Instant;
 
 use nephele_placement::{OursParams, TypicalPods};
 use serde::Serialize;
 
 use crate::inflation::{
-    by_level, mean_sd, run_inflation, Failures, Planning, PolicySummary, StudyPolicy,
+    by_level, mean_sd, run_inflation, run_parallel, Failures, Planning, PolicySummary, StudyPolicy,
 };
 use crate::plot::{svg_bars, BarGroup};
 use crate::trace::Trace;
@@ -109,29 +107,18 @@ pub fn run_pod_list(
         .collect();
     // (policy index, seed) → (levels, failures, seconds)
     type RunResult = (Vec<(u32, f64, f64, f64)>, Failures, f64);
-    let results: Mutex<BTreeMap<(usize, u64), RunResult>> = Mutex::new(BTreeMap::new());
-    let next = AtomicUsize::new(0);
-    let finished = AtomicUsize::new(0);
-    std::thread::scope(|scope| {
-        for _ in 0..threads.max(1) {
-            scope.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(&(policy, seed)) = runs.get(i) else {
-                    return;
-                };
-                let started = Instant::now();
-                let (series, failures) =
-                    run_inflation(trace, &typical, policies[policy], seed, planning, ours);
-                let levels = by_level(&series);
-                results.lock().unwrap_or_else(|p| p.into_inner()).insert(
-                    (policy, seed),
-                    (levels, failures, started.elapsed().as_secs_f64()),
-                );
-                done(finished.fetch_add(1, Ordering::Relaxed) + 1, runs.len());
-            });
-        }
-    });
-    let results = results.into_inner().unwrap_or_else(|p| p.into_inner());
+    let measured: Vec<RunResult> = run_parallel(
+        &runs,
+        threads,
+        &|&(policy, seed)| {
+            let started = Instant::now();
+            let (series, failures) =
+                run_inflation(trace, &typical, policies[policy], seed, planning, ours);
+            (by_level(&series), failures, started.elapsed().as_secs_f64())
+        },
+        done,
+    );
+    let results: BTreeMap<(usize, u64), RunResult> = runs.iter().copied().zip(measured).collect();
     let gpu_capacity: f64 = trace
         .nodes
         .iter()

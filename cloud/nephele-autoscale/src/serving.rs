@@ -42,6 +42,19 @@ pub fn admit(
     }
 }
 
+/// The service time a request is judged with before anything was measured (no
+/// replica reported its compute time, no answer yet in the window), ms.
+pub const UNMEASURED_SERVICE_MS: f64 = 1_000.0;
+
+/// The service time the gate predicts waits with: what was measured, else
+/// [`UNMEASURED_SERVICE_MS`]; never below 1 µs.
+pub fn service_estimate_ms(measured: Option<f64>) -> f64 {
+    measured
+        .filter(|ms| ms.is_finite())
+        .unwrap_or(UNMEASURED_SERVICE_MS)
+        .max(0.001)
+}
+
 /// The share of the ready replicas' slots the offered load keeps busy (Little's law:
 /// arrival rate × service time over ready slots), 0..=1; 0 with no ready replica.
 pub fn offered_utilisation(

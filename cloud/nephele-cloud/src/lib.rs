@@ -22,6 +22,7 @@ pub mod region;
 pub mod replica_sizing;
 pub mod reports;
 pub mod scheduler;
+pub mod serving;
 pub mod standby;
 pub mod store;
 pub mod variants;

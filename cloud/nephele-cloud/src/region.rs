@@ -1,9 +1,10 @@
 //! One actor per configured region: the IO shell around the region's pure cores. It
 //! holds the pool agents' connections, routes each offloaded request to a ready replica
-//! of its deployment (least outstanding requests, ties by name) through admission
-//! control and counts what the autoscaler is told, all by the serving rules
-//! `nephele sim autoscale` replays (`nephele_autoscale::serving`), ticks the job scheduler ([`crate::scheduler::RegionScheduler`]) and the
-//! autoscaler of every deployment (`nephele-autoscale`), carries out what they decide
+//! of its deployment through the serving state of [`crate::serving`] (least
+//! outstanding requests, ties by name; admission control; what the autoscaler is told,
+//! all by the rules `nephele sim autoscale` replays), ticks the job scheduler
+//! ([`crate::scheduler::RegionScheduler`]) and the autoscaler of every deployment
+//! (`nephele-autoscale`), carries out what they decide
 //! (providers start and stop nodes; pool agents are told what to run through the
 //! federation's desired state), and keeps the region's books in the store.
 //!
@@ -17,15 +18,14 @@
 //! planner every `autoscale.tick_ms`.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
-use nephele_autoscale::serving::least_loaded;
-use nephele_autoscale::{Deployment, OursConfig, SignalWindow, Snapshot, Verdict};
+use nephele_autoscale::OursConfig;
 use nephele_placement::grid::GridPoint;
-use nephele_proto::{DeploymentPhase, DeploymentTelemetry, GpuReport, JobMemberStatus};
+use nephele_proto::{DeploymentTelemetry, GpuReport, JobMemberStatus};
 
 use crate::config::AutoscaleConfig;
 use crate::federation::FederationActor;
@@ -34,69 +34,12 @@ use crate::scheduler::{
     GridPushView, GridView, JobOffer, JobSpec, JobView, NodeAction, NodeView, PoolWork,
     RegionChoiceView, RegionScheduler, ReplicaSetView, ReplicaSpec, SchedError, SchedEvent,
 };
+use crate::serving::{Choice, Fleet, Serving, ServingStats};
 use crate::store::{Store, Table};
 
 struct PoolMember {
     session_id: u64,
     connection: quinn::Connection,
-}
-
-/// What the gateway measures of one deployment's offloaded requests, shared with the
-/// leases it holds while a request is at a replica.
-#[derive(Default)]
-pub struct ServingStats {
-    /// Arrivals and answers since the last autoscaler tick (the serving core's window).
-    window: Mutex<SignalWindow>,
-    /// The deployment's latency target (ms), which an answer is judged against.
-    target_ms: AtomicU64,
-}
-
-impl ServingStats {
-    fn window(&self) -> std::sync::MutexGuard<'_, SignalWindow> {
-        self.window.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-/// One deployment's serving state in this region.
-struct Serving {
-    /// The scaler, the admission gate and the last decision: the serving core's state
-    /// (`nephele sim autoscale` runs the same).
-    core: Deployment<nephele_autoscale::Ours>,
-    stats: Arc<ServingStats>,
-    /// Requests at each replica's agent now.
-    outstanding: HashMap<String, Arc<AtomicU32>>,
-    /// The latest telemetry of each replica's agent for this deployment.
-    telemetry: HashMap<String, DeploymentTelemetry>,
-}
-
-impl Serving {
-    fn new(policy: nephele_autoscale::Ours, now_ms: u64) -> Serving {
-        let stats = ServingStats::default();
-        stats
-            .target_ms
-            .store(policy.config.target_p99_ms as u64, Ordering::Relaxed);
-        Serving {
-            core: Deployment::new(policy, now_ms),
-            stats: Arc::new(stats),
-            outstanding: HashMap::new(),
-            telemetry: HashMap::new(),
-        }
-    }
-
-    /// Mean measured compute time of one request at the replicas, ms (0 when none).
-    fn service_ms(&self) -> f64 {
-        let measured: Vec<f64> = self
-            .telemetry
-            .values()
-            .filter(|t| t.service_us > 0 && t.phase == DeploymentPhase::Ready)
-            .map(|t| t.service_us as f64 / 1000.0)
-            .collect();
-        if measured.is_empty() {
-            0.0
-        } else {
-            measured.iter().sum::<f64>() / measured.len() as f64
-        }
-    }
 }
 
 /// Settings of a region actor from the control plane's config.
@@ -646,39 +589,13 @@ impl RegionActor {
             let Some(serving) = self.serving.get_mut(&deployment) else {
                 continue;
             };
-            let in_flight: u32 = serving
-                .outstanding
-                .iter()
-                .filter(|(agent, _)| ready_agents.contains(agent))
-                .map(|(_, n)| n.load(Ordering::Relaxed))
-                .sum();
-            let queued: u32 = serving
-                .telemetry
-                .iter()
-                .filter(|(agent, _)| ready_agents.contains(agent))
-                .map(|(_, t)| t.queue_len)
-                .sum();
-            let mut window = serving.stats.window();
-            // The replicas' own compute time when they report it; else the mean round
-            // trip of the window's answers.
-            let measured = serving.service_ms();
-            let service_ms = if measured > 0.0 {
-                measured
-            } else {
-                window.mean_latency_ms().unwrap_or(0.0)
-            };
-            let snapshot = Snapshot {
-                in_flight,
-                queued,
+            let fleet = Fleet {
                 ready,
                 starting,
-                service_ms,
-                concurrency: 1,
                 cold_start_ms,
                 priority: spec.priority,
             };
-            let desired = serving.core.tick(now_ms, &mut window, snapshot).desired;
-            drop(window);
+            let desired = serving.tick(now_ms, &ready_agents, fleet).desired;
             if let Ok((_, scaled)) = self.scheduler.scale(&deployment, desired, now) {
                 events.extend(scaled);
             }
@@ -998,7 +915,7 @@ impl Handler<PoolLeft> for RegionActor {
         if self.agents.get(&message.name).map(|m| m.session_id) == Some(message.session_id) {
             self.agents.remove(&message.name);
             for serving in self.serving.values_mut() {
-                serving.telemetry.remove(&message.name);
+                serving.forget(&message.name);
             }
             let now = unix_now();
             let mut events = self.scheduler.agent_left(&message.name, now);
@@ -1028,9 +945,7 @@ impl Handler<PoolReport> for RegionActor {
         let now = unix_now();
         for telemetry in &message.deployments {
             if let Some(serving) = self.serving.get_mut(&telemetry.deployment) {
-                serving
-                    .telemetry
-                    .insert(message.name.clone(), telemetry.clone());
+                serving.report(&message.name, telemetry.clone());
             }
         }
         let mut events = self
@@ -1072,14 +987,7 @@ impl Handler<SyncDeployments> for RegionActor {
                 self.serving
                     .insert(spec.deployment.clone(), Serving::new(policy, now_ms));
             } else if let Some(serving) = self.serving.get_mut(&spec.deployment) {
-                let config = &mut serving.core.policy.config;
-                config.min_replicas = spec.min;
-                config.max_replicas = spec.max.max(spec.min).max(1);
-                config.target_p99_ms = f64::from((*target).max(1));
-                serving
-                    .stats
-                    .target_ms
-                    .store(u64::from((*target).max(1)), Ordering::Relaxed);
+                serving.configure(spec.min, spec.max, *target);
             }
         }
         let events = self.scheduler.sync_replica_sets(&specs, now);
@@ -1100,11 +1008,7 @@ impl PoolLease {
     /// The request's round trip through the replica (what the autoscaler's p99 is,
     /// judged against the deployment's latency target).
     pub fn record(&self, elapsed: Duration) {
-        let latency_ms = elapsed.as_secs_f64() * 1000.0;
-        let target_ms = self.stats.target_ms.load(Ordering::Relaxed) as f64;
-        self.stats
-            .window()
-            .answer(latency_ms, latency_ms <= target_ms, true);
+        self.stats.record(elapsed);
     }
 }
 
@@ -1146,8 +1050,7 @@ impl Handler<PickPool> for RegionActor {
                 message.deployment, self.name
             )));
         };
-        serving.stats.window().arrival();
-        let live = ready
+        let live: Vec<&String> = ready
             .iter()
             .filter(|a| !message.exclude.contains(a))
             .filter(|a| {
@@ -1155,36 +1058,19 @@ impl Handler<PickPool> for RegionActor {
                     .get(*a)
                     .is_some_and(|m| m.connection.close_reason().is_none())
             })
-            .map(|agent| {
-                let load = serving
-                    .outstanding
-                    .get(agent)
-                    .map_or(0, |n| n.load(Ordering::Relaxed));
-                (load, agent)
-            });
-        let chosen = least_loaded(live);
-        let Some(agent) = chosen.cloned() else {
-            return MessageResult(Pick::NoReplica(format!(
-                "no ready replica of {} in region {}",
-                message.deployment, self.name
-            )));
-        };
-        let outstanding = serving
-            .outstanding
-            .entry(agent.clone())
-            .or_insert_with(|| Arc::new(AtomicU32::new(0)))
-            .clone();
-        {
-            let service_ms = serving.service_ms().max(0.001);
-            let ahead = outstanding.load(Ordering::Relaxed);
-            let verdict = serving.core.admit(unix_now_ms(), || {
-                nephele_autoscale::admission::predicted_wait_ms(ahead, 1, service_ms, None)
-            });
-            if let Verdict::Shed {
+            .collect();
+        let (agent, outstanding) = match serving.offer(unix_now_ms(), live) {
+            Choice::Replica { agent, outstanding } => (agent, outstanding),
+            Choice::NoReplica => {
+                return MessageResult(Pick::NoReplica(format!(
+                    "no ready replica of {} in region {}",
+                    message.deployment, self.name
+                )))
+            }
+            Choice::Shed {
                 retry_after_ms,
                 reason,
-            } = verdict
-            {
+            } => {
                 if let Some(metrics) = &self.metrics {
                     metrics
                         .counter(
@@ -1199,14 +1085,13 @@ impl Handler<PickPool> for RegionActor {
                     reason: format!("{reason:?}"),
                 });
             }
-        }
-        outstanding.fetch_add(1, Ordering::Relaxed);
+        };
         let connection = self.agents[&agent].connection.clone();
         MessageResult(Pick::Lease(PoolLease {
             name: agent,
             connection,
             outstanding,
-            stats: serving.stats.clone(),
+            stats: serving.stats(),
         }))
     }
 }

@@ -46,7 +46,9 @@ use anyhow::{Context as _, Result};
 use nephele_autoscale::admission::predicted_wait_ms;
 use nephele_autoscale::config::OursConfig;
 use nephele_autoscale::forecast::{evaluate, ForecasterKind};
-use nephele_autoscale::serving::{least_loaded, quantile, Deployment, SignalWindow, Snapshot};
+use nephele_autoscale::serving::{
+    least_loaded, quantile, service_estimate_ms, Deployment, SignalWindow, Snapshot,
+};
 use nephele_autoscale::{Hpa, HpaConfig, Kpa, KpaConfig, Ours, ScalingPolicy, Static, Verdict};
 use nephele_placement::rng::Rng;
 use serde::Serialize;
@@ -885,7 +887,7 @@ pub fn simulate_with(name: &str, scaler: Scaler<'_>, context: &RunContext<'_>) -
                 region.window.arrival();
                 let admitted = deployment.as_mut().is_none_or(|deployment| {
                     let verdict = deployment.admit(at / 1000, || {
-                        region.predicted_wait_ms(region.mean_service_ms().unwrap_or(1_000.0))
+                        region.predicted_wait_ms(service_estimate_ms(region.mean_service_ms()))
                     });
                     matches!(verdict, Verdict::Admit)
                 });

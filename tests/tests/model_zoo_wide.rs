@@ -266,6 +266,22 @@ fn every_zoo_model_pushed_as_shipped_answers_as_onnxruntime_does() {
             let input = view["inputs"][0]["name"].as_str().unwrap_or("?");
             assert!(reply.to_string().contains(input), "{name}: {reply}");
         }
+        // Requests onnxruntime refuses are refused, naming the node.
+        for refusal in cases["refused"].as_array().into_iter().flatten() {
+            let (code, reply) = agent
+                .raw_json("POST", &url, &json!({"inputs": refusal["inputs"]}))
+                .expect("infer");
+            let what = refusal["what"].as_str().unwrap_or("?");
+            assert_eq!(
+                code, 400,
+                "{name}: {what}: onnxruntime refuses it ({}), nephele answered {code}: {reply}",
+                refusal["onnxruntime"]
+            );
+            assert!(
+                reply.to_string().contains("too small for node"),
+                "{name}: {what}: {reply}"
+            );
+        }
         let mut worst = 0.0f64;
         let mut answers = Vec::new();
         for (k, case) in all.iter().enumerate() {

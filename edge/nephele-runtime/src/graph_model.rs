@@ -110,6 +110,11 @@ pub struct GraphModel {
     max_dims: std::collections::BTreeMap<String, usize>,
     /// The symbol of the batch axis the model really has, if any ([`Self::batch_axis`]).
     batch_axis: Option<String>,
+    /// Its convolutions' and pools' windows with their inputs' sizes in the input's
+    /// names, and the scope of those names: a request too small for one is refused as
+    /// onnxruntime refuses it ([`crate::windows`]).
+    windows: Arc<Vec<crate::windows::Window>>,
+    symbols: SymbolScope,
 }
 
 impl std::fmt::Debug for GraphModel {
@@ -244,8 +249,8 @@ impl GraphModel {
             Ok(())
         };
         let one_plan = asked_per_shape
-            .and_then(|()| crate::kernels::optimized(model.clone()))
-            .and_then(|typed| {
+            .and_then(|()| crate::kernels::optimized_with_windows(model.clone()))
+            .and_then(|(typed, windows)| {
                 let plan = typed.clone().into_runnable()?;
                 if symbolic {
                     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -253,15 +258,23 @@ impl GraphModel {
                     }))
                     .unwrap_or_else(|_| Err(TractError::msg("tract panicked running it")))?;
                 }
-                Ok((typed, plan))
+                Ok((typed, plan, windows))
             });
-        let (typed, plans, planning) = match one_plan {
-            Ok((typed, plan)) => (
+        let symbols = model.symbols.clone();
+        let (typed, plans, planning, windows) = match one_plan {
+            Ok((typed, plan, windows)) => (
                 typed,
                 Plans::One(plan),
                 if symbolic { "symbolic" } else { "static" }.to_string(),
+                windows,
             ),
             Err(error) if symbolic => {
+                // The windows with the names left symbolic, where tract can type that.
+                let windows = model
+                    .clone()
+                    .into_typed()
+                    .map(|typed| crate::windows::windows(&typed))
+                    .unwrap_or_default();
                 let why = format!("{error:#}");
                 let why = why.lines().next().unwrap_or("").to_string();
                 let model = Arc::new(model);
@@ -277,6 +290,7 @@ impl GraphModel {
                         cache: Arc::new(std::sync::Mutex::new(cache)),
                     },
                     format!("per request shape (tract could not plan with the names left symbolic: {why})"),
+                    windows,
                 )
             }
             Err(error) => return Err(load(format!("{error:#}"))),
@@ -310,6 +324,22 @@ impl GraphModel {
                 symbols: Vec::new(),
             });
         }
+        // Each name's example size (the zeros run at load and its timing): 1, or what
+        // the windows take.
+        if !windows.is_empty() {
+            let names: Vec<String> = inputs
+                .iter()
+                .flat_map(|d| d.symbols.iter().flatten().cloned())
+                .collect();
+            let sizes = crate::windows::example_sizes(&windows, &symbols, &names, &max_dims);
+            for decl in &mut inputs {
+                for (axis, symbol) in decl.symbols.iter().enumerate() {
+                    if let Some(size) = symbol.as_ref().and_then(|s| sizes.get(s)) {
+                        decl.shape[axis] = *size;
+                    }
+                }
+            }
+        }
         let mut model = GraphModel {
             name: name.to_string(),
             plans,
@@ -318,6 +348,8 @@ impl GraphModel {
             outputs,
             max_dims,
             batch_axis: None,
+            windows: Arc::new(windows),
+            symbols,
         };
         model.batch_axis = model.find_batch_axis();
         Ok(model)
@@ -697,6 +729,13 @@ impl GraphModel {
                     decl.name, decl.dtype
                 ));
             }
+        }
+        if !self.windows.is_empty() {
+            let mut values = SymbolValues::default();
+            for (symbol, (_, size)) in &bound {
+                values.set(&self.symbols.sym(symbol), **size as i64);
+            }
+            crate::windows::check(&self.windows, &values)?;
         }
         Ok(())
     }

@@ -69,12 +69,76 @@ fn load(name: &str, prepared: &[u8], run_zeros: bool) -> Result<Served, RuntimeE
         Ok(model) => Ok(Served::Typed(model)),
         // A file that is not one f32 input and output can only be served typed: that
         // reason is the one that helps.
-        Err(typed) if matches!(single, RuntimeError::Unsupported { .. }) => Err(typed),
-        Err(typed) => Err(RuntimeError::Load {
-            model: name.to_string(),
-            cause: format!("{typed} (as one f32 input: {single})"),
-        }),
+        Err(typed) if matches!(single, RuntimeError::Unsupported { .. }) => Err(explained(typed)),
+        Err(typed) => {
+            let (typed, single) = (cause(&explained(typed)), cause(&explained(single)));
+            Err(RuntimeError::Load {
+                model: name.to_string(),
+                cause: if typed == single {
+                    typed
+                } else {
+                    format!("{typed} (as one f32 input: {single})")
+                },
+            })
+        }
     }
+}
+
+fn cause(error: &RuntimeError) -> String {
+    match error {
+        RuntimeError::Load { cause, .. }
+        | RuntimeError::Unsupported { cause, .. }
+        | RuntimeError::BadInput { cause, .. }
+        | RuntimeError::Run { cause, .. } => cause.clone(),
+    }
+}
+
+/// What to do about a node whose output tract cannot work out from its inputs.
+pub const SHAPE_ADVICE: &str = "if an input's size decides it, give the size the model expects with --input (`nephele model inspect FILE --input ...` tries it without pushing); if none does, the file contradicts itself as exported and must be exported again (onnx.shape_inference.infer_shapes(model, strict_mode=True) names the same node)";
+
+/// A load error whose cause is tract's analysis failing at a node (`Failed analyse for
+/// node #12 "proj" MatMulInference: Infering facts: Applying rule …: Inconsistent
+/// matmul …`), said as the node, its operator, the reason and what to do; any other
+/// error unchanged.
+fn explained(error: RuntimeError) -> RuntimeError {
+    let RuntimeError::Load { model, cause } = &error else {
+        return error;
+    };
+    match node_failure(cause) {
+        Some((node, op, reason)) => RuntimeError::Load {
+            model: model.clone(),
+            cause: format!(
+                "node \"{node}\" ({op}) cannot work out its output from its inputs' shapes: {reason}; {SHAPE_ADVICE}"
+            ),
+        },
+        None => error,
+    }
+}
+
+/// The node, operator and innermost reason of a tract analysis failure.
+fn node_failure(cause: &str) -> Option<(String, String, String)> {
+    const MARK: &str = "Failed analyse for node #";
+    let rest = &cause[cause.find(MARK)? + MARK.len()..];
+    let rest = &rest[rest.find(" \"")? + 2..];
+    let end = rest.find('"')?;
+    let node = &rest[..end];
+    let rest = rest[end + 1..].trim_start();
+    let op_end = rest
+        .find(|c: char| c == ':' || c.is_whitespace())
+        .unwrap_or(rest.len());
+    let op = rest[..op_end].trim_end_matches("Inference");
+    let details = rest[op_end..].trim_start_matches([':', ' ']);
+    // The rule tract applied says nothing to a user; what it found does.
+    let reason = match details.rfind("}: ") {
+        Some(at) => &details[at + 3..],
+        None => details.trim_start_matches("Infering facts: "),
+    };
+    let reason = if reason.is_empty() {
+        "shapes that do not agree"
+    } else {
+        reason
+    };
+    Some((node.to_string(), op.to_string(), reason.to_string()))
 }
 
 #[cfg(test)]
@@ -237,5 +301,42 @@ mod tests {
             }
             Served::Batched(_) => panic!("two outputs are served typed"),
         }
+    }
+
+    #[test]
+    fn a_node_no_flag_can_fix_is_named_with_what_to_do() {
+        use crate::test_graphs::{floats, model, node};
+        // A 1×6 row times a 7×5 weight: the file contradicts itself whatever the input.
+        let file = model(
+            &[1, 6],
+            vec![node("MatMul", &["x", "w"], "proj")],
+            vec![floats("w", &[7, 5], &[0.5; 35])],
+            &["proj"],
+        )
+        .encode_to_vec();
+        for flags in [vec![], vec!["x=N,6"], vec!["x=1,6"]] {
+            let specs: Vec<InputSpec> = flags.iter().map(|f| f.parse().expect("parses")).collect();
+            let error = prepare("m", &file, &specs)
+                .and_then(|prepared| load_prepared("m", &prepared))
+                .err()
+                .unwrap_or_else(|| panic!("{flags:?}: an inconsistent MatMul loaded"))
+                .to_string();
+            assert!(
+                error.starts_with(
+                    "model m: cannot load: node \"proj\" (MatMul) cannot work out its output from its inputs' shapes: Inconsistent matmul"
+                ),
+                "{flags:?}: {error}"
+            );
+            assert!(error.ends_with(SHAPE_ADVICE), "{flags:?}: {error}");
+            // Said once, not once per path tried.
+            assert_eq!(error.matches("Inconsistent matmul").count(), 1, "{error}");
+            let report = inspect("m", &file, &specs).expect("inspects");
+            assert_eq!(report.load_error, Some(error), "{flags:?}");
+        }
+        assert_eq!(
+            node_failure("Failed analyse for node #3 \"head\" Reshape: Infering facts: Applying rule GivenRule { x }: 7200 is not 100"),
+            Some(("head".into(), "Reshape".into(), "7200 is not 100".into()))
+        );
+        assert_eq!(node_failure("something else"), None);
     }
 }

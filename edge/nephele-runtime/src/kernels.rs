@@ -23,8 +23,17 @@ use crate::pointwise::pointwise_for;
 /// `model` typed, decluttered, the layers our kernels run given to them, and
 /// optimised.
 pub fn optimized(model: InferenceModel) -> TractResult<TypedModel> {
+    optimized_with_windows(model).map(|(model, _)| model)
+}
+
+/// [`optimized`], with the model's convolution and pool windows read before the
+/// declutter ([`crate::windows`]), which requests are checked against.
+pub fn optimized_with_windows(
+    model: InferenceModel,
+) -> TractResult<(TypedModel, Vec<crate::windows::Window>)> {
     let kept = tracts_own();
     let mut model = model.into_typed()?;
+    let windows = crate::windows::windows(&model);
     // Before the declutter, which turns 1×1 convolutions into general products.
     if !kept.contains(&"pointwise") {
         replace(&mut model, pointwise_for)?;
@@ -39,7 +48,7 @@ pub fn optimized(model: InferenceModel) -> TractResult<TypedModel> {
     if !kept.contains(&"dense") {
         replace_dense(&mut model)?;
     }
-    model.into_optimized()
+    Ok((model.into_optimized()?, windows))
 }
 
 /// The kinds of layer `NEPHELE_TRACT_CONV` leaves to tract.

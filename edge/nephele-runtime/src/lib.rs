@@ -53,6 +53,7 @@ pub mod synthetic;
 #[cfg(test)]
 mod test_graphs;
 pub mod variants;
+pub mod windows;
 
 /// tract's ONNX reader as the runtime uses it: a file's `value_info` (an exporter's
 /// cache of ONNX shape inference, often with other symbols than its inputs', or shapes

@@ -981,11 +981,23 @@ def melspectrogram(out_dir, path):
                       "outputs": {k: answer(v) for k, v in out.items()}, "answer": ans})
         print(f"[make_zoo_wide] oww-melspectrogram: {n} samples -> {list(out['output'].shape)}, "
               f"loudest-band margin {ans['margin']:.2e}")
+    # Inputs onnxruntime refuses: shorter than the STFT convolutions' 512-sample window.
+    refused = []
+    for n in (400, 511):
+        x = audio[9000:9000 + n][None]
+        try:
+            run.main.run(None, {"input": x})
+        except Exception as error:  # onnxruntime's own error type
+            refused.append({"what": f"{n} samples, shorter than the 512-sample STFT window",
+                            "inputs": {"input": tensor(x)}, "onnxruntime": str(error)})
+            continue
+        raise SystemExit(f"oww-melspectrogram: onnxruntime answered {n} samples; expected a refusal")
     write(out_dir, "oww-melspectrogram", {
         "push": {"inputs": ["input=1,samples..64000"], "state": []},
         "session": False,
         "task": {"kind": "argmax", "output": "output", "axis": -1},
         "cases": cases,
+        "refused": refused,
     }, 1e-3, run.noise)
 
 

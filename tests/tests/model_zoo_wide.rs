@@ -221,6 +221,32 @@ fn every_zoo_model_pushed_as_shipped_answers_as_onnxruntime_does() {
             loads,
             "{name}: push took it, inspect says it does not load: {report}"
         );
+        // Every variant was built or refused for a reason of its own: none lost a name a
+        // branch or loop body reads from the graph around it.
+        let variants: Vec<String> = view["variants"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|v| {
+                let why = format!("{} {} {}", v["rejected"], v["reason"], v["note"]);
+                assert!(
+                    !why.contains("Could not resolve inputs"),
+                    "{name}: variant {} lost an outer name: {why}",
+                    v["name"]
+                );
+                format!(
+                    "{}: {}",
+                    v["name"].as_str().unwrap_or("?"),
+                    v["status"].as_str().unwrap_or("?")
+                )
+            })
+            .collect();
+        if name == "oww-hey-jarvis" {
+            assert!(
+                variants.iter().any(|v| v.starts_with("int8")),
+                "{name}: its If branch reads outer names; int8 must still be built: {variants:?}"
+            );
+        }
         // Flags inspect suggests for the bare file are ones push takes.
         let bare = inspect(&file, &[]);
         let hints = suggested(&bare);
@@ -350,11 +376,12 @@ fn every_zoo_model_pushed_as_shipped_answers_as_onnxruntime_does() {
             String::from_utf8_lossy(&checked.stderr)
         );
         summary.push(format!(
-            "{name}: {} case(s){}, worst diff {:.0}% of its tolerance, task '{}' the same on every case{}",
+            "{name}: {} case(s){}, worst diff {:.0}% of its tolerance, task '{}' the same on every case; variants [{}]{}",
             all.len(),
             if session { " in one session" } else { "" },
             worst * 100.0,
             cases["task"]["kind"].as_str().unwrap_or("?"),
+            variants.join(", "),
             if hints.is_empty() {
                 String::new()
             } else {

@@ -28,6 +28,8 @@ use tract_onnx::pb::{
 };
 use tract_onnx::prelude::*;
 
+use crate::graph_index::outer_reads;
+
 /// At most this many `If`s are folded in one model (each fold types a sub-model).
 pub const MAX_FOLDS: usize = 256;
 
@@ -114,34 +116,6 @@ fn ancestors(graph: &GraphProto, tensor: &str, before: usize) -> BTreeSet<usize>
         }
     }
     seen
-}
-
-/// Tensors a subgraph reads that it does not define itself (outer-scope references).
-fn outer_reads(graph: &GraphProto) -> Vec<&str> {
-    let mut defined: HashSet<&str> = graph.initializer.iter().map(|t| t.name.as_str()).collect();
-    defined.extend(graph.input.iter().map(|i| i.name.as_str()));
-    let mut reads = Vec::new();
-    for node in &graph.node {
-        for input in node.input.iter().filter(|s| !s.is_empty()) {
-            if !defined.contains(input.as_str()) {
-                reads.push(input.as_str());
-            }
-        }
-        for attribute in &node.attribute {
-            for g in attribute.g.iter().chain(attribute.graphs.iter()) {
-                reads.extend(outer_reads(g).into_iter().filter(|r| !defined.contains(r)));
-            }
-        }
-        defined.extend(node.output.iter().map(String::as_str));
-    }
-    reads.extend(
-        graph
-            .output
-            .iter()
-            .map(|o| o.name.as_str())
-            .filter(|o| !defined.contains(o)),
-    );
-    reads
 }
 
 /// The value of node `index`'s condition when tract proves it constant.

@@ -84,6 +84,87 @@ pub(crate) fn count_uses<'a>(graph: &'a GraphProto, uses: &mut HashMap<&'a str, 
     }
 }
 
+/// Every value `node` reads: its inputs, then the values of the graph around it that
+/// its subgraphs (an `If`'s branches, a `Loop`'s body) read by name without computing
+/// or declaring them.
+pub(crate) fn node_reads(node: &NodeProto) -> Vec<&str> {
+    let mut reads: Vec<&str> = node
+        .input
+        .iter()
+        .filter(|i| !i.is_empty())
+        .map(String::as_str)
+        .collect();
+    for attribute in &node.attribute {
+        for subgraph in attribute.g.iter().chain(attribute.graphs.iter()) {
+            for name in outer_reads(subgraph) {
+                if !reads.contains(&name) {
+                    reads.push(name);
+                }
+            }
+        }
+    }
+    reads
+}
+
+/// The names `graph` (a subgraph) reads from the graphs around it.
+pub(crate) fn outer_reads(graph: &GraphProto) -> Vec<&str> {
+    let mut local: HashSet<&str> = graph
+        .input
+        .iter()
+        .map(|i| i.name.as_str())
+        .chain(graph.initializer.iter().map(|t| t.name.as_str()))
+        .collect();
+    let mut reads = Vec::new();
+    for node in &graph.node {
+        for name in node_reads(node) {
+            if !local.contains(name) && !reads.contains(&name) {
+                reads.push(name);
+            }
+        }
+        local.extend(node.output.iter().map(String::as_str));
+    }
+    for output in &graph.output {
+        let name = output.name.as_str();
+        if !local.contains(name) && !reads.contains(&name) {
+            reads.push(name);
+        }
+    }
+    reads
+}
+
+/// Renames, in `node`'s subgraphs (at any depth), every read of a value of the graphs
+/// around them that `renamed` maps, as a rewrite that renames that graph's values must.
+pub(crate) fn rename_outer_reads(node: &mut NodeProto, renamed: &HashMap<String, String>) {
+    for attribute in &mut node.attribute {
+        for subgraph in attribute.g.iter_mut().chain(attribute.graphs.iter_mut()) {
+            let outer: HashSet<String> = outer_reads(subgraph)
+                .into_iter()
+                .filter(|n| renamed.contains_key(*n))
+                .map(str::to_string)
+                .collect();
+            if outer.is_empty() {
+                continue;
+            }
+            let rename = |name: &mut String| {
+                if outer.contains(name.as_str()) {
+                    *name = renamed[name.as_str()].clone();
+                }
+            };
+            for inner in &mut subgraph.node {
+                inner.input.iter_mut().for_each(rename);
+                let deeper: HashMap<String, String> = outer
+                    .iter()
+                    .map(|n| (n.clone(), renamed[n].clone()))
+                    .collect();
+                rename_outer_reads(inner, &deeper);
+            }
+            for output in &mut subgraph.output {
+                rename(&mut output.name);
+            }
+        }
+    }
+}
+
 /// Whether a node is of the default ONNX operator set.
 pub(crate) fn is_onnx_domain(node: &NodeProto) -> bool {
     node.domain.is_empty() || node.domain == "ai.onnx"

@@ -28,6 +28,7 @@ use tract_onnx::pb::{
     TensorProto, ValueInfoProto,
 };
 
+use crate::graph_index::node_reads;
 use crate::graph_model::{GraphModel, NamedTensor};
 use crate::onnx_edit::{float_values, OnnxGraph};
 use crate::RuntimeError;
@@ -445,13 +446,14 @@ fn rewrite(storage: &OnnxGraph, ranges: &BTreeMap<String, (f32, f32)>) -> Option
 }
 
 /// Drops nodes whose outputs nothing uses and initializers no node uses (the
-/// dequantization of weights that now feed integer ops directly).
+/// dequantization of weights that now feed integer ops directly); a branch's or loop
+/// body's reads of the graph around it count as uses.
 fn prune(graph: &mut GraphProto) {
     loop {
         let used: HashSet<String> = graph
             .node
             .iter()
-            .flat_map(|n| n.input.iter().cloned())
+            .flat_map(|n| node_reads(n).into_iter().map(str::to_string))
             .chain(graph.output.iter().map(|o| o.name.clone()))
             .collect();
         let before = graph.node.len();

@@ -29,6 +29,7 @@ use tract_onnx::pb::{
     ValueInfoProto,
 };
 
+use crate::graph_index::{node_reads, rename_outer_reads};
 use crate::RuntimeError;
 
 /// Float initializers with fewer elements than this stay f32 (small biases, shapes,
@@ -157,13 +158,7 @@ impl OnnxGraph {
         while let Some(name) = stack.pop() {
             if let Some(&node_idx) = producer.get(name) {
                 if seen.insert(node_idx) {
-                    stack.extend(
-                        graph.node[node_idx]
-                            .input
-                            .iter()
-                            .filter(|i| !i.is_empty())
-                            .map(String::as_str),
-                    );
+                    stack.extend(node_reads(&graph.node[node_idx]));
                 }
             }
         }
@@ -194,14 +189,14 @@ impl OnnxGraph {
             if head.contains(&node_idx) {
                 continue;
             }
-            for input in node.input.iter().filter(|i| !i.is_empty()) {
-                if input != cut && head_tensors.contains(input.as_str()) {
+            for input in node_reads(node) {
+                if input != cut && head_tensors.contains(input) {
                     return Some(format!(
                         "node {:?} after the cut also needs {input:?} from before it",
                         node.name
                     ));
                 }
-                if inputs.contains(input.as_str()) {
+                if inputs.contains(input) {
                     return Some(format!(
                         "node {:?} after the cut reads the model input {input:?}",
                         node.name
@@ -463,6 +458,10 @@ fn minify_names(mut graph: GraphProto) -> GraphProto {
     for value in &mut graph.value_info {
         rename(&mut value.name);
     }
+    // A branch or loop body reads the graph's values by name: the same new names.
+    for node in &mut graph.node {
+        rename_outer_reads(node, &names);
+    }
     graph.doc_string.clear();
     graph
 }
@@ -583,7 +582,7 @@ pub fn dequantize_weights(name: &str, bytes: &[u8]) -> Result<Option<Vec<u8>>, R
     let still_used: HashSet<&str> = graph
         .node
         .iter()
-        .flat_map(|n| n.input.iter().map(String::as_str))
+        .flat_map(node_reads)
         .chain(graph.output.iter().map(|o| o.name.as_str()))
         .collect();
     let folded_names: HashSet<String> = folded.iter().map(|t| t.name.clone()).collect();
@@ -618,10 +617,7 @@ fn float_type(shape: Option<&[i64]>) -> TypeProto {
 
 /// The initializers `nodes` read, in the original order.
 fn used_initializers(graph: &GraphProto, nodes: &[NodeProto]) -> Vec<TensorProto> {
-    let used: HashSet<&str> = nodes
-        .iter()
-        .flat_map(|n| n.input.iter().map(String::as_str))
-        .collect();
+    let used: HashSet<&str> = nodes.iter().flat_map(node_reads).collect();
     graph
         .initializer
         .iter()
@@ -827,5 +823,94 @@ mod tests {
         let empty = ModelProto::default().encode_to_vec();
         let error = OnnxGraph::parse("empty", &empty).unwrap_err();
         assert!(error.to_string().contains("no graph"), "{error}");
+    }
+
+    /// `h = x·w` (16×16, quantized), then a value-dependent `If`: `h + b` when `h` sums
+    /// above zero, else `h − b`. The branches read `h` and `b` from the graph around
+    /// them by name, as openwakeword's verifier head does.
+    fn branch_reading_outer_names() -> ModelProto {
+        use crate::test_graphs::{floats, model, node};
+        let branch = |op: &str, out: &str| GraphProto {
+            name: out.into(),
+            node: vec![node(op, &["h", "b"], out)],
+            output: vec![crate::test_graphs::value_info(out, None)],
+            ..GraphProto::default()
+        };
+        let weights: Vec<f32> = (0..256)
+            .map(|i| ((i * 37 % 29) as f32 - 14.0) / 10.0)
+            .collect();
+        let bias: Vec<f32> = (0..16).map(|i| i as f32 / 4.0).collect();
+        let mut choose = node("If", &["c"], "y");
+        choose.attribute = vec![
+            AttributeProto {
+                name: "then_branch".into(),
+                r#type: AttributeType::Graph as i32,
+                g: Some(branch("Add", "t")),
+                ..AttributeProto::default()
+            },
+            AttributeProto {
+                name: "else_branch".into(),
+                r#type: AttributeType::Graph as i32,
+                g: Some(branch("Sub", "e")),
+                ..AttributeProto::default()
+            },
+        ];
+        let mut file = model(
+            &[1, 16],
+            vec![
+                node("MatMul", &["x", "w"], "h"),
+                node("ReduceSum", &["h"], "s"),
+                node("Greater", &["s", "zero"], "c"),
+                choose,
+            ],
+            vec![
+                floats("w", &[16, 16], &weights),
+                floats("b", &[16], &bias),
+                floats("zero", &[], &[0.0]),
+            ],
+            &["y"],
+        );
+        file.opset_import[0].version = 13;
+        file
+    }
+
+    #[test]
+    fn branches_reading_outer_names_survive_int8_and_split() {
+        use crate::test_graphs::run;
+        let full = branch_reading_outer_names();
+        let bytes = full.encode_to_vec();
+        let graph = OnnxGraph::parse("verifier", &bytes).expect("parses");
+        for sign in [1.0f32, -1.0] {
+            let x: Vec<f32> = (0..16).map(|i| sign * (i as f32 / 8.0 + 0.1)).collect();
+            let want = run(&full, &[1, 16], &x);
+            // int8: the weights renamed inside, the branches' reads renamed with them,
+            // and `b` (read only by the branches) kept.
+            let (int8, report) = graph.quantize_weights_int8().expect("int8");
+            assert_eq!(report.quantized_tensors, 1);
+            let int8 = ModelProto::decode(&int8[..]).expect("decodes");
+            let got = run(&int8, &[1, 16], &x);
+            let error = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
+            assert!(error < 0.05, "int8 differs by {error}");
+            let folded = dequantize_weights("verifier", &int8.encode_to_vec())
+                .expect("folds")
+                .expect("something to fold");
+            let folded = ModelProto::decode(&folded[..]).expect("decodes");
+            assert_eq!(run(&folded, &[1, 16], &x).len(), 16);
+            // Split at `h`: the tail's branches read `h` (the cut) and `b` (carried).
+            let (head, tail) = graph.split("h", &[1, 16]).expect("splits at h");
+            let head = ModelProto::decode(&head[..]).expect("head");
+            let tail = ModelProto::decode(&tail[..]).expect("tail");
+            let h = run(&head, &[1, 16], &x);
+            assert_eq!(run(&tail, &[1, 16], &h), want);
+        }
+        // A cut after which a branch still reads `h` from before it is no cut.
+        assert!(!graph.candidate_cuts().contains(&"s".to_string()));
+        assert!(graph.candidate_cuts().contains(&"h".to_string()));
+        let refused = graph.split("s", &[]).expect_err("s is no cut").to_string();
+        assert!(refused.contains("needs \"h\" from before it"), "{refused}");
     }
 }

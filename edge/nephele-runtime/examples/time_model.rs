@@ -4,9 +4,12 @@
 //! the load (parse, analyse, optimise, plan) time too, which the parser's opt-level
 //! decides.
 //!
-//! `cargo run --release -p nephele-runtime --no-default-features --example time_model -- MODEL.onnx [ROW_SHAPE] [--ops]`
+//! `cargo run --release -p nephele-runtime --no-default-features --example time_model -- MODEL.onnx [ROW_SHAPE] [--ops] [--rows FILE.json]`
 //! (and the same with `--profile dist`); `ROW_SHAPE` fixes symbolic dimensions, e.g.
-//! `3,48,320`. Rows are a fixed pseudo-random pattern; the time does not depend on it.
+//! `3,48,320`. Rows are a fixed pseudo-random pattern (the time of most models does not
+//! depend on it), or those of `--rows` (`{"rows": [[…], …]}`, as `ort_bench.py
+//! --input-file` reads them): a model whose `If` depends on values runs the branch its
+//! rows take.
 //! `--ops` also prints where a run's time goes, per operator (`Model::op_profile`, 20
 //! runs).
 
@@ -14,7 +17,16 @@ use std::time::Duration;
 
 fn main() {
     let ops = std::env::args().any(|a| a == "--ops");
-    let mut args = std::env::args().skip(1).filter(|a| a != "--ops");
+    let all: Vec<String> = std::env::args().skip(1).collect();
+    let rows_file = all
+        .iter()
+        .position(|a| a == "--rows")
+        .map(|i| all.get(i + 1).cloned().expect("--rows FILE.json"));
+    let mut args = all
+        .iter()
+        .enumerate()
+        .filter(|(i, a)| *a != "--ops" && *a != "--rows" && !(*i > 0 && all[i - 1] == "--rows"))
+        .map(|(_, a)| a.clone());
     let Some(path) = args.next() else {
         eprintln!("usage: time_model MODEL.onnx [ROW_SHAPE, e.g. 3,48,320]");
         std::process::exit(2);
@@ -37,13 +49,28 @@ fn main() {
         .iter()
         .map(|d| (*d).max(1) as usize)
         .product();
-    let rows: Vec<Vec<f32>> = (0..4)
-        .map(|r| {
-            (0..row_len)
-                .map(|i| ((i * 7 + r * 13) % 17) as f32 / 17.0)
-                .collect()
-        })
-        .collect();
+    let rows: Vec<Vec<f32>> = match &rows_file {
+        Some(file) => {
+            let text =
+                std::fs::read_to_string(file).unwrap_or_else(|e| panic!("cannot read {file}: {e}"));
+            let json: serde_json::Value =
+                serde_json::from_str(&text).unwrap_or_else(|e| panic!("{file}: {e}"));
+            let rows: Vec<Vec<f32>> = serde_json::from_value(json["rows"].clone())
+                .unwrap_or_else(|e| panic!("{file}: \"rows\" is not a list of rows: {e}"));
+            assert!(
+                !rows.is_empty() && rows.iter().all(|r| r.len() == row_len),
+                "{file}: every row must hold {row_len} values"
+            );
+            rows
+        }
+        None => (0..4)
+            .map(|r| {
+                (0..row_len)
+                    .map(|i| ((i * 7 + r * 13) % 17) as f32 / 17.0)
+                    .collect()
+            })
+            .collect(),
+    };
     let stats = nephele_runtime::bench::measure(&model, &rows, 1, 20, Duration::from_secs(3), 30)
         .unwrap_or_else(|e| panic!("cannot run {path}: {e}"));
     println!(

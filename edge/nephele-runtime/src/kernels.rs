@@ -5,7 +5,8 @@
 //! ([`crate::depthwise`]), each other convolution with a spatial kernel
 //! ([`crate::direct`]) and each product of an activation by constant weights
 //! ([`crate::dense`], with the bias added after it) between the declutter and the
-//! codegen.
+//! codegen; and each `If` left in the optimised plan by one with both branches planned
+//! once ([`crate::planned_if`]).
 //!
 //! `NEPHELE_TRACT_CONV` keeps tract's own operators, to compare the two on the same
 //! build: `all` (or `1`) for all four, or `depthwise`, `pointwise`, `direct` or `dense`
@@ -48,7 +49,10 @@ pub fn optimized_with_windows(
     if !kept.contains(&"dense") {
         replace_dense(&mut model)?;
     }
-    Ok((model.into_optimized()?, windows))
+    let mut model = model.into_optimized()?;
+    // An `If` left on values: both branches planned once ([`crate::planned_if`]).
+    replace(&mut model, crate::planned_if::planned_if_for)?;
+    Ok((model, windows))
 }
 
 /// The kinds of layer `NEPHELE_TRACT_CONV` leaves to tract.

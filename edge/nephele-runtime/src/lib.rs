@@ -48,6 +48,7 @@ pub mod op_profile;
 pub mod ort_backend;
 pub mod plan_cache;
 mod planned;
+pub mod planned_if;
 pub mod pointwise;
 pub mod synthetic;
 #[cfg(test)]

@@ -825,59 +825,10 @@ mod tests {
         assert!(error.to_string().contains("no graph"), "{error}");
     }
 
-    /// `h = x·w` (16×16, quantized), then a value-dependent `If`: `h + b` when `h` sums
-    /// above zero, else `h − b`. The branches read `h` and `b` from the graph around
-    /// them by name, as openwakeword's verifier head does.
-    fn branch_reading_outer_names() -> ModelProto {
-        use crate::test_graphs::{floats, model, node};
-        let branch = |op: &str, out: &str| GraphProto {
-            name: out.into(),
-            node: vec![node(op, &["h", "b"], out)],
-            output: vec![crate::test_graphs::value_info(out, None)],
-            ..GraphProto::default()
-        };
-        let weights: Vec<f32> = (0..256)
-            .map(|i| ((i * 37 % 29) as f32 - 14.0) / 10.0)
-            .collect();
-        let bias: Vec<f32> = (0..16).map(|i| i as f32 / 4.0).collect();
-        let mut choose = node("If", &["c"], "y");
-        choose.attribute = vec![
-            AttributeProto {
-                name: "then_branch".into(),
-                r#type: AttributeType::Graph as i32,
-                g: Some(branch("Add", "t")),
-                ..AttributeProto::default()
-            },
-            AttributeProto {
-                name: "else_branch".into(),
-                r#type: AttributeType::Graph as i32,
-                g: Some(branch("Sub", "e")),
-                ..AttributeProto::default()
-            },
-        ];
-        let mut file = model(
-            &[1, 16],
-            vec![
-                node("MatMul", &["x", "w"], "h"),
-                node("ReduceSum", &["h"], "s"),
-                node("Greater", &["s", "zero"], "c"),
-                choose,
-            ],
-            vec![
-                floats("w", &[16, 16], &weights),
-                floats("b", &[16], &bias),
-                floats("zero", &[], &[0.0]),
-            ],
-            &["y"],
-        );
-        file.opset_import[0].version = 13;
-        file
-    }
-
     #[test]
     fn branches_reading_outer_names_survive_int8_and_split() {
         use crate::test_graphs::run;
-        let full = branch_reading_outer_names();
+        let full = crate::test_graphs::branch_reading_outer_names();
         let bytes = full.encode_to_vec();
         let graph = OnnxGraph::parse("verifier", &bytes).expect("parses");
         for sign in [1.0f32, -1.0] {

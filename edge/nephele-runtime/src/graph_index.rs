@@ -134,33 +134,21 @@ pub(crate) fn outer_reads(graph: &GraphProto) -> Vec<&str> {
 
 /// Renames, in `node`'s subgraphs (at any depth), every read of a value of the graphs
 /// around them that `renamed` maps, as a rewrite that renames that graph's values must.
+/// ONNX forbids a subgraph's own names to shadow outer ones, so a name `renamed` maps is
+/// an outer read wherever a subgraph uses it.
 pub(crate) fn rename_outer_reads(node: &mut NodeProto, renamed: &HashMap<String, String>) {
+    let rename = |name: &mut String| {
+        if let Some(new) = renamed.get(name.as_str()) {
+            *name = new.clone();
+        }
+    };
     for attribute in &mut node.attribute {
         for subgraph in attribute.g.iter_mut().chain(attribute.graphs.iter_mut()) {
-            let outer: HashSet<String> = outer_reads(subgraph)
-                .into_iter()
-                .filter(|n| renamed.contains_key(*n))
-                .map(str::to_string)
-                .collect();
-            if outer.is_empty() {
-                continue;
-            }
-            let rename = |name: &mut String| {
-                if outer.contains(name.as_str()) {
-                    *name = renamed[name.as_str()].clone();
-                }
-            };
             for inner in &mut subgraph.node {
                 inner.input.iter_mut().for_each(rename);
-                let deeper: HashMap<String, String> = outer
-                    .iter()
-                    .map(|n| (n.clone(), renamed[n].clone()))
-                    .collect();
-                rename_outer_reads(inner, &deeper);
+                rename_outer_reads(inner, renamed);
             }
-            for output in &mut subgraph.output {
-                rename(&mut output.name);
-            }
+            subgraph.output.iter_mut().for_each(|o| rename(&mut o.name));
         }
     }
 }

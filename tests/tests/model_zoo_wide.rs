@@ -91,6 +91,11 @@ fn push(
             bytes,
         )
         .expect("push");
+    settle(cloud, name, code, view)
+}
+
+/// A push's answer, then the model's view until its build ends.
+fn settle(cloud: &Cloud, name: &str, code: u16, view: Value) -> (u16, Value) {
     if code != 202 {
         return (code, view);
     }
@@ -107,6 +112,77 @@ fn push(
             Some("ready") => return (201, view),
             _ => return (400, view),
         }
+    }
+}
+
+/// The answers of the deployment at `url` to every case, or why one failed.
+fn answer_cases(agent: &Http, url: &str, all: &[Value]) -> Result<Vec<Value>, String> {
+    let mut answers = Vec::new();
+    for (k, case) in all.iter().enumerate() {
+        let bytes = serde_json::to_vec(&json!({"inputs": case["inputs"]})).expect("json");
+        match agent.raw("POST", url, &bytes) {
+            Ok((200, reply)) => answers.push(reply["outputs"].clone()),
+            Ok((code, reply)) => return Err(format!("case {k} answered {code}: {reply}")),
+            Err(error) => return Err(format!("case {k} failed: {error:#}")),
+        }
+    }
+    Ok(answers)
+}
+
+/// `zoo_task.py` on these answers: whether every case's task answer is onnxruntime's,
+/// and what it printed.
+fn task_agrees(
+    dir: &std::path::Path,
+    scratch: &std::path::Path,
+    tag: &str,
+    answers: &[Value],
+) -> (bool, String) {
+    let answers_file = scratch.join(format!("{tag}.answers.json"));
+    std::fs::write(&answers_file, serde_json::to_vec(answers).expect("json")).expect("write");
+    let checked = std::process::Command::new(venv_python())
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../shared/models/registry/zoo_task.py"
+        ))
+        .arg(dir.join("cases.json"))
+        .arg(&answers_file)
+        .output()
+        .expect("run zoo_task.py");
+    (
+        checked.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&checked.stdout),
+            String::from_utf8_lossy(&checked.stderr)
+        ),
+    )
+}
+
+/// The `--accept` rules a detector's task names: the same candidates above its score
+/// threshold, with the same class, on its class-score outputs.
+fn detection_rules(task: &Value) -> Vec<String> {
+    let score = task["score_threshold"].as_f64().unwrap_or(0.5);
+    let outputs: Vec<&str> = task["outputs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    match task["layout"].as_str() {
+        // [1, 4 box values + classes, candidates].
+        Some("yolov8") => vec![format!(
+            "{}=detections:score={score},axis=1,from=4",
+            outputs[0]
+        )],
+        // One [1, candidates, classes] score output per stride, then the box outputs.
+        Some("picodet") => {
+            let strides = task["strides"].as_array().map_or(0, Vec::len);
+            outputs[..strides]
+                .iter()
+                .map(|o| format!("{o}=detections:score={score}"))
+                .collect()
+        }
+        _ => Vec::new(),
     }
 }
 
@@ -148,14 +224,14 @@ fn suggested(report: &Value) -> Vec<String> {
     found
 }
 
-#[test]
-fn every_zoo_model_pushed_as_shipped_answers_as_onnxruntime_does() {
-    // ZOO_ONLY=a,b runs only those (for working on one model).
+/// The zoo models among `names` whose files are prepared (in CI a missing one fails),
+/// only those in `ZOO_ONLY=a,b` when it is set (for working on one model).
+fn present<'a>(names: &[&'a str]) -> Vec<(&'a str, PathBuf)> {
     let only: Option<Vec<String>> = std::env::var("ZOO_ONLY")
         .ok()
         .map(|v| v.split(',').map(str::to_string).collect());
-    let mut present = Vec::new();
-    for (name, refused) in WIDE {
+    let mut found = Vec::new();
+    for name in names {
         if only.as_ref().is_some_and(|o| !o.iter().any(|n| n == name)) {
             continue;
         }
@@ -164,21 +240,40 @@ fn every_zoo_model_pushed_as_shipped_answers_as_onnxruntime_does() {
             &format!("the wider model zoo's {name} (target/models/zoo)"),
             dir.join("cases.json").is_file() && dir.join("model.onnx").is_file(),
         ) {
-            present.push((*name, *refused, dir));
+            found.push((*name, dir));
         }
     }
-    if present.is_empty() {
-        return;
-    }
-    let cloud = Cloud::start("zoo-wide").expect("cloud");
+    found
+}
+
+/// A control plane and one edge agent labelled `site=SITE`.
+fn cloud_and_agent(tag: &str, site: &str) -> (Cloud, Edge) {
+    let cloud = Cloud::start(tag).expect("cloud");
     let edge = Edge::start(
         &cloud,
-        "zoo-1",
+        &format!("{tag}-1"),
         "eu-west",
-        &["--profile", "rpi5-8gb", "--label", "site=zoo"],
+        &["--profile", "rpi5-8gb", "--label", &format!("site={site}")],
         &[],
     )
     .expect("edge agent");
+    (cloud, edge)
+}
+
+#[test]
+fn every_zoo_model_pushed_as_shipped_answers_as_onnxruntime_does() {
+    let names: Vec<&str> = WIDE.iter().map(|(name, _)| *name).collect();
+    let present: Vec<(&str, Option<&str>, PathBuf)> = present(&names)
+        .into_iter()
+        .map(|(name, dir)| {
+            let refused = WIDE.iter().find(|(n, _)| *n == name).and_then(|(_, r)| *r);
+            (name, refused, dir)
+        })
+        .collect();
+    if present.is_empty() {
+        return;
+    }
+    let (cloud, edge) = cloud_and_agent("zoo-wide", "zoo");
     let agent = Http::new(None);
     let scratch = temp_dir("zoo-wide");
     let mut summary = Vec::new();
@@ -260,20 +355,7 @@ fn every_zoo_model_pushed_as_shipped_answers_as_onnxruntime_does() {
 
         // Deployed on the agent; every case answered under the file's output names.
         let deployment = name.replace('.', "-");
-        cloud
-            .post(
-                "/v1/deployments",
-                &json!({"name": deployment, "model": name, "variant": "full",
-                        "selector": "site=zoo", "offload": false, "slo_ms": 20000}),
-            )
-            .expect("deploy");
-        cloud
-            .wait_for(
-                &format!("/v1/deployments/{deployment}"),
-                &format!("{deployment} ready on the edge"),
-                |v| v["ready_devices"] == 1,
-            )
-            .expect("ready");
+        deploy(&cloud, (name, "full"), &deployment, "zoo");
         let session = cases["session"].as_bool().unwrap_or(false);
         let tolerance = cases["tolerance"].as_f64().expect("tolerance");
         let url = format!("{}/v1/infer/{deployment}", edge.endpoint);
@@ -358,22 +440,10 @@ fn every_zoo_model_pushed_as_shipped_answers_as_onnxruntime_does() {
             continue;
         }
         // The task's answer from nephele's outputs is onnxruntime's.
-        let answers_file = scratch.join(format!("{name}.answers.json"));
-        std::fs::write(&answers_file, serde_json::to_vec(&answers).expect("json")).expect("write");
-        let checked = std::process::Command::new(venv_python())
-            .arg(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../shared/models/registry/zoo_task.py"
-            ))
-            .arg(dir.join("cases.json"))
-            .arg(&answers_file)
-            .output()
-            .expect("run zoo_task.py");
-        let said = String::from_utf8_lossy(&checked.stdout).to_string();
+        let (agrees, said) = task_agrees(&dir, &scratch, name, &answers);
         assert!(
-            checked.status.success(),
-            "{name}: the task's answer differs from onnxruntime's:\n{said}{}",
-            String::from_utf8_lossy(&checked.stderr)
+            agrees,
+            "{name}: the task's answer differs from onnxruntime's:\n{said}"
         );
         summary.push(format!(
             "{name}: {} case(s){}, worst diff {:.0}% of its tolerance, task '{}' the same on every case; variants [{}]{}",
@@ -392,7 +462,10 @@ fn every_zoo_model_pushed_as_shipped_answers_as_onnxruntime_does() {
     }
 
     // The earlier models: inspect agrees with a push of the same flags.
-    for (name, path) in EARLIER.iter().filter(|_| only.is_none()) {
+    for (name, path) in EARLIER
+        .iter()
+        .filter(|_| std::env::var("ZOO_ONLY").is_err())
+    {
         let file = PathBuf::from(MODELS).join(path);
         let cases_file = PathBuf::from(MODELS)
             .join("zoo")
@@ -424,4 +497,173 @@ fn every_zoo_model_pushed_as_shipped_answers_as_onnxruntime_does() {
     }
     println!("wider model zoo:\n  {}", summary.join("\n  "));
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Task-level acceptance (`--accept`): the zoo's detectors pushed with their cases as
+/// validation rows and a detections rule on their class scores. int8 is judged on the
+/// candidates above the score threshold and their classes (keeping weights in f32 until
+/// that holds, or refused saying so); where it ships, the task's answer from int8's
+/// outputs on the agent is onnxruntime's. (Measured on the cases it is then checked on:
+/// this checks that the rule is what decides, not how well it generalises.)
+#[test]
+fn a_detector_ships_int8_only_where_its_detections_agree() {
+    let present = present(&["nudenet-320n", "layout-cdla"]);
+    if present.is_empty() {
+        return;
+    }
+    let (cloud, edge) = cloud_and_agent("zoo-accept", "accept");
+    let agent = Http::new(None);
+    let scratch = temp_dir("zoo-accept");
+    let mut summary = Vec::new();
+    for (name, dir) in present {
+        let bytes = std::fs::read(dir.join("model.onnx")).expect("model");
+        let cases: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("cases.json")).expect("cases"))
+                .expect("cases.json is JSON");
+        let rules = detection_rules(&cases["task"]);
+        assert!(
+            !rules.is_empty(),
+            "{name}: no detections rule for {}",
+            cases["task"]
+        );
+        let all = cases["cases"].as_array().expect("cases");
+        // A one-tensor model takes flat rows; others typed requests.
+        let one_tensor = all[0]["inputs"].as_object().map_or(0, |o| o.len()) == 1
+            && all[0]["outputs"].as_object().map_or(0, |o| o.len()) == 1;
+        let validation = if one_tensor {
+            json!({"rows": all.iter().map(|c| {
+                c["inputs"].as_object().and_then(|o| o.values().next()).map(|t| t["data"].clone())
+            }).collect::<Vec<_>>()})
+        } else {
+            json!({"typed_rows": all.iter().map(|c| c["inputs"].clone()).collect::<Vec<_>>()})
+        };
+        use base64::Engine as _;
+        let mut body = json!({
+            "onnx_base64": base64::engine::general_purpose::STANDARD.encode(&bytes),
+            "validation": validation,
+            "inputs": flags(&cases, "inputs"),
+        });
+        // The same rows under the default rule first, to compare.
+        let int8_of = |pushed: &str, body: &Value| -> Value {
+            let (code, view) = cloud
+                .client()
+                .raw_json("PUT", &format!("{}/v1/models/{pushed}", cloud.api), body)
+                .expect("push");
+            let (code, view) = settle(&cloud, pushed, code, view);
+            assert_eq!(code, 201, "{name}: push {}: {view}", body["accept"]);
+            view["variants"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|v| v["name"] == "int8")
+                .cloned()
+                .unwrap_or_else(|| panic!("{name}: no int8 variant: {view}"))
+        };
+        let by_cosine = int8_of(&format!("{name}-cosine"), &body);
+        let default_said = by_cosine["accepted_on"].as_str().unwrap_or("");
+        assert!(
+            default_said.contains("min cosine"),
+            "{name}: the default rule is not recorded: {by_cosine}"
+        );
+        let mut default_outcome = format!(
+            "on the same rows under the default rule (min cosine {:.5}) int8 {}",
+            by_cosine["min_cosine"].as_f64().unwrap_or(f64::NAN),
+            by_cosine["status"].as_str().unwrap_or("?"),
+        );
+        if by_cosine["status"] == "shipped" {
+            // What that int8 answers: reported, not asserted (the default rule's miss
+            // is what the task rule is for).
+            let (agrees, said) = deploy_and_check(
+                &cloud,
+                &agent,
+                &edge,
+                (&format!("{name}-cosine"), &format!("{name}-cos8")),
+                (&dir, &scratch, all),
+            );
+            let differ = said.lines().filter(|l| l.contains("DIFFERENT")).count();
+            default_outcome += &if agrees {
+                " and its detections are onnxruntime's on every case".to_string()
+            } else {
+                format!(
+                    " and its detections differ from onnxruntime's on {differ} of {} cases",
+                    all.len()
+                )
+            };
+        }
+        body["accept"] = json!(rules);
+        let pushed = format!("{name}-accept");
+        let int8 = int8_of(&pushed, &body);
+        let judged = int8["accepted_on"].as_str().unwrap_or("");
+        assert!(
+            judged.contains("detections ≥"),
+            "{name}: int8 not judged on its detections: {int8}"
+        );
+        if int8["status"] != "shipped" {
+            let why = int8["reason"].as_str().unwrap_or("");
+            assert!(
+                why.contains("detections") || why.contains("could not"),
+                "{name}: {int8}"
+            );
+            summary.push(format!(
+                "{name}: {default_outcome}; under {rules:?} int8 refused: {why}"
+            ));
+            continue;
+        }
+        let (agrees, said) = deploy_and_check(
+            &cloud,
+            &agent,
+            &edge,
+            (&pushed, &format!("{name}-int8")),
+            (&dir, &scratch, all),
+        );
+        assert!(
+            agrees,
+            "{name}: int8 shipped on {judged} but its detections differ from onnxruntime's:\n{said}"
+        );
+        summary.push(format!(
+            "{name}: {default_outcome}; under {rules:?} int8 ({}, {} bytes{}) shipped on: {judged}; detections the same on every case",
+            int8["precision"].as_str().unwrap_or("?"),
+            int8["size"],
+            int8["note"]
+                .as_str()
+                .map(|n| format!("; {n}"))
+                .unwrap_or_default(),
+        ));
+    }
+    println!("task-level acceptance:\n  {}", summary.join("\n  "));
+}
+
+/// Deploys `model`'s int8 as `deployment` on the agent, answers every case, removes it,
+/// and says whether the task's answers are onnxruntime's (and what `zoo_task.py` printed).
+fn deploy_and_check(
+    cloud: &Cloud,
+    agent: &Http,
+    edge: &Edge,
+    (model, deployment): (&str, &str),
+    (dir, scratch, all): (&std::path::Path, &std::path::Path, &[Value]),
+) -> (bool, String) {
+    deploy(cloud, (model, "int8"), deployment, "accept");
+    let url = format!("{}/v1/infer/{deployment}", edge.endpoint);
+    let answers = answer_cases(agent, &url, all).unwrap_or_else(|e| panic!("{deployment}: {e}"));
+    let _ = cloud.delete(&format!("/v1/deployments/{deployment}"));
+    task_agrees(dir, scratch, deployment, &answers)
+}
+
+/// Deploys `model`'s `variant` as `deployment` on the agent labelled `site=SITE`, without
+/// offload, and waits until it is ready there.
+fn deploy(cloud: &Cloud, (model, variant): (&str, &str), deployment: &str, site: &str) {
+    cloud
+        .post(
+            "/v1/deployments",
+            &json!({"name": deployment, "model": model, "variant": variant,
+                    "selector": format!("site={site}"), "offload": false, "slo_ms": 20000}),
+        )
+        .expect("deploy");
+    cloud
+        .wait_for(
+            &format!("/v1/deployments/{deployment}"),
+            &format!("{deployment} ready on the edge"),
+            |v| v["ready_devices"] == 1,
+        )
+        .expect("ready");
 }

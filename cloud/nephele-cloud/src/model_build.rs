@@ -7,7 +7,9 @@
 //! BERT sentence encoder run by candle, `{"bert": {"safetensors_base64": "...",
 //! "config": {...config.json...}, "sequence": 128}, "validation": {"rows": [[token ids as
 //! f32, ...]]}}`. Query parameters: `input=NAME=DIMS[:DTYPE][=VALUE]` (repeatable; see
-//! `nephele_runtime::input_spec`) and `wait=true` (answer when built).
+//! `nephele_runtime::input_spec`), `accept=[OUTPUT=]RULE` (repeatable: what a variant's
+//! outputs are judged on, see `nephele_runtime::acceptance`) and `wait=true` (answer
+//! when built).
 //!
 //! Checked before answering (400 at once): the body's form, the input specs, that the
 //! file is an ONNX protobuf with a graph, and that the specs apply to it. Everything
@@ -51,6 +53,8 @@ pub struct Push {
     pub input_specs: Vec<nephele_runtime::input_spec::InputSpec>,
     /// Recurrent state, `--state INPUT=OUTPUT` (checked against the model in the build).
     pub state: Vec<nephele_proto::StateBinding>,
+    /// What the variants' outputs are judged on (`--accept`; empty: the default rule).
+    pub accept: Vec<nephele_runtime::acceptance::Accept>,
     pub wait: bool,
     /// The tenant it is pushed for: set by the API from the token (an admin may name
     /// one with `tenant=`); pushes kept from before tenants are `default`'s.
@@ -84,6 +88,8 @@ struct ModelUpload {
     inputs: Vec<String>,
     #[serde(default)]
     state: Vec<String>,
+    #[serde(default)]
+    accept: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -155,6 +161,7 @@ pub fn parse_push(
     let mut wait = false;
     let mut spec_texts = Vec::new();
     let mut state_texts = Vec::new();
+    let mut accept_texts = Vec::new();
     let mut tenant = crate::store::default_tenant();
     for (key, value) in query {
         match key.as_str() {
@@ -167,10 +174,11 @@ pub fn parse_push(
             }
             "input" => spec_texts.push(value.clone()),
             "state" => state_texts.push(value.clone()),
+            "accept" => accept_texts.push(value.clone()),
             "tenant" => tenant = value.clone(),
             other => {
                 return Err(bad(format!(
-                    "unknown query parameter {other:?}; a push takes input=NAME=DIMS[:DTYPE][=VALUE] and state=INPUT=OUTPUT (both repeatable), wait=true and (admins) tenant=NAME"
+                    "unknown query parameter {other:?}; a push takes input=NAME=DIMS[:DTYPE][=VALUE], state=INPUT=OUTPUT and accept=[OUTPUT=]RULE (all repeatable), wait=true and (admins) tenant=NAME"
                 )))
             }
         }
@@ -188,6 +196,7 @@ pub fn parse_push(
         })?;
         spec_texts.extend(upload.inputs);
         state_texts.extend(upload.state);
+        accept_texts.extend(upload.accept);
         use base64::Engine as _;
         let decode = |field: &str, text: &str| {
             base64::engine::general_purpose::STANDARD
@@ -231,11 +240,16 @@ pub fn parse_push(
     if matches!(source, Source::Bert { .. }) && !state.is_empty() {
         return Err(bad("a BERT upload has no recurrent state".into()));
     }
+    let accept = accept_texts
+        .iter()
+        .map(|t| t.parse().map_err(bad))
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(Push {
         source,
         validation,
         input_specs,
         state,
+        accept,
         wait,
         tenant,
     })
@@ -289,6 +303,7 @@ pub async fn start(
         validation,
         input_specs,
         state,
+        accept,
         tenant,
         ..
     } = push;
@@ -399,9 +414,12 @@ pub async fn start(
                 build(
                     &thread_name,
                     source,
-                    validation,
-                    spec_texts,
-                    state,
+                    Asked {
+                        validation,
+                        input_specs: spec_texts,
+                        state,
+                        accept,
+                    },
                     &blob_dir,
                     &mut report,
                 )
@@ -439,14 +457,25 @@ pub async fn start(
     })
 }
 
+/// What a push asks of its build besides the file.
+struct Asked {
+    validation: Option<ValidationUpload>,
+    input_specs: Vec<String>,
+    state: Vec<nephele_proto::StateBinding>,
+    accept: Vec<nephele_runtime::acceptance::Accept>,
+}
+
 /// Loads the model with the agents' runtime, derives and measures its variants, and
 /// writes their files; returns what the federation actor stores, or why it failed.
 fn build(
     name: &str,
     source: Source,
-    validation: Option<ValidationUpload>,
-    input_specs: Vec<String>,
-    state: Vec<nephele_proto::StateBinding>,
+    Asked {
+        validation,
+        input_specs,
+        state,
+        accept,
+    }: Asked,
     blob_dir: &std::path::Path,
     progress: &mut dyn FnMut(nephele_runtime::variants::BuildProgress),
 ) -> Result<PutModel, String> {
@@ -465,10 +494,11 @@ fn build(
                         name,
                         bytes,
                         graph,
-                        BuildGraph {
+                        Asked {
                             input_specs,
                             state,
                             validation,
+                            accept,
                         },
                         blob_dir,
                         progress,
@@ -495,7 +525,7 @@ fn build(
             };
             rows_sha256 = labelled_rows_sha256(&set);
             let variants = nephele_runtime::variants::build_variants_observed(
-                name, &bytes, &set, None, true, progress,
+                name, &bytes, &set, None, true, &accept, progress,
             )
             .map_err(text)?;
             (
@@ -532,6 +562,7 @@ fn build(
                 &config,
                 sequence,
                 &set,
+                &accept,
             )
             .map_err(text)?;
             let full = variants
@@ -594,13 +625,6 @@ fn store_files(
     Ok(())
 }
 
-/// What a typed model's build takes from the push.
-struct BuildGraph {
-    input_specs: Vec<String>,
-    state: Vec<nephele_proto::StateBinding>,
-    validation: Option<ValidationUpload>,
-}
-
 /// A model with several typed inputs and outputs ([`nephele_runtime::graph_model`]),
 /// checked to run on zeros by `load_prepared`: with `full` and an `int8` measured against it on synthetic
 /// typed rows ([`nephele_runtime::graph_variants`]), manifest format `onnx-graph`.
@@ -609,11 +633,12 @@ fn build_graph(
     name: &str,
     bytes: Vec<u8>,
     graph: nephele_runtime::graph_model::GraphModel,
-    BuildGraph {
+    Asked {
         input_specs,
         state,
         validation,
-    }: BuildGraph,
+        accept,
+    }: Asked,
     blob_dir: &std::path::Path,
     progress: &mut dyn FnMut(nephele_runtime::variants::BuildProgress),
 ) -> Result<PutModel, String> {
@@ -671,7 +696,7 @@ fn build_graph(
             .map(|b| (b.input.clone(), b.output.clone()))
             .collect();
         nephele_runtime::graph_variants::build_graph_variants(
-            name, &bytes, &graph, &rows, &bindings, synthetic,
+            name, &bytes, &graph, &rows, &bindings, synthetic, &accept,
         )
         .map_err(|e| e.to_string())?
     };
@@ -745,4 +770,56 @@ fn synthetic_validation(
     synthetic_rows(row_len.max(0) as usize, |_, state| {
         (state >> 40) as f32 / (1u64 << 24) as f32
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn query(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn accept_rules_come_from_the_query_and_the_json_body() {
+        let push = parse_push(
+            &query(&[("accept", "logits=argmax"), ("accept", "topk:5")]),
+            false,
+            b"onnx bytes",
+        )
+        .expect("parsed");
+        let rules: Vec<String> = push.accept.iter().map(|a| a.to_string()).collect();
+        assert_eq!(
+            rules,
+            [
+                "logits=argmax:min=0.99,axis=-1,from=0",
+                "topk:k=5,min=0.99,axis=-1,from=0"
+            ]
+        );
+        let body = serde_json::json!({"onnx_base64": "AAAA", "accept": ["detections:0.4"]});
+        let push = parse_push(&[], true, body.to_string().as_bytes()).expect("parsed");
+        assert_eq!(push.accept.len(), 1);
+    }
+
+    #[test]
+    fn a_bad_accept_rule_is_refused_naming_it_before_anything_is_built() {
+        for rule in ["median", "topk:k=0", "argmax:min=2"] {
+            match parse_push(&query(&[("accept", rule)]), false, b"onnx bytes") {
+                Err(ApiError::BadRequest(why)) => {
+                    assert!(why.contains(rule), "{rule}: {why}");
+                    assert!(
+                        why.contains("give [OUTPUT=]KIND")
+                            || why.contains("k=1")
+                            || why.contains("(0, 1]"),
+                        "{why}"
+                    );
+                }
+                Err(other) => panic!("{rule}: {other}"),
+                Ok(_) => panic!("{rule}: accepted"),
+            }
+        }
+    }
 }

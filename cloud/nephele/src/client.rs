@@ -528,6 +528,12 @@ pub enum ModelCommand {
         /// streaming client sends only its new chunk (`--state state=stateN`).
         #[arg(long = "state", value_name = "INPUT=OUTPUT")]
         state: Vec<String>,
+        /// What a variant's outputs must keep of full's to ship (repeatable, per output
+        /// with `OUTPUT=`): `cosine:0.99` (the default), `argmax` (the same class at 99%
+        /// of positions), `topk:5`, `detections:score=0.5,axis=1,from=4` (the same
+        /// candidates above the score, with the same class, on 99% of rows).
+        #[arg(long = "accept", value_name = "[OUTPUT=]RULE")]
+        accept: Vec<String>,
         /// Return once uploaded, while the variants are still being built (see `model get`).
         #[arg(long)]
         no_wait: bool,
@@ -913,6 +919,9 @@ fn print_variants(model: &ModelView) {
             number(v.accuracy_pct, 1.0, 2),
             number(v.min_cosine, 1.0, 5),
         );
+        if let Some(judged) = v.accepted_on.as_deref().filter(|_| v.rejected.is_none()) {
+            println!("  {:<22} judged on: {judged}", "");
+        }
     }
 }
 
@@ -1089,12 +1098,17 @@ pub fn model(args: ApiArgs, command: ModelCommand) -> Result<()> {
             validation,
             inputs,
             state,
+            accept,
             no_wait,
         } => {
             // Checked here first, so a typo costs no upload.
             for text in &inputs {
                 text.parse::<nephele_runtime::input_spec::InputSpec>()
                     .map_err(anyhow::Error::msg)?;
+            }
+            for text in &accept {
+                text.parse::<nephele_runtime::acceptance::Accept>()
+                    .map_err(|e| anyhow::anyhow!("--accept: {e}"))?;
             }
             for text in &state {
                 if text.split_once('=').is_none_or(|(i, o)| {
@@ -1109,6 +1123,7 @@ pub fn model(args: ApiArgs, command: ModelCommand) -> Result<()> {
                 .iter()
                 .map(|t| format!("input={}", query_value(t)))
                 .chain(state.iter().map(|t| format!("state={}", query_value(t))))
+                .chain(accept.iter().map(|t| format!("accept={}", query_value(t))))
                 .collect();
             let path = if query.is_empty() {
                 format!("/v1/models/{name}")

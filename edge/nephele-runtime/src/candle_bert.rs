@@ -659,6 +659,7 @@ mod tests {
                 rows: rows.clone(),
                 labels: None,
             },
+            &[],
         )
         .unwrap();
         let names: Vec<&str> = set.variants.iter().map(|v| v.name.as_str()).collect();

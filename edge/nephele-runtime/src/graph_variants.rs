@@ -1,8 +1,10 @@
 //! Variants of models with several typed inputs and outputs ([`crate::graph_model`]):
 //! `full`, and `int8` (weights stored as int8 with per-channel scales, by the same
 //! rewrite as for one-input models, [`crate::onnx_edit::OnnxGraph::quantize_weights_int8`]),
-//! measured against `full` on typed rows under the same rule (min cosine ≥
-//! [`crate::variants::MIN_INT8_COSINE`]). Split variants of typed models are not built.
+//! measured against `full` on typed rows under the push's acceptance rules, output by
+//! output ([`crate::acceptance`]; by default min cosine ≥
+//! [`crate::variants::MIN_INT8_COSINE`] over the float outputs together). Split variants
+//! of typed models are not built.
 //!
 //! The rows are synthetic unless the push brings some: floats uniform in [0, 1),
 //! integers uniform in 0..=255 (bytes, small token ids), booleans half true, from a
@@ -12,6 +14,7 @@
 
 use std::collections::HashMap;
 
+use crate::acceptance::{Accept, Values, Verdict};
 use crate::graph_model::{GraphModel, NamedTensor};
 use crate::onnx_edit::OnnxGraph;
 use crate::variants::{agreement, BuiltVariant, VariantSet, MIN_INT8_COSINE};
@@ -70,11 +73,47 @@ fn float_outputs(model: &GraphModel) -> impl Iterator<Item = &str> {
 }
 
 /// Every float output of one answer, in the model's output order, as one vector (what
-/// the cosine rule compares).
+/// the view's min cosine compares).
 fn flat_outputs(model: &GraphModel, answer: &HashMap<String, NamedTensor>) -> Vec<f32> {
+    flatten(&float_answer(model, answer))
+}
+
+fn flatten(answer: &FloatAnswer) -> Vec<f32> {
+    answer
+        .iter()
+        .flat_map(|(_, _, d)| d.iter().copied())
+        .collect()
+}
+
+/// One answer's float outputs, in the model's output order: name, shape and values.
+type FloatAnswer = Vec<(String, Vec<usize>, Vec<f32>)>;
+
+fn float_answer(model: &GraphModel, answer: &HashMap<String, NamedTensor>) -> FloatAnswer {
     float_outputs(model)
-        .filter_map(|name| answer.get(name))
-        .flat_map(|t| t.data.iter().map(|v| *v as f32))
+        .filter_map(|name| {
+            answer.get(name).map(|t| {
+                (
+                    name.to_string(),
+                    t.shape.clone(),
+                    t.data.iter().map(|v| *v as f32).collect(),
+                )
+            })
+        })
+        .collect()
+}
+
+/// `candidate` judged against `reference` by `accept`, output by output.
+fn judge(accept: &[Accept], reference: &[FloatAnswer], candidate: &[FloatAnswer]) -> Verdict {
+    crate::acceptance::judge(accept, &borrowed(reference), &borrowed(candidate))
+}
+
+fn borrowed(rows: &[FloatAnswer]) -> Vec<Vec<Values<'_>>> {
+    rows.iter()
+        .map(|row| {
+            row.iter()
+                .map(|(name, shape, data)| Values { name, shape, data })
+                .collect()
+        })
         .collect()
 }
 
@@ -87,6 +126,9 @@ fn flat_outputs(model: &GraphModel, answer: &HashMap<String, NamedTensor>) -> Ve
 /// step, must also agree over a session's stream of the rows, and is not tried at all
 /// on `synthetic` rows, on which a stream says little (silero-vad's compute form
 /// agrees at 0.998 over a stream of synthetic noise and at 0.78 over speech).
+///
+/// `accept` names the rules int8 is judged by ([`crate::acceptance`]; empty: the
+/// default); a rule naming an output the model lacks is an error.
 pub fn build_graph_variants(
     name: &str,
     full: &[u8],
@@ -94,14 +136,19 @@ pub fn build_graph_variants(
     rows: &[HashMap<String, NamedTensor>],
     state: &[(String, String)],
     synthetic: bool,
+    accept: &[Accept],
 ) -> Result<VariantSet, RuntimeError> {
+    let floats: Vec<&str> = float_outputs(model).collect();
+    crate::acceptance::check_outputs(name, accept, &floats)?;
     let mut used = Vec::new();
     let mut reference = Vec::new();
+    let mut answers = Vec::new();
     let mut first_error = None;
     for row in rows {
         match model.run(row) {
             Ok(answer) => {
                 reference.push(flat_outputs(model, &answer));
+                answers.push(float_answer(model, &answer));
                 used.push(row);
             }
             Err(error) => {
@@ -129,23 +176,27 @@ pub fn build_graph_variants(
         crate::mixed_precision::quantize_until_it_agrees(&graph, |bytes| {
             // Measured as the agent runs it.
             let quantized = GraphModel::load(&format!("{name}/int8"), bytes)?;
-            let outputs = used
+            let got = used
                 .iter()
-                .map(|row| quantized.run(row).map(|a| flat_outputs(&quantized, &a)))
+                .map(|row| quantized.run(row).map(|a| float_answer(&quantized, &a)))
                 .collect::<Result<Vec<_>, _>>()?;
+            let outputs: Vec<Vec<f32>> = got.iter().map(flatten).collect();
             let measured = agreement(&reference, &outputs);
-            Ok((measured.min_cosine >= MIN_INT8_COSINE, measured))
+            let verdict = judge(accept, &answers, &got);
+            Ok((verdict.passes(), (measured, verdict)))
         })
     });
     match built {
         Err(error) => int8.rejected = Some(format!("could not be built: {error}")),
         Ok(tried) => {
             let mut report = tried.report;
-            int8.agreement = Some(tried.measured);
+            let (measured, verdict) = tried.measured;
+            int8.agreement = Some(measured);
+            int8.accepted_on = Some(verdict.summary());
             int8.rejected = if reference.iter().all(|r| r.is_empty()) {
                 Some("the model has no float output to compare".into())
             } else {
-                crate::variants::int8_refusal(&report, &tried.measured, 0.0, tried.tries)
+                crate::variants::int8_refusal(&report, &verdict, 0.0, tried.tries)
             };
             int8.files = vec![tried.bytes];
             if int8.rejected.is_none() {
@@ -162,12 +213,21 @@ pub fn build_graph_variants(
                         reason: "int8 compute: not tried for a model with recurrent state measured on synthetic rows only (activation rounding compounds through the state over a session; push validation.typed_rows of real inputs to measure it); int8 storage only".into(),
                     })
                 } else {
-                    try_compute(name, &int8.files[0], &rows, &reference, model, state)
+                    try_compute(
+                        name,
+                        &int8.files[0],
+                        &rows,
+                        (&reference, &answers),
+                        model,
+                        state,
+                        accept,
+                    )
                 };
-                if let Some((compute, measured)) = compute {
+                if let Some((compute, (measured, verdict))) = compute {
                     int8.files = vec![compute];
                     int8.precision = "int8-compute".into();
                     int8.agreement = Some(measured);
+                    int8.accepted_on = Some(verdict.summary());
                 }
                 report.compute = Some(tried_compute);
             }
@@ -181,19 +241,20 @@ pub fn build_graph_variants(
     })
 }
 
+/// A compute-form file chosen to ship, with its agreement and verdict.
+type ComputeForm = (Vec<u8>, (crate::variants::Agreement, Verdict));
+
 /// The int8 compute form of a typed model's int8-storage file, timed and measured as
 /// the agent runs it ([`crate::int8_compute::choose`]).
 fn try_compute(
     name: &str,
     storage: &[u8],
     rows: &[HashMap<String, NamedTensor>],
-    reference: &[Vec<f32>],
+    (reference, answers): (&[Vec<f32>], &[FloatAnswer]),
     full: &GraphModel,
     state: &[(String, String)],
-) -> (
-    Option<(Vec<u8>, crate::variants::Agreement)>,
-    crate::int8_compute::ComputeReport,
-) {
+    accept: &[Accept],
+) -> (Option<ComputeForm>, crate::int8_compute::ComputeReport) {
     let mut measured = None;
     let (file, report) = crate::int8_compute::choose(
         name,
@@ -206,20 +267,31 @@ fn try_compute(
         },
         |bytes| {
             let model = GraphModel::load(&format!("{name}/int8"), bytes)?;
-            let outputs = rows
+            let got = rows
                 .iter()
-                .map(|row| model.run(row).map(|a| flat_outputs(&model, &a)))
+                .map(|row| model.run(row).map(|a| float_answer(&model, &a)))
                 .collect::<Result<Vec<_>, _>>()?;
+            let outputs: Vec<Vec<f32>> = got.iter().map(flatten).collect();
             let mut agreed = agreement(reference, &outputs);
+            let mut verdict = judge(accept, answers, &got);
             if !state.is_empty() {
                 // A session's stream: each step's state comes from the step before.
                 let want = session_stream(full, rows, state)?;
                 let got = session_stream(&model, rows, state)?;
                 let streamed = agreement(&want, &got);
                 agreed.min_cosine = agreed.min_cosine.min(streamed.min_cosine);
+                verdict.parts.push(crate::acceptance::Part {
+                    passes: streamed.min_cosine >= MIN_INT8_COSINE,
+                    text: format!(
+                        "min cosine {:.4} over a session's stream of {} steps (rule ≥ {MIN_INT8_COSINE})",
+                        streamed.min_cosine,
+                        rows.len()
+                    ),
+                });
             }
-            measured = Some(agreed);
-            Ok((agreed.min_cosine >= MIN_INT8_COSINE, agreed.min_cosine))
+            let passes = verdict.passes();
+            measured = Some((agreed, verdict));
+            Ok((passes, agreed.min_cosine))
         },
     );
     (file.zip(measured), report)
@@ -279,7 +351,8 @@ mod tests {
         assert!(rows[0]["scale"].data.iter().all(|v| (0.0..1.0).contains(v)));
         // Same seed, same rows.
         assert_eq!(rows, synthetic_rows(&model, 4));
-        let set = build_graph_variants("typed", &bytes, &model, &rows, &[], true).expect("built");
+        let set =
+            build_graph_variants("typed", &bytes, &model, &rows, &[], true, &[]).expect("built");
         assert_eq!(set.variants.len(), 2);
         let int8 = &set.variants[1];
         // The fixture's weights are too small to quantize: refused, saying so.

@@ -20,6 +20,7 @@ use std::sync::Arc;
 
 use tract_onnx::prelude::*;
 
+pub mod acceptance;
 pub mod bench;
 #[cfg(feature = "candle")]
 pub mod candle_bert;

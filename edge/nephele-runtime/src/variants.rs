@@ -4,7 +4,7 @@
 //! | variant            | how it is made                             | ships only if                                   |
 //! |--------------------|--------------------------------------------|-------------------------------------------------|
 //! | `full`             | the pushed file                            | it loads                                        |
-//! | `int8`             | int8 weights, per-channel scales           | min cosine to fp32 ≥ 0.99 and accuracy drop ≤ 0.5 points (when labelled) |
+//! | `int8`             | int8 weights, per-channel scales           | its outputs pass the push's rules ([`crate::acceptance`]: min cosine to fp32 ≥ 0.99 unless `--accept` names another) and accuracy drop ≤ 0.5 points (when labelled) |
 //! | `split@<tensor>`   | head/tail pair at a single-tensor cut      | head→tail equals full within [`SPLIT_TOLERANCE`] on every row |
 //!
 //! Each variant records its size, its measured agreement and, for splits, what the
@@ -15,6 +15,7 @@ use tract_onnx::prelude::*;
 
 use std::collections::HashMap;
 
+use crate::acceptance::{Accept, Values, Verdict};
 use crate::graph_model::NamedTensor;
 use crate::onnx_edit::{OnnxGraph, QuantizationReport};
 use crate::{Model, RuntimeError};
@@ -25,7 +26,7 @@ use crate::{Model, RuntimeError};
 pub const SPLIT_TOLERANCE: f32 = 1e-4;
 /// An int8 variant ships only when every validation row's output has at least this
 /// cosine similarity with fp32's…
-pub const MIN_INT8_COSINE: f64 = 0.99;
+pub const MIN_INT8_COSINE: f64 = crate::acceptance::DEFAULT_MIN_COSINE;
 /// …and, for labelled data, it loses at most this many accuracy points.
 pub const MAX_INT8_ACCURACY_DROP_POINTS: f64 = 0.5;
 
@@ -77,6 +78,9 @@ pub struct BuiltVariant {
     pub agreement: Option<Agreement>,
     pub cut: Option<CutInfo>,
     pub quantization: Option<QuantizationReport>,
+    /// What its outputs were judged on and what that measured, rule by rule
+    /// ([`crate::acceptance::Verdict::summary`]); `None` where no rule applies.
+    pub accepted_on: Option<String>,
     /// `None` when it may ship; otherwise why not (it is still reported).
     pub rejected: Option<String>,
 }
@@ -103,6 +107,7 @@ impl BuiltVariant {
             agreement: None,
             cut: None,
             quantization: None,
+            accepted_on: None,
             rejected: None,
         }
     }
@@ -194,45 +199,58 @@ pub(crate) fn typed_at_batch_one(
 }
 
 fn run_all(model: &Model, rows: &[Vec<f32>]) -> Result<Vec<Vec<f32>>, RuntimeError> {
+    run_all_shaped(model, rows).map(|(_, outputs)| outputs)
+}
+
+/// Every row's output, and the output's shape for one row (batch 1).
+fn run_all_shaped(
+    model: &Model,
+    rows: &[Vec<f32>],
+) -> Result<(Vec<usize>, Vec<Vec<f32>>), RuntimeError> {
     let row_shape: Vec<usize> = model.input().shape[1..]
         .iter()
         .map(|d| *d as usize)
         .collect();
+    let mut shape = Vec::new();
+    let outputs = rows
+        .iter()
+        .map(|row| {
+            model.infer(&row_shape, row).map(|(s, out)| {
+                shape = s;
+                out
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((shape, outputs))
+}
+
+/// The one output of a one-output model, as [`crate::acceptance`] compares it.
+struct Reference<'a> {
+    name: &'a str,
+    shape: &'a [usize],
+    rows: &'a [Vec<f32>],
+}
+
+impl Reference<'_> {
+    /// `candidate`'s rows judged against these by `accept`.
+    fn judge(&self, accept: &[Accept], candidate: &[Vec<f32>]) -> Verdict {
+        let want = one_output(self.name, self.shape, self.rows);
+        let got = one_output(self.name, self.shape, candidate);
+        crate::acceptance::judge(accept, &want, &got)
+    }
+}
+
+fn one_output<'a>(name: &'a str, shape: &'a [usize], rows: &'a [Vec<f32>]) -> Vec<Vec<Values<'a>>> {
     rows.iter()
-        .map(|row| model.infer(&row_shape, row).map(|(_, out)| out))
+        .map(|data| vec![Values { name, shape, data }])
         .collect()
 }
 
 fn argmax(values: &[f32]) -> usize {
-    values
-        .iter()
-        .enumerate()
-        .fold((0, f32::NEG_INFINITY), |best, (i, v)| {
-            if *v > best.1 {
-                (i, *v)
-            } else {
-                best
-            }
-        })
-        .0
+    crate::acceptance::top(values).0
 }
 
-fn cosine(a: &[f32], b: &[f32]) -> f64 {
-    let dot: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| f64::from(*x) * f64::from(*y))
-        .sum();
-    let na: f64 = a.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
-    let nb: f64 = b.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
-    if na == 0.0 && nb == 0.0 {
-        1.0
-    } else if na == 0.0 || nb == 0.0 {
-        0.0
-    } else {
-        dot / (na * nb)
-    }
-}
+use crate::acceptance::cosine;
 
 /// Compares outputs row by row.
 pub fn agreement(reference: &[Vec<f32>], candidate: &[Vec<f32>]) -> Agreement {
@@ -292,7 +310,7 @@ pub fn build_variants_with(
     row_shape: Option<&[usize]>,
     splits: bool,
 ) -> Result<VariantSet, RuntimeError> {
-    build_variants_observed(name, full, validation, row_shape, splits, &mut |_| {})
+    build_variants_observed(name, full, validation, row_shape, splits, &[], &mut |_| {})
 }
 
 /// How far a build is, for a progress bar: `done` of `total` steps, `step` naming the
@@ -304,14 +322,17 @@ pub struct BuildProgress {
     pub step: String,
 }
 
-/// [`build_variants_with`], calling `progress` after each step (the full model, int8,
+/// [`build_variants_with`], judging int8 by `accept` ([`crate::acceptance`]; empty: the
+/// default cosine rule) and calling `progress` after each step (the full model, int8,
 /// choosing the cuts, each split).
+#[allow(clippy::too_many_arguments)]
 pub fn build_variants_observed(
     name: &str,
     full: &[u8],
     validation: &ValidationSet,
     row_shape: Option<&[usize]>,
     splits: bool,
+    accept: &[Accept],
     progress: &mut dyn FnMut(BuildProgress),
 ) -> Result<VariantSet, RuntimeError> {
     if validation.rows.is_empty() {
@@ -334,7 +355,8 @@ pub fn build_variants_observed(
     }
     let graph = OnnxGraph::parse(name, full)?;
     let full_model = Model::load_onnx_with_shape(name, full, row_shape)?;
-    let reference = run_all(&full_model, &validation.rows)?;
+    let (output_shape, reference) = run_all_shaped(&full_model, &validation.rows)?;
+    crate::acceptance::check_outputs(name, accept, &[full_model.output().name.as_str()])?;
     let full_accuracy = accuracy(&reference, validation.labels.as_ref());
     let full_flops = flops_for_input(name, full, &full_model.input().shape)?;
     let row_len: i64 = full_model.input().shape[1..].iter().product();
@@ -376,7 +398,12 @@ pub fn build_variants_observed(
         name,
         &graph,
         validation,
-        &reference,
+        &Reference {
+            name: &full_model.output().name,
+            shape: &output_shape,
+            rows: &reference,
+        },
+        accept,
         full_accuracy,
         full_flops,
         row_shape,
@@ -408,6 +435,7 @@ pub fn build_bert_variants(
     config_json: &str,
     seq: usize,
     validation: &ValidationSet,
+    accept: &[Accept],
 ) -> Result<VariantSet, RuntimeError> {
     use crate::candle_bert::{full_gguf, quantize_int8};
     if validation.rows.is_empty() {
@@ -424,7 +452,8 @@ pub fn build_bert_variants(
     }
     let full = full_gguf(name, safetensors, config_json)?;
     let full_model = Model::load_bert_gguf(name, &full, seq)?;
-    let reference = run_all(&full_model, &validation.rows)?;
+    let (output_shape, reference) = run_all_shaped(&full_model, &validation.rows)?;
+    crate::acceptance::check_outputs(name, accept, &[full_model.output().name.as_str()])?;
     let full_accuracy = accuracy(&reference, validation.labels.as_ref());
     let flops = full_model.candle_flops().unwrap_or(0);
     let mut int8 = BuiltVariant::pending("int8", "int8-q8_0", flops);
@@ -437,18 +466,22 @@ pub fn build_bert_variants(
         Err(error) => int8.rejected = Some(format!("could not be built: {error}")),
         Ok((bytes, outputs)) => {
             let measured = agreement(&reference, &outputs);
+            let verdict = Reference {
+                name: &full_model.output().name,
+                shape: &output_shape,
+                rows: &reference,
+            }
+            .judge(accept, &outputs);
             int8.accuracy = accuracy(&outputs, validation.labels.as_ref());
             int8.files = vec![bytes];
             int8.agreement = Some(measured);
+            int8.accepted_on = Some(verdict.summary());
             let drop = match (full_accuracy, int8.accuracy) {
                 (Some(full), Some(quantized)) => full - quantized,
                 _ => 0.0,
             };
-            if measured.min_cosine < MIN_INT8_COSINE {
-                int8.rejected = Some(format!(
-                    "outputs disagree with fp32: min cosine {:.4} < {MIN_INT8_COSINE}",
-                    measured.min_cosine
-                ));
+            if let Some(failed) = verdict.failures() {
+                int8.rejected = Some(format!("outputs disagree with fp32: {failed}"));
             } else if drop > MAX_INT8_ACCURACY_DROP_POINTS {
                 int8.rejected = Some(format!(
                     "loses {drop:.2} accuracy points (> {MAX_INT8_ACCURACY_DROP_POINTS})"
@@ -471,40 +504,43 @@ pub fn build_bert_variants(
     })
 }
 
+#[allow(clippy::too_many_arguments)]
 fn int8_variant(
     name: &str,
     graph: &OnnxGraph,
     validation: &ValidationSet,
-    reference: &[Vec<f32>],
+    reference: &Reference,
+    accept: &[Accept],
     full_accuracy: Option<f64>,
     full_flops: u64,
     row_shape: Option<&[usize]>,
 ) -> BuiltVariant {
     let mut variant = BuiltVariant::pending("int8", "int8-weights", full_flops);
-    // Measured as the agent runs it; weights that hurt are kept in f32 until the rule
-    // holds (crate::mixed_precision).
+    // Measured as the agent runs it; weights that hurt are kept in f32 until the rules
+    // hold (crate::mixed_precision).
     let built = crate::mixed_precision::quantize_until_it_agrees(graph, |bytes| {
         let model = Model::load_variant(&format!("{name}/int8"), bytes, row_shape)?;
         let outputs = run_all(&model, &validation.rows)?;
-        let measured = agreement(reference, &outputs);
+        let measured = agreement(reference.rows, &outputs);
+        let verdict = reference.judge(accept, &outputs);
         let quantized_accuracy = accuracy(&outputs, validation.labels.as_ref());
         let drop = match (full_accuracy, quantized_accuracy) {
             (Some(full), Some(int8)) => full - int8,
             _ => 0.0,
         };
-        let passes =
-            measured.min_cosine >= MIN_INT8_COSINE && drop <= MAX_INT8_ACCURACY_DROP_POINTS;
-        Ok((passes, (measured, quantized_accuracy, drop)))
+        let passes = verdict.passes() && drop <= MAX_INT8_ACCURACY_DROP_POINTS;
+        Ok((passes, (measured, verdict, quantized_accuracy, drop)))
     });
     match built {
         Err(error) => variant.rejected = Some(format!("could not be built: {error}")),
         Ok(tried) => {
-            let (measured, quantized_accuracy, drop) = tried.measured;
+            let (measured, verdict, quantized_accuracy, drop) = tried.measured;
             let mut report = tried.report;
             variant.accuracy = quantized_accuracy;
             variant.files = vec![tried.bytes];
             variant.agreement = Some(measured);
-            variant.rejected = int8_refusal(&report, &measured, drop, tried.tries);
+            variant.rejected = int8_refusal(&report, &verdict, drop, tried.tries);
+            variant.accepted_on = Some(verdict.summary());
             if variant.rejected.is_none() {
                 let (compute, tried_compute) = try_compute(
                     name,
@@ -512,14 +548,16 @@ fn int8_variant(
                     &variant.files[0],
                     validation,
                     reference,
+                    accept,
                     full_accuracy,
                     row_shape,
                 );
-                if let Some((compute, measured, accuracy)) = compute {
+                if let Some((compute, measured, accuracy, verdict)) = compute {
                     variant.files = vec![compute];
                     variant.precision = "int8-compute".into();
                     variant.agreement = Some(measured);
                     variant.accuracy = accuracy;
+                    variant.accepted_on = Some(verdict.summary());
                 }
                 report.compute = Some(tried_compute);
             }
@@ -529,18 +567,20 @@ fn int8_variant(
     variant
 }
 
-/// A compute-form int8 file chosen to ship, with its agreement and accuracy.
-type ComputeForm = (Vec<u8>, Agreement, Option<f64>);
+/// A compute-form int8 file chosen to ship, with its agreement, accuracy and verdict.
+type ComputeForm = (Vec<u8>, Agreement, Option<f64>, Verdict);
 
 /// The int8 compute form of a one-input model's int8-storage file, timed and measured
-/// as the agent runs it ([`crate::int8_compute::choose`]), under the same rule as the
-/// storage form (cosine and accuracy drop).
+/// as the agent runs it ([`crate::int8_compute::choose`]), under the same rules as the
+/// storage form (the push's acceptance rules and the accuracy drop).
+#[allow(clippy::too_many_arguments)]
 fn try_compute(
     name: &str,
     graph: &OnnxGraph,
     storage: &[u8],
     validation: &ValidationSet,
-    reference: &[Vec<f32>],
+    reference: &Reference,
+    accept: &[Accept],
     full_accuracy: Option<f64>,
     row_shape: Option<&[usize]>,
 ) -> (Option<ComputeForm>, crate::int8_compute::ComputeReport) {
@@ -604,22 +644,21 @@ fn try_compute(
         |bytes| {
             let model = Model::load_variant(&format!("{name}/int8"), bytes, row_shape)?;
             let outputs = run_all(&model, &validation.rows)?;
-            let agreed = agreement(reference, &outputs);
+            let agreed = agreement(reference.rows, &outputs);
+            let verdict = reference.judge(accept, &outputs);
             let quantized_accuracy = accuracy(&outputs, validation.labels.as_ref());
             let drop = match (full_accuracy, quantized_accuracy) {
                 (Some(full), Some(int8)) => full - int8,
                 _ => 0.0,
             };
-            measured = Some((agreed, quantized_accuracy));
-            Ok((
-                agreed.min_cosine >= MIN_INT8_COSINE && drop <= MAX_INT8_ACCURACY_DROP_POINTS,
-                agreed.min_cosine,
-            ))
+            let passes = verdict.passes() && drop <= MAX_INT8_ACCURACY_DROP_POINTS;
+            measured = Some((agreed, quantized_accuracy, verdict));
+            Ok((passes, agreed.min_cosine))
         },
     );
     (
         file.zip(measured)
-            .map(|(bytes, (agreed, accuracy))| (bytes, agreed, accuracy)),
+            .map(|(bytes, (agreed, accuracy, verdict))| (bytes, agreed, accuracy, verdict)),
         report,
     )
 }
@@ -627,7 +666,7 @@ fn try_compute(
 /// Why an int8 variant is not shipped, or `None` when it is.
 pub(crate) fn int8_refusal(
     report: &crate::onnx_edit::QuantizationReport,
-    measured: &Agreement,
+    verdict: &Verdict,
     drop: f64,
     tries: usize,
 ) -> Option<String> {
@@ -641,11 +680,8 @@ pub(crate) fn int8_refusal(
     };
     if report.quantized_tensors == 0 {
         Some("no weight is large enough to quantize".into())
-    } else if measured.min_cosine < MIN_INT8_COSINE {
-        Some(format!(
-            "outputs disagree with fp32: min cosine {:.4} < {MIN_INT8_COSINE}{kept}",
-            measured.min_cosine
-        ))
+    } else if let Some(failed) = verdict.failures() {
+        Some(format!("outputs disagree with fp32: {failed}{kept}"))
     } else if drop > MAX_INT8_ACCURACY_DROP_POINTS {
         Some(format!(
             "loses {drop:.2} accuracy points (> {MAX_INT8_ACCURACY_DROP_POINTS}){kept}"

@@ -74,6 +74,10 @@ pub struct VariantView {
     /// What mixed precision kept in f32, for an int8 variant that needed it.
     #[serde(default)]
     pub note: Option<String>,
+    /// What its outputs were judged on against full, rule by rule, with the figure
+    /// each measured (the push's `--accept` rules, or the default min cosine).
+    #[serde(default)]
+    pub accepted_on: Option<String>,
     /// Why it was rejected, for a split why its cut was built, or the note.
     #[serde(default)]
     pub reason: Option<String>,

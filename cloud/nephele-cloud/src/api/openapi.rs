@@ -435,6 +435,7 @@ fn routes(s: &mut Schemas) -> Vec<Route> {
             q("wait", json!({"type": "boolean"}), "answer once built (201) instead of at once (202)"),
             q("input", json!({"type": "array", "items": {"type": "string"}}), "NAME=DIMS[:DTYPE][=VALUE]: an input's shape (repeatable)"),
             q("state", json!({"type": "array", "items": {"type": "string"}}), "INPUT=OUTPUT: a recurrent state (repeatable)"),
+            q("accept", json!({"type": "array", "items": {"type": "string"}}), "[OUTPUT=]RULE: what a variant's outputs are judged on against full: cosine[:MIN], argmax, topk:K, detections:score=S (repeatable)"),
             q("tenant", string(), "push for another tenant (admins only)"),
         ],
         ..route("put", "/v1/models/{name}", "pushModel", "Upload a model (ONNX bytes, or a JSON push with validation rows); builds and measures its variants.", "developer", Body::Model, Answer::Model(model))

@@ -414,6 +414,7 @@ impl FleetCore {
                         .quantization
                         .as_ref()
                         .and_then(nephele_runtime::mixed_precision::summary),
+                    accepted_on: v.accepted_on.clone(),
                     status: String::new(),
                     reason: None,
                 })

@@ -40,6 +40,7 @@ fn variant_record(name: &str, rejected: Option<&str>) -> VariantRecord {
         rejected: rejected.map(str::to_string),
         status: String::new(),
         note: None,
+        accepted_on: None,
         reason: None,
     }
 }

@@ -94,6 +94,7 @@ pub fn model_view(record: &ModelRecord) -> ModelView {
             cut: None,
             rejected: None,
             note: None,
+            accepted_on: None,
             status: String::new(),
             reason: None,
         }]

@@ -186,6 +186,11 @@ pub struct ModelRecord {
     /// The tenant that pushed it: only its tokens (and admins) see and deploy it.
     #[serde(default = "default_tenant")]
     pub tenant: String,
+    /// The order of the versions stored under this name (1 for the first; 0 for those
+    /// stored before the order was kept): the latest is the highest, whatever the
+    /// clock's one-second resolution says of two pushes in the same second.
+    #[serde(default)]
+    pub sequence: u64,
 }
 
 /// Digits of the sha256 that name a model version.

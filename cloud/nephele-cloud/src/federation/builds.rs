@@ -182,7 +182,7 @@ impl FleetCore {
     /// flight or failed, each by name.
     pub fn model_views(&self) -> Vec<ModelView> {
         let mut records: Vec<&crate::store::ModelRecord> = self.catalog.models().collect();
-        records.sort_by_key(|m| (m.name.clone(), m.created_unix, m.key()));
+        records.sort_by_key(|m| (m.name.clone(), m.sequence, m.created_unix, m.key()));
         let mut views: Vec<ModelView> = records.into_iter().map(super::views::model_view).collect();
         let mut builds: Vec<ModelView> = self
             .builds

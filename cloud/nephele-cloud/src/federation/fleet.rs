@@ -134,11 +134,22 @@ impl Catalog {
         self.versions(name).pop()
     }
 
-    /// Every version of model `name`, oldest first.
+    /// Every version of model `name`, oldest first (by the order they were stored in,
+    /// then, for versions stored before that order was kept, by creation time).
     pub fn versions(&self, name: &str) -> Vec<&ModelRecord> {
         let mut versions: Vec<&ModelRecord> = self.models().filter(|m| m.name == name).collect();
-        versions.sort_by_key(|m| (m.created_unix, m.key()));
+        versions.sort_by_key(|m| (m.sequence, m.created_unix, m.key()));
         versions
+    }
+
+    /// The `sequence` a new version of model `name` gets: one past its latest.
+    pub fn next_sequence(&self, name: &str) -> u64 {
+        self.models()
+            .filter(|m| m.name == name)
+            .map(|m| m.sequence)
+            .max()
+            .unwrap_or(0)
+            + 1
     }
 
     /// The sha256 of every variant the model stored under `key` ships.

@@ -425,6 +425,7 @@ impl FleetCore {
             input_specs: message.input_specs,
             recurrent_state: message.recurrent_state,
             tenant: message.tenant,
+            sequence: self.catalog.next_sequence(&message.name),
         };
         let view = super::views::model_view(&record);
         tracing::info!(

@@ -92,6 +92,7 @@ pub(in crate::federation) fn model(name: &str) -> ModelRecord {
         input_specs: vec![],
         recurrent_state: vec![],
         tenant: "default".into(),
+        sequence: 0,
     }
 }
 
@@ -114,6 +115,38 @@ pub(in crate::federation) fn spec(
         rollout: None,
         tenant: None,
     }
+}
+
+#[test]
+fn the_latest_version_is_the_last_stored_even_within_one_second() {
+    // Two pushes in the same second: the clock cannot order them, the sequence does,
+    // whatever their versions' names sort as.
+    let mut catalog = Catalog::load(vec![], vec![]);
+    for version in ["zzz", "aaa"] {
+        let mut record = model("m");
+        record.version = version.into();
+        record.created_unix = 100;
+        record.sequence = catalog.next_sequence("m");
+        catalog.put_model(record);
+    }
+    assert_eq!(catalog.latest("m").map(|m| m.version.as_str()), Some("aaa"));
+    assert_eq!(
+        catalog.resolve("m").map(|m| m.version.as_str()),
+        Some("aaa")
+    );
+    let order: Vec<&str> = catalog
+        .versions("m")
+        .iter()
+        .map(|m| m.version.as_str())
+        .collect();
+    assert_eq!(order, ["zzz", "aaa"]);
+    // Versions stored before the sequence was kept (0) come first, by time.
+    let mut old = model("m");
+    old.version = "old".into();
+    old.created_unix = 200;
+    catalog.put_model(old);
+    assert_eq!(catalog.versions("m")[0].version, "old");
+    assert_eq!(catalog.next_sequence("m"), 3);
 }
 
 fn catalog_with(deployments: &[(&str, &str)]) -> Catalog {

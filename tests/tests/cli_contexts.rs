@@ -249,3 +249,112 @@ fn log_format_flag_gives_json_lines() {
     }
     assert!(!text.contains('\u{1b}'), "no escape codes");
 }
+
+/// Corners a new user hit: a CA file that cannot be read is an error (not a warning
+/// followed by a TLS failure that blames something else), an empty `NEPHELE_TOKEN=`
+/// leaves the context's token in force, two pushes of one name in the same second
+/// each print their own version and the latest is the last pushed, and a reader that
+/// stops early (`| head -1`) is not a panic.
+#[test]
+fn the_clis_corners_fail_loudly_and_name_the_right_version() {
+    let cloud = Cloud::start("cli-corners").expect("cloud");
+    let dir = temp_dir("cli-corners");
+    let config = dir.join("nephele.toml");
+    let token_file = cloud.dir.join("data").join("admin-token");
+    let ca = cloud.ca_path();
+    let (ok, _, err) = nephele(
+        &config,
+        &[
+            "login",
+            "--api",
+            &cloud.api,
+            "--ca",
+            ca.to_str().unwrap(),
+            "--token-file",
+            token_file.to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "{err}");
+
+    let (ok, _, err) = nephele(&config, &["region", "list", "--ca", "/nope.pem"]);
+    assert!(
+        !ok && err.contains("cannot read the CA file /nope.pem"),
+        "{err}"
+    );
+    assert!(!err.contains("warning"), "{err}");
+
+    let output = Command::new(bin("nephele"))
+        .args(["region", "list", "--json"])
+        .env_remove("NEPHELE_API")
+        .env_remove("NEPHELE_CA")
+        .env("NEPHELE_TOKEN", "")
+        .env("NEPHELE_CLI_CONFIG", &config)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "an empty NEPHELE_TOKEN replaced the context's token: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+
+    // A bad name is refused before the file is even read.
+    let (ok, _, err) = nephele(
+        &config,
+        &["model", "push", "Bad_Name", "/no/such/model.onnx"],
+    );
+    assert!(!ok && err.contains("invalid model name"), "{err}");
+
+    // Two versions of `m`, pushed back to back.
+    let mut printed = Vec::new();
+    for seed in [1, 2] {
+        let file = dir.join(format!("m{seed}.onnx"));
+        std::fs::write(
+            &file,
+            nephele_runtime::synthetic::dense_mlp(4, 8, 1, 2, seed),
+        )
+        .unwrap();
+        let (ok, out, err) = nephele(
+            &config,
+            &["model", "push", "m", file.to_str().unwrap(), "--json"],
+        );
+        assert!(ok, "{err}");
+        let view: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(view["state"], "ready", "{out}");
+        printed.push(view["reference"].as_str().unwrap().to_string());
+    }
+    assert_ne!(printed[0], printed[1]);
+    let (ok, out, err) = nephele(&config, &["model", "get", "m", "--json"]);
+    assert!(ok, "{err}");
+    let latest: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(latest["reference"], printed[1].as_str(), "{out}");
+
+    // `| head -1`: the reader goes away early.
+    for (binary, args) in [
+        ("nephele", vec!["completion", "bash"]),
+        ("nephele-edge", vec!["profiles"]),
+    ] {
+        use std::io::Read as _;
+        let mut child = Command::new(bin(binary))
+            .args(&args)
+            .env("NEPHELE_CLI_CONFIG", &config)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The reader gone before (nearly always) the first write: it meets a
+        // closed pipe.
+        drop(child.stdout.take());
+        let mut err = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        let status = child.wait().unwrap();
+        assert!(
+            status.success() && !err.contains("panicked"),
+            "{binary} {args:?} with its reader gone: {status} {err}"
+        );
+    }
+}

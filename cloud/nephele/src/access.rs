@@ -59,7 +59,7 @@ fn print_created(t: &ApiTokenView) {
 }
 
 pub fn api_token(args: ApiArgs, command: ApiTokenCommand) -> Result<()> {
-    let api = args.client();
+    let api = args.client()?;
     match command {
         ApiTokenCommand::Create {
             name,
@@ -121,7 +121,7 @@ pub fn api_token(args: ApiArgs, command: ApiTokenCommand) -> Result<()> {
 }
 
 pub fn audit(api_args: ApiArgs, args: AuditArgs) -> Result<()> {
-    let api = api_args.client();
+    let api = api_args.client()?;
     let mut path = format!("/v1/audit?after={}&limit={}", args.after, args.limit);
     if let Some(tenant) = &args.tenant {
         path.push_str(&format!("&tenant={tenant}"));

@@ -47,9 +47,13 @@ impl ApiArgs {
     }
 
     /// A client of the API these arguments name: flags and variables first, then the
-    /// current context (see `context.rs`), then the default.
-    pub fn client(&self) -> Api {
-        let context = if self.api.is_none() || self.token.is_none() {
+    /// current context (see `context.rs`), then the default. A CA file that cannot be
+    /// read is an error: trusting the public CAs instead would only move the failure
+    /// to a TLS check that blames something else. An empty token (`NEPHELE_TOKEN=`)
+    /// counts as none given, so the context's applies.
+    pub fn client(&self) -> Result<Api> {
+        let given_token = self.token.as_ref().filter(|t| !t.trim().is_empty());
+        let context = if self.api.is_none() || given_token.is_none() {
             crate::context::current().unwrap_or_else(|error| {
                 eprintln!("nephele: warning: {error:#}; using flags and defaults");
                 None
@@ -68,7 +72,7 @@ impl ApiArgs {
             .clone()
             .or_else(|| context.as_ref().map(|c| c.api.clone()))
             .unwrap_or_else(|| DEFAULT_API.into());
-        let token = match (&self.token, &context) {
+        let token = match (given_token, &context) {
             (Some(token), _) => token.clone(),
             (None, Some(context)) => context.token().unwrap_or_else(|error| {
                 eprintln!("nephele: warning: {error:#}");
@@ -77,19 +81,13 @@ impl ApiArgs {
             (None, None) => String::new(),
         };
         let ca = match (&self.ca, &context) {
-            (Some(path), _) => match read_ca(path) {
-                Ok(pem) => Some(pem),
-                Err(error) => {
-                    eprintln!("nephele: warning: {error:#}; trusting the public CAs only");
-                    None
-                }
-            },
+            (Some(path), _) => Some(read_ca(path)?),
             (None, Some(context)) => context.ca.clone().map(String::into_bytes),
             (None, None) => None,
         };
         let mut api = Api::with_ca(&base, &token, ca.as_deref());
         api.stale = self.stale;
-        api
+        Ok(api)
     }
 }
 
@@ -717,7 +715,7 @@ pub(crate) fn s(value: &Value, key: &str) -> String {
 }
 
 pub fn token(args: ApiArgs, command: TokenCommand) -> Result<()> {
-    let api = args.client();
+    let api = args.client()?;
     match command {
         TokenCommand::Create { region, ttl } => {
             let token: JoinTokenView =
@@ -754,7 +752,7 @@ pub fn token(args: ApiArgs, command: TokenCommand) -> Result<()> {
 }
 
 pub fn device(args: ApiArgs, command: DeviceCommand) -> Result<()> {
-    let api = args.client();
+    let api = args.client()?;
     match command {
         DeviceCommand::List { list } => {
             let listing = list.read::<DeviceView>(&api, "/v1/devices")?;
@@ -1089,7 +1087,7 @@ fn print_inspection(v: &Value) {
 }
 
 pub fn model(args: ApiArgs, command: ModelCommand) -> Result<()> {
-    let api = args.client();
+    let api = args.client()?;
     match command {
         ModelCommand::Push {
             name,
@@ -1102,6 +1100,7 @@ pub fn model(args: ApiArgs, command: ModelCommand) -> Result<()> {
             no_wait,
         } => {
             // Checked here first, so a typo costs no upload.
+            nephele_domain::validate_name("model", &name).map_err(anyhow::Error::msg)?;
             for text in &inputs {
                 text.parse::<nephele_runtime::input_spec::InputSpec>()
                     .map_err(anyhow::Error::msg)?;
@@ -1154,7 +1153,9 @@ pub fn model(args: ApiArgs, command: ModelCommand) -> Result<()> {
                         model.size
                     );
                 }
-                wait_for_model(&api, &name, args.json)?
+                // This push's version, not the name's latest: another push of the
+                // name may finish first.
+                wait_for_model(&api, &model.reference, args.json)?
             } else {
                 model
             };
@@ -1348,7 +1349,7 @@ fn print_deployment_rows(d: &DeploymentStatus, max_rows: usize) {
 }
 
 pub fn deploy(args: ApiArgs, command: DeployCommand) -> Result<()> {
-    let api = args.client();
+    let api = args.client()?;
     match command {
         DeployCommand::Create {
             name,
@@ -1643,7 +1644,7 @@ pub enum GridCommand {
 }
 
 pub fn grid(args: ApiArgs, command: GridCommand) -> Result<()> {
-    let api = args.client();
+    let api = args.client()?;
     match command {
         GridCommand::Show { region, hours } => {
             let grid: GridView = api.get_as(&format!("/v1/regions/{region}/grid"))?;
@@ -2062,7 +2063,7 @@ fn span(seconds: u64) -> String {
 }
 
 pub fn job(args: ApiArgs, command: JobCommand) -> Result<()> {
-    let api = args.client();
+    let api = args.client()?;
     match command {
         JobCommand::Submit {
             name,
@@ -2231,7 +2232,7 @@ pub fn job(args: ApiArgs, command: JobCommand) -> Result<()> {
 }
 
 pub fn region(args: ApiArgs, command: RegionCommand) -> Result<()> {
-    let api = args.client();
+    let api = args.client()?;
     match command {
         RegionCommand::List => {
             let regions: Vec<RegionView> = api.get_as("/v1/regions")?;

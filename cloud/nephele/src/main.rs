@@ -194,13 +194,9 @@ fn main() {
         Command::Context { api, command } => context::context(api.prepared(), command),
         Command::Completion { shell } => {
             use clap::CommandFactory as _;
-            clap_complete::generate(
-                shell,
-                &mut Cli::command(),
-                "nephele",
-                &mut std::io::stdout(),
-            );
-            Ok(())
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "nephele", &mut script);
+            output::write_stdout(&script)
         }
         Command::Job { api, command } => client::job(api.prepared(), command),
         Command::Region { api, command } => client::region(api.prepared(), command),

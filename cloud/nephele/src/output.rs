@@ -97,6 +97,17 @@ pub fn to_yaml(value: &Value) -> String {
     out
 }
 
+/// Writes `bytes` to stdout; a reader that stopped early (`nephele completion bash |
+/// head -1`) is not an error.
+pub fn write_stdout(bytes: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => Ok(other?),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -206,7 +206,7 @@ fn print_carbon(v: &CarbonReport) {
 }
 
 pub fn run(args: ApiArgs, command: ReportCommand) -> Result<()> {
-    let api = args.client();
+    let api = args.client()?;
     match &command {
         ReportCommand::Cost(flags) => {
             let report: CostReport = api.get_as(&path("cost", flags)?)?;

@@ -72,7 +72,7 @@ pub enum RolloutCommand {
 
 /// `nephele deploy update`: the deployment's spec now, with the changes given.
 pub fn update(args: &ApiArgs, update: UpdateArgs) -> Result<()> {
-    let api = args.client();
+    let api = args.client()?;
     let name = update.name.clone();
     let current: DeploymentStatus = api.get_as(&format!("/v1/deployments/{name}?devices=false"))?;
     let given = update.steps.is_some()
@@ -143,7 +143,7 @@ pub fn update(args: &ApiArgs, update: UpdateArgs) -> Result<()> {
 
 /// `nephele rollout …`.
 pub fn run(args: ApiArgs, command: RolloutCommand) -> Result<()> {
-    let api = args.client();
+    let api = args.client()?;
     match command {
         RolloutCommand::Status { name, watch } => {
             let mut last_events = 0;
@@ -180,7 +180,7 @@ pub fn run(args: ApiArgs, command: RolloutCommand) -> Result<()> {
 }
 
 fn act(args: &ApiArgs, name: &str, action: &str) -> Result<()> {
-    let status: DeploymentStatus = args.client().post_as(
+    let status: DeploymentStatus = args.client()?.post_as(
         &format!("/v1/deployments/{name}/rollout/{action}"),
         &serde_json::Value::Null,
     )?;

@@ -157,7 +157,7 @@ fn print_one(t: &TenantView) {
 }
 
 pub fn run(args: ApiArgs, command: TenantCommand) -> Result<()> {
-    let api = args.client();
+    let api = args.client()?;
     match command {
         TenantCommand::List => {
             let tenants: Vec<TenantView> = api.get_as("/v1/tenants")?;

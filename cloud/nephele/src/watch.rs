@@ -26,7 +26,7 @@ pub struct WatchArgs {
 }
 
 pub fn run(api_args: ApiArgs, args: WatchArgs) -> Result<()> {
-    let api = api_args.client();
+    let api = api_args.client()?;
     let mut path = String::from("/v1/watch");
     let mut params = Vec::new();
     if let Some(kinds) = &args.kinds {

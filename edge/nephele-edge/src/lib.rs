@@ -164,19 +164,26 @@ pub fn run_cli(command: EdgeCommand) -> Result<()> {
         EdgeCommand::Run(args) => runtime.block_on(agent::run(args)),
         EdgeCommand::Supervise(_) => Ok(()),
         EdgeCommand::Profiles => {
+            let mut table = String::new();
             for (name, text) in nephele_domain::builtin_profiles::BUILTIN {
-                match nephele_domain::FirmwareProfile::from_toml(text, Some(name)) {
-                    Ok(profile) => println!(
-                        "{name:<24} {:<6} {:>6} cores {:>8} MB  {}",
+                table += &match nephele_domain::FirmwareProfile::from_toml(text, Some(name)) {
+                    Ok(profile) => format!(
+                        "{name:<24} {:<6} {:>6} cores {:>8} MB  {}\n",
                         format!("{:?}", profile.device.class).to_lowercase(),
                         profile.device.cpu_cores,
                         profile.device.memory_mb,
                         profile.device.display_name
                     ),
-                    Err(error) => println!("{name:<24} invalid: {error}"),
-                }
+                    Err(error) => format!("{name:<24} invalid: {error}\n"),
+                };
             }
-            Ok(())
+            // A reader that stops early (`| head`) is not an error.
+            use std::io::Write as _;
+            let mut out = std::io::stdout().lock();
+            match out.write_all(table.as_bytes()).and_then(|()| out.flush()) {
+                Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+                other => Ok(other?),
+            }
         }
     }
 }

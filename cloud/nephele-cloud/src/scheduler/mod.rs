@@ -1775,6 +1775,9 @@ fn refusal_detail(reason: Reason, pod: &PodRequest, node: &NodeSpec) -> String {
             "{what}: the job selects {:?}, the pool's nodes carry {:?}",
             pod.node_selector, node.labels
         ),
+        Reason::SpotNotAllowed => format!(
+            "{what}: the pool sells spot capacity, which may be taken back at short notice; submit with --spot-ok (\"spot_ok\": true) if the job can be interrupted"
+        ),
         _ => what.to_string(),
     }
 }

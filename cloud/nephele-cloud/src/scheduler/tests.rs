@@ -952,3 +952,27 @@ fn the_target_workload_is_learned_from_the_jobs_submitted() {
     s.tick(2);
     assert!(s.queue.typical().pressure_of(Some(l4)) > 0.0);
 }
+
+#[test]
+fn a_job_refused_by_a_spot_pool_is_told_the_flag_that_allows_it() {
+    let mut spot = region(2);
+    spot.pools[0].capacity_type = "spot".into();
+    let mut s =
+        RegionScheduler::new(&spot, &tenants(), &SchedulerConfig::default()).expect("valid");
+    let refused = s
+        .submit("alpha", spec(serde_json::json!({"name": "hello"})), 1)
+        .expect_err("spot only");
+    let said = refused.to_string();
+    assert!(
+        said.contains("spot not allowed") && said.contains("--spot-ok"),
+        "{said}"
+    );
+    let (view, _) = s
+        .submit(
+            "alpha",
+            spec(serde_json::json!({"name": "hello", "spot_ok": true})),
+            1,
+        )
+        .expect("accepted with spot_ok");
+    assert_eq!(view.name, "hello");
+}

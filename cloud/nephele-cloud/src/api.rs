@@ -400,7 +400,7 @@ async fn list_devices(
     request: HttpRequest,
     state: web::Data<ApiState>,
 ) -> Result<HttpResponse, ApiError> {
-    authorize(&request, &state).await?;
+    let principal = authorize(&request, &state).await?;
     let page = page::Page::parse(request.query_string())?;
     let (devices, total) = forward!(
         state,
@@ -408,6 +408,7 @@ async fn list_devices(
         ListDevices {
             after: page.after.clone(),
             limit: page.fetch(),
+            scope: principal.scope().map(str::to_string),
         }
     )?;
     page::answer_fetched(&request, &page, devices, total, |d| d.name.clone())
@@ -430,11 +431,14 @@ async fn device_usage(
     state: web::Data<ApiState>,
     name: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    authorize(&request, &state).await?;
+    let principal = authorize(&request, &state).await?;
     let usage = forward!(
         state,
         "device_usage",
-        crate::federation::usage::GetUsage(name.into_inner())
+        crate::federation::usage::GetUsage {
+            device: name.into_inner(),
+            scope: principal.scope().map(str::to_string),
+        }
     )?;
     Ok(HttpResponse::Ok().json(usage))
 }
@@ -1105,9 +1109,26 @@ async fn list_nodes(
     state: web::Data<ApiState>,
     name: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    authorize(&request, &state).await?;
+    let principal = authorize(&request, &state).await?;
     let actor = region_actor(&state, &name)?;
-    let nodes = actor.send(ListNodes).await.map_err(mailbox)?;
+    let mut nodes = actor.send(ListNodes).await.map_err(mailbox)?;
+    if let Some(tenant) = principal.scope() {
+        // Other tenants' job and deployment names stay hidden.
+        let deployments: std::collections::HashSet<String> = forward!(
+            state,
+            "list_deployments",
+            ListDeployments {
+                scope: Some(tenant.to_string()),
+                rows: false,
+            }
+        )?
+        .into_iter()
+        .map(|d| d.name)
+        .collect();
+        for node in &mut nodes {
+            crate::federation::access::scope_node_view(node, tenant, &deployments);
+        }
+    }
     count(&state, "list_nodes", true);
     Ok(HttpResponse::Ok().json(nodes))
 }

@@ -683,6 +683,8 @@ impl Handler<ListJoinTokens> for FederationActor {
 pub struct ListDevices {
     pub after: Option<String>,
     pub limit: usize,
+    /// The asking token's tenant (`None`: an admin's, which sees everything).
+    pub scope: Option<String>,
 }
 
 impl Handler<ListDevices> for FederationActor {
@@ -697,6 +699,7 @@ impl Handler<ListDevices> for FederationActor {
                 .get(&view.name)
                 .filter(|c| Some(c.id) == view.session)
                 .map(|c| c.connection.remote_address().to_string());
+            self.core.scope_device_view(view, message.scope.as_deref());
         }
         Ok((views, self.core.records.devices.len()))
     }

@@ -120,6 +120,53 @@ pub fn visible(scope: Option<&str>, owner: &str) -> bool {
     scope.is_none_or(|tenant| tenant == owner)
 }
 
+/// A GPU node's view as tenant `tenant` may see it: the node (shared capacity) in full,
+/// the jobs on it only where they are the tenant's (`tenant/name`), the serving replicas
+/// only of `deployments`, the tenant's own.
+pub fn scope_node_view(
+    node: &mut nephele_api::NodeView,
+    tenant: &str,
+    deployments: &std::collections::HashSet<String>,
+) {
+    let replica_of = |job: &str| -> bool {
+        job.strip_prefix("serving/")
+            .and_then(|replica| replica.rsplit_once('-'))
+            .is_some_and(|(deployment, _)| deployments.contains(deployment))
+    };
+    node.jobs.retain(|job| {
+        job.strip_prefix(tenant)
+            .is_some_and(|rest| rest.starts_with('/'))
+            || replica_of(job)
+    });
+    node.replicas.retain(|d| deployments.contains(d));
+}
+
+#[cfg(test)]
+mod scope_tests {
+    use super::*;
+
+    #[test]
+    fn a_tenant_sees_a_node_with_only_its_own_jobs_and_replicas() {
+        let mut node: nephele_api::NodeView = serde_json::from_value(serde_json::json!({
+            "name": "l4-0", "pool": "l4", "profile": "gpu-4x-l4", "phase": "up",
+            "agent": null, "up": true, "provider": "none",
+            "device": null, "since_unix": null, "note": null,
+            "replicas": ["digits", "their-llm"],
+            "capacity_type": "on-demand", "price_per_hour": 1.0,
+            "cpu_milli": 1, "cpu_free_milli": 1, "memory_mib": 1, "memory_free_mib": 1,
+            "gpu_model": null, "gpu_free_milli": [], "mig_free": [],
+            "jobs": ["team-a/train", "default/finetune", "team-ab/x",
+                     "serving/digits-0", "serving/their-llm-1"]
+        }))
+        .expect("a node view");
+        let ours = std::collections::HashSet::from(["digits".to_string()]);
+        scope_node_view(&mut node, "team-a", &ours);
+        assert_eq!(node.jobs, ["team-a/train", "serving/digits-0"]);
+        assert_eq!(node.replicas, ["digits"]);
+        assert_eq!(node.name, "l4-0");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -147,7 +147,7 @@ impl FleetCopy {
                 }
                 Ok(devices)
             }
-            CopyRead::DeviceUsage(name) => json(core.usage_of(name)?),
+            CopyRead::DeviceUsage(name) => json(core.usage_for(name, scope)?),
             CopyRead::Models => json(core.model_views_for(scope)),
             CopyRead::Model(name) => json(core.model_view_for(name, scope)?),
             CopyRead::Deployments => {

@@ -373,6 +373,41 @@ impl FleetCore {
         }
     }
 
+    /// A device's view as `scope` may see it: the device (shared hardware) in full, the
+    /// deployments it runs only where they are `scope`'s, so another tenant's names and
+    /// request counts stay hidden.
+    pub fn scope_device_view(&self, view: &mut nephele_api::DeviceView, scope: Option<&str>) {
+        if scope.is_none() {
+            return;
+        }
+        if let Some(running) = view.running.as_mut() {
+            running.retain(|r| self.deployment_visible(&r.deployment, scope));
+            view.deployments = Some(running.len());
+        }
+    }
+
+    /// A device's served totals as `scope` may see them: only its own deployments'.
+    pub fn usage_for(
+        &self,
+        device: &str,
+        scope: Option<&str>,
+    ) -> Result<nephele_api::UsageTotals, ApiError> {
+        let mut usage = self.usage_of(device)?;
+        if scope.is_some() {
+            usage
+                .deployments
+                .retain(|name, _| self.deployment_visible(name, scope));
+        }
+        Ok(usage)
+    }
+
+    /// Whether deployment `name` exists and `scope` sees it.
+    fn deployment_visible(&self, name: &str, scope: Option<&str>) -> bool {
+        self.catalog
+            .deployment(name)
+            .is_some_and(|d| visible(scope, &d.tenant))
+    }
+
     /// The deployments `scope` sees, each with its device rows when `rows`.
     pub fn deployment_statuses_for(
         &self,

@@ -1120,4 +1120,31 @@ fn a_page_of_devices_is_built_from_its_cursor_and_regions_count_devices_by_healt
     );
     assert_eq!(all[2].running, Some(Vec::new()));
     assert_eq!(all[0].cpu_cores > 0, all[2].cpu_cores > 0);
+
+    // Another tenant sees the device, not what `default` runs on it or served there.
+    let mut theirs = all[0].clone();
+    shell.core.scope_device_view(&mut theirs, Some("team-a"));
+    assert_eq!(
+        (theirs.running, theirs.deployments),
+        (Some(Vec::new()), Some(0))
+    );
+    assert_eq!(theirs.name, all[0].name);
+    let mut owner = all[0].clone();
+    shell.core.scope_device_view(&mut owner, Some("default"));
+    assert_eq!(owner, all[0]);
+    shell.usage("cam-1", 2);
+    let usage = shell.core.usage_for("cam-1", None).expect("usage");
+    assert!(usage.deployments.contains_key("d"), "{usage:?}");
+    let hidden = shell
+        .core
+        .usage_for("cam-1", Some("team-a"))
+        .expect("usage");
+    assert!(hidden.deployments.is_empty(), "{hidden:?}");
+    assert_eq!(
+        shell
+            .core
+            .usage_for("cam-1", Some("default"))
+            .expect("usage"),
+        usage
+    );
 }

@@ -124,12 +124,17 @@ impl Handler<AgentUsage> for FederationActor {
 /// `GET /v1/devices/{name}/usage`.
 #[derive(Message)]
 #[rtype(result = "Result<UsageTotals, ApiError>")]
-pub struct GetUsage(pub String);
+pub struct GetUsage {
+    pub device: String,
+    /// The asking token's tenant: only its deployments' totals are shown.
+    pub scope: Option<String>,
+}
 
 impl Handler<GetUsage> for FederationActor {
     type Result = Result<UsageTotals, ApiError>;
     fn handle(&mut self, message: GetUsage, _: &mut Self::Context) -> Self::Result {
-        self.core.usage_of(&message.0)
+        self.core
+            .usage_for(&message.device, message.scope.as_deref())
     }
 }
 

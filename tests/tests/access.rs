@@ -559,3 +559,72 @@ fn every_refusal_is_a_problem_naming_the_field_and_changes_nothing() {
         "{err}"
     );
 }
+
+/// The only admin token rotated away (as a fuzzer once did) locks everyone out; the
+/// way back is local: with the control plane stopped, `nephele-cloud
+/// --reset-admin-token` on its data dir adds a new admin token (refused while it
+/// runs), writes it to `<data-dir>/admin-token`, and the audit log records it.
+#[test]
+fn a_locked_out_control_plane_gets_a_break_glass_admin_token_on_its_machine() {
+    let mut cloud = Cloud::start("break-glass").unwrap();
+    let id = cloud.token.split_once('.').unwrap().0.to_string();
+    let rotated = call(
+        &cloud,
+        Some(&cloud.token),
+        "POST",
+        &format!("/v1/api-tokens/{id}/rotate"),
+        b"",
+    );
+    assert_eq!(rotated.status, 200, "{}", rotated.body);
+    // The file still holds the old secret: nobody holding it gets in.
+    let old = std::fs::read_to_string(cloud.dir.join("data/admin-token")).unwrap();
+    let locked = call(&cloud, Some(old.trim()), "GET", "/v1/tenants", b"");
+    assert_eq!(locked.status, 401, "{}", locked.body);
+
+    let reset = |cloud: &Cloud| {
+        std::process::Command::new(bin("nephele-cloud"))
+            .arg("--config")
+            .arg(cloud.dir.join("cloud.toml"))
+            .arg("--data-dir")
+            .arg(cloud.dir.join("data"))
+            .arg("--reset-admin-token")
+            .output()
+            .unwrap()
+    };
+    // Not while it runs: the store is the running control plane's.
+    let refused = reset(&cloud);
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("stop nephele-cloud first"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    cloud.stop();
+    let done = reset(&cloud);
+    let said = String::from_utf8_lossy(&done.stdout).to_string();
+    assert!(
+        done.status.success() && said.contains("break-glass admin API token"),
+        "{said}{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    let new = std::fs::read_to_string(cloud.dir.join("data/admin-token")).unwrap();
+    assert_ne!(new.trim(), old.trim());
+    assert!(said.contains(new.trim()));
+
+    // Started again, the new token is an admin's; the rotated one still works too.
+    cloud.restart().unwrap();
+    assert_eq!(cloud.token, new.trim());
+    let tenants = call(&cloud, Some(new.trim()), "GET", "/v1/tenants", b"");
+    assert_eq!(tenants.status, 200, "{}", tenants.body);
+    let rotated_secret = rotated.body["token"].as_str().unwrap();
+    assert_eq!(
+        call(&cloud, Some(rotated_secret), "GET", "/v1/tenants", b"").status,
+        200
+    );
+    let audit = call(&cloud, Some(new.trim()), "GET", "/v1/audit?limit=100", b"");
+    assert!(
+        audit.body.to_string().contains("/break-glass/admin-token"),
+        "{}",
+        audit.body
+    );
+}

@@ -11,7 +11,7 @@
 
 pub mod access;
 mod access_api;
-mod authority;
+pub(crate) mod authority;
 mod builds;
 pub mod fleet;
 pub mod fleet_copy;
@@ -87,7 +87,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-fn random_alnum(len: usize) -> String {
+pub(crate) fn random_alnum(len: usize) -> String {
     use rand::Rng as _;
     const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
     let mut rng = rand::rng();

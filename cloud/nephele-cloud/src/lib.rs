@@ -84,6 +84,12 @@ pub struct CloudArgs {
     /// Print the effective configuration as TOML and exit.
     #[arg(long)]
     pub print_config: bool,
+    /// Break glass: with the control plane stopped, add a new admin API token to its
+    /// store (other tokens are left as they are), write it to <data-dir>/admin-token,
+    /// record it in the audit log, print it and exit. For when every admin token was
+    /// rotated, revoked or lost.
+    #[arg(long)]
+    pub reset_admin_token: bool,
     /// Log lines as `text` (coloured only on a terminal) or `json` (one object per
     /// line, for log collectors). Default: `NEPHELE_LOG_FORMAT`, else text.
     #[arg(long)]
@@ -158,6 +164,9 @@ pub fn run_cli(args: CloudArgs) -> Result<()> {
     if args.print_config {
         print!("{}", toml::to_string_pretty(&config)?);
         return Ok(());
+    }
+    if args.reset_admin_token {
+        return reset_admin_token(config);
     }
     let quic_runtime = gateway_runtime(config.gateway_threads)?;
     let served = actix_rt::System::new().block_on(serve(
@@ -441,23 +450,43 @@ fn api_identity(
 /// Runs the control plane inside an actix system until the API server stops.
 /// Serves until the API server stops. `quic_runtime` is the runtime the QUIC gateway runs
 /// on (its endpoint, every agent's session); the caller owns and shuts it down.
-pub async fn serve(
-    config: CloudConfig,
-    ready_file: Option<PathBuf>,
-    quic_runtime: tokio::runtime::Handle,
-) -> Result<()> {
-    config
-        .validate()
-        .map_err(|e| anyhow::anyhow!("invalid config: {e}"))?;
-    // Before anything is opened: a wrong collector address is said at once.
-    let tracing_settings = nephele_otel::Settings::resolve(
-        config.tracing.otlp_endpoint.as_deref(),
-        config.tracing.otlp_protocol.as_deref(),
-        config.tracing.sample_ratio,
-        "nephele-cloud",
-        &|key| std::env::var(key).ok(),
-    )
-    .map_err(|e| anyhow::anyhow!("tracing: {e}"))?;
+/// `--reset-admin-token`: see [`CloudArgs::reset_admin_token`].
+fn reset_admin_token(config: CloudConfig) -> Result<()> {
+    use federation::fleet_store::FleetStore as _;
+    let (store, data_dir, _) = open_state(&config).context(
+        "cannot open the store; stop nephele-cloud first (the break-glass reset writes to its store directly)",
+    )?;
+    let snapshot = store
+        .load()
+        .context("cannot read the fleet's records from the store")?;
+    let mut core = federation::fleet_core::FleetCore::new(
+        config,
+        Box::new(federation::authority::NoKeys),
+        snapshot,
+        0,
+        HashMap::new(),
+    );
+    let output = core.break_glass_admin_token(
+        federation::now_unix(),
+        federation::random_alnum(8),
+        federation::random_alnum(40),
+    );
+    store
+        .commit(&output.persist)
+        .context("cannot write the new token to the store")?;
+    let path = data_dir.join("admin-token");
+    write_secret(&path, output.reply.as_bytes())?;
+    println!(
+        "nephele-cloud: added a break-glass admin API token (recorded in the audit log; shown once; also saved to {}):\n  {}",
+        path.display(),
+        output.reply
+    );
+    Ok(())
+}
+
+/// The data dir and shared dir (made and resolved) and the store they hold, redb in
+/// the data dir or etcd as the config says.
+fn open_state(config: &CloudConfig) -> Result<(store::Store, PathBuf, PathBuf)> {
     let data_dir = config.data_dir.clone();
     std::fs::create_dir_all(&data_dir)
         .with_context(|| format!("cannot create data dir {}", data_dir.display()))?;
@@ -491,6 +520,27 @@ pub async fn serve(
         tracing::info!(endpoints = %endpoints.join(","), prefix = %config.store.etcd_prefix, "state in etcd");
         store
     };
+    Ok((store, data_dir, shared_dir))
+}
+
+pub async fn serve(
+    config: CloudConfig,
+    ready_file: Option<PathBuf>,
+    quic_runtime: tokio::runtime::Handle,
+) -> Result<()> {
+    config
+        .validate()
+        .map_err(|e| anyhow::anyhow!("invalid config: {e}"))?;
+    // Before anything is opened: a wrong collector address is said at once.
+    let tracing_settings = nephele_otel::Settings::resolve(
+        config.tracing.otlp_endpoint.as_deref(),
+        config.tracing.otlp_protocol.as_deref(),
+        config.tracing.sample_ratio,
+        "nephele-cloud",
+        &|key| std::env::var(key).ok(),
+    )
+    .map_err(|e| anyhow::anyhow!("tracing: {e}"))?;
+    let (store, data_dir, shared_dir) = open_state(&config)?;
     // The CA first: a standby serves HTTPS (and checks the leader's) before it leads.
     let (ca, signing_key) = if store.etcd_client().is_some() {
         shared_secrets(&store, &data_dir)?

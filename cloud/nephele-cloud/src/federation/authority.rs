@@ -53,7 +53,7 @@ impl Authority for Keys {
 /// What a read-only copy of the fleet holds instead of keys: nothing. A
 /// [`super::fleet_copy::FleetCopy`] only answers reads, which sign nothing, so these
 /// are never asked; were they, they refuse or give nothing.
-pub(super) struct NoKeys;
+pub(crate) struct NoKeys;
 
 impl Authority for NoKeys {
     fn sign_agent_csr(&self, _: &[u8], _: &str, _: &str) -> Result<Vec<u8>, String> {

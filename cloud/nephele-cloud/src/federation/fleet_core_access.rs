@@ -91,6 +91,45 @@ impl FleetCore {
         self.finish(Some(token), Vec::new())
     }
 
+    /// A new admin token of tenant `default`, whatever tokens exist (the break-glass way
+    /// back when every admin token was rotated, revoked or lost: run on the control
+    /// plane's own machine, against its store, while it is stopped), and its audit
+    /// entry. Other tokens are left as they are.
+    pub fn break_glass_admin_token(
+        &mut self,
+        now_unix: u64,
+        id: String,
+        secret: String,
+    ) -> Output<String> {
+        self.begin();
+        let token = format!("{id}.{secret}");
+        self.write(Write::Put(Record::ApiToken(ApiTokenRecord {
+            id: id.clone(),
+            sha256: sha256_hex(token.as_bytes()),
+            role: Role::Admin,
+            tenant: crate::store::default_tenant(),
+            created_unix: now_unix,
+            name: "break-glass-admin".into(),
+            created_by: "break-glass (nephele-cloud --reset-admin-token, on the data dir)".into(),
+            expires_unix: None,
+            revoked_unix: None,
+            rotated_unix: None,
+        })));
+        self.append_audit(AuditEntry {
+            unix_ms: now_unix * 1000,
+            principal: Some(Principal {
+                token: id,
+                role: Role::Admin,
+                tenant: crate::store::default_tenant(),
+            }),
+            method: "POST".into(),
+            path: "/break-glass/admin-token".into(),
+            status: 201,
+            peer: "local".into(),
+        });
+        self.finish(token, Vec::new())
+    }
+
     /// Who a bearer token speaks for, if it is one of ours, not revoked and not
     /// expired at `now_unix`.
     pub fn authenticate(&self, token: &str, now_unix: u64) -> Option<Principal> {

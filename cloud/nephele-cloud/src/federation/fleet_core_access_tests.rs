@@ -388,3 +388,29 @@ fn a_tenants_deployments_may_not_ask_for_more_replicas_than_its_quota() {
         Err(ApiError::Invalid { field, message }) if field == "quota_replicas" && message.contains("2 replicas")
     ));
 }
+
+#[test]
+fn a_break_glass_token_is_an_admin_beside_the_others_and_is_audited() {
+    let mut core = FleetCore::new(
+        crate::config::CloudConfig::default(),
+        Box::new(NoKeys),
+        Default::default(),
+        0,
+        std::collections::HashMap::new(),
+    );
+    let first = core.bootstrap_admin_token(1, "first000".into(), "a".repeat(40));
+    let first = first.reply.expect("bootstrap");
+    let output = core.break_glass_admin_token(5, "glass000".into(), "b".repeat(40));
+    assert_eq!(output.persist.len(), 2, "the token and its audit entry");
+    let token = output.reply;
+    let who = core.authenticate(&token, 6).expect("an active token");
+    assert_eq!(who.role, Role::Admin);
+    assert!(
+        core.authenticate(&first, 6).is_some(),
+        "the others are left alone"
+    );
+    let audit = core.audit_views(0, 10, None);
+    assert_eq!(audit.len(), 1);
+    assert_eq!(audit[0].path, "/break-glass/admin-token");
+    assert_eq!(audit[0].peer, "local");
+}

@@ -758,7 +758,7 @@ pub fn device(args: ApiArgs, command: DeviceCommand) -> Result<()> {
             let listing = list.read::<DeviceView>(&api, "/v1/devices")?;
             show(args.json, &listing.items, |devices| {
                 println!(
-                    "{:<14} {:<5} {:<10} {:<22} {:<8} {:>6} {:>9} {:>8} {:>10}  ADDRESS",
+                    "{:<14} {:<5} {:<10} {:<22} {:<8} {:>6} {:>9} {:>8} {:>10}  {:<21}  LABELS",
                     "NAME",
                     "ROLE",
                     "REGION",
@@ -767,7 +767,8 @@ pub fn device(args: ApiArgs, command: DeviceCommand) -> Result<()> {
                     "CORES",
                     "RSS MB",
                     "RTT MS",
-                    "LINK MBIT"
+                    "LINK MBIT",
+                    "ADDRESS"
                 );
                 for d in devices {
                     let rss = d
@@ -780,8 +781,17 @@ pub fn device(args: ApiArgs, command: DeviceCommand) -> Result<()> {
                             .map(|v| format!("{:.1}", v as f64 / scale))
                             .unwrap_or("-".into())
                     };
+                    let labels = if d.labels.is_empty() {
+                        "-".to_string()
+                    } else {
+                        d.labels
+                            .iter()
+                            .map(|(k, v)| format!("{k}={v}"))
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    };
                     println!(
-                        "{:<14} {:<5} {:<10} {:<22} {:<8} {:>6} {:>9} {:>8} {:>10}  {}",
+                        "{:<14} {:<5} {:<10} {:<22} {:<8} {:>6} {:>9} {:>8} {:>10}  {:<21}  {labels}",
                         d.name,
                         d.role,
                         d.region,

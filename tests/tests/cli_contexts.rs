@@ -55,6 +55,8 @@ fn login_saves_a_context_that_later_commands_use() {
         !ok && err.contains("did not pass the TLS check") && err.contains("--ca"),
         "{err}"
     );
+    // A TLS failure is not blamed on the token.
+    assert!(!err.contains("did not accept this token"), "{err}");
     assert!(!config.exists());
     // So is a CA file that holds no certificate.
     let (ok, _, err) = nephele(

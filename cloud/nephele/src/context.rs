@@ -168,9 +168,16 @@ pub fn login(api: ApiArgs, args: LoginArgs) -> Result<()> {
     // One call that every role may make says whether the token works here (and the
     // CA, whether the API is the one it says it is).
     let client = crate::client::Api::with_ca(&base, &token, ca.as_deref());
-    let tenants: Vec<nephele_api::TenantView> = client
-        .get_as("/v1/tenants")
-        .context("the API did not accept this token")?;
+    let tenants: Vec<nephele_api::TenantView> = client.get_as("/v1/tenants").map_err(|error| {
+        // Only a refusal of the token is the token's fault: a TLS failure (a wrong
+        // or missing CA) or an unreachable API says so itself.
+        let text = format!("{error:#}");
+        if text.contains("401") || text.contains("403") {
+            error.context("the API did not accept this token")
+        } else {
+            error.context(format!("cannot check the token at {base}"))
+        }
+    })?;
     let tenant = tenants
         .first()
         .map_or_else(|| "-".to_string(), |t| t.name.clone());

@@ -606,6 +606,10 @@ impl FleetCore {
                     deployment.selector
                 ),
             });
+        } else if deployment.selector.is_empty() {
+            warnings.push(format!(
+                "no selector: it runs on every edge device ({desired} now, and each that joins); give --selector KEY=VALUE to choose them"
+            ));
         }
         DeploymentStatus {
             name: deployment.name.clone(),

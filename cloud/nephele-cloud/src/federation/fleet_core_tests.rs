@@ -941,6 +941,17 @@ fn a_selector_that_matches_no_device_is_accepted_with_a_warning_and_the_count() 
         .expect("accepted");
     assert_eq!(some.desired_devices, 1);
     assert!(some.warnings.is_empty(), "{:?}", some.warnings);
+    // No selector: every device, said so.
+    let every = core
+        .create_deployment(1, spec("d3", "m", "", "auto"), "default")
+        .reply
+        .expect("accepted");
+    assert_eq!(every.desired_devices, 1);
+    assert!(
+        every.warnings.len() == 1 && every.warnings[0].contains("runs on every edge device (1 now"),
+        "{:?}",
+        every.warnings
+    );
 }
 
 /// A new deployment sends its desired state to the devices it selects and to no other:

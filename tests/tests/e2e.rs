@@ -1068,8 +1068,20 @@ fn jobs_are_scheduled_onto_pool_agents() {
         ok && text.contains("pool-1") && text.contains("default/urgent"),
         "{text}"
     );
-    let (ok, text) = cli(&["job", "submit", "x", "--gpus", "2", "--gpu-milli", "500"]);
+    let (ok, text) = cli(&[
+        "job",
+        "submit",
+        "x",
+        "--gpus",
+        "2",
+        "--gpu-milli",
+        "500",
+        "--hold",
+    ]);
     assert!(!ok && text.contains("fractional"), "{text}");
+    // A job with nothing to run is refused unless it only holds its resources.
+    let (ok, text) = cli(&["job", "submit", "x", "--gpus", "1"]);
+    assert!(!ok && text.contains("--hold to only hold"), "{text}");
     // `--stale` (any replica may answer) is accepted by the leader on every read.
     for args in [
         &["job", "list", "--stale"][..],

@@ -182,7 +182,18 @@ fn tenants_are_made_changed_and_deleted_through_the_api_and_hold_their_jobs_to_q
     );
     assert_eq!(status, 409, "the job quota holds after the restart: {body}");
 
-    // Not deleted while it holds jobs, then tokens; deleted once it holds nothing.
+    // A model version of its own, pushed by its developer.
+    let file = cloud.dir.join("mx.onnx");
+    std::fs::write(&file, nephele_runtime::synthetic::dense_mlp(4, 8, 1, 2, 7)).unwrap();
+    let (ok, out) = nephele(
+        &cloud,
+        &developer,
+        &["model", "push", "mx", file.to_str().unwrap()],
+    );
+    assert!(ok, "{out}");
+
+    // Not deleted while it holds jobs, then tokens and models; deleted once it holds
+    // nothing.
     let (ok, out) = nephele(&cloud, &admin, &["tenant", "delete", "team-x"]);
     assert!(
         !ok && out.contains("jobs that have not ended (2 in eu-west)"),
@@ -199,7 +210,31 @@ fn tenants_are_made_changed_and_deleted_through_the_api_and_hold_their_jobs_to_q
         );
     }
     let (ok, out) = nephele(&cloud, &admin, &["tenant", "delete", "team-x"]);
-    assert!(!ok && out.contains("1 API token(s)"), "{out}");
+    assert!(
+        !ok && out.contains("1 API token(s), 1 model version(s)"),
+        "{out}"
+    );
+    // `model delete` takes the model away (the default tenant's token does not see it).
+    let default_developer = cloud
+        .post(
+            "/v1/api-tokens",
+            &json!({"name": "d-dev", "role": "developer", "tenant": "default"}),
+        )
+        .unwrap()["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (ok, out) = nephele(&cloud, &default_developer, &["model", "delete", "mx"]);
+    assert!(!ok && out.contains("no model named mx"), "{out}");
+    let (ok, out) = nephele(&cloud, &developer, &["model", "delete", "mx"]);
+    assert!(ok && out.contains("deleted model mx:"), "{out}");
+    let (ok, out) = nephele(&cloud, &developer, &["model", "get", "mx"]);
+    assert!(!ok && out.contains("no model named mx"), "{out}");
+    let (ok, out) = nephele(&cloud, &admin, &["tenant", "delete", "team-x"]);
+    assert!(
+        !ok && out.contains("1 API token(s), 0 model version(s)"),
+        "{out}"
+    );
     assert_eq!(
         delete(&cloud, &admin, &format!("/v1/api-tokens/{developer_id}")),
         200

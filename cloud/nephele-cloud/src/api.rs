@@ -414,6 +414,24 @@ async fn list_devices(
     page::answer_fetched(&request, &page, devices, total, |d| d.name.clone())
 }
 
+/// `GET /v1/devices/{name}`: one device, its labels, accelerators and what it runs.
+async fn get_device(
+    request: HttpRequest,
+    state: web::Data<ApiState>,
+    name: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let principal = authorize(&request, &state).await?;
+    let view = forward!(
+        state,
+        "get_device",
+        GetDevice {
+            name: name.into_inner(),
+            scope: principal.scope().map(str::to_string),
+        }
+    )?;
+    Ok(HttpResponse::Ok().json(view))
+}
+
 async fn delete_device(
     request: HttpRequest,
     state: web::Data<ApiState>,
@@ -529,6 +547,25 @@ async fn get_model(
         }
     )?;
     Ok(HttpResponse::Ok().json(view))
+}
+
+/// `DELETE /v1/models/{name}`: a version (`name:version`) or every version of a name;
+/// answers with what it deleted.
+async fn delete_model(
+    request: HttpRequest,
+    state: web::Data<ApiState>,
+    name: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let principal = authorize(&request, &state).await?;
+    let views = forward!(
+        state,
+        "delete_model",
+        DeleteModel {
+            reference: name.into_inner(),
+            scope: principal.scope().map(str::to_string),
+        }
+    )?;
+    Ok(HttpResponse::Ok().json(views))
 }
 
 async fn list_models(
@@ -1442,14 +1479,19 @@ pub fn routes(config: &mut web::ServiceConfig) {
                 .route(web::get().to(list_tokens)),
         )
         .service(resource("/v1/devices", "GET").route(web::get().to(list_devices)))
-        .service(resource("/v1/devices/{name}", "DELETE").route(web::delete().to(delete_device)))
+        .service(
+            resource("/v1/devices/{name}", "GET, DELETE")
+                .route(web::get().to(get_device))
+                .route(web::delete().to(delete_device)),
+        )
         .service(resource("/v1/devices/{name}/usage", "GET").route(web::get().to(device_usage)))
         .service(resource("/v1/models", "GET").route(web::get().to(list_models)))
         .service(
-            resource("/v1/models/{name}", "GET, PUT, POST")
+            resource("/v1/models/{name}", "GET, PUT, POST, DELETE")
                 .route(web::get().to(get_model))
                 .route(web::put().to(put_model))
-                .route(web::post().to(put_model)),
+                .route(web::post().to(put_model))
+                .route(web::delete().to(delete_model)),
         )
         .service(
             resource("/v1/deployments", "GET, POST")

@@ -705,6 +705,29 @@ impl Handler<ListDevices> for FederationActor {
     }
 }
 
+/// `GET /v1/devices/{name}`: one device, as `scope` may see it.
+#[derive(Message)]
+#[rtype(result = "Result<DeviceView, ApiError>")]
+pub struct GetDevice {
+    pub name: String,
+    pub scope: Option<String>,
+}
+
+impl Handler<GetDevice> for FederationActor {
+    type Result = Result<DeviceView, ApiError>;
+    fn handle(&mut self, message: GetDevice, _: &mut Self::Context) -> Self::Result {
+        let mut view = self.core.device_view_named(self.now_ms(), &message.name)?;
+        view.address = self
+            .connections
+            .get(&view.name)
+            .filter(|c| Some(c.id) == view.session)
+            .map(|c| c.connection.remote_address().to_string());
+        self.core
+            .scope_device_view(&mut view, message.scope.as_deref());
+        Ok(view)
+    }
+}
+
 #[derive(Message)]
 #[rtype(result = "Result<(), ApiError>")]
 pub struct DeleteDevice(pub String);
@@ -820,6 +843,24 @@ impl Handler<GetModel> for FederationActor {
     fn handle(&mut self, message: GetModel, _: &mut Self::Context) -> Self::Result {
         self.core
             .model_view_for(&message.reference, message.scope.as_deref())
+    }
+}
+
+/// `DELETE /v1/models/{name}`: a model version, or every version of a name.
+#[derive(Message)]
+#[rtype(result = "Result<Vec<ModelView>, ApiError>")]
+pub struct DeleteModel {
+    pub reference: String,
+    pub scope: Option<String>,
+}
+
+impl Handler<DeleteModel> for FederationActor {
+    type Result = Result<Vec<ModelView>, ApiError>;
+    fn handle(&mut self, message: DeleteModel, _: &mut Self::Context) -> Self::Result {
+        let output = self
+            .core
+            .delete_model(&message.reference, message.scope.as_deref());
+        self.run(output)?
     }
 }
 

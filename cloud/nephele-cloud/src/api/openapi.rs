@@ -177,6 +177,15 @@ fn routes(s: &mut Schemas) -> Vec<Route> {
             Answer::Json(200, s.list::<DeviceView>()),
         ),
         route(
+            "get",
+            "/v1/devices/{name}",
+            "getDevice",
+            "One device: role, region, profile, labels, health, link and what it runs (another tenant's deployments left out).",
+            "viewer",
+            Body::None,
+            Answer::Json(200, s.out::<DeviceView>()),
+        ),
+        route(
             "delete",
             "/v1/devices/{name}",
             "deleteDevice",
@@ -211,6 +220,15 @@ fn routes(s: &mut Schemas) -> Vec<Route> {
             "viewer",
             Body::None,
             Answer::Json(200, s.out::<ModelView>()),
+        ),
+        route(
+            "delete",
+            "/v1/models/{name}",
+            "deleteModel",
+            "Delete a model version (`name:version`), or every version of a name; refused (409) while a deployment runs one. Answers with what was deleted.",
+            "developer",
+            Body::None,
+            Answer::Json(200, s.list::<ModelView>()),
         ),
         route(
             "post",

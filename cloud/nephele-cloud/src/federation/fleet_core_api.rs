@@ -198,6 +198,19 @@ impl FleetCore {
             .collect()
     }
 
+    /// One device's view (`GET /v1/devices/{name}`).
+    pub fn device_view_named(&self, now_ms: u64, name: &str) -> Result<DeviceView, ApiError> {
+        self.records
+            .devices
+            .get(name)
+            .map(|d| self.device_view(now_ms, d))
+            .ok_or_else(|| {
+                ApiError::NotFound(format!(
+                    "no device named {name}; `nephele device list` shows the enrolled devices"
+                ))
+            })
+    }
+
     /// `healthy` (heartbeats on time), `stale` (connected, heartbeats late) or
     /// `offline`.
     fn health_of(&self, now_ms: u64, name: &str) -> &'static str {
@@ -439,6 +452,82 @@ impl FleetCore {
         self.write(Write::Put(Record::Model(Box::new(record))));
         self.set_build(&name, None);
         Ok(view)
+    }
+
+    /// Deletes a model version (`name:version`), or every version of a name and its
+    /// failed build (`name`), as `scope` may: another tenant's model is not found.
+    /// Refused while a deployment runs a version it would remove (also as either side
+    /// of a rollout under way), or while the name is being built. The blobs stay (they
+    /// are content-addressed and may serve another model).
+    pub fn delete_model(
+        &mut self,
+        reference: &str,
+        scope: Option<&str>,
+    ) -> Output<Result<Vec<ModelView>, ApiError>> {
+        self.writes_only(|core| core.delete_model_checked(reference, scope))
+    }
+
+    fn delete_model_checked(
+        &mut self,
+        reference: &str,
+        scope: Option<&str>,
+    ) -> Result<Vec<ModelView>, ApiError> {
+        // Visibility first: another tenant's model reads as absent.
+        self.model_view_for(reference, scope)?;
+        let (name, version) = match reference.split_once(':') {
+            Some((name, version)) => (name, Some(version)),
+            None => (reference, None),
+        };
+        if let Some(build) = self.builds.get(name).filter(|b| b.error.is_none()) {
+            let view = build.view(name);
+            if version.is_none_or(|v| v == view.version) {
+                return Err(ApiError::Conflict(format!(
+                    "model {name} is being built; wait for it (`nephele model get {name}`) and delete it then"
+                )));
+            }
+        }
+        let doomed: Vec<ModelRecord> = match version {
+            Some(_) => self
+                .catalog
+                .resolve(reference)
+                .cloned()
+                .into_iter()
+                .collect(),
+            None => self.catalog.versions(name).into_iter().cloned().collect(),
+        };
+        let users: Vec<String> = self
+            .catalog
+            .deployments()
+            .filter(|d| {
+                let mut runs = vec![d.model.as_str()];
+                if let Some(rollout) = d.active_rollout() {
+                    runs.extend([rollout.from.model.as_str(), rollout.to.model.as_str()]);
+                }
+                doomed.iter().any(|m| runs.contains(&m.key().as_str()))
+            })
+            .map(|d| d.name.clone())
+            .collect();
+        if !users.is_empty() {
+            return Err(ApiError::Conflict(format!(
+                "{reference} is deployed by {}; delete those deployments or update them to another version first",
+                users.join(", ")
+            )));
+        }
+        let mut deleted: Vec<ModelView> = doomed.iter().map(super::views::model_view).collect();
+        for record in &doomed {
+            self.write(Write::Delete(Table::Models, record.key()));
+        }
+        // A failed build of the name goes with it (its view said `failed`).
+        if let Some(build) = self.builds.get(name).cloned() {
+            if version.is_none_or(|v| v == build.view(name).version) {
+                deleted.push(build.view(name));
+                self.set_build(name, None);
+            }
+        }
+        for view in &deleted {
+            tracing::info!(model = %view.reference, "model deleted");
+        }
+        Ok(deleted)
     }
 
     // ------------------------------------------------------------------------------

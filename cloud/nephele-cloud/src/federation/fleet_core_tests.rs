@@ -1159,3 +1159,47 @@ fn a_page_of_devices_is_built_from_its_cursor_and_regions_count_devices_by_healt
         usage
     );
 }
+
+#[test]
+fn a_model_version_a_deployment_runs_is_not_deleted_and_one_out_of_use_is() {
+    let mut shell = Shell::with_every_device_running_m00();
+    // During a rollout from m:00 to m:v2 both versions are in use.
+    shell.update("d0", "m:v2");
+    for reference in ["m:00", "m:v2", "m"] {
+        let refused = shell.core.delete_model(reference, None);
+        assert!(
+            matches!(refused.reply, Err(ApiError::Conflict(ref m)) if m.contains("deployed by d0")),
+            "{reference}: {:?}",
+            refused.reply
+        );
+        assert!(refused.persist.is_empty(), "{reference}");
+    }
+    shell.act("d0", RolloutAction::Rollback);
+    // Another tenant's token does not see the model at all.
+    let hidden = shell.core.delete_model("m:v2", Some("team-a"));
+    assert!(matches!(hidden.reply, Err(ApiError::NotFound(_))));
+    let output = shell.core.delete_model("m:v2", None);
+    let deleted = shell.run(output).expect("committed").expect("deleted");
+    assert_eq!(
+        deleted
+            .iter()
+            .map(|m| m.reference.as_str())
+            .collect::<Vec<_>>(),
+        ["m:v2"]
+    );
+    assert!(matches!(
+        shell.core.model_view("m:v2"),
+        Err(ApiError::NotFound(_))
+    ));
+    assert_eq!(shell.core.model_view("m").expect("latest").version, "00");
+    shell.check_mirror();
+    // Out of use, the whole name goes.
+    shell.undeploy("d0");
+    let output = shell.core.delete_model("m", None);
+    let deleted = shell.run(output).expect("committed").expect("deleted");
+    assert_eq!(deleted.len(), 1);
+    assert!(shell.core.model_views().is_empty());
+    let again = shell.core.delete_model("m", None);
+    assert!(matches!(again.reply, Err(ApiError::NotFound(_))));
+    shell.check_mirror();
+}

@@ -8,7 +8,7 @@ use nephele_proto::{
 };
 
 use super::*;
-use crate::config::{NodesConfig, ProviderKind};
+use crate::config::{NodesConfig, PoolConfig, ProviderKind, RegionConfig};
 
 fn pool(name: &str, profile: &str, max_nodes: u32, provider: ProviderKind) -> PoolConfig {
     PoolConfig {

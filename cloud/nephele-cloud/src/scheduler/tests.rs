@@ -1,6 +1,9 @@
 //! Tests of the region scheduler core.
 
+use nephele_placement::grid::{GridPoint, HOUR_S};
+
 use super::*;
+use crate::config::{PoolConfig, RegionConfig, TenantConfig};
 
 fn region(max_nodes: u32) -> RegionConfig {
     RegionConfig {

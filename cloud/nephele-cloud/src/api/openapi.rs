@@ -843,7 +843,7 @@ mod tests {
                 .values()
                 .map(|p| p.as_object().unwrap().len())
                 .sum::<usize>(),
-            40
+            42
         );
         assert!(components.contains_key("DeploymentSpecInput"));
         assert!(components.contains_key("DeploymentStatus"));

@@ -174,6 +174,16 @@ enum Command {
 
 fn main() {
     let cli = Cli::parse();
+    if !matches!(
+        cli.command,
+        Command::Demo(_)
+            | Command::Sim { .. }
+            | Command::Bench { .. }
+            | Command::Cloud(_)
+            | Command::Edge { .. }
+    ) {
+        output::end_quietly_on_closed_stdout();
+    }
     let result = match cli.command {
         Command::Demo(args) => demo::run(args),
         Command::Sim { command } => sim::run(command),

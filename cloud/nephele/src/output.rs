@@ -108,6 +108,19 @@ pub fn write_stdout(bytes: &[u8]) -> anyhow::Result<()> {
     }
 }
 
+/// For the commands that talk to the API and print (every one but the servers,
+/// simulations and benchmarks): a reader that goes away early (`nephele device list
+/// | head -1`) ends the process quietly, as it ends `ls` or `git log`, wherever the
+/// printing happens, instead of a panic at the next `println!`. Rust ignores SIGPIPE
+/// so that writes return an error; these commands write only to stdout and to their
+/// HTTP connection (sent with `MSG_NOSIGNAL`), so its default action is safe here.
+/// The long-running commands keep it ignored: their sockets and child pipes must
+/// never end the process.
+pub fn end_quietly_on_closed_stdout() {
+    // Called first thing in `main`, before any thread starts.
+    sigpipe::reset();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,9 +16,15 @@ fn sources(root: &Path, dir: &Path, found: &mut Vec<PathBuf>) {
     for entry in entries.flatten() {
         let path = entry.path();
         let relative = path.strip_prefix(root).unwrap_or(&path).to_path_buf();
-        let skip = ["target", ".git", "tests/tests", "shared/vendor", "node_modules"]
-            .iter()
-            .any(|s| relative == Path::new(s));
+        let skip = [
+            "target",
+            ".git",
+            "tests/tests",
+            "shared/vendor",
+            "node_modules",
+        ]
+        .iter()
+        .any(|s| relative == Path::new(s));
         if skip {
             continue;
         }

@@ -426,6 +426,10 @@ pub struct ReplicaView {
     pub placed_unix: Option<u64>,
     pub cold_start_ms: Option<u64>,
     pub error: Option<String>,
+    /// Why a `pending` replica has no node yet (replicas of one deployment take a node
+    /// each), as a pending job says it.
+    #[serde(default)]
+    pub why_pending: Option<WhyPendingView>,
 }
 
 /// `GET /v1/jobs/{name}/logs`: a slice of a member's output.

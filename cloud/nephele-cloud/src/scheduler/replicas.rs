@@ -575,6 +575,7 @@ impl RegionScheduler {
                         .zip(r.placed_unix)
                         .map(|(ready, placed)| ready.saturating_sub(placed) * 1000),
                     error: r.failed.clone(),
+                    why_pending: (state == "pending").then(|| self.why(*id)),
                 }
             })
             .collect();

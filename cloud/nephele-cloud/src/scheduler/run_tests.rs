@@ -446,14 +446,21 @@ fn replicas_are_placed_one_per_node_above_batch_and_routed_once_ready() {
     s.tick(40);
     let (ready_n, starting, pending) = s.replica_counts("digits");
     assert_eq!((ready_n + starting, pending), (3, 1));
-    let why = s
-        .replica_set_view("digits")
-        .expect("view")
+    let view = s.replica_set_view("digits").expect("view");
+    let pending: Vec<_> = view
         .replicas
         .iter()
         .filter(|r| r.state == "pending")
-        .count();
-    assert_eq!(why, 1);
+        .collect();
+    assert_eq!(pending.len(), 1);
+    // The pending one says why, as a pending job does; the placed ones say nothing.
+    let why = pending[0].why_pending.as_ref().expect("a reason");
+    assert!(!why.message.is_empty(), "{why:?}");
+    assert!(view
+        .replicas
+        .iter()
+        .filter(|r| r.state != "pending")
+        .all(|r| r.why_pending.is_none()));
     // Scaling in removes the pending one first, then a ready one.
     s.scale("digits", 2, 41).expect("scaled");
     assert_eq!(s.replica_counts("digits").2, 0);

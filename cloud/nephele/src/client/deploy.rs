@@ -300,6 +300,15 @@ pub fn deploy(args: ApiArgs, command: DeployCommand) -> Result<()> {
                             text(replica.agent.as_deref()),
                             cold
                         );
+                        if let Some(why) = &replica.why_pending {
+                            println!("    not placed: {}", why.message);
+                            if let Some(hint) = &why.hint {
+                                println!("    hint: {hint}");
+                            }
+                        }
+                        if let Some(error) = &replica.error {
+                            println!("    failed: {error}");
+                        }
                     }
                 }
             });

@@ -236,6 +236,11 @@ fn print_carbon_plan(job: &JobView) {
     }
 }
 
+/// How the last attempt ended (`failed: member 0 could not start: …`), if it did.
+fn last_outcome(job: &JobView) -> Option<&str> {
+    job.attempts.last().and_then(|a| a.outcome.as_deref())
+}
+
 fn print_job(job: &JobView) {
     println!(
         "job {}/{} in region {}: {} (priority {}, {} member(s))",
@@ -253,8 +258,9 @@ fn print_job(job: &JobView) {
             }
         }
         "backoff" => println!(
-            "  attempt {} failed; runs again at {}",
+            "  attempt {} {}; runs again at {}",
             job.attempt,
+            last_outcome(job).unwrap_or("failed"),
             when_unix(job.retry_at_unix)
         ),
         "succeeded" | "failed" => println!("  {}", text(job.outcome.as_deref())),
@@ -292,6 +298,9 @@ fn print_job(job: &JobView) {
                 num(m.pid),
                 exit
             );
+            if let Some(error) = &m.error {
+                println!("           {error}");
+            }
         }
     }
     if job.attempts.len() > 1 {
@@ -414,6 +423,8 @@ pub fn job(args: ApiArgs, command: JobCommand) -> Result<()> {
                     let detail = match j.state.as_str() {
                         "pending" => text(j.why_pending.as_ref().map(|w| w.message.as_str())),
                         "deferred" => text(j.deferral.as_ref().map(|d| d.reason.as_str())),
+                        "backoff" => text(last_outcome(j)),
+                        "failed" => text(j.outcome.as_deref()),
                         _ => job_nodes(j),
                     };
                     println!(

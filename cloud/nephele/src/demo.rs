@@ -40,6 +40,11 @@ pub struct DemoArgs {
     /// Leave the fleet running after the burst (Ctrl-C to stop).
     #[arg(long)]
     pub keep_running: bool,
+    /// The API's port on 127.0.0.1. Default: with --keep-running 8080 (so a saved
+    /// `nephele login` context keeps working from one run to the next) unless another
+    /// process holds it, otherwise any free port.
+    #[arg(long, value_name = "PORT")]
+    pub api_port: Option<u16>,
     /// Requests sent to each device (the smallest device gets twice as many).
     #[arg(long, default_value_t = 360)]
     pub requests: usize,
@@ -105,6 +110,7 @@ impl AgentExe {
 /// `--keep-running`), or how to keep it up; logs only where they outlive the demo.
 fn closing_lines(
     api_addr: &str,
+    quic_addr: &str,
     root: &std::path::Path,
     keep_running: bool,
     kept_dir: bool,
@@ -132,6 +138,9 @@ fn closing_lines(
             token.display()
         ));
         lines.push(format!("agent endpoints: {}", endpoints.join(", ")));
+        lines.push(format!(
+            "agents join at {quic_addr} (QUIC): nephele token create --region eu-west, then nephele-edge join --server {quic_addr} --token …"
+        ));
     } else {
         lines.push(
             "the fleet stops now; run `nephele demo --keep-running` to keep it up and explore it \
@@ -207,8 +216,9 @@ const FLEET: &[DeviceSpec] = &[
     },
 ];
 
+/// The demo's control-plane config; `API_LISTEN` is replaced by the API's address.
 const CLOUD_CONFIG: &str = r#"
-api_listen = "127.0.0.1:0"
+api_listen = "API_LISTEN"
 quic_listen = "127.0.0.1:0"
 heartbeat_interval_ms = 500
 
@@ -226,6 +236,50 @@ max_nodes = 4
 name = "us-east"
 carbon_zone = "US-MIDA-PJM"
 "#;
+
+/// Where the demo's API listens: `--api-port`, else 8080 with `--keep-running` when
+/// it is free, else any free port (a test or a second demo may run beside this one).
+fn api_listen(args: &DemoArgs) -> String {
+    let port = args.api_port.unwrap_or_else(|| {
+        let stable = 8080;
+        let free = std::net::TcpListener::bind(("127.0.0.1", stable)).is_ok();
+        if args.keep_running && free {
+            stable
+        } else {
+            if args.keep_running {
+                progress(
+                    args.json,
+                    "127.0.0.1:8080 is taken: the API gets a free port (--api-port N chooses one)",
+                );
+            }
+            0
+        }
+    });
+    format!("127.0.0.1:{port}")
+}
+
+/// Ends the job members that a pool agent's supervisors still run (they outlive their
+/// agent on purpose), from their status files: the demo's last cleanup, which needs
+/// neither the API nor its token.
+struct MemberReaper {
+    data_dirs: Vec<PathBuf>,
+}
+
+impl Drop for MemberReaper {
+    fn drop(&mut self) {
+        for dir in &self.data_dirs {
+            if let Ok(layout) = nephele_edge::jobs::files::JobLayout::new(dir) {
+                let killed = layout.kill_running_members();
+                if killed > 0 {
+                    eprintln!(
+                        "[demo] ended {killed} job member(s) still running under {}",
+                        dir.display()
+                    );
+                }
+            }
+        }
+    }
+}
 
 /// Deletes every job and waits (up to 10 s) until no agent reports a running member.
 fn stop_jobs(api: &Api, endpoints: &[String]) {
@@ -521,6 +575,15 @@ pub fn run(args: DemoArgs) -> Result<()> {
     let _ = std::fs::remove_dir_all(&root);
     std::fs::create_dir_all(&root)?;
     let agent_exe = AgentExe::new(args.agent_bin.as_deref())?;
+    // Dropped after `fleet` (declared before it): once the agents are gone, any job
+    // member still running is ended from its status file, with no API involved.
+    let reaper = MemberReaper {
+        data_dirs: FLEET
+            .iter()
+            .filter(|d| d.role == "pool")
+            .map(|d| root.join(d.name))
+            .collect(),
+    };
     let mut fleet = Fleet {
         children: Vec::new(),
     };
@@ -538,7 +601,11 @@ pub fn run(args: DemoArgs) -> Result<()> {
         admin_token,
         ca_pem,
         ..
-    } = start_cloud(&mut fleet, &root, CLOUD_CONFIG)?;
+    } = start_cloud(
+        &mut fleet,
+        &root,
+        &CLOUD_CONFIG.replace("API_LISTEN", &api_listen(&args)),
+    )?;
     let api = Api::with_ca(&format!("https://{api_addr}"), &admin_token, Some(&ca_pem));
 
     progress(
@@ -924,6 +991,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
         println!();
         for line in closing_lines(
             &api_addr.to_string(),
+            &quic_addr,
             &root,
             args.keep_running,
             args.dir.is_some(),
@@ -942,9 +1010,11 @@ pub fn run(args: DemoArgs) -> Result<()> {
     }
     // Job members run under supervisors that outlive their agent on purpose (an agent
     // restart must not kill a job), so the demo ends its jobs through the API before it
-    // stops the fleet; otherwise `sleep 3600` would outlive the demo by an hour.
+    // stops the fleet, and then (should the API have refused: a rotated token) ends
+    // what still runs from the pool agents' status files.
     stop_jobs(&api, &endpoints);
     drop(fleet);
+    drop(reaper);
     if args.dir.is_none() {
         let _ = std::fs::remove_dir_all(&root);
     }
@@ -959,7 +1029,15 @@ mod tests {
     fn the_demo_points_only_at_what_still_runs() {
         let root = std::path::Path::new("/tmp/nephele-demo-x");
         let endpoints = ["http://127.0.0.1:9001".to_string()];
-        let gone = closing_lines("127.0.0.1:8080", root, false, false, &endpoints).join("\n");
+        let gone = closing_lines(
+            "127.0.0.1:8080",
+            "127.0.0.1:9443",
+            root,
+            false,
+            false,
+            &endpoints,
+        )
+        .join("\n");
         assert!(
             !gone.contains("http://") && !gone.contains("https://"),
             "{gone}"
@@ -969,12 +1047,28 @@ mod tests {
             "a removed folder: {gone}"
         );
         assert!(gone.contains("--keep-running"), "{gone}");
-        let kept = closing_lines("127.0.0.1:8080", root, false, true, &endpoints).join("\n");
+        let kept = closing_lines(
+            "127.0.0.1:8080",
+            "127.0.0.1:9443",
+            root,
+            false,
+            true,
+            &endpoints,
+        )
+        .join("\n");
         assert!(
             kept.contains("logs and data: /tmp/nephele-demo-x"),
             "{kept}"
         );
-        let up = closing_lines("127.0.0.1:8080", root, true, false, &endpoints).join("\n");
+        let up = closing_lines(
+            "127.0.0.1:8080",
+            "127.0.0.1:9443",
+            root,
+            true,
+            false,
+            &endpoints,
+        )
+        .join("\n");
         assert!(
             up.contains(
                 "nephele device list --api https://127.0.0.1:8080 --ca /tmp/nephele-demo-x/cloud-data/ca.pem --token"
@@ -990,5 +1084,9 @@ mod tests {
             "{up}"
         );
         assert!(up.contains("http://127.0.0.1:9001"), "{up}");
+        assert!(
+            up.contains("nephele-edge join --server 127.0.0.1:9443"),
+            "{up}"
+        );
     }
 }

@@ -61,6 +61,39 @@ impl JobLayout {
         self.attempt_dir(key).join(format!("member-{}", key.member))
     }
 
+    /// SIGKILLs the process group of every member whose status file says it runs,
+    /// without the agent or the control plane: what tears down a node whose agent is
+    /// gone for good (the demo's cleanup). A group is signalled only while its leader
+    /// is the process the status file names (same start time), never a reused pid.
+    /// Returns how many groups were signalled.
+    pub fn kill_running_members(&self) -> usize {
+        let mut killed = 0;
+        let dirs = |dir: &Path| -> Vec<PathBuf> {
+            std::fs::read_dir(dir)
+                .map(|entries| entries.flatten().map(|e| e.path()).collect())
+                .unwrap_or_default()
+        };
+        for job in dirs(&self.root).into_iter().filter(|p| p.is_dir()) {
+            for attempt in dirs(&job).into_iter().filter(|p| p.is_dir()) {
+                for status in dirs(&attempt)
+                    .into_iter()
+                    .filter(|p| p.extension().is_some_and(|e| e == "status"))
+                {
+                    if let Some(SupervisorStatus::Running {
+                        pid, start_ticks, ..
+                    }) = SupervisorStatus::read(&status)
+                    {
+                        let leader = ProcessRef { pid, start_ticks };
+                        if signal_group(&leader, nix::sys::signal::Signal::SIGKILL) {
+                            killed += 1;
+                        }
+                    }
+                }
+            }
+        }
+        killed
+    }
+
     /// Deletes a member's log, status file and own working directory, then its attempt
     /// and job directories if that left them empty. Missing files are not an error.
     pub fn delete_member_files(&self, key: &MemberKey) -> std::io::Result<()> {
@@ -433,5 +466,55 @@ mod tests {
             assert!(!process_alive(&impostor));
             assert!(!process_exists(&impostor));
         }
+    }
+
+    #[test]
+    fn running_members_are_ended_from_their_status_files_and_reused_pids_are_not() {
+        use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
+        let dir = std::env::temp_dir().join(format!("nephele-reap-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let layout = JobLayout::new(&dir).expect("layout");
+        let spawn = || {
+            std::process::Command::new("sleep")
+                .arg("60")
+                .process_group(0)
+                .spawn()
+                .expect("sleep starts")
+        };
+        let (mut member, mut other) = (spawn(), spawn());
+        let key = |job: &str| MemberKey {
+            job: job.into(),
+            attempt: 1,
+            member: 0,
+        };
+        let running = |child: &std::process::Child, shift: u64| {
+            let process = process_ref(child.id());
+            SupervisorStatus::Running {
+                pid: process.pid,
+                start_ticks: process.start_ticks.map(|t| t + shift),
+                started_unix: 1,
+            }
+        };
+        std::fs::create_dir_all(layout.attempt_dir(&key("default/train"))).expect("dir");
+        running(&member, 0)
+            .write(&layout.status_file(&key("default/train")))
+            .expect("writes");
+        // A status naming `other`'s pid with another start time: the pid was reused.
+        std::fs::create_dir_all(layout.attempt_dir(&key("default/old"))).expect("dir");
+        running(&other, 1)
+            .write(&layout.status_file(&key("default/old")))
+            .expect("writes");
+        let reused_detectable = process_ref(other.id()).start_ticks.is_some();
+
+        let killed = layout.kill_running_members();
+        assert_eq!(killed, if reused_detectable { 1 } else { 2 });
+        assert_eq!(member.wait().expect("waits").signal(), Some(9));
+        if reused_detectable {
+            assert_eq!(other.try_wait().expect("try_wait"), None, "left alone");
+        }
+        let _ = other.kill();
+        let _ = other.wait();
+        assert_eq!(layout.kill_running_members(), 0, "nothing left to end");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -1159,13 +1159,7 @@ impl Handler<GetReplicas> for RegionActor {
     fn handle(&mut self, message: GetReplicas, _: &mut Self::Context) -> Self::Result {
         let mut view = self.scheduler.replica_set_view(&message.0);
         if let (Some(view), Some(serving)) = (view.as_mut(), self.serving.get(&message.0)) {
-            view.autoscaler = Some(serde_json::json!({
-                "decision": serving.core.decision,
-                "signals": serving.core.signals,
-                "forecaster": serving.core.policy.forecaster().kind_name(),
-                "capacity_per_replica_per_s": serving.core.policy.capacity().current(),
-                "capacity_learned": serving.core.policy.capacity().is_learned(),
-            }));
+            view.autoscaler = Some(serving.autoscaler_view());
         }
         MessageResult(view)
     }

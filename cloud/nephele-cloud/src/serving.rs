@@ -92,6 +92,58 @@ impl Serving {
         }
     }
 
+    /// What the API shows of its autoscaler: the last decision and its signals.
+    pub fn autoscaler_view(&self) -> nephele_api::AutoscalerView {
+        let decision = self
+            .core
+            .decision
+            .as_ref()
+            .map(|d| nephele_api::AutoscaleDecisionView {
+                desired: d.desired,
+                warm: d.warm,
+                mode: match d.mode {
+                    nephele_autoscale::Mode::Stable => "stable",
+                    nephele_autoscale::Mode::Panic => "panic",
+                }
+                .to_string(),
+                admission: nephele_api::AdmissionView {
+                    max_wait_ms: d.admission.max_wait_ms,
+                    max_rate_per_s: d.admission.max_rate_per_s,
+                    burst: d.admission.burst,
+                    retry_after_ms: d.admission.retry_after_ms,
+                },
+                forecast_rate_per_s: d.forecast_rate_per_s,
+                reason: d.reason.clone(),
+            });
+        let signals = self
+            .core
+            .signals
+            .as_ref()
+            .map(|s| nephele_api::AutoscaleSignalsView {
+                window_ms: s.window_ms,
+                arrivals: s.arrivals,
+                in_flight: s.in_flight,
+                queued: s.queued,
+                p99_ms: s.p99_ms,
+                utilisation: s.utilisation,
+                ready: s.ready,
+                starting: s.starting,
+                service_ms: s.service_ms,
+                concurrency: s.concurrency,
+                cold_start_ms: s.cold_start_ms,
+                priority: s.priority,
+                answered: s.answered,
+                within_target: s.within_target,
+            });
+        nephele_api::AutoscalerView {
+            decision,
+            signals,
+            forecaster: self.core.policy.forecaster().kind_name(),
+            capacity_per_replica_per_s: self.core.policy.capacity().current(),
+            capacity_learned: self.core.policy.capacity().is_learned(),
+        }
+    }
+
     /// The counters a lease records its answer in.
     pub fn stats(&self) -> Arc<ServingStats> {
         self.stats.clone()

@@ -414,7 +414,7 @@ pub struct ReplicaSetView {
     /// Recent cold starts (placement to ready), ms.
     pub cold_starts_ms: Vec<u64>,
     /// The autoscaler's last decision, filled in by the region actor.
-    pub autoscaler: Option<serde_json::Value>,
+    pub autoscaler: Option<crate::AutoscalerView>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]

@@ -22,6 +22,7 @@
 //! | [`problem`] | every error (`application/problem+json`) |
 
 pub mod access;
+pub mod autoscaler;
 pub mod deployments;
 pub mod fleet;
 pub mod grid;
@@ -33,6 +34,7 @@ pub mod rollouts;
 pub mod watch;
 
 pub use access::*;
+pub use autoscaler::*;
 pub use deployments::*;
 pub use fleet::*;
 pub use grid::*;

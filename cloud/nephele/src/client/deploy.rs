@@ -269,18 +269,11 @@ pub fn deploy(args: ApiArgs, command: DeployCommand) -> Result<()> {
                         "region {}: {} ready, {} starting, {} pending of {} desired (min {}, max {}, priority {})",
                         r.region, r.ready, r.starting, r.pending, r.desired, r.min, r.max, r.priority,
                     );
-                    // The autoscaler's decision is its own document (`nephele_autoscale`).
-                    let decision = r
-                        .autoscaler
-                        .as_ref()
-                        .and_then(|a| a.get("decision"))
-                        .filter(|d| !d.is_null());
+                    let decision = r.autoscaler.as_ref().and_then(|a| a.decision.as_ref());
                     if let Some(d) = decision {
                         println!(
                             "  autoscaler: {} mode, {} warm; {}",
-                            s(d, "mode"),
-                            s(d, "warm"),
-                            s(d, "reason")
+                            d.mode, d.warm, d.reason
                         );
                     }
                     println!(

@@ -248,7 +248,15 @@ fn members_that_cannot_start_say_why_and_unknown_logs_are_not_found() {
     missing.argv = vec!["/no/such/program".into()];
     let mut bad_dir = sh("acme/bad", 2, "true");
     bad_dir.working_dir = "/no/such/dir".into();
-    runner.set_desired(vec![empty.clone(), missing.clone(), bad_dir.clone()]);
+    // A relative directory that climbs out of the member's own: refused, nothing made.
+    let mut climbing = sh("acme/bad", 4, "true");
+    climbing.working_dir = "../../../../escaped".into();
+    runner.set_desired(vec![
+        empty.clone(),
+        missing.clone(),
+        bad_dir.clone(),
+        climbing.clone(),
+    ]);
     fn failed(runner: &JobRunner, launch: &JobLaunch) -> String {
         match wait_for(runner, launch, "failed", |s| {
             matches!(s, Some(MemberState::FailedToStart(_)))
@@ -265,6 +273,9 @@ fn members_that_cannot_start_say_why_and_unknown_logs_are_not_found() {
     );
     let why = failed(&runner, &bad_dir);
     assert!(why.contains("/no/such/dir"), "{why}");
+    let why = failed(&runner, &climbing);
+    assert!(why.contains("climbs out"), "{why}");
+    assert!(!dir.join("escaped").exists() && !dir.join("jobs/escaped").exists());
 
     drop(runner);
 

@@ -161,6 +161,17 @@ impl JobSpec {
         {
             return Err("working_dir must be a path (or absent)".into());
         }
+        if let Some(dir) = self.working_dir.as_deref() {
+            let path = std::path::Path::new(dir);
+            let climbs = path
+                .components()
+                .any(|c| matches!(c, std::path::Component::ParentDir));
+            if !path.is_absolute() && climbs {
+                return Err(format!(
+                    "working_dir {dir:?}: a relative working directory stays inside the member's own directory on the node, so it may not contain `..`; give an absolute path for a directory elsewhere"
+                ));
+            }
+        }
         if bytes > MAX_COMMAND_BYTES {
             return Err(format!(
                 "command, args and env take {bytes} bytes; at most {MAX_COMMAND_BYTES}"
@@ -443,4 +454,28 @@ pub struct JobLogsView {
     pub size: u64,
     pub finished: bool,
     pub data: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_dir(dir: &str) -> JobSpec {
+        let mut spec = JobSpec::named("j");
+        spec.command = vec!["true".into()];
+        spec.working_dir = Some(dir.into());
+        spec
+    }
+
+    #[test]
+    fn a_relative_working_dir_may_not_climb_out_of_the_members_own() {
+        for ok in ["data", "a/b", "./x", "/srv/work", "/srv/../etc"] {
+            assert!(with_dir(ok).validate_command().is_ok(), "{ok}");
+        }
+        for bad in ["..", "../../etc/passwd", "a/../../b", "x/.."] {
+            let error = with_dir(bad).validate_command().expect_err(bad);
+            assert!(error.contains("may not contain `..`"), "{bad}: {error}");
+        }
+        assert!(with_dir("").validate_command().is_err());
+    }
 }

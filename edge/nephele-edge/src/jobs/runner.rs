@@ -476,6 +476,19 @@ impl Driver {
         // must not be read as this run's.
         let _ = std::fs::remove_file(&status_file);
         let own_dir = layout.work_dir(key);
+        // A relative directory stays inside the member's own, whatever the control
+        // plane let through (its API refuses `..` too).
+        let relative = Path::new(&launch.working_dir);
+        if !relative.is_absolute()
+            && relative
+                .components()
+                .any(|c| matches!(c, std::path::Component::ParentDir))
+        {
+            return Err(format!(
+                "working directory {:?} climbs out of the member's own directory (`..`); refused",
+                launch.working_dir
+            ));
+        }
         let work_dir = if launch.working_dir.is_empty() {
             own_dir
         } else {

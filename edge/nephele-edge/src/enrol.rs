@@ -61,6 +61,49 @@ pub async fn exchange(
     csr_der: Vec<u8>,
     labels: BTreeMap<String, String>,
 ) -> Result<JoinAccepted> {
+    let result = request(connection, token, name, role, csr_der, labels).await;
+    // A connection the control plane closed before answering (too many joins at
+    // once): its reason, not the stream's "connection lost".
+    match (&result, connection.close_reason()) {
+        (Err(_), Some(closed)) => match refusal(&closed) {
+            Some(refused) => Err(refused.into()),
+            None => result,
+        },
+        _ => result,
+    }
+}
+
+/// The control plane closed a join connection before answering, saying why; `retry`
+/// when it asks to be tried again (its join places were all taken).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("the control plane turned the join away: {reason}")]
+pub struct JoinTurnedAway {
+    pub reason: String,
+    pub retry: bool,
+}
+
+/// What a closed join connection says, when the control plane closed it with a reason.
+pub fn refusal(closed: &quinn::ConnectionError) -> Option<JoinTurnedAway> {
+    match closed {
+        quinn::ConnectionError::ApplicationClosed(close) if !close.reason.is_empty() => {
+            let reason = String::from_utf8_lossy(&close.reason).into_owned();
+            Some(JoinTurnedAway {
+                retry: reason.trim_end().ends_with("retry"),
+                reason,
+            })
+        }
+        _ => None,
+    }
+}
+
+async fn request(
+    connection: &quinn::Connection,
+    token: &JoinToken,
+    name: &str,
+    role: &str,
+    csr_der: Vec<u8>,
+    labels: BTreeMap<String, String>,
+) -> Result<JoinAccepted> {
     let (mut send, mut recv) = connection
         .open_bi()
         .await
@@ -97,6 +140,35 @@ pub async fn exchange(
     Ok(accepted)
 }
 
+/// A certificate-less connection to the first of `server`'s replicas that answers.
+async fn connect(
+    server: &str,
+    client_config: &quinn::ClientConfig,
+    timeout: Duration,
+) -> Result<(quinn::Endpoint, quinn::Connection)> {
+    let mut failures = Vec::new();
+    // Replicas in the order given: the first that answers takes the join.
+    for server in servers(server) {
+        let attempt = async {
+            let addr = resolve(server).await?;
+            let endpoint = nephele_net::client_endpoint(addr)?;
+            let connection = tokio::time::timeout(
+                timeout,
+                endpoint.connect_with(client_config.clone(), addr, nephele_net::SERVER_NAME)?,
+            )
+            .await
+            .with_context(|| format!("no answer from {addr} within {} s; is the control plane's QUIC port reachable (UDP)?", timeout.as_secs()))?
+            .with_context(|| format!("cannot establish a secure connection to {addr} (if the CA does not match the token, the token is for another cluster)"))?;
+            anyhow::Ok((endpoint, connection))
+        };
+        match attempt.await {
+            Ok(pair) => return Ok(pair),
+            Err(error) => failures.push(format!("{error:#}")),
+        }
+    }
+    bail!("{}", failures.join("; "))
+}
+
 pub async fn join(args: JoinArgs) -> Result<()> {
     let token = JoinToken::parse(&args.token)?;
     let name = args.name.clone().unwrap_or_else(default_name);
@@ -131,45 +203,41 @@ pub async fn join(args: JoinArgs) -> Result<()> {
         bail!("--server is empty: give the control plane's QUIC address, HOST:PORT (several, comma-separated, for replicas)");
     }
     let timeout = connect_timeout(&args.server, Duration::from_secs(15));
-    let mut failures = Vec::new();
-    let mut reached = None;
-    // Replicas in the order given: the first that answers takes the join.
-    for server in servers(&args.server) {
-        let attempt = async {
-            let addr = resolve(server).await?;
-            let endpoint = nephele_net::client_endpoint(addr)?;
-            let connection = tokio::time::timeout(
-                timeout,
-                endpoint.connect_with(client_config.clone(), addr, nephele_net::SERVER_NAME)?,
-            )
-            .await
-            .with_context(|| format!("no answer from {addr} within {} s; is the control plane's QUIC port reachable (UDP)?", timeout.as_secs()))?
-            .with_context(|| format!("cannot establish a secure connection to {addr} (if the CA does not match the token, the token is for another cluster)"))?;
-            anyhow::Ok((endpoint, connection))
-        };
-        match attempt.await {
-            Ok(pair) => {
-                reached = Some(pair);
-                break;
+    // A control plane whose join places are all taken asks to be tried again: the
+    // join waits and retries (the token is not spent by a join turned away), for up to
+    // a minute.
+    let give_up = std::time::Instant::now() + Duration::from_secs(60);
+    let mut pause = Duration::from_millis(500);
+    let accepted = loop {
+        let (endpoint, connection) = connect(&args.server, &client_config, timeout).await?;
+        let accepted = exchange(
+            &connection,
+            &token,
+            &name,
+            &args.role,
+            csr_der.clone(),
+            labels.clone(),
+        )
+        .await;
+        connection.close(0u32.into(), b"joined");
+        endpoint.wait_idle().await;
+        match accepted {
+            Err(error)
+                if error
+                    .downcast_ref::<JoinTurnedAway>()
+                    .is_some_and(|turned| turned.retry)
+                    && std::time::Instant::now() + pause < give_up =>
+            {
+                eprintln!(
+                    "nephele-edge: {error:#}; trying again in {:.1} s",
+                    pause.as_secs_f64()
+                );
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(8));
             }
-            Err(error) => failures.push(format!("{error:#}")),
+            other => break other?,
         }
-    }
-    let Some((endpoint, connection)) = reached else {
-        bail!("{}", failures.join("; "));
     };
-    let accepted = exchange(
-        &connection,
-        &token,
-        &name,
-        &args.role,
-        csr_der,
-        labels.clone(),
-    )
-    .await;
-    connection.close(0u32.into(), b"joined");
-    endpoint.wait_idle().await;
-    let accepted = accepted?;
     write_file(&data_dir.join("agent.key"), key_pem.as_bytes(), 0o600)?;
     write_file(
         &data_dir.join("agent.pem"),
@@ -217,6 +285,30 @@ pub async fn join(args: JoinArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_join_turned_away_says_why_and_whether_to_retry() {
+        let closed = |reason: &[u8]| {
+            quinn::ConnectionError::ApplicationClosed(quinn::ApplicationClose {
+                error_code: quinn::VarInt::from_u32(2),
+                reason: reason.to_vec().into(),
+            })
+        };
+        let busy = refusal(&closed(
+            b"too many joins from this address in progress; retry",
+        ))
+        .expect("a reason");
+        assert!(busy.retry);
+        assert!(
+            busy.to_string()
+                .contains("too many joins from this address"),
+            "{busy}"
+        );
+        let final_word = refusal(&closed(b"no join request")).expect("a reason");
+        assert!(!final_word.retry);
+        assert_eq!(refusal(&closed(b"")), None);
+        assert_eq!(refusal(&quinn::ConnectionError::TimedOut), None);
+    }
 
     #[test]
     fn several_servers_are_tried_each_for_less_time() {

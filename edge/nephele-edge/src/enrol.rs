@@ -8,6 +8,7 @@ use nephele_net::{read_frame, write_frame, JoinToken};
 use nephele_proto::{JoinAccepted, JoinRequest, JoinResponse, PROTOCOL_VERSION};
 
 use crate::config::{write_file, AgentConfig};
+pub use crate::servers::{connect_timeout, servers};
 use crate::JoinArgs;
 
 pub async fn resolve(server: &str) -> Result<std::net::SocketAddr> {
@@ -20,25 +21,6 @@ pub async fn resolve(server: &str) -> Result<std::net::SocketAddr> {
         })?
         .next()
         .with_context(|| format!("{server:?} resolved to no address"))
-}
-
-/// The control-plane addresses in `server` (comma-separated HOST:PORT).
-pub fn servers(server: &str) -> Vec<&str> {
-    server
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .collect()
-}
-
-/// How long one connection attempt may take: shorter when there are other replicas to
-/// try (a dead replica's UDP port does not refuse, it stays silent).
-pub fn connect_timeout(server: &str, alone: Duration) -> Duration {
-    if servers(server).len() > 1 {
-        alone.min(Duration::from_secs(4))
-    } else {
-        alone
-    }
 }
 
 fn default_name() -> String {
@@ -308,14 +290,5 @@ mod tests {
         assert!(!final_word.retry);
         assert_eq!(refusal(&closed(b"")), None);
         assert_eq!(refusal(&quinn::ConnectionError::TimedOut), None);
-    }
-
-    #[test]
-    fn several_servers_are_tried_each_for_less_time() {
-        assert_eq!(servers(" a:1, b:2 ,,"), ["a:1", "b:2"]);
-        assert!(servers("").is_empty());
-        let alone = Duration::from_secs(10);
-        assert_eq!(connect_timeout("a:1", alone), alone);
-        assert_eq!(connect_timeout("a:1,b:2", alone), Duration::from_secs(4));
     }
 }

@@ -22,6 +22,7 @@ pub mod node;
 pub mod persisted;
 pub mod reconcile_plan;
 pub mod renewal;
+pub mod servers;
 pub mod serving;
 pub mod session;
 pub mod session_core;

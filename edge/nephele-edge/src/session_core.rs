@@ -56,8 +56,8 @@ impl SessionConfig {
     /// and 6 s of silence (its UDP port does not refuse, it stays silent), so partitions
     /// longer than that end in a reconnect, which reloads nothing.
     pub fn for_servers(list: &str) -> SessionConfig {
-        let connect_timeout = crate::enrol::connect_timeout(list, Duration::from_secs(10));
-        let servers: Vec<String> = crate::enrol::servers(list)
+        let connect_timeout = crate::servers::connect_timeout(list, Duration::from_secs(10));
+        let servers: Vec<String> = crate::servers::servers(list)
             .into_iter()
             .map(str::to_string)
             .collect();

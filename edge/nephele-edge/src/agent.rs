@@ -1113,54 +1113,26 @@ async fn fetch_model(agent: &Arc<Agent>, digest: &[u8; 32], size: u64) -> Result
         })?;
     while (bytes.len() as u64) < size {
         let chunk_started = Instant::now();
-        let (mut send, mut recv) = connection.open_bi().await?;
-        write_frame(
-            &mut send,
-            &StreamRequest {
-                protocol_version: PROTOCOL_VERSION,
-                body: RequestBody::FetchChunk {
-                    sha256: *digest,
-                    offset: bytes.len() as u64,
-                    len: CHUNK_BYTES,
-                },
-            },
-        )
-        .await?;
-        let _ = send.finish();
-        match read_frame::<StreamResponse>(&mut recv, MAX_FRAME_BYTES)
-            .await?
-            .context("no chunk")?
-        {
-            StreamResponse::Chunk { total_size, data } => {
-                if total_size != size || data.is_empty() {
-                    bail!("blob {hex} is {total_size} bytes at the control plane but the manifest says {size}");
-                }
-                bytes.extend_from_slice(&data);
-                // Throughput of the transfer itself: the chunk's time less one round
-                // trip (the request), at least a tenth of it; chunks under 16 KiB are
-                // mostly round trip and are not sampled.
-                if data.len() >= 16 * 1024 {
-                    let elapsed = chunk_started.elapsed().as_secs_f64();
-                    let rtt = connection.rtt().as_secs_f64();
-                    let seconds = (elapsed - rtt).max(elapsed / 10.0).max(1e-6);
-                    let sample = (data.len() as f64 * 8.0 / seconds) as u64;
-                    let previous = agent.link_bps.load(Ordering::Relaxed);
-                    let next = if previous == 0 {
-                        sample
-                    } else {
-                        (previous * 3 + sample) / 4
-                    };
-                    agent.link_bps.store(next.max(1), Ordering::Relaxed);
-                }
-                tokio::fs::write(&partial_path, &bytes).await?;
-            }
-            StreamResponse::Error(error) => bail!("control plane: {}", error.message),
-            StreamResponse::Inferred(_)
-            | StreamResponse::Logs { .. }
-            | StreamResponse::Certificate { .. } => {
-                bail!("unexpected answer to a chunk request")
-            }
+        let data =
+            crate::blob_fetch::fetch_chunk(&connection, digest, bytes.len() as u64, size).await?;
+        bytes.extend_from_slice(&data);
+        // Throughput of the transfer itself: the chunk's time less one round trip (the
+        // request), at least a tenth of it; chunks under 16 KiB are mostly round trip
+        // and are not sampled.
+        if data.len() >= 16 * 1024 {
+            let elapsed = chunk_started.elapsed().as_secs_f64();
+            let rtt = connection.rtt().as_secs_f64();
+            let seconds = (elapsed - rtt).max(elapsed / 10.0).max(1e-6);
+            let sample = (data.len() as f64 * 8.0 / seconds) as u64;
+            let previous = agent.link_bps.load(Ordering::Relaxed);
+            let next = if previous == 0 {
+                sample
+            } else {
+                (previous * 3 + sample) / 4
+            };
+            agent.link_bps.store(next.max(1), Ordering::Relaxed);
         }
+        tokio::fs::write(&partial_path, &bytes).await?;
     }
     if sha256(&bytes) != *digest {
         let _ = tokio::fs::remove_file(&partial_path).await;

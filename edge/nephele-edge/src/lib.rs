@@ -13,6 +13,7 @@
 pub mod agent;
 pub mod batcher;
 pub mod binary_body;
+pub mod blob_fetch;
 pub mod config;
 pub mod enrol;
 pub mod graph_serving;

@@ -17,11 +17,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _, Result};
-use nephele_net::{read_frame, write_frame, FrameReader};
+use nephele_net::{write_frame, FrameReader};
 use nephele_proto::{
     AgentMessage, Assignment, CloudMessage, DeploymentPhase, DeploymentTelemetry, Digest,
-    Heartbeat, Hello, LinkReport, NodeReport, RequestBody, StreamRequest, StreamResponse,
-    CHUNK_BYTES, MAX_FRAME_BYTES, PROTOCOL_VERSION,
+    Heartbeat, Hello, LinkReport, NodeReport, MAX_FRAME_BYTES, PROTOCOL_VERSION,
 };
 
 use super::enrol::{Cluster, Identity};
@@ -289,32 +288,5 @@ impl Agent<'_> {
 
 /// A blob from the control plane, chunk by chunk, as the real agent fetches it.
 async fn fetch(connection: &quinn::Connection, digest: &Digest, size: u64) -> Result<Vec<u8>> {
-    let mut bytes = Vec::with_capacity(size as usize);
-    while (bytes.len() as u64) < size {
-        let (mut send, mut recv) = connection.open_bi().await?;
-        write_frame(
-            &mut send,
-            &StreamRequest {
-                protocol_version: PROTOCOL_VERSION,
-                body: RequestBody::FetchChunk {
-                    sha256: *digest,
-                    offset: bytes.len() as u64,
-                    len: CHUNK_BYTES,
-                },
-            },
-        )
-        .await?;
-        let _ = send.finish();
-        match read_frame::<StreamResponse>(&mut recv, MAX_FRAME_BYTES)
-            .await?
-            .context("no chunk")?
-        {
-            StreamResponse::Chunk { data, .. } if !data.is_empty() => {
-                bytes.extend_from_slice(&data)
-            }
-            StreamResponse::Error(error) => bail!("chunk refused: {}", error.message),
-            _ => bail!("unexpected answer to a chunk request"),
-        }
-    }
-    Ok(bytes)
+    nephele_edge::blob_fetch::fetch_blob(connection, digest, size).await
 }

@@ -1,10 +1,19 @@
 //! Control-plane configuration: a TOML file, every field optional with sane defaults
 //! so that `nephele-cloud` with no file at all starts a working single-region plane.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use nephele_domain::AcceleratorKind;
+use nephele_placement::{CapacityType, MigPartition, MigProfile, NodeSpec};
 use serde::{Deserialize, Serialize};
+
+/// The region name that asks the control plane to choose one.
+pub const AUTO_REGION: &str = "auto";
+
+/// The tenant serving replicas are charged to; no configured tenant may take the name.
+pub const SERVING_TENANT: &str = "serving";
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -298,7 +307,7 @@ impl TenantConfig {
         if let Err(message) = nephele_domain::validate_name("tenant", &self.name) {
             return Some(("name", message));
         }
-        if self.name == crate::scheduler::SERVING_TENANT {
+        if self.name == SERVING_TENANT {
             return Some((
                 "name",
                 format!(
@@ -339,7 +348,7 @@ pub struct SchedulerConfig {
     /// Dominant resource fairness across tenants (else FIFO across tenants).
     pub fairness: bool,
     /// How jobs submitted with `"region": "auto"` weigh carbon, price and free capacity.
-    pub region_weights: crate::scheduler::RegionWeightsConfig,
+    pub region_weights: nephele_api::RegionWeightsConfig,
     /// Where jobs' checkpoint directories go (`NEPHELE_CHECKPOINT_DIR` =
     /// `<checkpoint_root>/<region>/<tenant>/<job>`, the same for every attempt). Pool
     /// nodes must all see it (a shared mount); empty: `<data_dir>/checkpoints`, which
@@ -519,10 +528,10 @@ impl CloudConfig {
         let mut seen = std::collections::BTreeSet::new();
         for region in &self.regions {
             nephele_domain::validate_name("region", &region.name)?;
-            if region.name == crate::scheduler::AUTO_REGION {
+            if region.name == AUTO_REGION {
                 return Err(format!(
                     "a region may not be called {:?}: jobs use that name to let the control plane choose",
-                    crate::scheduler::AUTO_REGION
+                    AUTO_REGION
                 ));
             }
             if !seen.insert(&region.name) {
@@ -545,8 +554,7 @@ impl CloudConfig {
                         pool.name
                     ));
                 }
-                crate::scheduler::node_spec(&region.name, pool)
-                    .map_err(|e| format!("pool {}: {e}", pool.name))?;
+                node_spec(&region.name, pool).map_err(|e| format!("pool {}: {e}", pool.name))?;
                 if pool.min_nodes > pool.max_nodes {
                     return Err(format!(
                         "pool {}: min_nodes ({}) is above max_nodes ({})",
@@ -670,6 +678,85 @@ impl CloudConfig {
             .map(|r| r.name.as_str())
             .unwrap_or("default")
     }
+}
+
+/// A node template for `pool`, from its built-in firmware profile, and the name of its
+/// GPU model (the caller interns it into [`NodeSpec::gpu_model`]).
+pub fn node_spec(region: &str, pool: &PoolConfig) -> Result<(NodeSpec, Option<String>), String> {
+    let profile = nephele_domain::builtin_profiles::builtin(&pool.node_profile)
+        .ok_or_else(|| {
+            format!(
+                "node_profile {:?} is not a built-in profile; use one of: {}",
+                pool.node_profile,
+                nephele_domain::builtin_profiles::builtin_names().join(", ")
+            )
+        })?
+        .map_err(|e| format!("profile {}: {e}", pool.node_profile))?;
+    let gpu = profile
+        .accelerators
+        .iter()
+        .find(|a| a.kind == AcceleratorKind::Gpu);
+    let gpus = gpu.map_or(0, |g| g.count.min(64) as u8);
+    let mut mig = Vec::new();
+    if let Some(name) = &pool.mig_profile {
+        let spec = gpu
+            .and_then(|g| g.mig.iter().find(|m| &m.name == name))
+            .ok_or_else(|| {
+                let known: Vec<&str> = gpu
+                    .map(|g| g.mig.iter().map(|m| m.name.as_str()).collect())
+                    .unwrap_or_default();
+                format!(
+                    "mig_profile {name:?} is not offered by {} (MIG profiles: {})",
+                    pool.node_profile,
+                    if known.is_empty() {
+                        "none".to_string()
+                    } else {
+                        known.join(", ")
+                    }
+                )
+            })?;
+        let profile = MigProfile::parse(name)
+            .ok_or_else(|| format!("mig_profile {name:?} is not of the form 1g.10gb"))?;
+        for index in 0..gpus {
+            mig.push(MigPartition {
+                gpu: index,
+                profile,
+                count: spec.max_instances.min(7) as u8,
+            });
+        }
+    }
+    let labels = BTreeMap::from([
+        ("nephele.io/pool".to_string(), pool.name.clone()),
+        ("nephele.io/profile".to_string(), pool.node_profile.clone()),
+        ("nephele.io/region".to_string(), region.to_string()),
+        (
+            "nephele.io/capacity-type".to_string(),
+            pool.capacity_type.clone(),
+        ),
+    ]);
+    let spot = pool.capacity_type == "spot";
+    Ok((
+        NodeSpec {
+            name: String::new(),
+            cpu_milli: u64::from(profile.device.cpu_cores) * 1000,
+            memory_mib: profile.device.memory_mb,
+            gpus,
+            gpu_model: None,
+            mig,
+            nvlink_domain: Vec::new(),
+            labels,
+            taints: Vec::new(),
+            location: Default::default(),
+            capacity_type: if spot {
+                CapacityType::Spot
+            } else {
+                CapacityType::OnDemand
+            },
+            price_micro_usd_per_hour: (pool.price_per_hour.max(0.0) * 1e6) as u64,
+            interruptions_per_1000h: pool.interruptions_per_1000h,
+        },
+        gpu.filter(|_| gpus > 0).map(|g| g.model.clone()),
+    ))
 }
 
 #[cfg(test)]

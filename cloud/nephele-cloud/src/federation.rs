@@ -22,7 +22,7 @@ mod fleet_core_rollouts;
 mod fleet_core_tenants;
 pub mod fleet_store;
 mod profiles;
-pub mod rollout;
+pub use crate::rollout;
 pub mod usage;
 mod views;
 
@@ -56,21 +56,9 @@ use crate::scheduler::PoolWork;
 use crate::store::{Store, StoreError};
 use fleet_store::FleetStore;
 
-pub fn now_unix() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
-/// Wall-clock milliseconds since the Unix epoch: what rollouts are timed by, so one
-/// resumes where it was after a restart.
-pub fn now_unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+pub use crate::api_error::ApiError;
+pub use crate::clock::{now_unix, now_unix_ms, sha256_hex};
+pub use crate::notes::{CreateJoinToken, DeleteDevice, SetPoolWork};
 
 /// How often rollouts under way are advanced.
 const ROLLOUT_TICK: std::time::Duration = std::time::Duration::from_secs(1);
@@ -78,10 +66,6 @@ const ROLLOUT_TICK: std::time::Duration = std::time::Duration::from_secs(1);
 const DEVICE_ONLINE: &str = "nephele_device_online";
 const DEVICE_ONLINE_HELP: &str =
     "Per enrolled device: 1 while its agent has a live session, else 0.";
-
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(ring::digest::digest(&ring::digest::SHA256, bytes).as_ref())
-}
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
@@ -94,58 +78,6 @@ pub(crate) fn random_alnum(len: usize) -> String {
     (0..len)
         .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
         .collect()
-}
-
-/// Errors the REST API maps to HTTP statuses.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ApiError {
-    #[error("{0}")]
-    BadRequest(String),
-    /// A bad value in one field of the request (400), naming it: a JSON path into the
-    /// body (`rollout.steps[1]`), a query parameter, or a header (`authorization`).
-    #[error("{message}")]
-    Invalid { field: String, message: String },
-    #[error("{0}")]
-    NotFound(String),
-    #[error("{0}")]
-    Conflict(String),
-    #[error("{0}")]
-    Unauthorized(String),
-    #[error("{0}")]
-    Forbidden(String),
-    /// A body over its route's limit (413), saying the limit.
-    #[error("{0}")]
-    TooLarge(String),
-    /// Too many at once (429), with the seconds to wait.
-    #[error("{message}")]
-    Busy { message: String, retry_after_s: u64 },
-    #[error("{0}")]
-    Internal(String),
-    /// The control plane cannot take this now (its etcd cluster has no quorum): 503,
-    /// retry later. Nothing was changed.
-    #[error("{0}")]
-    Unavailable(String),
-}
-
-impl ApiError {
-    /// A bad value in `field` (see [`ApiError::Invalid`]).
-    pub fn invalid(field: &str, message: impl Into<String>) -> ApiError {
-        ApiError::Invalid {
-            field: field.to_string(),
-            message: message.into(),
-        }
-    }
-}
-
-impl From<StoreError> for ApiError {
-    fn from(error: StoreError) -> Self {
-        match error {
-            StoreError::Unavailable(_) | StoreError::Fenced(_) => {
-                ApiError::Unavailable(error.to_string())
-            }
-            _ => ApiError::Internal(error.to_string()),
-        }
-    }
 }
 
 /// A store error as an agent is told it.
@@ -476,14 +408,6 @@ impl Actor for FederationActor {
     }
 }
 
-/// A region's word on what one pool agent must run (level-triggered: the whole list).
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct SetPoolWork {
-    pub agent: String,
-    pub work: PoolWork,
-}
-
 impl Handler<SetPoolWork> for FederationActor {
     type Result = ();
     fn handle(&mut self, message: SetPoolWork, _: &mut Self::Context) {
@@ -644,13 +568,6 @@ impl Handler<RenewCertificate> for FederationActor {
 // API messages
 // ----------------------------------------------------------------------------------
 
-#[derive(Message)]
-#[rtype(result = "Result<JoinTokenView, ApiError>")]
-pub struct CreateJoinToken {
-    pub region: Option<String>,
-    pub ttl_s: Option<u64>,
-}
-
 impl Handler<CreateJoinToken> for FederationActor {
     type Result = Result<JoinTokenView, ApiError>;
     fn handle(&mut self, message: CreateJoinToken, _: &mut Self::Context) -> Self::Result {
@@ -727,10 +644,6 @@ impl Handler<GetDevice> for FederationActor {
         Ok(view)
     }
 }
-
-#[derive(Message)]
-#[rtype(result = "Result<(), ApiError>")]
-pub struct DeleteDevice(pub String);
 
 impl Handler<DeleteDevice> for FederationActor {
     type Result = Result<(), ApiError>;

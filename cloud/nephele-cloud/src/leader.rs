@@ -13,7 +13,7 @@
 //! standby rather than it acting on state it no longer owns.
 //!
 //! Today every region is led by the one leading replica (the state is one fleet); a
-//! standby forwards API connections to the leader ([`crate::standby`]) until it leads. Agents are given every replica's address
+//! standby forwards API connections to the leader (the `standby` module) until it leads. Agents are given every replica's address
 //! (`nephele-edge join --server A,B`) and move to whichever answers.
 
 use std::path::Path;

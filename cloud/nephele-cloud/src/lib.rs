@@ -10,17 +10,22 @@
 //! crates with no actix, tokio or quinn in them (`nephele-domain` today).
 
 pub mod api;
+pub mod api_error;
 pub mod api_rate;
+pub mod clock;
 pub mod config;
 pub mod federation;
 pub mod gateway;
 pub mod leader;
+pub mod ledger;
 pub mod model_build;
+pub mod notes;
 pub mod pending_pushes;
 pub mod provider;
 pub mod region;
 pub mod replica_sizing;
 pub mod reports;
+pub mod rollout;
 pub mod scheduler;
 pub mod serving;
 pub mod standby;
@@ -706,7 +711,11 @@ pub async fn serve(
     }
     let federation = federation.start();
     for region in regions.values() {
-        region.do_send(region::SetFederation(federation.clone()));
+        region.do_send(region::SetFederation(region::FederationRecipients {
+            pool_work: federation.clone().recipient(),
+            join_tokens: federation.clone().recipient(),
+            delete_device: federation.clone().recipient(),
+        }));
     }
 
     let regions_for_api = regions.clone();

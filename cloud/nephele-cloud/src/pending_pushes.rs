@@ -1,6 +1,6 @@
 //! Model pushes answered `202 building` survive a control-plane crash.
 //!
-//! A build runs on a thread and lives in memory ([`crate::federation::builds`]); before
+//! A build runs on a thread and lives in memory (the federation's `builds` module); before
 //! this journal, a control plane killed mid-build forgot a push it had acknowledged, and
 //! the model was gone. Now the push, as it came (the body and its query), is kept in
 //! `<data dir>/pushes/` before the answer, and forgotten when its build is stored or has
@@ -66,7 +66,7 @@ impl PendingPushes {
             query: query.to_vec(),
             is_json,
             body_len: body.len() as u64,
-            body_sha256: crate::federation::sha256_hex(body),
+            body_sha256: crate::clock::sha256_hex(body),
         };
         crate::write_secret(&meta_path, &serde_json::to_vec(&kept)?)?;
         sync_dir(&self.dir);
@@ -125,7 +125,7 @@ impl PendingPushes {
             serde_json::from_slice(&meta).map_err(|e| format!("unreadable description: {e}"))?;
         let body = std::fs::read(&body_path).map_err(|e| format!("its body is missing: {e}"))?;
         if body.len() as u64 != kept.body_len
-            || crate::federation::sha256_hex(&body) != kept.body_sha256
+            || crate::clock::sha256_hex(&body) != kept.body_sha256
             || kept.name != name
         {
             return Err("its body does not match its description".into());

@@ -28,7 +28,7 @@ use nephele_placement::grid::GridPoint;
 use nephele_proto::{DeploymentTelemetry, GpuReport, JobMemberStatus};
 
 use crate::config::AutoscaleConfig;
-use crate::federation::FederationActor;
+use crate::notes::{CreateJoinToken, DeleteDevice, SetPoolWork};
 use crate::provider::{LaunchRequest, Providers, ReleaseRequest};
 use crate::scheduler::{
     GridPushView, GridView, JobOffer, JobSpec, JobView, NodeAction, NodeView, PoolWork,
@@ -63,7 +63,7 @@ pub struct RegionActor {
     /// What was last written per table (jobs, nodes, region) and key: a hash of its
     /// bytes.
     written: [HashMap<String, u64>; 3],
-    federation: Option<Addr<FederationActor>>,
+    federation: Option<FederationRecipients>,
     /// What each pool agent was last told to run.
     work_sent: BTreeMap<String, PoolWork>,
     agents: BTreeMap<String, PoolMember>,
@@ -315,7 +315,7 @@ impl RegionActor {
         let work = self.scheduler.pool_work();
         for (agent, wanted) in &work {
             if self.work_sent.get(agent) != Some(wanted) {
-                federation.do_send(crate::federation::SetPoolWork {
+                federation.pool_work.do_send(SetPoolWork {
                     agent: agent.clone(),
                     work: wanted.clone(),
                 });
@@ -323,7 +323,7 @@ impl RegionActor {
         }
         for agent in self.work_sent.keys() {
             if !work.contains_key(agent) {
-                federation.do_send(crate::federation::SetPoolWork {
+                federation.pool_work.do_send(SetPoolWork {
                     agent: agent.clone(),
                     work: PoolWork::default(),
                 });
@@ -658,7 +658,8 @@ impl RegionActor {
                 tracing::info!(%region, %node, %device, %pool, "asking the provider for a node");
                 actix_rt::spawn(async move {
                     let token = federation
-                        .send(crate::federation::CreateJoinToken {
+                        .join_tokens
+                        .send(CreateJoinToken {
                             region: Some(region.clone()),
                             ttl_s: Some(600),
                         })
@@ -719,9 +720,7 @@ impl RegionActor {
                     if result.is_ok() {
                         // The name is free for the slot's next node.
                         if let Some(federation) = federation {
-                            let _ = federation
-                                .send(crate::federation::DeleteDevice(device))
-                                .await;
+                            let _ = federation.delete_device.send(DeleteDevice(device)).await;
                         }
                     }
                     me.do_send(ProviderDone {
@@ -761,10 +760,19 @@ impl Actor for RegionActor {
     }
 }
 
-/// The federation's address, once it exists (it is started after the regions).
+/// Where a region sends what it asks of the federation: a recipient per message, not
+/// the federation actor's address.
+#[derive(Clone)]
+pub struct FederationRecipients {
+    pub pool_work: Recipient<SetPoolWork>,
+    pub join_tokens: Recipient<CreateJoinToken>,
+    pub delete_device: Recipient<DeleteDevice>,
+}
+
+/// The federation's recipients, once it exists (it is started after the regions).
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct SetFederation(pub Addr<FederationActor>);
+pub struct SetFederation(pub FederationRecipients);
 
 impl Handler<SetFederation> for RegionActor {
     type Result = ();

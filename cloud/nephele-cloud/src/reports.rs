@@ -1,9 +1,9 @@
 //! Chargeback and showback: what each tenant's jobs and deployments used over a time
 //! range, what it cost and what it emitted (`GET /v1/reports/cost`, `GET
 //! /v1/reports/carbon`, `nephele report cost|carbon`). Pure: the API handler gathers
-//! the regions' ledgers ([`crate::scheduler::ledger`]), their measured carbon
+//! the regions' ledgers ([`crate::ledger`]), their measured carbon
 //! intensity, the devices' served requests per deployment and hour
-//! ([`crate::federation::UsageHour`]) and who owns each deployment, and [`build`] joins
+//! (the federation's `UsageHour`s) and who owns each deployment, and [`build`] joins
 //! them.
 //!
 //! | figure | from |
@@ -21,7 +21,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::scheduler::ledger::{AccountKind, Usage};
+use crate::ledger::{AccountKind, Usage};
 
 const HOUR_S: u64 = 3600;
 
@@ -30,15 +30,7 @@ pub const MAX_RANGE_S: u64 = 90 * 24 * HOUR_S;
 
 pub use nephele_api::reports::{CarbonReport, CarbonRow, CostReport, CostRow, GroupBy};
 
-/// One region's ledger entries in the range, and its measured carbon per hour.
-#[derive(Debug, Clone, Default)]
-pub struct RegionLedger {
-    pub region: String,
-    /// (hour, tenant as the scheduler has it, kind, name, usage).
-    pub entries: Vec<(u64, String, AccountKind, String, Usage)>,
-    /// Measured gCO₂eq/kWh per unix hour.
-    pub carbon: BTreeMap<u64, f64>,
-}
+pub use crate::ledger::RegionLedger;
 
 /// What devices served of one deployment in one hour.
 #[derive(Debug, Clone, Default, PartialEq)]

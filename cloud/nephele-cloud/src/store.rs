@@ -249,10 +249,10 @@ pub struct DeploymentRecord {
     pub replicas: ReplicaSettings,
     /// How its updates roll out (absent: the defaults).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rollout_settings: Option<crate::federation::rollout::RolloutSettings>,
+    pub rollout_settings: Option<crate::rollout::RolloutSettings>,
     /// Its latest rollout: under way, or how the last one ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rollout: Option<Box<crate::federation::rollout::Rollout>>,
+    pub rollout: Option<Box<crate::rollout::Rollout>>,
     /// The tenant it belongs to.
     #[serde(default = "default_tenant")]
     pub tenant: String,
@@ -260,8 +260,8 @@ pub struct DeploymentRecord {
 
 impl DeploymentRecord {
     /// What its devices run when no rollout holds them apart.
-    pub fn runtime(&self) -> crate::federation::rollout::RuntimeSpec {
-        crate::federation::rollout::RuntimeSpec {
+    pub fn runtime(&self) -> crate::rollout::RuntimeSpec {
+        crate::rollout::RuntimeSpec {
             model: self.model.clone(),
             variant: self.variant.clone(),
             slo_ms: self.slo_ms,
@@ -272,10 +272,7 @@ impl DeploymentRecord {
     }
 
     /// The record with `runtime` in place of its own.
-    pub fn with_runtime(
-        &self,
-        runtime: &crate::federation::rollout::RuntimeSpec,
-    ) -> DeploymentRecord {
+    pub fn with_runtime(&self, runtime: &crate::rollout::RuntimeSpec) -> DeploymentRecord {
         DeploymentRecord {
             model: runtime.model.clone(),
             variant: runtime.variant.clone(),
@@ -288,7 +285,7 @@ impl DeploymentRecord {
     }
 
     /// The rollout under way (progressing or paused), if any.
-    pub fn active_rollout(&self) -> Option<&crate::federation::rollout::Rollout> {
+    pub fn active_rollout(&self) -> Option<&crate::rollout::Rollout> {
         self.rollout.as_deref().filter(|r| r.state.active())
     }
 
@@ -315,7 +312,7 @@ fn auto() -> String {
 pub struct ApiTokenRecord {
     pub id: String,
     pub sha256: String,
-    pub role: crate::federation::Role,
+    pub role: nephele_api::Role,
     pub tenant: String,
     pub created_unix: u64,
     /// What it is for, as its creator said (records from before names have none).

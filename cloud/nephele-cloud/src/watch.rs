@@ -159,7 +159,7 @@ impl Hub {
             action,
             tenant: tenant.map(str::to_string),
             region: region.map(str::to_string),
-            unix_ms: crate::federation::now_unix_ms(),
+            unix_ms: crate::clock::now_unix_ms(),
         };
         if inner.recent.len() == KEPT {
             inner.recent.pop_front();

@@ -630,8 +630,8 @@ fn model_v2() -> crate::store::ModelRecord {
     v2
 }
 
-fn quick_rollout() -> crate::federation::rollout::RolloutSettings {
-    crate::federation::rollout::RolloutSettings {
+fn quick_rollout() -> crate::rollout::RolloutSettings {
+    crate::rollout::RolloutSettings {
         steps: vec![30, 100],
         min_requests: 100,
         min_step_s: 0,
@@ -690,10 +690,7 @@ fn a_slow_version_goes_to_the_canary_only_and_comes_back_from_it_alone() {
     shell.tick_rollouts();
     let status = shell.core.deployment_status("d0").expect("status");
     let rollout = status.rollout.expect("a rollout");
-    assert_eq!(
-        rollout.state,
-        crate::federation::rollout::RolloutState::RolledBack
-    );
+    assert_eq!(rollout.state, crate::rollout::RolloutState::RolledBack);
     assert!(rollout.gate.contains("p99 40.0 ms"), "{}", rollout.gate);
     for name in NAMES {
         assert_eq!(shell.sent_digest(name, "d0"), Some([7; 32]), "{name}");
@@ -714,7 +711,7 @@ fn a_slow_version_goes_to_the_canary_only_and_comes_back_from_it_alone() {
     let status = shell.core.deployment_status("d0").expect("status");
     assert_eq!(
         status.rollout.as_ref().map(|r| r.state),
-        Some(crate::federation::rollout::RolloutState::Complete),
+        Some(crate::rollout::RolloutState::Complete),
         "{:?}",
         status.rollout.map(|r| r.gate)
     );
@@ -749,7 +746,7 @@ fn an_update_during_a_rollout_is_refused_and_undo_brings_the_canary_back() {
         .expect("rollout");
     assert_eq!(
         paused.state,
-        crate::federation::rollout::RolloutState::Paused,
+        crate::rollout::RolloutState::Paused,
         "past the deadline, but paused"
     );
     shell.act("d0", RolloutAction::Rollback);

@@ -4,8 +4,8 @@
 use nephele_placement::queue::JobState;
 use nephele_placement::{Binding, Job};
 
-use super::ledger::{Account, AccountKind, Accrued, Allocation, HourRecord, Ledger, NodeRate};
 use super::{Hold, JobKind, RegionScheduler};
+use crate::ledger::{Account, AccountKind, Accrued, Allocation, HourRecord, Ledger, NodeRate};
 
 impl RegionScheduler {
     /// Every member that holds a place now: running and terminating jobs and replicas,
@@ -107,7 +107,7 @@ impl RegionScheduler {
 impl RegionScheduler {
     /// The ledger's entries for the hours in `[from, to)` (unix seconds) and the
     /// region's measured carbon in those hours, for a report.
-    pub fn ledger_between(&self, from: u64, to: u64) -> crate::reports::RegionLedger {
+    pub fn ledger_between(&self, from: u64, to: u64) -> crate::ledger::RegionLedger {
         let entries: Vec<_> = self
             .ledger
             .range(from, to)
@@ -128,7 +128,7 @@ impl RegionScheduler {
             .into_iter()
             .filter_map(|hour| self.grid.carbon_at(hour / 3600).map(|c| (hour, c)))
             .collect();
-        crate::reports::RegionLedger {
+        crate::ledger::RegionLedger {
             region: self.region.clone(),
             entries,
             carbon,

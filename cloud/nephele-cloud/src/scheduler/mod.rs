@@ -32,7 +32,8 @@
 //! `grid.rs` (the grid signal and deferrable jobs), `region_choice.rs` (offers and the
 //! choice of a region), `job_views.rs` (the jobs' views, why pending, lists); each of
 //! the others (`nodes.rs`, `replicas.rs`, `run.rs`, `books.rs`, `tenants.rs`,
-//! `ledger.rs`, `charges.rs`) says what it holds.
+//! `charges.rs`) says what it holds. The ledger `charges.rs` keeps is
+//! [`crate::ledger`], shared with the reports.
 
 use std::collections::BTreeMap;
 
@@ -48,18 +49,13 @@ pub const MAX_MEMBERS: u16 = 1024;
 /// Longest a deferrable job may be given between now and its deadline.
 pub const MAX_DEFER_S: u64 = 30 * 24 * 3600;
 
-/// The region name that asks the control plane to choose one.
-pub const AUTO_REGION: &str = "auto";
-
-/// The tenant serving replicas are charged to; no configured tenant may take the name.
-pub const SERVING_TENANT: &str = "serving";
+pub use crate::config::{AUTO_REGION, SERVING_TENANT};
 
 mod admit;
 mod books;
 mod charges;
 mod grid;
 mod job_views;
-pub mod ledger;
 mod nodes;
 mod pass;
 mod region_choice;
@@ -71,12 +67,13 @@ mod tenants;
 mod validate;
 mod views;
 
+pub use crate::config::node_spec;
+pub use crate::ledger;
 pub use books::{JobRecord, NodeRecord, RegionRecord, StoredBinding};
 pub use nodes::{NodeAction, NodePhase};
 pub use region_choice::choose_region_for;
 pub use replicas::ReplicaSpec;
 pub use run::PoolWork;
-pub use setup::node_spec;
 
 pub use spec::*;
 pub use views::*;

@@ -4,95 +4,13 @@
 
 use std::collections::BTreeMap;
 
-use nephele_domain::AcceleratorKind;
 use nephele_placement::grid::GridSeries;
 use nephele_placement::queue::{Quota, Tenant};
 use nephele_placement::workload;
-use nephele_placement::{
-    CapacityType, Cluster, MigPartition, MigProfile, NodeSpec, Policy, Queue, QueueConfig,
-};
+use nephele_placement::{Cluster, Policy, Queue, QueueConfig};
 
 use super::{ledger, nodes, RegionScheduler, Settings, SERVING_TENANT};
-use crate::config::{NodesConfig, PoolConfig, RegionConfig, SchedulerConfig, TenantConfig};
-
-/// A node template for `pool`, from its built-in firmware profile, and the name of its
-/// GPU model (the caller interns it into [`NodeSpec::gpu_model`]).
-pub fn node_spec(region: &str, pool: &PoolConfig) -> Result<(NodeSpec, Option<String>), String> {
-    let profile = nephele_domain::builtin_profiles::builtin(&pool.node_profile)
-        .ok_or_else(|| {
-            format!(
-                "node_profile {:?} is not a built-in profile; use one of: {}",
-                pool.node_profile,
-                nephele_domain::builtin_profiles::builtin_names().join(", ")
-            )
-        })?
-        .map_err(|e| format!("profile {}: {e}", pool.node_profile))?;
-    let gpu = profile
-        .accelerators
-        .iter()
-        .find(|a| a.kind == AcceleratorKind::Gpu);
-    let gpus = gpu.map_or(0, |g| g.count.min(64) as u8);
-    let mut mig = Vec::new();
-    if let Some(name) = &pool.mig_profile {
-        let spec = gpu
-            .and_then(|g| g.mig.iter().find(|m| &m.name == name))
-            .ok_or_else(|| {
-                let known: Vec<&str> = gpu
-                    .map(|g| g.mig.iter().map(|m| m.name.as_str()).collect())
-                    .unwrap_or_default();
-                format!(
-                    "mig_profile {name:?} is not offered by {} (MIG profiles: {})",
-                    pool.node_profile,
-                    if known.is_empty() {
-                        "none".to_string()
-                    } else {
-                        known.join(", ")
-                    }
-                )
-            })?;
-        let profile = MigProfile::parse(name)
-            .ok_or_else(|| format!("mig_profile {name:?} is not of the form 1g.10gb"))?;
-        for index in 0..gpus {
-            mig.push(MigPartition {
-                gpu: index,
-                profile,
-                count: spec.max_instances.min(7) as u8,
-            });
-        }
-    }
-    let labels = BTreeMap::from([
-        ("nephele.io/pool".to_string(), pool.name.clone()),
-        ("nephele.io/profile".to_string(), pool.node_profile.clone()),
-        ("nephele.io/region".to_string(), region.to_string()),
-        (
-            "nephele.io/capacity-type".to_string(),
-            pool.capacity_type.clone(),
-        ),
-    ]);
-    let spot = pool.capacity_type == "spot";
-    Ok((
-        NodeSpec {
-            name: String::new(),
-            cpu_milli: u64::from(profile.device.cpu_cores) * 1000,
-            memory_mib: profile.device.memory_mb,
-            gpus,
-            gpu_model: None,
-            mig,
-            nvlink_domain: Vec::new(),
-            labels,
-            taints: Vec::new(),
-            location: Default::default(),
-            capacity_type: if spot {
-                CapacityType::Spot
-            } else {
-                CapacityType::OnDemand
-            },
-            price_micro_usd_per_hour: (pool.price_per_hour.max(0.0) * 1e6) as u64,
-            interruptions_per_1000h: pool.interruptions_per_1000h,
-        },
-        gpu.filter(|_| gpus > 0).map(|g| g.model.clone()),
-    ))
-}
+use crate::config::{node_spec, NodesConfig, RegionConfig, SchedulerConfig, TenantConfig};
 
 impl RegionScheduler {
     pub fn new(

@@ -1,5 +1,5 @@
 //! What the region's pool nodes were used for, hour by hour: the books chargeback and
-//! showback reports are made from (`GET /v1/reports/cost|carbon`, [`crate::reports`]).
+//! showback reports are made from (`GET /v1/reports/cost|carbon`, the `reports` module).
 //! Pure, no clock: the scheduler calls [`Ledger::accrue`] on every tick with what holds
 //! resources now, and the interval since the last call is charged to it.
 //!
@@ -290,6 +290,16 @@ impl Ledger {
         }
         ledger
     }
+}
+
+/// One region's ledger entries in the range, and its measured carbon per hour.
+#[derive(Debug, Clone, Default)]
+pub struct RegionLedger {
+    pub region: String,
+    /// (hour, tenant as the scheduler has it, kind, name, usage).
+    pub entries: Vec<(u64, String, AccountKind, String, Usage)>,
+    /// Measured gCO₂eq/kWh per unix hour.
+    pub carbon: BTreeMap<u64, f64>,
 }
 
 #[cfg(test)]

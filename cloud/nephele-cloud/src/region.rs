@@ -66,6 +66,8 @@ pub struct RegionActor {
     federation: Option<FederationRecipients>,
     /// What each pool agent was last told to run.
     work_sent: BTreeMap<String, PoolWork>,
+    /// The last write of the books was refused: the next writes every record.
+    books_behind: bool,
     agents: BTreeMap<String, PoolMember>,
     serving: BTreeMap<String, Serving>,
     /// The autoscalers' state restored from the books, taken when their deployment
@@ -145,6 +147,7 @@ impl RegionActor {
             written: Default::default(),
             federation: None,
             work_sent: BTreeMap::new(),
+            books_behind: false,
             agents: BTreeMap::new(),
             serving: BTreeMap::new(),
             restored_policies: BTreeMap::new(),
@@ -260,10 +263,18 @@ impl RegionActor {
     }
 
     /// Writes the records that changed since the last write, and deletes the ones
-    /// that are gone, in one transaction.
-    fn persist(&mut self, which: Written) {
+    /// that are gone, in one transaction; false when the store refused them (nothing
+    /// that describes them may then leave the actor: the next write is of every record).
+    fn persist(&mut self, which: Written) -> bool {
+        // After a refused write, the records a batch would leave out may be the ones
+        // that were lost: the next write is of every record.
+        let which = if std::mem::take(&mut self.books_behind) {
+            Written::All
+        } else {
+            which
+        };
         let Some(store) = self.store.clone() else {
-            return;
+            return true;
         };
         const TABLES: [Table; 3] = [Table::RegionJobs, Table::RegionNodes, Table::RegionState];
         let records = self.records(&which);
@@ -296,21 +307,26 @@ impl RegionActor {
             }
         }
         if let Err(error) = store.write_batch(&ops) {
-            tracing::error!(region = %self.name, %error, "cannot write the region's books");
-            // Forget what we believe is written, so the next commit tries again.
+            tracing::error!(region = %self.name, %error, "cannot write the region's books; the pool agents are not told of the change until they are written");
+            // Forget what we believe is written, so the next commit writes it all again.
             self.written = Default::default();
-            return;
+            self.books_behind = true;
+            return false;
         }
         for (kind, key, put) in changes {
             self.publish(kind, &key, if put { "put" } else { "delete" });
         }
+        true
     }
 
-    /// After any change: books first, then the agents' work.
-    fn commit(&mut self, which: Written) {
-        self.persist(which);
+    /// After any change: books first, then the agents' work; nothing is sent (and no
+    /// submission answered) while the books could not be written. Whether they were.
+    fn commit(&mut self, which: Written) -> bool {
+        if !self.persist(which) {
+            return false;
+        }
         let Some(federation) = self.federation.clone() else {
-            return;
+            return true;
         };
         let work = self.scheduler.pool_work();
         for (agent, wanted) in &work {
@@ -330,6 +346,7 @@ impl RegionActor {
             }
         }
         self.work_sent = work;
+        true
     }
 
     /// Logs what the scheduler did and updates the job gauges.
@@ -445,9 +462,11 @@ impl RegionActor {
         self.ticks_since_full = 0;
         let changed = !events.is_empty();
         self.report(events);
-        self.commit(Written::All);
+        let written = self.commit(Written::All);
         self.persist_ledger(changed);
-        self.answer_submitted();
+        if written {
+            self.answer_submitted();
+        }
     }
 
     /// What to write for the changes the scheduler tracked: those jobs, or every
@@ -468,9 +487,13 @@ impl RegionActor {
         }
         let changed = !events.is_empty();
         self.report(events);
-        self.commit(which);
+        let written = self.commit(which);
         self.persist_ledger(changed);
-        self.answer_submitted();
+        // A submission is answered once its job is in the books (a refused write keeps
+        // it waiting for the next tick's write).
+        if written {
+            self.answer_submitted();
+        }
     }
 
     /// The group commit of submissions: one queue pass for the batch, one write of
@@ -778,7 +801,7 @@ impl Handler<SetFederation> for RegionActor {
     type Result = ();
     fn handle(&mut self, message: SetFederation, ctx: &mut Self::Context) {
         self.federation = Some(message.0);
-        self.commit(Written::All);
+        let _ = self.commit(Written::All);
         // What the providers run now, against the books (they may have changed while
         // this control plane was down).
         for (pool, kind) in self.scheduler.provider_pools() {

@@ -95,7 +95,9 @@ fn every_operation_keeps_its_documented_contract() {
         output.status.success(),
         "Schemathesis found failures (seed {seed}):\n{text}"
     );
-    assert!(text.contains("Tested: 37"), "{text}");
+    // Every operation of the document but the three left out above.
+    let tested = format!("Tested: {}", operations - 3);
+    assert!(text.contains(&tested), "{tested}: {text}");
     // The control plane is still up and answering after the fuzzing.
     assert!(cloud.get("/v1/regions").is_ok());
     assert!(!cloud.logs().contains("panicked"), "{}", cloud.logs());

@@ -628,3 +628,32 @@ fn a_locked_out_control_plane_gets_a_break_glass_admin_token_on_its_machine() {
         audit.body
     );
 }
+
+/// A request the HTTP parser refuses is the client's fault: answered 400, logged as a
+/// warning (never at ERROR), and counted on `/metrics`.
+#[test]
+fn a_malformed_request_is_a_counted_warning_not_an_error() {
+    let cloud = Cloud::start("malformed").expect("cloud");
+    let mut stream = nephele_e2e::raw_connection(&cloud.api, Duration::from_secs(10)).unwrap();
+    stream
+        .write_all(b"GET /v1/regions HTTP/1.1\r\nHost: x\r\nno colon in this header\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    let metrics = cloud
+        .client()
+        .request("GET", &format!("{}/metrics", cloud.api), None)
+        .unwrap();
+    let metrics = metrics.as_str().unwrap_or("");
+    assert!(
+        metrics.contains("nephele_api_malformed_requests_total 1"),
+        "{metrics}"
+    );
+    let logs = cloud.logs();
+    assert!(
+        logs.contains("WARN nephele::http: a client's request was refused as malformed"),
+        "{logs}"
+    );
+    assert!(!logs.contains("ERROR actix_http"), "{logs}");
+}

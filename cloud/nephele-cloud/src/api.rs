@@ -419,6 +419,13 @@ fn regions_to_search(
 }
 
 async fn metrics(state: web::Data<ApiState>) -> HttpResponse {
+    // Requests the HTTP parser refused (the client's fault: logged as warnings).
+    let malformed = state.metrics.counter(
+        "nephele_api_malformed_requests_total",
+        "HTTP requests refused as malformed before reaching a handler (logged as warnings).",
+        &[],
+    );
+    malformed.add(nephele_logging::client_errors().saturating_sub(malformed.get()));
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")
         .body(state.metrics.render())

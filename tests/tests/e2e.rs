@@ -724,8 +724,25 @@ fn agents_reconnect_after_the_control_plane_restarts() {
         "served while the cloud is down",
     );
 
+    // `stop` is SIGKILL: the old process said nothing to the agent. The new one
+    // resets the old session at the agent's next packet (its reset keys are kept
+    // across restarts); with keys drawn per process the agent came back only after its
+    // 15 s idle timeout.
     cloud.restart().unwrap();
+    let restarted = Instant::now();
     let devices = cloud.wait_online("edge-1").unwrap();
+    let back = restarted.elapsed();
+    eprintln!(
+        "control-plane restart: the agent was back {} ms after the new process was ready",
+        back.as_millis()
+    );
+    assert!(
+        back < Duration::from_secs(8),
+        "the agent came back only after {} ms: the restarted control plane's stateless \
+         resets were not accepted\n{}",
+        back.as_millis(),
+        edge.logs()
+    );
     assert_eq!(devices.as_array().unwrap().len(), 1);
     let status = cloud
         .wait_for("/v1/deployments/digits", "ready after restart", |v| {

@@ -611,11 +611,7 @@ impl Handler<ListDevices> for FederationActor {
             self.core
                 .device_views_after(self.now_ms(), message.after.as_deref(), message.limit);
         for view in &mut views {
-            view.address = self
-                .connections
-                .get(&view.name)
-                .filter(|c| Some(c.id) == view.session)
-                .map(|c| c.connection.remote_address().to_string());
+            view.address = self.session_address(view);
             self.core.scope_device_view(view, message.scope.as_deref());
         }
         Ok((views, self.core.records.devices.len()))
@@ -634,14 +630,21 @@ impl Handler<GetDevice> for FederationActor {
     type Result = Result<DeviceView, ApiError>;
     fn handle(&mut self, message: GetDevice, _: &mut Self::Context) -> Self::Result {
         let mut view = self.core.device_view_named(self.now_ms(), &message.name)?;
-        view.address = self
-            .connections
-            .get(&view.name)
-            .filter(|c| Some(c.id) == view.session)
-            .map(|c| c.connection.remote_address().to_string());
+        view.address = self.session_address(&view);
         self.core
             .scope_device_view(&mut view, message.scope.as_deref());
         Ok(view)
+    }
+}
+
+impl FederationActor {
+    /// The peer address of the device's live session, when the connection held is
+    /// the session its view names (a replaced connection's address is not shown).
+    fn session_address(&self, view: &DeviceView) -> Option<String> {
+        self.connections
+            .get(&view.name)
+            .filter(|c| Some(c.id) == view.session)
+            .map(|c| c.connection.remote_address().to_string())
     }
 }
 

@@ -606,7 +606,13 @@ pub async fn serve(
     }
     let endpoint = {
         let _inside = quic_runtime.enter();
-        nephele_net::udp::endpoint(udp.socket, Some(quic_config))
+        // Keys kept across restarts: the agents' sessions end at the restarted
+        // process's first answer, not at their idle timeout.
+        nephele_net::udp::endpoint_with(
+            nephele_net::udp::restartable_endpoint_config(ca.key_pem.as_bytes()),
+            udp.socket,
+            Some(quic_config),
+        )
     }
     .with_context(|| format!("cannot start the QUIC gateway on {}", config.quic_listen))?;
     let quic_addr = endpoint.local_addr()?;

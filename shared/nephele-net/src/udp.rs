@@ -9,6 +9,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use socket2::{Domain, Protocol, Socket, Type};
 
@@ -75,23 +76,148 @@ pub fn bind(address: SocketAddr, buffer: usize) -> std::io::Result<BoundUdp> {
     })
 }
 
+/// Least time between two stateless resets the endpoint sends (quinn's default is
+/// 20 ms, 50 a second: after a restart, a fleet of 10,000 agents, whose keep-alives
+/// and heartbeats arrive some 3,000 a second, would mostly wait out the idle timeout
+/// instead). A reset is always smaller than the packet that caused it, so it
+/// amplifies nothing.
+pub const MIN_RESET_INTERVAL: Duration = Duration::from_micros(100);
+
+/// The endpoint configuration of a server whose connections should end at once when
+/// it restarts, not after the peers' idle timeout.
+///
+/// A QUIC endpoint answers a packet for a connection it does not know with a
+/// *stateless reset*, whose token the peer checks against the one it was given for
+/// that connection ID; both come from the endpoint's reset key, and quinn drops a
+/// packet whose connection ID its generator did not sign before resetting anything.
+/// quinn draws both keys at random per process, so a restarted control plane's resets
+/// were ones the agents ignored, and they came back only after their 15 s idle
+/// timeout. Here both keys are derived from `secret` (the cluster CA's private key:
+/// as secret as it must be, the same for every replica of a site, and kept across
+/// restarts), so the restarted process resets the old connections on the agents'
+/// next packet (a heartbeat, every second) and they reconnect at once.
+pub fn restartable_endpoint_config(secret: &[u8]) -> quinn::EndpointConfig {
+    use ring::hmac;
+    let root = hmac::Key::new(hmac::HMAC_SHA256, secret);
+    let reset = hmac::sign(&root, b"nephele/quic/stateless-reset-key/v1");
+    let cids = hmac::sign(&root, b"nephele/quic/connection-id-key/v1");
+    let mut cid_key = [0u8; 8];
+    cid_key.copy_from_slice(&cids.as_ref()[..8]);
+    let cid_key = u64::from_le_bytes(cid_key);
+    let mut config =
+        quinn::EndpointConfig::new(Arc::new(hmac::Key::new(hmac::HMAC_SHA256, reset.as_ref())));
+    config
+        .cid_generator(move || {
+            Box::new(quinn_proto::HashedConnectionIdGenerator::from_key(cid_key))
+        })
+        .min_reset_interval(MIN_RESET_INTERVAL);
+    config
+}
+
 /// A QUIC endpoint on `socket`, driven by the tokio runtime it is made in (the caller
 /// must be inside one), serving with `server` when given.
 pub fn endpoint(
     socket: std::net::UdpSocket,
     server: Option<quinn::ServerConfig>,
 ) -> std::io::Result<quinn::Endpoint> {
-    quinn::Endpoint::new(
-        quinn::EndpointConfig::default(),
-        server,
-        socket,
-        Arc::new(quinn::TokioRuntime),
-    )
+    endpoint_with(quinn::EndpointConfig::default(), socket, server)
+}
+
+/// [`endpoint`] with a chosen endpoint configuration (a server's
+/// [`restartable_endpoint_config`]).
+pub fn endpoint_with(
+    config: quinn::EndpointConfig,
+    socket: std::net::UdpSocket,
+    server: Option<quinn::ServerConfig>,
+) -> std::io::Result<quinn::Endpoint> {
+    quinn::Endpoint::new(config, server, socket, Arc::new(quinn::TokioRuntime))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A server on `addr` in a runtime of its own, holding what it accepts; dropping
+    /// the runtime is a crash (nothing is sent).
+    fn crashable_server(
+        config: quinn::EndpointConfig,
+        ca: &crate::ClusterCa,
+        addr: SocketAddr,
+    ) -> (tokio::runtime::Runtime, SocketAddr) {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let (cert, key) = ca.issue_server(&[]).expect("server cert");
+        let server = crate::server_config(ca.cert_der(), &cert, &key).expect("server config");
+        let socket = bind(addr, 64 * 1024).expect("bind").socket;
+        let endpoint = {
+            let _inside = runtime.enter();
+            endpoint_with(config, socket, Some(server)).expect("endpoint")
+        };
+        let local = endpoint.local_addr().expect("addr");
+        runtime.spawn(async move {
+            let mut held = Vec::new();
+            while let Some(incoming) = endpoint.accept().await {
+                if let Ok(connection) = incoming.await {
+                    held.push(connection);
+                }
+            }
+        });
+        (runtime, local)
+    }
+
+    #[test]
+    fn a_restarted_server_resets_old_connections_only_with_the_same_secret() {
+        let ca = crate::ClusterCa::generate("reset-test").expect("ca");
+        let secret = ca.key_pem.as_bytes().to_vec();
+        let client_runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let (first, addr) = crashable_server(
+            restartable_endpoint_config(&secret),
+            &ca,
+            "127.0.0.1:0".parse().expect("addr"),
+        );
+        let connection = client_runtime.block_on(async {
+            let mut client = crate::client_endpoint(addr).expect("client endpoint");
+            client.set_default_client_config(
+                crate::join_client_config(ca.fingerprint()).expect("client config"),
+            );
+            client
+                .connect(addr, crate::SERVER_NAME)
+                .expect("connect")
+                .await
+                .expect("connected")
+        });
+        let poke = |connection: &quinn::Connection, wait: Duration| {
+            client_runtime.block_on(async {
+                if let Ok((mut send, _recv)) = connection.open_bi().await {
+                    let _ = send.write_all(b"are you there").await;
+                }
+                tokio::time::timeout(wait, connection.closed()).await
+            })
+        };
+        drop(first);
+        // Restarted with quinn's own keys (fresh each process): the packet is dropped
+        // and the client hears nothing until its idle timeout.
+        let (second, _) = crashable_server(quinn::EndpointConfig::default(), &ca, addr);
+        assert!(
+            poke(&connection, Duration::from_secs(2)).is_err(),
+            "a server with fresh keys (or a crash that sent something) ended the connection"
+        );
+        drop(second);
+        // Restarted with the same secret: the client's next packet is reset at once.
+        let (_third, _) = crashable_server(restartable_endpoint_config(&secret), &ca, addr);
+        let ended = poke(&connection, Duration::from_secs(5));
+        assert!(
+            matches!(ended, Ok(quinn::ConnectionError::Reset)),
+            "expected a stateless reset, got {ended:?}"
+        );
+    }
 
     #[test]
     fn a_socket_gets_a_buffer_and_says_whether_it_is_the_one_asked() {

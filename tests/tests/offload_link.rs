@@ -184,3 +184,107 @@ fn offload_resumes_within_seconds_after_a_slow_link_recovers() {
     );
     drop(link);
 }
+
+/// Joint inference across a cut link (issue 53): a hard example waits for the cloud
+/// only until its request's deadline and then gets its local answer; once the link is
+/// mended, hard examples go to the cloud again as soon as the transport hears from the
+/// control plane, not after the breaker's backoff (which doubled with each failed
+/// probe during the cut). Before, each hard example sent into the cut held its client
+/// for max(20 × SLO, 2 s), and offload came back only when the doubled open time ran
+/// out.
+#[test]
+fn across_a_cut_link_hard_examples_keep_their_deadline_and_come_back_with_the_path() {
+    let cloud = Cloud::start("offload-cut").expect("cloud");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let upstream: SocketAddr = cloud.quic.parse().expect("the cloud's QUIC address");
+    let link = runtime
+        .block_on(ShapedLink::start(
+            upstream,
+            LinkShape::new(Duration::ZERO, 1e9),
+        ))
+        .expect("link");
+    let via = link.local_addr().to_string();
+    let edge = Edge::start_via(
+        &cloud,
+        &via,
+        "edge-1",
+        "eu-west",
+        &["--profile", "rpi5-8gb", "--label", "tier=edge"],
+        &["--workers", "1"],
+    )
+    .expect("edge agent behind the link");
+    let _pool = Edge::pool(&cloud, "pool-1", "eu-west").expect("pool agent");
+    let (status, body) = cloud.put_model("digits-mlp", MODEL_ONNX).expect("upload");
+    assert_eq!(status, 201, "{body}");
+    let slo = Duration::from_millis(200);
+    cloud.deploy_on_one_edge_and_the_pool(serde_json::json!({"name": "digits",
+        "model": "digits-mlp", "selector": "tier=edge", "slo_ms": slo.as_millis() as u64,
+        "max_queue": 8, "hard_example_threshold": 0.9999}));
+    let rows = heldout().features;
+    // One request: its status, whether the cloud answered, how long it took.
+    let ask = |i: usize| {
+        let sent = Instant::now();
+        let (code, reply) = edge.infer("digits", &rows[i % rows.len()]).expect("agent");
+        (code, reply["where"] == "cloud", sent.elapsed(), reply)
+    };
+    let hard_in_cloud = (0..60).filter(|i| ask(*i).1).count();
+    assert!(hard_in_cloud > 0, "some held-out digits are hard examples");
+
+    // Cut for 10 s, asking all the while: the breaker opens, its probes fail and its
+    // open time doubles (1, 2, 4 s…).
+    link.set_cut(true);
+    let cut = Instant::now();
+    let (mut asked, mut slowest, mut i) = (0usize, Duration::ZERO, 0usize);
+    while cut.elapsed() < Duration::from_secs(10) {
+        let (code, cloud_answered, took, reply) = ask(i);
+        i += 1;
+        asked += 1;
+        assert_eq!(code, 200, "the local answer stands during a cut: {reply}");
+        assert!(!cloud_answered, "nothing crosses a cut link: {reply}");
+        slowest = slowest.max(took);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    println!(
+        "cut link: {asked} requests, all answered locally; the slowest took {} ms (SLO {} ms)",
+        slowest.as_millis(),
+        slo.as_millis()
+    );
+    // The bound is the SLO with its 25 % tolerance (250 ms); before, 2 s.
+    assert!(
+        slowest < Duration::from_millis(1500),
+        "a hard example held its client {} ms across the cut",
+        slowest.as_millis()
+    );
+
+    link.set_cut(false);
+    let mended = Instant::now();
+    let back = loop {
+        let (code, cloud_answered, _, reply) = ask(i);
+        i += 1;
+        assert_eq!(code, 200, "{reply}");
+        if cloud_answered {
+            break mended.elapsed();
+        }
+        assert!(
+            mended.elapsed() < Duration::from_secs(30),
+            "no hard example reached the cloud in 30 s after the link was mended"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    println!(
+        "link mended: the first hard example answered in the cloud {} ms later",
+        back.as_millis()
+    );
+    // The transport hears acknowledgements within a heartbeat (1 s); the breaker's
+    // open time after a 10 s cut had doubled to 8 s.
+    assert!(
+        back < Duration::from_secs(4),
+        "offload came back {} ms after the link was mended",
+        back.as_millis()
+    );
+    drop(link);
+}

@@ -296,7 +296,7 @@ impl Server {
         }
         let result = match deployment.model.check(&request) {
             Err(why) => Err(ServeError::BadInput(why)),
-            Ok(()) => self.route_graph(&deployment, request).await,
+            Ok(()) => self.route_graph(&deployment, request, started).await,
         };
         let outcome = match (&result, checkout) {
             (Ok((outputs, _, _, _)), Some((session, taken, from_session))) => {
@@ -358,6 +358,7 @@ impl Server {
         &self,
         deployment: &Arc<GraphDeployment>,
         request: HashMap<String, NamedTensor>,
+        started: Instant,
     ) -> Result<(Tensors, Location, String, usize), ServeError> {
         if self.is_pool {
             return self.run_graph_local(deployment, request, false).await;
@@ -410,11 +411,22 @@ impl Server {
             (Route::Offload { fallback_local }, Some(connection)) => {
                 let payload =
                     crate::typed_wire::to_payload(&request).map_err(ServeError::BadInput)?;
+                // As for single-tensor deployments: until the deadline, leaving time
+                // for the local run a failure falls back to when there is.
+                let then_local_us = if fallback_local {
+                    context.predicted_local_us()
+                } else {
+                    0
+                };
+                let wait = self
+                    .offload_wait(params.slo_ms, started, then_local_us, &connection)
+                    .or_else(|| self.offload_wait(params.slo_ms, started, 0, &connection))
+                    .unwrap_or_else(|| connection.rtt());
                 let target = OffloadTarget {
                     name: &deployment.name,
-                    slo_ms: params.slo_ms,
                     remote: &deployment.remote,
                     offloaded: &deployment.served_offloaded,
+                    wait,
                 };
                 let offloaded = self
                     .offload_payload(&connection, target, payload, InferStage::Whole)

@@ -23,9 +23,15 @@
 //! ([`nephele_infer_policy::remote`]), so one slow spell never locks offload out.
 //! After a local answer, a deployment with a hard-example threshold re-asks the cloud
 //! when the answer's top-class probability is below it (joint inference); if the cloud
-//! fails, the local answer stands. Offload failures open the circuit breaker, which
-//! keeps requests local until a probe succeeds. No request is dropped silently: each
-//! one gets an answer or an error.
+//! fails, the local answer stands. Every offload waits for its answer only as long as
+//! its request has left before the SLO with the lateness tolerance
+//! ([`nephele_infer_policy::offload::offload_wait_us`]; less the local run that would
+//! follow a failure): a link that goes silent holds no client past its deadline. A
+//! hard example then keeps its local answer, and an overflow request gets its 429.
+//! Offload failures open the circuit breaker, which keeps requests local until a
+//! probe succeeds; the session brings the probe forward when the transport hears from
+//! the control plane again ([`Server::path_alive`]). No request is dropped silently:
+//! each one gets an answer or an error.
 //!
 //! A deployment of a split variant (`split@<cut>`) runs its head here, through the
 //! batcher, and sends the activation at the cut to the region, whose pool replica runs
@@ -41,8 +47,8 @@ use std::time::{Duration, Instant};
 
 use nephele_infer_policy::lateness::LocalLateness;
 use nephele_infer_policy::offload::{
-    after_local_answer, decide, AfterLocal, BreakerConfig, CircuitBreaker, OffloadPolicy,
-    RemoteEstimate, RequestContext, Route,
+    after_local_answer, decide, offload_wait_us, AfterLocal, BreakerConfig, CircuitBreaker,
+    OffloadPolicy, RemoteEstimate, RequestContext, Route,
 };
 use nephele_infer_policy::remote::{offload_overflow, probe_if_refused, RemoteEstimator};
 use nephele_net::{read_frame, write_frame};
@@ -230,13 +236,14 @@ pub type TailLoader = Arc<
         + Sync,
 >;
 
-/// What an offload is for: the deployment's name and SLO, and where its outcome is
-/// counted (the round-trip estimate, the offloaded count).
+/// What an offload is for: the deployment's name, where its outcome is counted (the
+/// round-trip estimate, the offloaded count), and how long it may wait.
 pub(crate) struct OffloadTarget<'a> {
     pub name: &'a str,
-    pub slo_ms: u32,
     pub remote: &'a Mutex<RemoteEstimator>,
     pub offloaded: &'a AtomicU64,
+    /// How long to wait for the answer ([`Server::offload_wait`]).
+    pub wait: Duration,
 }
 
 /// Why an offload gave no answer.
@@ -252,6 +259,9 @@ enum OffloadError {
     BadInput(String),
     /// The path or the replica failed (counts against the circuit breaker).
     Failed(String),
+    /// No answer within the request's time left (counts against the breaker; the wait
+    /// is a lower bound of this round trip, and teaches the estimate so).
+    TimedOut(Duration),
 }
 
 impl std::fmt::Display for OffloadError {
@@ -268,6 +278,11 @@ impl std::fmt::Display for OffloadError {
                 write!(f, "the pool could not take this input: {message}")
             }
             OffloadError::Failed(message) => write!(f, "{message}"),
+            OffloadError::TimedOut(after) => write!(
+                f,
+                "no answer within the {} ms the request had left",
+                after.as_millis()
+            ),
         }
     }
 }
@@ -437,7 +452,9 @@ impl Server {
         };
         input.validate().map_err(ServeError::BadInput)?;
         if let (Some(variant), false) = (deployment.split.clone(), self.is_pool) {
-            let result = self.serve_split(&deployment, &variant, input).await;
+            let result = self
+                .serve_split(&deployment, &variant, input, started)
+                .await;
             return self.finish(&deployment, started, result);
         }
         let params = deployment.params();
@@ -484,8 +501,26 @@ impl Server {
         };
         let result = match (decision, connection) {
             (Route::Offload { fallback_local }, Some(connection)) => {
+                // A failed offload that falls back leaves time for the local run.
+                let then_local_us = if fallback_local {
+                    context.predicted_local_us()
+                } else {
+                    0
+                };
+                // When that leaves less than a round trip, the offload (predicted in
+                // time) may use all the time left, and a fallback answers late.
+                let wait = self
+                    .offload_wait(params.slo_ms, started, then_local_us, &connection)
+                    .or_else(|| self.offload_wait(params.slo_ms, started, 0, &connection))
+                    .unwrap_or_else(|| connection.rtt());
                 match self
-                    .offload(&connection, &deployment, input.clone(), InferStage::Whole)
+                    .offload(
+                        &connection,
+                        &deployment,
+                        input.clone(),
+                        InferStage::Whole,
+                        wait,
+                    )
                     .await
                 {
                     Ok(answer) => Ok(answer),
@@ -533,9 +568,16 @@ impl Server {
                                 now_us,
                             )
                         };
-                        if go {
+                        let wait = self.offload_wait(params.slo_ms, started, 0, &connection);
+                        if let (true, Some(wait)) = (go, wait) {
                             match self
-                                .offload(&connection, &deployment, input.clone(), InferStage::Whole)
+                                .offload(
+                                    &connection,
+                                    &deployment,
+                                    input.clone(),
+                                    InferStage::Whole,
+                                    wait,
+                                )
                                 .await
                             {
                                 Ok(answer) => local = Ok(answer),
@@ -553,7 +595,7 @@ impl Server {
                 }
                 match (&local, params.hard_example_threshold, self.connection()) {
                     (Ok(answer), Some(threshold), Some(connection)) if !self.is_pool => self
-                        .hard_example(&deployment, &connection, input, answer, threshold)
+                        .hard_example(&deployment, &connection, input, answer, threshold, started)
                         .await
                         .map_or(local, Ok),
                     _ => local,
@@ -609,10 +651,41 @@ impl Server {
     /// SLO plus the offload policy's lateness tolerance (what [`decide`] accepts
     /// locally when nothing better is at hand).
     pub fn local_bound_us(&self, slo_ms: u32) -> u64 {
-        u64::from(slo_ms)
-            .saturating_mul(1000)
-            .saturating_mul(100 + u64::from(self.policy.lateness_tolerance_percent))
-            / 100
+        self.policy
+            .latest_answer_us(u64::from(slo_ms).saturating_mul(1000))
+    }
+
+    /// How long an offload of a request that arrived at `started` may wait for its
+    /// answer: what is left of [`Self::local_bound_us`], less `then_local_us` for a
+    /// local run that would follow a failure. `None` when that is less than a round
+    /// trip on `connection`.
+    pub(crate) fn offload_wait(
+        &self,
+        slo_ms: u32,
+        started: Instant,
+        then_local_us: u64,
+        connection: &quinn::Connection,
+    ) -> Option<Duration> {
+        offload_wait_us(
+            self.local_bound_us(slo_ms),
+            started.elapsed().as_micros() as u64,
+            then_local_us,
+            connection.rtt().as_micros() as u64,
+        )
+        .map(Duration::from_micros)
+    }
+
+    /// The transport heard from the control plane (its acknowledgements of this
+    /// agent's packets, or a new session): an open breaker lets its probe go now, so
+    /// offload comes back with the path rather than after the breaker's backoff.
+    pub fn path_alive(&self) {
+        let now_us = self.now_us();
+        let mut breaker = self.breaker();
+        let before = breaker.state();
+        breaker.on_path_alive(now_us);
+        if before != breaker.state() {
+            tracing::debug!("the path to the control plane answers; the breaker's probe may go");
+        }
     }
 
     /// State of the breaker on the path to the cloud, for telemetry and tests.
@@ -630,8 +703,13 @@ impl Server {
         input: Tensor,
         local: &Answer,
         threshold: f32,
+        started: Instant,
     ) -> Option<Answer> {
         let confidence = confidence(&local.output.data);
+        // The local answer is in hand: the cloud's is worth waiting for only until the
+        // request's deadline, and not at all when no round trip fits before it (the
+        // breaker is not asked then, so its probe is not spent).
+        let wait = self.offload_wait(deployment.params().slo_ms, started, 0, connection)?;
         let now_us = self.now_us();
         let verdict = after_local_answer(
             confidence,
@@ -650,7 +728,7 @@ impl Server {
             )
             .inc();
         match self
-            .offload(connection, deployment, input, InferStage::Whole)
+            .offload(connection, deployment, input, InferStage::Whole, wait)
             .await
         {
             Ok(mut answer) => {
@@ -757,21 +835,28 @@ impl Server {
         deployment: &Arc<Deployment>,
         variant: &str,
         input: Tensor,
+        started: Instant,
     ) -> Result<Answer, ServeError> {
         let head = self.run_local(deployment, input).await?;
         let activation = head.output;
-        let connection = if deployment.params().offload {
+        let params = deployment.params();
+        let connection = if params.offload {
             self.connection()
         } else {
             None
         };
-        if let Some(connection) = connection {
+        // The remote tail waits until the deadline (the local tail that follows a
+        // failure is not counted: its time here is not measured apart from the head's).
+        let wait = connection
+            .as_ref()
+            .and_then(|c| self.offload_wait(params.slo_ms, started, 0, c));
+        if let (Some(connection), Some(wait)) = (connection, wait) {
             if self.breaker().allow(self.now_us()) {
                 let stage = InferStage::Tail {
                     variant: variant.to_string(),
                 };
                 match self
-                    .offload(&connection, deployment, activation.clone(), stage)
+                    .offload(&connection, deployment, activation.clone(), stage, wait)
                     .await
                 {
                     Ok(mut answer) => {
@@ -897,12 +982,13 @@ impl Server {
         deployment: &Arc<Deployment>,
         input: Tensor,
         stage: InferStage,
+        wait: Duration,
     ) -> Result<Answer, String> {
         let target = OffloadTarget {
             name: &deployment.name,
-            slo_ms: deployment.params().slo_ms,
             remote: &deployment.remote,
             offloaded: &deployment.served_offloaded,
+            wait,
         };
         let (output, computed_by) = self
             .offload_payload(connection, target, Payload::Tensor(input), stage)
@@ -973,6 +1059,18 @@ impl Server {
                 lock(target.remote).on_no_sample();
                 tracing::debug!(deployment = %target.name, %message, "the pool could not take an input");
             }
+            Err(OffloadError::TimedOut(after)) => {
+                // Censored: the round trip took at least this long.
+                lock(target.remote).on_sample(now_us, (after.as_micros() as u64).max(1));
+                self.breaker().on_failure(now_us);
+                self.metrics
+                    .counter(
+                        "nephele_agent_offload_timeouts_total",
+                        "Offloads with no answer within the time their request had left (then served locally or refused).",
+                        &[("deployment", target.name)],
+                    )
+                    .inc();
+            }
             Err(OffloadError::Failed(_)) => {
                 lock(target.remote).on_no_sample();
                 self.breaker().on_failure(now_us);
@@ -996,7 +1094,6 @@ impl Server {
         stage: InferStage,
     ) -> Result<(Payload, String), OffloadError> {
         let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
-        let slo = Duration::from_millis(u64::from(target.slo_ms));
         // A child of the request being served (its HTTP span), and the parent of the
         // region's span: its context travels in the frame.
         let mut span = self.tracer.span(
@@ -1012,7 +1109,7 @@ impl Server {
         }
         let trace = span.context().map(|c| c.to_wire());
         let result = self
-            .offload_frame(connection, target, request_id, slo, input, stage, trace)
+            .offload_frame(connection, target, request_id, input, stage, trace)
             .await;
         match &result {
             Ok((_, computed_by)) => span.set("nephele.computed_by", computed_by),
@@ -1028,7 +1125,6 @@ impl Server {
         connection: &quinn::Connection,
         target: &OffloadTarget<'_>,
         request_id: u64,
-        slo: Duration,
         input: Payload,
         stage: InferStage,
         trace: Option<nephele_proto::TraceParent>,
@@ -1056,9 +1152,9 @@ impl Server {
                 .map_err(|e| e.to_string())?
                 .ok_or_else(|| "the control plane closed the stream".to_string())
         };
-        let response = tokio::time::timeout((slo * 20).max(Duration::from_secs(2)), exchange)
+        let response = tokio::time::timeout(target.wait, exchange)
             .await
-            .map_err(|_| OffloadError::Failed("offload timed out".into()))?
+            .map_err(|_| OffloadError::TimedOut(target.wait))?
             .map_err(OffloadError::Failed)?;
         match response {
             StreamResponse::Inferred(inferred) => {

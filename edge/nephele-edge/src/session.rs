@@ -36,6 +36,9 @@ struct Link {
     send: quinn::SendStream,
     control: FrameReader,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// ACK frames received on the connection as of the last heartbeat: more since
+    /// then means the path carries the control plane's answers.
+    acks_seen: u64,
 }
 
 impl Link {
@@ -160,6 +163,7 @@ impl Shell<'_> {
                 let link = link.as_mut()?;
                 tracing::info!(%region, server = %link.address, "connected to the control plane");
                 *lock(&agent.server.connection) = Some(link.connection.clone());
+                agent.server.path_alive();
                 agent
                     .server
                     .metrics
@@ -188,6 +192,13 @@ impl Shell<'_> {
             }
             Effect::SendHeartbeat { seq } => {
                 let link = link.as_mut()?;
+                // Acknowledgements since the last beat: the path works again even if
+                // offloads failed on it (a partition healed on the same session).
+                let acks = link.connection.stats().frame_rx.acks;
+                if acks > link.acks_seen {
+                    link.acks_seen = acks;
+                    agent.server.path_alive();
+                }
                 let beat = AgentMessage::Heartbeat(Heartbeat {
                     seq,
                     uptime_ms: agent.started.elapsed().as_millis() as u64,
@@ -354,6 +365,7 @@ async fn connect(
         send,
         control: FrameReader::new(recv, MAX_FRAME_BYTES),
         tasks: Vec::new(),
+        acks_seen: 0,
     })
 }
 

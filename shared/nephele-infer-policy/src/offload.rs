@@ -45,6 +45,12 @@
 //! | `Open`     | no until `until_us`; then → `HalfOpen`, yes once (the probe) | ignored (late) | ignored (late)              |
 //! | `HalfOpen` | no (the probe is out); a probe out longer than `probe_timeout_us` counts as failed | → `Closed`, backoff reset | → `Open` for twice the last time, capped |
 //!
+//! [`CircuitBreaker::on_path_alive`] (the transport hears from the cloud again) ends an
+//! open breaker's wait: the next `allow` is the probe.
+//!
+//! [`offload_wait_us`] bounds how long an offloaded request waits for its answer by the
+//! time left before its deadline (with the tolerance).
+//!
 //! Outcomes are not tied to requests, so a late outcome of a request sent while
 //! `Closed` that lands in `HalfOpen` is taken as the probe's.
 
@@ -116,6 +122,39 @@ pub struct OffloadPolicy {
     pub lateness_tolerance_percent: u32,
 }
 
+impl OffloadPolicy {
+    /// The latest a request with this deadline is still worth answering: the deadline
+    /// plus the lateness tolerance (what [`decide`] accepts locally when nothing
+    /// better is at hand).
+    pub fn latest_answer_us(&self, deadline_us: u64) -> u64 {
+        saturate(
+            u128::from(deadline_us) * (100 + u128::from(self.lateness_tolerance_percent)) / 100,
+        )
+    }
+}
+
+/// How long an offloaded request may wait for the cloud's answer (µs): what is left of
+/// its `latest_us` (from [`OffloadPolicy::latest_answer_us`]) after `elapsed_us`,
+/// less `then_local_us`, the local run that must still fit should the cloud give no
+/// answer (0 when a local answer is in hand or nothing would follow). `None` when
+/// less than `min_wait_us` (a round trip) is left: the cloud's answer could only come
+/// too late, so the caller keeps or computes the local answer, or refuses.
+///
+/// A link that goes silent then holds a client at most until its request's deadline
+/// (with the tolerance), not for a fixed timeout: a hard example returns its local
+/// answer by then, an overflow request its 429.
+pub fn offload_wait_us(
+    latest_us: u64,
+    elapsed_us: u64,
+    then_local_us: u64,
+    min_wait_us: u64,
+) -> Option<u64> {
+    let left = latest_us
+        .saturating_sub(elapsed_us)
+        .saturating_sub(then_local_us);
+    (left >= min_wait_us.max(1)).then_some(left)
+}
+
 impl Default for OffloadPolicy {
     /// A local answer up to 25 % late beats a refusal.
     fn default() -> Self {
@@ -158,10 +197,7 @@ pub fn decide(
     if room && predicted_local_us <= request.deadline_us {
         return Route::Local;
     }
-    let tolerated_us = saturate(
-        u128::from(request.deadline_us) * (100 + u128::from(policy.lateness_tolerance_percent))
-            / 100,
-    );
+    let tolerated_us = policy.latest_answer_us(request.deadline_us);
     let local_tolerable = room && predicted_local_us <= tolerated_us;
     if let Some(remote) = request.remote {
         if remote.predicted_us() <= request.deadline_us && breaker.allow(now_us) {
@@ -336,6 +372,20 @@ impl CircuitBreaker {
                 }
                 false
             }
+        }
+    }
+
+    /// The path answered something other than an offload (the transport acknowledged
+    /// the agent's packets, or a new session was established): an open breaker lets
+    /// the next attempt through as its probe now, instead of waiting out its
+    /// (doubling) open time, so offload comes back as soon as the path does. The
+    /// backoff is kept: a probe that fails still reopens for twice as long. Closed and
+    /// half-open breakers are left as they are.
+    pub fn on_path_alive(&mut self, now_us: u64) {
+        if let Phase::Open { until_us } = self.phase {
+            self.phase = Phase::Open {
+                until_us: until_us.min(now_us),
+            };
         }
     }
 
@@ -911,6 +961,85 @@ mod tests {
                         prop_assert!((500..=4_000).contains(&open_for_us), "{}", open_for_us);
                     }
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn a_path_that_answers_again_lets_the_probe_go_at_once() {
+        let mut breaker = CircuitBreaker::default();
+        for _ in 0..5 {
+            breaker.on_failure(1_000);
+        }
+        // A failed probe doubles the open time to 2 s.
+        assert!(breaker.allow(1_000_000 + 1_000));
+        breaker.on_failure(1_100_000);
+        assert_eq!(
+            breaker.state(),
+            BreakerState::Open {
+                until_us: 3_100_000
+            }
+        );
+        assert!(!breaker.allow(1_200_000));
+        breaker.on_path_alive(1_300_000);
+        assert!(
+            breaker.allow(1_300_000),
+            "the probe goes when the path answers"
+        );
+        assert_eq!(breaker.state(), BreakerState::HalfOpen);
+        // The backoff is kept: this probe failing reopens for 4 s.
+        breaker.on_failure(1_400_000);
+        assert_eq!(
+            breaker.state(),
+            BreakerState::Open {
+                until_us: 5_400_000
+            }
+        );
+        // A live path never closes a breaker by itself, nor disturbs a closed one.
+        let mut closed = CircuitBreaker::default();
+        closed.on_path_alive(7);
+        assert_eq!(closed, CircuitBreaker::default());
+    }
+
+    proptest! {
+        #[test]
+        fn an_offload_waits_no_longer_than_the_time_left(
+            latest_us in prop_oneof![0u64..1_000_000, any::<u64>()],
+            elapsed_us in prop_oneof![0u64..1_000_000, any::<u64>()],
+            then_local_us in prop_oneof![Just(0u64), 0u64..500_000, any::<u64>()],
+            min_wait_us in prop_oneof![Just(0u64), 0u64..50_000, any::<u64>()],
+        ) {
+            let left = u128::from(latest_us) - u128::from(elapsed_us.min(latest_us));
+            let left = left.saturating_sub(u128::from(then_local_us));
+            match offload_wait_us(latest_us, elapsed_us, then_local_us, min_wait_us) {
+                Some(wait) => {
+                    prop_assert_eq!(u128::from(wait), left);
+                    prop_assert!(wait >= min_wait_us.max(1));
+                    prop_assert!(u128::from(elapsed_us) + u128::from(wait) + u128::from(then_local_us)
+                        <= u128::from(latest_us));
+                }
+                None => prop_assert!(left < u128::from(min_wait_us.max(1))),
+            }
+        }
+
+        #[test]
+        fn path_alive_only_ever_brings_the_probe_forward(
+            failures in 0u32..12,
+            at_us in 0u64..100_000_000,
+            alive_us in 0u64..100_000_000,
+        ) {
+            let mut breaker = CircuitBreaker::default();
+            for i in 0..failures {
+                breaker.allow(at_us + u64::from(i));
+                breaker.on_failure(at_us + u64::from(i));
+            }
+            let before = breaker.state();
+            breaker.on_path_alive(alive_us);
+            match (before, breaker.state()) {
+                (BreakerState::Open { until_us }, BreakerState::Open { until_us: now }) => {
+                    prop_assert_eq!(now, until_us.min(alive_us));
+                }
+                (before, after) => prop_assert_eq!(before, after),
             }
         }
     }

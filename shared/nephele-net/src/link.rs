@@ -22,7 +22,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -120,6 +120,8 @@ struct Direction {
     bottleneck: Mutex<Bottleneck>,
     queue: Mutex<Option<std_mpsc::Sender<Due>>>,
     counters: Arc<Counters>,
+    /// While set, every datagram is dropped (a cut cable).
+    cut: AtomicBool,
 }
 
 impl Direction {
@@ -144,10 +146,15 @@ impl Direction {
             }),
             queue: Mutex::new(Some(queue)),
             counters,
+            cut: AtomicBool::new(false),
         }))
     }
 
     fn carry(&self, datagram: Vec<u8>, socket: Arc<std::net::UdpSocket>, to: SocketAddr) {
+        if self.cut.load(Ordering::Relaxed) {
+            self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         let now = Instant::now();
         let admitted = lock(&self.bottleneck).admit(now, datagram.len());
         match admitted {
@@ -318,6 +325,15 @@ impl ShapedLink {
         Ok(())
     }
 
+    /// Cuts the link (every datagram either way is dropped, counted in
+    /// [`LinkStats::dropped`]) or mends it. Datagrams admitted before the cut are still
+    /// delivered.
+    pub fn set_cut(&self, cut: bool) {
+        for direction in &self.directions {
+            direction.cut.store(cut, Ordering::Relaxed);
+        }
+    }
+
     pub fn stats(&self) -> LinkStats {
         LinkStats {
             datagrams: self.counters.datagrams.load(Ordering::Relaxed),
@@ -459,5 +475,28 @@ mod tests {
         assert!(link
             .set_shape(LinkShape::new(Duration::ZERO, f64::NAN))
             .is_err());
+    }
+
+    #[tokio::test]
+    async fn a_cut_link_drops_everything_until_it_is_mended() {
+        let server = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let link = ShapedLink::start(
+            server.local_addr().unwrap(),
+            LinkShape::new(Duration::ZERO, 8e6),
+        )
+        .await
+        .unwrap();
+        let client = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        one_way(&link, &client, &server).await;
+        link.set_cut(true);
+        client.send_to(b"lost", link.local_addr()).await.unwrap();
+        let mut buffer = [0u8; 16];
+        let heard =
+            tokio::time::timeout(Duration::from_millis(200), server.recv_from(&mut buffer)).await;
+        assert!(heard.is_err(), "a datagram crossed a cut link");
+        assert_eq!(link.stats().dropped, 1);
+        link.set_cut(false);
+        one_way(&link, &client, &server).await;
+        assert_eq!(link.stats().datagrams, 2);
     }
 }

@@ -153,3 +153,80 @@ fn without_a_quorum_writes_are_refused_and_reads_and_serving_go_on() {
     );
     assert_eq!(loads(&edge), 2.0, "digits once, after once");
 }
+
+/// A region's books go to the store before any work leaves it (issue 53): a job
+/// submitted while etcd has no quorum is not started by the pool agent, and its
+/// submission is not answered, while its record cannot be written; once a majority is
+/// back, the region writes its books, answers the submission, and the job's member
+/// runs exactly once. Before, a refused write was only logged and the pool agent was
+/// sent the job anyway: a member ran that no store knew of.
+#[test]
+fn without_a_quorum_no_job_starts_that_the_store_does_not_know() {
+    let Some(mut etcd) = EtcdCluster::start("books", 3).unwrap() else {
+        return;
+    };
+    let cloud = Cloud::start_on_etcd("etcd-books", TWO_REGIONS, &etcd.endpoints()).expect("cloud");
+    let _pool = Edge::pool(&cloud, "pool-1", "eu-west").unwrap();
+    cloud
+        .wait_for("/v1/regions/eu-west/nodes", "the pool node up", |v| {
+            v.as_array()
+                .is_some_and(|nodes| nodes.iter().any(|n| n["up"] == true))
+        })
+        .unwrap();
+    let marks = cloud.dir.join("job-marks");
+    std::fs::create_dir_all(&marks).unwrap();
+    let started = |marks: &std::path::Path| std::fs::read_dir(marks).unwrap().count();
+
+    etcd.kill(1);
+    etcd.kill(2);
+    let submitted = Instant::now();
+    let submission = {
+        let (api, token) = (cloud.api.clone(), cloud.token.clone());
+        let mark = format!("touch {}/started.$$", marks.display());
+        std::thread::spawn(move || {
+            Http::new(Some(token)).raw_json(
+                "POST",
+                &format!("{api}/v1/jobs"),
+                &json!({"name": "unwritten", "region": "eu-west", "gpus": 1,
+                        "command": ["sh", "-c", mark]}),
+            )
+        })
+    };
+    // Several scheduler ticks (200 ms) and write attempts (each refused after its
+    // quorum probes) go by.
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(
+        started(&marks),
+        0,
+        "a member ran while its job could not be written"
+    );
+    assert!(
+        !submission.is_finished(),
+        "the submission was answered before its job was in the store"
+    );
+
+    etcd.restart(1).unwrap();
+    etcd.wait_healthy(0).unwrap();
+    etcd.wait_healthy(1).unwrap();
+    let (status, body) = submission.join().unwrap().unwrap();
+    let answered_in = submitted.elapsed();
+    assert_eq!(status, 201, "{body}");
+    let begun = Instant::now();
+    while started(&marks) == 0 {
+        assert!(
+            begun.elapsed() < Duration::from_secs(30),
+            "the written job never started"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    cloud
+        .wait_for("/v1/jobs/unwritten", "the job succeeded", |v| {
+            v["state"] == "succeeded"
+        })
+        .unwrap();
+    println!(
+        "etcd without quorum: the job's submission answered {} ms after it was sent, once a majority was back; its member ran once",
+        answered_in.as_millis()
+    );
+    assert_eq!(started(&marks), 1, "the member ran exactly once");
+}

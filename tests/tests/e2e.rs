@@ -1729,6 +1729,63 @@ fn unauthenticated_uploads_are_refused_before_their_body_is_read() {
     assert!(cloud.get("/v1/models").is_ok());
 }
 
+/// A join turned away because its address already has 8 joins in progress says why and
+/// tries again with backoff, and succeeds once a place is free (issue 53). Before, it
+/// failed at once with "stream read failed: connection lost".
+#[test]
+fn a_join_turned_away_for_its_address_says_why_and_tries_again() {
+    let cloud = Cloud::start("join-retry").expect("cloud");
+    let (runtime, ca_der) = runtime_and_ca(&cloud);
+    let config = nephele_net::join_client_config(nephele_net::fingerprint(&ca_der)).unwrap();
+    let addr: std::net::SocketAddr = cloud.quic.parse().unwrap();
+    // Eight half joins from 127.0.0.1, the address the agent joins from: every place
+    // that address may hold.
+    let (endpoint, held) = runtime.block_on(async {
+        let endpoint = quinn::Endpoint::client(([127, 0, 0, 1], 0).into()).unwrap();
+        let mut held = Vec::new();
+        for _ in 0..8 {
+            let connection = endpoint
+                .connect_with(config.clone(), addr, nephele_net::SERVER_NAME)
+                .unwrap()
+                .await
+                .expect("handshake");
+            let (mut send, recv) = connection.open_bi().await.expect("stream");
+            send.write_all(&[0, 0]).await.expect("half a length prefix");
+            held.push((connection, send, recv));
+        }
+        (endpoint, held)
+    });
+    let token = cloud.join_token("eu-west", 600).unwrap();
+    let (quic, dir) = (cloud.quic.clone(), cloud.dir.join("patient"));
+    let joining =
+        std::thread::spawn(move || nephele_e2e::join_via(&quic, &dir, "patient", &token, &[]));
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(!joining.is_finished(), "the join gave up while turned away");
+    // The places are given back; the agent's next try gets one.
+    runtime.block_on(async {
+        for (connection, _, _) in &held {
+            connection.close(0u32.into(), b"done");
+        }
+        endpoint.wait_idle().await;
+    });
+    let (ok, output) = joining.join().unwrap().unwrap();
+    assert!(ok, "{output}");
+    assert!(
+        output.contains("from this address"),
+        "the reason is shown: {output}"
+    );
+    assert!(output.contains("trying again"), "{output}");
+    let devices = cloud.get("/v1/devices").unwrap();
+    assert!(
+        devices
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|d| d["name"] == "patient"),
+        "{devices}"
+    );
+}
+
 #[test]
 fn connections_holding_half_a_join_request_are_closed_in_bounded_time() {
     let cloud = Cloud::start("half-joins").expect("cloud");

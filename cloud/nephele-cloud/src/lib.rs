@@ -239,7 +239,7 @@ async fn resume_pushes(
     blob_dir: &Path,
 ) {
     for (kept, body) in pushes.kept() {
-        let push = match model_build::parse_push(&kept.query, kept.is_json, &body) {
+        let push = match model_build::parse_push(&kept.query, kept.is_json, &body.into()) {
             Ok(push) => push,
             Err(error) => {
                 tracing::warn!(model = %kept.name, %error, "dropping a push kept before a restart");

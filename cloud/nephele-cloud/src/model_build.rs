@@ -38,13 +38,18 @@ const MAX_BERT_SEQUENCE: usize = 512;
 
 /// What a model upload carries.
 pub enum Source {
-    Onnx(Vec<u8>),
+    /// The file, shared with the request body it came in (not copied: an upload of
+    /// hundreds of MiB is held once), until the build takes it.
+    Onnx(Bytes),
     Bert {
         safetensors: Vec<u8>,
         config: String,
         sequence: usize,
     },
 }
+
+/// A request body, shared without copying.
+pub type Bytes = actix_web::web::Bytes;
 
 /// A parsed push.
 pub struct Push {
@@ -155,7 +160,7 @@ impl ValidationUpload {}
 pub fn parse_push(
     query: &[(String, String)],
     is_json: bool,
-    body: &[u8],
+    body: &Bytes,
 ) -> Result<Push, ApiError> {
     let bad = ApiError::BadRequest;
     let mut wait = false;
@@ -204,7 +209,7 @@ pub fn parse_push(
                 .map_err(|e| bad(format!("{field} is not base64: {e}")))
         };
         let source = match (upload.onnx_base64, upload.bert) {
-            (Some(onnx), None) => Source::Onnx(decode("onnx_base64", &onnx)?),
+            (Some(onnx), None) => Source::Onnx(decode("onnx_base64", &onnx)?.into()),
             (None, Some(bert)) => {
                 if bert.sequence == 0 || bert.sequence > MAX_BERT_SEQUENCE {
                     return Err(bad(format!(
@@ -222,7 +227,7 @@ pub fn parse_push(
         };
         (source, upload.validation)
     } else {
-        (Source::Onnx(body.to_vec()), None)
+        (Source::Onnx(body.clone()), None)
     };
     let input_specs = spec_texts
         .iter()
@@ -312,9 +317,11 @@ pub async fn start(
     let source = actix_web::web::block(move || -> Result<Source, ApiError> {
         match source {
             Source::Onnx(bytes) => {
-                nephele_runtime::input_spec::prepare(&check_name, &bytes, &input_specs)
-                    .map(Source::Onnx)
-                    .map_err(|e| ApiError::BadRequest(e.to_string()))
+                match nephele_runtime::input_spec::prepare(&check_name, &bytes, &input_specs) {
+                    Ok(std::borrow::Cow::Borrowed(_)) => Ok(Source::Onnx(bytes)),
+                    Ok(std::borrow::Cow::Owned(prepared)) => Ok(Source::Onnx(prepared.into())),
+                    Err(e) => Err(ApiError::BadRequest(e.to_string())),
+                }
             }
             other => Ok(other),
         }
@@ -484,6 +491,8 @@ fn build(
     let rows_sha256;
     let (bytes, model, variants, description, format) = match source {
         Source::Onnx(bytes) => {
+            // No copy when the request's body was let go (kept on disk by then).
+            let bytes = Vec::from(bytes);
             // What `nephele model inspect` reports is this same call.
             let model = match nephele_runtime::import::load_prepared(name, &bytes).map_err(text)? {
                 nephele_runtime::import::Served::Batched(model) => model,
@@ -788,7 +797,7 @@ mod tests {
         let push = parse_push(
             &query(&[("accept", "logits=argmax"), ("accept", "topk:5")]),
             false,
-            b"onnx bytes",
+            &Bytes::from_static(b"onnx bytes"),
         )
         .expect("parsed");
         let rules: Vec<String> = push.accept.iter().map(|a| a.to_string()).collect();
@@ -800,14 +809,18 @@ mod tests {
             ]
         );
         let body = serde_json::json!({"onnx_base64": "AAAA", "accept": ["detections:0.4"]});
-        let push = parse_push(&[], true, body.to_string().as_bytes()).expect("parsed");
+        let push = parse_push(&[], true, &Bytes::from(body.to_string())).expect("parsed");
         assert_eq!(push.accept.len(), 1);
     }
 
     #[test]
     fn a_bad_accept_rule_is_refused_naming_it_before_anything_is_built() {
         for rule in ["median", "topk:k=0", "argmax:min=2"] {
-            match parse_push(&query(&[("accept", rule)]), false, b"onnx bytes") {
+            match parse_push(
+                &query(&[("accept", rule)]),
+                false,
+                &Bytes::from_static(b"onnx bytes"),
+            ) {
                 Err(ApiError::BadRequest(why)) => {
                     assert!(why.contains(rule), "{rule}: {why}");
                     assert!(

@@ -343,7 +343,8 @@ mod tests {
                 "offset=scalar:i64=3".parse().expect("spec"),
             ],
         )
-        .expect("prepared");
+        .expect("prepared")
+        .into_owned();
         let model = GraphModel::load("typed", &bytes).expect("loads");
         let rows = synthetic_rows(&model, 4);
         assert_eq!(rows.len(), 4);

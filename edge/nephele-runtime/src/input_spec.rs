@@ -425,8 +425,14 @@ fn dim_text(dim: &tensor_shape_proto::Dimension) -> String {
 }
 
 /// Checks that `bytes` is an ONNX protobuf with a graph and applies `specs` to it; the
-/// file comes back unchanged (same bytes, same digest) when there are none.
-pub fn prepare(name: &str, bytes: &[u8], specs: &[InputSpec]) -> Result<Vec<u8>, RuntimeError> {
+/// file comes back unchanged (the same bytes, borrowed, not copied: an upload of
+/// hundreds of MiB is held once) when there are none and it has no `If` to fold.
+pub fn prepare<'a>(
+    name: &str,
+    bytes: &'a [u8],
+    specs: &[InputSpec],
+) -> Result<std::borrow::Cow<'a, [u8]>, RuntimeError> {
+    use std::borrow::Cow;
     if specs.is_empty() {
         let model = decode(name, bytes)?;
         if model.graph.as_ref().is_none_or(|g| g.node.is_empty()) {
@@ -440,12 +446,12 @@ pub fn prepare(name: &str, bytes: &[u8], specs: &[InputSpec]) -> Result<Vec<u8>,
         if crate::fold_if::has_if(&model) {
             let mut model = model;
             if crate::fold_if::fold_constant_ifs(&mut model).folded > 0 {
-                return Ok(model.encode_to_vec());
+                return Ok(Cow::Owned(model.encode_to_vec()));
             }
         }
-        return Ok(bytes.to_vec());
+        return Ok(Cow::Borrowed(bytes));
     }
-    apply(name, bytes, specs)
+    apply(name, bytes, specs).map(Cow::Owned)
 }
 
 /// Applies `specs` to an ONNX file: shapes and types of the named inputs are set, and

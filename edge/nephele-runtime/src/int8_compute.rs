@@ -636,7 +636,8 @@ mod tests {
             &crate::synthetic::dense_mlp(32, 64, 2, 10, 7),
             &["input=N,32:f32".parse().expect("spec")],
         )
-        .expect("typed");
+        .expect("typed")
+        .into_owned();
         let (storage, _) = OnnxGraph::parse("mlp", &full)
             .expect("parses")
             .quantize_weights_int8()

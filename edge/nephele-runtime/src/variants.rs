@@ -624,7 +624,9 @@ fn try_compute(
             .map(|d| d.to_string())
             .collect();
         let spec = format!("{input}={}:f32", dims.join(",")).parse().ok()?;
-        crate::input_spec::prepare(name, storage, &[spec]).ok()
+        crate::input_spec::prepare(name, storage, &[spec])
+            .ok()
+            .map(std::borrow::Cow::into_owned)
     });
     let mut measured = None;
     let (file, report) = crate::int8_compute::choose(

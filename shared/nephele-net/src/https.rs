@@ -7,12 +7,12 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
-use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
+use rustls::RootCertStore;
 use rustls_pki_types::pem::PemObject as _;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
 
+use crate::pinned::{Pin, PinnedVerifier};
 use crate::pki::{ClusterCa, PkiError};
 
 fn provider() -> Arc<CryptoProvider> {
@@ -115,10 +115,10 @@ pub fn api_peer_client_config(
     } else {
         builder
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(PinnedLeaf {
-                leaf: identity.chain[0].to_vec(),
-                provider: provider(),
-            }))
+            .with_custom_certificate_verifier(PinnedVerifier::new(
+                Pin::Leaf(identity.chain[0].to_vec()),
+                provider(),
+            ))
             .with_no_client_auth()
     };
     let mut config = config;
@@ -131,66 +131,6 @@ pub fn api_peer_client_config(
 pub fn api_peer_server_name() -> ServerName<'static> {
     ServerName::try_from(crate::SERVER_NAME)
         .unwrap_or_else(|_| ServerName::from(std::net::Ipv4Addr::LOCALHOST))
-}
-
-/// Accepts exactly one leaf certificate (the handshake's signatures still checked).
-#[derive(Debug)]
-struct PinnedLeaf {
-    leaf: Vec<u8>,
-    provider: Arc<CryptoProvider>,
-}
-
-impl ServerCertVerifier for PinnedLeaf {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        if end_entity.as_ref() == self.leaf.as_slice() {
-            Ok(ServerCertVerified::assertion())
-        } else {
-            Err(rustls::Error::General(
-                "the other replica's API certificate is not the one this replica was given".into(),
-            ))
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 pub mod framing;
 pub mod https;
 pub mod link;
+pub mod pinned;
 pub mod pki;
 pub mod tls;
 pub mod token;

@@ -14,13 +14,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::client::WebPkiServerVerifier;
 use rustls::crypto::CryptoProvider;
 use rustls::server::WebPkiClientVerifier;
-use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
+use rustls::RootCertStore;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
+use crate::pinned::{Pin, PinnedVerifier};
 use crate::pki::PkiError;
 
 /// The name agents expect in the control plane's certificate, whatever address they
@@ -144,10 +143,7 @@ pub fn mtls_client_config(
 /// Client configuration for joining: the server is trusted when its chain ends in a CA
 /// whose sha256 equals `ca_fingerprint` and the leaf verifies against that CA.
 pub fn join_client_config(ca_fingerprint: [u8; 32]) -> Result<quinn::ClientConfig, PkiError> {
-    let verifier = Arc::new(PinnedCaVerifier {
-        ca_fingerprint,
-        provider: provider(),
-    });
+    let verifier = PinnedVerifier::new(Pin::CaFingerprint(ca_fingerprint), provider());
     let mut tls = rustls::ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(tls_error)?
@@ -179,75 +175,6 @@ pub fn client_endpoint(server: SocketAddr) -> std::io::Result<quinn::Endpoint> {
         "0.0.0.0:0".parse().map_err(std::io::Error::other)?
     };
     quinn::Endpoint::client(bind)
-}
-
-#[derive(Debug)]
-struct PinnedCaVerifier {
-    ca_fingerprint: [u8; 32],
-    provider: Arc<CryptoProvider>,
-}
-
-impl ServerCertVerifier for PinnedCaVerifier {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        server_name: &ServerName<'_>,
-        ocsp_response: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        let ca = intermediates
-            .iter()
-            .find(|cert| crate::pki::fingerprint(cert) == self.ca_fingerprint)
-            .ok_or_else(|| {
-                rustls::Error::General(
-                    "the server's CA does not match the fingerprint in the join token".into(),
-                )
-            })?;
-        let mut roots = RootCertStore::empty();
-        roots
-            .add(ca.clone().into_owned())
-            .map_err(|e| rustls::Error::General(format!("pinned CA unusable: {e}")))?;
-        let inner =
-            WebPkiServerVerifier::builder_with_provider(Arc::new(roots), self.provider.clone())
-                .build()
-                .map_err(|e| rustls::Error::General(e.to_string()))?;
-        inner.verify_server_cert(end_entity, &[], server_name, ocsp_response, now)
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
 }
 
 /// Who is on the other end of an authenticated agent connection.

@@ -226,8 +226,20 @@ fn tenants_are_made_changed_and_deleted_through_the_api_and_hold_their_jobs_to_q
         .to_string();
     let (ok, out) = nephele(&cloud, &default_developer, &["model", "delete", "mx"]);
     assert!(!ok && out.contains("no model named mx"), "{out}");
+    let blobs = || {
+        std::fs::read_dir(cloud.dir.join("data/blobs"))
+            .map(|dir| dir.count())
+            .unwrap_or(0)
+    };
+    let files_before = blobs();
     let (ok, out) = nephele(&cloud, &developer, &["model", "delete", "mx"]);
     assert!(ok && out.contains("deleted model mx:"), "{out}");
+    // Its files (the pushed one and each variant's; no other model ships them) go too.
+    assert!(
+        files_before >= 2 && blobs() == 0,
+        "blob files: {files_before} before the delete, {} after",
+        blobs()
+    );
     let (ok, out) = nephele(&cloud, &developer, &["model", "get", "mx"]);
     assert!(!ok && out.contains("no model named mx"), "{out}");
     let (ok, out) = nephele(&cloud, &admin, &["tenant", "delete", "team-x"]);

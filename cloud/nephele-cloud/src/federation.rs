@@ -240,6 +240,13 @@ impl FederationActor {
                     self.publish_device(&device);
                 }
                 Effect::Region(note) => self.tell_region(note),
+                Effect::DeleteBlobs { sha256s } => match self.store.remove_blobs(&sha256s) {
+                    Ok(()) => tracing::info!(blobs = sha256s.len(), "model files removed"),
+                    // The records are gone; the files are only space, and say so.
+                    Err(error) => {
+                        tracing::warn!(%error, "cannot remove the files of a deleted model")
+                    }
+                },
             }
         }
     }

@@ -161,6 +161,26 @@ impl Catalog {
             .unwrap_or_default()
     }
 
+    /// The blobs (hex sha256) the model stored under `key` needs: its pushed file and
+    /// every file its manifest ships (each variant, and a split variant's tail).
+    pub fn blob_digests(&self, key: &str) -> Vec<String> {
+        let Some(entry) = self.models.get(key) else {
+            return Vec::new();
+        };
+        let mut digests = vec![entry.record.sha256.clone()];
+        if let Ok(manifest) = &entry.manifest {
+            for variant in &manifest.variants {
+                digests.push(nephele_proto::digest_hex(&variant.sha256));
+                if let nephele_proto::VariantKind::Split { tail_sha256, .. } = &variant.kind {
+                    digests.push(nephele_proto::digest_hex(tail_sha256));
+                }
+            }
+        }
+        digests.sort();
+        digests.dedup();
+        digests
+    }
+
     /// Checks a new deployment against the catalogue and returns the record to store.
     pub fn validate(
         &self,

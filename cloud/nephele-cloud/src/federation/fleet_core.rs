@@ -65,6 +65,9 @@ pub enum Effect {
     EndSession { device: String, session: u64 },
     /// Tell a region.
     Region(RegionNote),
+    /// Remove these blobs (hex sha256) from the blob store: the model versions that
+    /// shipped them were deleted and nothing left ships them.
+    DeleteBlobs { sha256s: Vec<String> },
 }
 
 /// What a region is told.

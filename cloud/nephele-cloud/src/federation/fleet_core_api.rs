@@ -464,13 +464,22 @@ impl FleetCore {
         reference: &str,
         scope: Option<&str>,
     ) -> Output<Result<Vec<ModelView>, ApiError>> {
-        self.writes_only(|core| core.delete_model_checked(reference, scope))
+        self.begin();
+        let mut blobs = Vec::new();
+        let reply = self.delete_model_checked(reference, scope, &mut blobs);
+        let effects = if blobs.is_empty() {
+            Vec::new()
+        } else {
+            vec![Effect::DeleteBlobs { sha256s: blobs }]
+        };
+        self.finish(reply, effects)
     }
 
     fn delete_model_checked(
         &mut self,
         reference: &str,
         scope: Option<&str>,
+        blobs: &mut Vec<String>,
     ) -> Result<Vec<ModelView>, ApiError> {
         // Visibility first: another tenant's model reads as absent.
         self.model_view_for(reference, scope)?;
@@ -514,9 +523,33 @@ impl FleetCore {
             )));
         }
         let mut deleted: Vec<ModelView> = doomed.iter().map(super::views::model_view).collect();
+        let mut freed: Vec<String> = doomed
+            .iter()
+            .flat_map(|record| self.catalog.blob_digests(&record.key()))
+            .collect();
         for record in &doomed {
             self.write(Write::Delete(Table::Models, record.key()));
         }
+        // Their files go too, unless a version left (of any name: storage is by
+        // content) still ships them, or a build in flight pushed the same file (its
+        // variants, written by the build before it registers, are the same files).
+        let kept: std::collections::HashSet<String> = self
+            .catalog
+            .models()
+            .flat_map(|m| self.catalog.blob_digests(&m.key()))
+            .collect();
+        let building_same = |record: &ModelRecord| {
+            self.builds
+                .values()
+                .any(|b| b.error.is_none() && b.sha256 == record.sha256)
+        };
+        if doomed.iter().any(building_same) {
+            freed.clear();
+        }
+        freed.retain(|digest| !kept.contains(digest));
+        freed.sort();
+        freed.dedup();
+        *blobs = freed;
         // A failed build of the name goes with it (its view said `failed`).
         if let Some(build) = self.builds.get(name).cloned() {
             if version.is_none_or(|v| v == build.view(name).version) {

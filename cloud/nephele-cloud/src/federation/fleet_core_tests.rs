@@ -66,6 +66,8 @@ struct Shell {
     next_token: u64,
     /// Commits to refuse before the store takes writes again.
     refuse_next: u32,
+    /// Blobs the core asked to remove, in order.
+    removed_blobs: Vec<String>,
 }
 
 impl Shell {
@@ -102,6 +104,7 @@ impl Shell {
             now_ms: 0,
             next_token: 0,
             refuse_next: 0,
+            removed_blobs: Vec::new(),
         }
     }
 
@@ -156,6 +159,7 @@ impl Shell {
                     }
                 }
                 Effect::Region(_) => {}
+                Effect::DeleteBlobs { sha256s } => self.removed_blobs.extend(sha256s),
             }
         }
     }
@@ -1189,12 +1193,19 @@ fn a_model_version_a_deployment_runs_is_not_deleted_and_one_out_of_use_is() {
         Err(ApiError::NotFound(_))
     ));
     assert_eq!(shell.core.model_view("m").expect("latest").version, "00");
+    // Only v2's own variant files go: the pushed file is m:00's too.
+    let v2_files = vec![nephele_proto::digest_hex(&[8; 32])];
+    assert_eq!(shell.removed_blobs, v2_files);
     shell.check_mirror();
-    // Out of use, the whole name goes.
+    // Out of use, the whole name goes, with every file it shipped.
     shell.undeploy("d0");
+    let m00_key = shell.core.catalog.versions("m")[0].key();
+    let m00_files = shell.core.catalog.blob_digests(&m00_key);
+    assert!(m00_files.len() >= 2, "{m00_files:?}");
     let output = shell.core.delete_model("m", None);
     let deleted = shell.run(output).expect("committed").expect("deleted");
     assert_eq!(deleted.len(), 1);
+    assert_eq!(shell.removed_blobs, [v2_files, m00_files].concat());
     assert!(shell.core.model_views().is_empty());
     let again = shell.core.delete_model("m", None);
     assert!(matches!(again.reply, Err(ApiError::NotFound(_))));

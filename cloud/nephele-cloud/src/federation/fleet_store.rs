@@ -115,6 +115,11 @@ pub struct Snapshot {
 pub trait FleetStore {
     fn load(&self) -> Result<Snapshot, StoreError>;
     fn commit(&self, writes: &[Write]) -> Result<(), StoreError>;
+    /// Removes blobs no record needs any more (hex sha256); one already gone is not
+    /// an error. Stores without blobs have nothing to do.
+    fn remove_blobs(&self, _sha256s: &[String]) -> Result<(), StoreError> {
+        Ok(())
+    }
 }
 
 fn records<T: serde::de::DeserializeOwned>(
@@ -126,6 +131,18 @@ fn records<T: serde::de::DeserializeOwned>(
 }
 
 impl FleetStore for Store {
+    fn remove_blobs(&self, sha256s: &[String]) -> Result<(), StoreError> {
+        for digest in sha256s {
+            match std::fs::remove_file(self.blob_path(digest)) {
+                Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(error.into())
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
     /// The fleet's tables as they were at one point (one read transaction, or one etcd
     /// revision), so a snapshot never holds half of a write.
     fn load(&self) -> Result<Snapshot, StoreError> {

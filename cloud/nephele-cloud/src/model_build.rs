@@ -489,7 +489,7 @@ fn build(
     let started = std::time::Instant::now();
     let text = |e: nephele_runtime::RuntimeError| e.to_string();
     let rows_sha256;
-    let (bytes, model, variants, description, format) = match source {
+    let (bytes, (input, output), variants, description, format) = match source {
         Source::Onnx(bytes) => {
             // No copy when the request's body was let go (kept on disk by then).
             let bytes = Vec::from(bytes);
@@ -533,13 +533,18 @@ fn build(
                 ),
             };
             rows_sha256 = labelled_rows_sha256(&set);
+            // Only its signature is needed from here on: the variants' build loads
+            // the model itself, and holding this copy too made a large model's build
+            // hold one more runnable model at its peak.
+            let signature = (model.input().clone(), model.output().clone());
+            drop(model);
             let variants = nephele_runtime::variants::build_variants_observed(
                 name, &bytes, &set, None, true, &accept, progress,
             )
             .map_err(text)?;
             (
                 bytes,
-                model,
+                signature,
                 variants,
                 description,
                 nephele_runtime::FORMAT_ONNX,
@@ -581,9 +586,10 @@ fn build(
                 .ok_or("no full variant was built")?;
             let model =
                 nephele_runtime::Model::load_bert_gguf(name, &full, sequence).map_err(text)?;
+            let signature = (model.input().clone(), model.output().clone());
             (
                 full,
-                model,
+                signature,
                 variants,
                 description,
                 nephele_runtime::FORMAT_CANDLE_BERT,
@@ -600,8 +606,8 @@ fn build(
     Ok(PutModel {
         name: name.to_string(),
         bytes,
-        inputs: vec![model.input().clone()],
-        outputs: vec![model.output().clone()],
+        inputs: vec![input],
+        outputs: vec![output],
         variants,
         validation: description,
         validation_sha256: rows_sha256,

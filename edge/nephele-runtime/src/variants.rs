@@ -358,13 +358,19 @@ pub fn build_variants_observed(
     let (output_shape, reference) = run_all_shaped(&full_model, &validation.rows)?;
     crate::acceptance::check_outputs(name, accept, &[full_model.output().name.as_str()])?;
     let full_accuracy = accuracy(&reference, validation.labels.as_ref());
-    let full_flops = flops_for_input(name, full, &full_model.input().shape)?;
-    let row_len: i64 = full_model.input().shape[1..].iter().product();
+    // What the rest needs of the loaded model; it goes before the int8 and split
+    // variants are loaded and measured, so a large model's build holds one runnable
+    // model at a time (its reference outputs are computed).
+    let output_name = full_model.output().name.clone();
+    let input_shape = full_model.input().shape.clone();
+    drop(full_model);
+    let full_flops = flops_for_input(name, full, &input_shape)?;
+    let row_len: i64 = input_shape[1..].iter().product();
     let input_bytes = (row_len.max(0) as u64) * 4;
     // The cuts first (cheap: one typed pass), so the total is known from the start.
     let cuts = if splits {
         let all = graph.candidate_cuts();
-        let costs = crate::cut_choice::cut_costs(name, full, &full_model.input().shape, &all)?;
+        let costs = crate::cut_choice::cut_costs(name, full, &input_shape, &all)?;
         crate::cut_choice::choose_cuts(
             &costs,
             input_bytes,
@@ -399,7 +405,7 @@ pub fn build_variants_observed(
         &graph,
         validation,
         &Reference {
-            name: &full_model.output().name,
+            name: &output_name,
             shape: &output_shape,
             rows: &reference,
         },

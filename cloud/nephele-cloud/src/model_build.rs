@@ -603,9 +603,12 @@ fn build(
         seconds = started.elapsed().as_secs_f64(),
         "model built"
     );
+    let (sha256, size, shipped) = PutModel::digest(&bytes, &variants);
     Ok(PutModel {
         name: name.to_string(),
-        bytes,
+        sha256,
+        size,
+        shipped,
         inputs: vec![input],
         outputs: vec![output],
         variants,
@@ -726,11 +729,14 @@ fn build_graph(
         shape: d.manifest_shape(),
         dtype: d.dtype.clone(),
     };
+    let (sha256, size, shipped) = PutModel::digest(&bytes, &variants);
     Ok(PutModel {
         name: name.to_string(),
         inputs: graph.inputs().iter().map(info).collect(),
         outputs: graph.outputs().iter().map(info).collect(),
-        bytes,
+        sha256,
+        size,
+        shipped,
         variants,
         validation: description,
         // Typed rows carry no labels.

@@ -25,7 +25,12 @@ use crate::store::{
 /// written as blobs: the core only signs and records the manifest.
 pub struct PutModel {
     pub name: String,
-    pub bytes: Vec<u8>,
+    /// The pushed file's SHA-256 and size, and the manifest entry of each shippable
+    /// variant ([`PutModel::digest`]): hashed by the build, not on the actor's thread,
+    /// which hundreds of megabytes of files would hold up.
+    pub sha256: [u8; 32],
+    pub size: u64,
+    pub shipped: Vec<ModelVariant>,
     pub inputs: Vec<nephele_runtime::TensorInfo>,
     pub outputs: Vec<nephele_runtime::TensorInfo>,
     pub variants: nephele_runtime::variants::VariantSet,
@@ -51,11 +56,26 @@ pub struct NewJoinToken {
     pub secret: String,
 }
 
-fn sha256_of(bytes: &[u8]) -> [u8; 32] {
+pub(crate) fn sha256_of(bytes: &[u8]) -> [u8; 32] {
     let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
     let mut sha256 = [0u8; 32];
     sha256.copy_from_slice(digest.as_ref());
     sha256
+}
+
+impl PutModel {
+    /// The digests a [`PutModel`] carries, computed from the pushed file and the
+    /// variants (on the build's thread): `(sha256, size, shipped)`.
+    pub fn digest(
+        pushed: &[u8],
+        variants: &nephele_runtime::variants::VariantSet,
+    ) -> ([u8; 32], u64, Vec<ModelVariant>) {
+        (
+            sha256_of(pushed),
+            pushed.len() as u64,
+            variants.shippable().filter_map(manifest_variant).collect(),
+        )
+    }
 }
 
 /// The manifest entry of a shippable variant (its files are stored by the caller).
@@ -346,7 +366,7 @@ impl FleetCore {
     ) -> Result<ModelView, ApiError> {
         nephele_domain::validate_name("model", &message.name).map_err(ApiError::BadRequest)?;
         self.check_model_owner(&message.name, &message.tenant)?;
-        let sha256 = sha256_of(&message.bytes);
+        let sha256 = message.sha256;
         let sha_hex = hex::encode(sha256);
         if let Some(existing) = self
             .catalog
@@ -365,11 +385,7 @@ impl FleetCore {
             shape: info.shape.clone(),
             dtype: info.dtype.clone(),
         };
-        let mut shipped: Vec<ModelVariant> = message
-            .variants
-            .shippable()
-            .filter_map(manifest_variant)
-            .collect();
+        let mut shipped: Vec<ModelVariant> = message.shipped.clone();
         if !shipped.iter().any(|v| v.kind == VariantKind::Full) {
             // The builder always ships the pushed file; keep the invariant explicit.
             shipped.insert(
@@ -379,7 +395,7 @@ impl FleetCore {
                     kind: VariantKind::Full,
                     precision: "fp32".into(),
                     sha256,
-                    size: message.bytes.len() as u64,
+                    size: message.size,
                     accuracy: None,
                     min_cosine: Some(1.0),
                     flops: 0,
@@ -403,7 +419,7 @@ impl FleetCore {
             name: message.name.clone(),
             version,
             sha256: sha_hex,
-            size: message.bytes.len() as u64,
+            size: message.size,
             created_unix: manifest.created_unix,
             inputs: message.inputs,
             outputs: message.outputs,
